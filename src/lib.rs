@@ -1,0 +1,4 @@
+//! weir — a sidecar resilience proxy.
+#![forbid(unsafe_code)]
+
+pub mod policy;

@@ -1,0 +1,1 @@
+//! `Retry-After` parsing: delta-seconds or an HTTP-date.
