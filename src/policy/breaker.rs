@@ -1,23 +1,49 @@
 //! The circuit breaker (SEMANTICS §4).
+//!
+//! Owns [`Breaker`]: its typed states ([`State`]), the trip rules
+//! (consecutive failures; failure share over a window with `min_samples`), the
+//! open interval (doubling per consecutive open, ± jitter, capped) and the
+//! half-open probe slots. It must not read a clock, sleep, log or draw from a
+//! global RNG: `now` and a [`Random`] are passed in, and transitions are
+//! *returned* so the data plane logs and counts them.
 
-use super::PolicyError;
+use super::random::Random;
+use super::{Now, PolicyError};
+use std::collections::VecDeque;
 use std::time::Duration;
 
+/// Validated breaker parameters for one upstream.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct BreakerParams {
+    /// `false` turns the breaker off: it always admits.
     pub enabled: bool,
+    /// Trip after this many failures in a row.
     pub consecutive_failures: u32,
+    /// How many recent outcomes the failure share is computed over.
     pub window: u32,
+    /// The fewest outcomes in the window before the share may trip it.
     pub min_samples: u32,
+    /// Trip when the failure share in the window is at least this.
     pub failure_rate: f64,
+    /// Response statuses that count as failures.
     pub failure_statuses: Vec<u16>,
+    /// The first open interval.
     pub open: Duration,
+    /// The longest open interval, jitter included.
     pub max_open: Duration,
+    /// ± this fraction of jitter on every open interval.
     pub open_jitter: f64,
+    /// Probes admitted at a time while half-open; all must succeed to close.
     pub half_open_probes: u32,
 }
 
 impl BreakerParams {
+    /// Whether a response with this status is a failure for the breaker.
+    pub fn is_failure_status(&self, status: u16) -> bool {
+        self.failure_statuses.contains(&status)
+    }
+
+    /// Validates breaker parameters (see each field).
     #[allow(clippy::too_many_arguments)] // one argument per config field, validated together
     pub fn try_new(
         enabled: bool,
@@ -91,5 +117,583 @@ impl BreakerParams {
             open_jitter,
             half_open_probes,
         })
+    }
+}
+
+/// The breaker's state, as a type per state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Everything is admitted; outcomes are counted.
+    Closed,
+    /// Nothing is admitted until `until`.
+    Open {
+        /// When it turns half-open.
+        until: Now,
+    },
+    /// Up to `half_open_probes` probes at a time.
+    HalfOpen {
+        /// Probes admitted and not yet recorded or released.
+        in_flight: u32,
+        /// Probes that succeeded since it turned half-open.
+        succeeded: u32,
+    },
+}
+
+/// The state's name, for logs and the `weir_breaker_state` gauge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateKind {
+    /// Admitting.
+    Closed,
+    /// Refusing.
+    Open,
+    /// Admitting probes.
+    HalfOpen,
+}
+
+impl StateKind {
+    /// `closed`, `open` or `half_open`: the metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StateKind::Closed => "closed",
+            StateKind::Open => "open",
+            StateKind::HalfOpen => "half_open",
+        }
+    }
+
+    /// All kinds, to zero the gauges of the states it is not in.
+    pub const ALL: [StateKind; 3] = [StateKind::Closed, StateKind::Open, StateKind::HalfOpen];
+}
+
+/// A state change, to be logged at `info` and counted by the data plane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    /// The state left.
+    pub from: StateKind,
+    /// The state entered.
+    pub to: StateKind,
+    /// When `to` is `Open`: for how long.
+    pub open_for: Option<Duration>,
+}
+
+/// Permission to make one attempt. Hand it back to [`Breaker::record`] with
+/// the outcome, or to [`Breaker::release`] when the client went away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "an admission must be recorded or released, or a half-open probe slot leaks"]
+pub struct Admission {
+    /// Whether this attempt is a half-open probe.
+    pub probe: bool,
+    /// The transition taking this admission caused (open → half-open), if any.
+    pub transition: Option<Transition>,
+    /// The breaker epoch it belongs to; a verdict from an earlier epoch (an
+    /// attempt admitted before the last transition) is ignored.
+    epoch: u64,
+}
+
+/// The breaker refused: answer `503 circuit_open` with `Retry-After`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    /// Time until it may admit again: until half-open while open; one second
+    /// while half-open with every probe slot taken (a probe's verdict is
+    /// usually known by then, and `Retry-After: 0` would invite a stampede).
+    pub retry_after: Duration,
+}
+
+/// What the breaker looks like now, for metrics and `/config`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateView {
+    /// The current state (an open breaker whose interval has passed reads as
+    /// half-open).
+    pub state: StateKind,
+    /// While open: time until it turns half-open.
+    pub until_admit: Option<Duration>,
+}
+
+/// One upstream's circuit breaker.
+#[derive(Debug, Clone)]
+pub struct Breaker {
+    params: BreakerParams,
+    state: State,
+    /// Recent outcomes in the closed state (`true` = failure), at most `window`.
+    window: VecDeque<bool>,
+    window_failures: u32,
+    consecutive: u32,
+    /// Opens since it was last closed by successful probes.
+    opens: u32,
+    epoch: u64,
+}
+
+impl Breaker {
+    /// A closed breaker with no history.
+    pub fn new(params: BreakerParams) -> Self {
+        Breaker {
+            window: VecDeque::with_capacity(params.window as usize),
+            params,
+            state: State::Closed,
+            window_failures: 0,
+            consecutive: 0,
+            opens: 0,
+            epoch: 0,
+        }
+    }
+
+    /// The parameters in force.
+    pub fn params(&self) -> &BreakerParams {
+        &self.params
+    }
+
+    /// The raw state (an expired `Open` stays `Open` until the next
+    /// [`Breaker::try_acquire`]; use [`Breaker::state`] for a view).
+    pub fn raw_state(&self) -> State {
+        self.state
+    }
+
+    /// Updates the parameters in place (config reload): the state and history
+    /// survive; a shorter window drops its oldest outcomes.
+    pub fn set_params(&mut self, params: BreakerParams) {
+        self.params = params;
+        while self.window.len() > self.params.window as usize {
+            if self.window.pop_front() == Some(true) {
+                self.window_failures -= 1;
+            }
+        }
+    }
+
+    /// Whether a response with this status is a failure for the breaker.
+    pub fn is_failure_status(&self, status: u16) -> bool {
+        self.params.is_failure_status(status)
+    }
+
+    /// Asks to make one attempt at `now`.
+    pub fn try_acquire(&mut self, now: Now) -> Result<Admission, Refused> {
+        let mut transition = None;
+        if !self.params.enabled {
+            return Ok(self.admission(false, None));
+        }
+        if let State::Open { until } = self.state {
+            if now < until {
+                return Err(Refused {
+                    retry_after: until - now,
+                });
+            }
+            transition = Some(self.enter(
+                State::HalfOpen {
+                    in_flight: 0,
+                    succeeded: 0,
+                },
+                None,
+            ));
+        }
+        match &mut self.state {
+            State::Closed => Ok(self.admission(false, transition)),
+            State::HalfOpen { in_flight, .. } => {
+                if *in_flight < self.params.half_open_probes {
+                    *in_flight += 1;
+                    Ok(self.admission(true, transition))
+                } else {
+                    Err(Refused {
+                        retry_after: Duration::from_secs(1),
+                    })
+                }
+            }
+            State::Open { .. } => Err(Refused {
+                retry_after: Duration::ZERO,
+            }),
+        }
+    }
+
+    fn admission(&self, probe: bool, transition: Option<Transition>) -> Admission {
+        Admission {
+            probe,
+            transition,
+            epoch: self.epoch,
+        }
+    }
+
+    /// Records the verdict of an admitted attempt (`failure` per SEMANTICS §4:
+    /// connect failure, reset, timeout or a status in `failure_statuses`).
+    /// Returns the transition it caused, if any.
+    pub fn record(
+        &mut self,
+        admission: Admission,
+        failure: bool,
+        now: Now,
+        rng: &mut dyn Random,
+    ) -> Option<Transition> {
+        if !self.params.enabled || admission.epoch != self.epoch {
+            return None;
+        }
+        match self.state {
+            State::Closed => {
+                self.push(failure);
+                if self.should_trip() {
+                    Some(self.trip(now, rng))
+                } else {
+                    None
+                }
+            }
+            State::HalfOpen {
+                in_flight,
+                succeeded,
+            } if admission.probe => {
+                if failure {
+                    return Some(self.trip(now, rng));
+                }
+                let succeeded = succeeded + 1;
+                if succeeded >= self.params.half_open_probes {
+                    self.opens = 0;
+                    self.clear_history();
+                    Some(self.enter(State::Closed, None))
+                } else {
+                    self.state = State::HalfOpen {
+                        in_flight: in_flight.saturating_sub(1),
+                        succeeded,
+                    };
+                    None
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// The client went away: frees a probe slot without a verdict. A
+    /// non-probe admission needs no release, but releasing it is harmless.
+    pub fn release(&mut self, admission: Admission) {
+        if !admission.probe || admission.epoch != self.epoch {
+            return;
+        }
+        if let State::HalfOpen { in_flight, .. } = &mut self.state {
+            *in_flight = in_flight.saturating_sub(1);
+        }
+    }
+
+    /// The state at `now`, for the `weir_breaker_state` gauge.
+    pub fn state(&self, now: Now) -> StateView {
+        if !self.params.enabled {
+            return StateView {
+                state: StateKind::Closed,
+                until_admit: None,
+            };
+        }
+        match self.state {
+            State::Closed => StateView {
+                state: StateKind::Closed,
+                until_admit: None,
+            },
+            State::Open { until } if now < until => StateView {
+                state: StateKind::Open,
+                until_admit: Some(until - now),
+            },
+            State::Open { .. } | State::HalfOpen { .. } => StateView {
+                state: StateKind::HalfOpen,
+                until_admit: None,
+            },
+        }
+    }
+
+    fn push(&mut self, failure: bool) {
+        if self.window.len() >= self.params.window as usize {
+            if self.window.pop_front() == Some(true) {
+                self.window_failures -= 1;
+            }
+        }
+        self.window.push_back(failure);
+        if failure {
+            self.window_failures += 1;
+            self.consecutive += 1;
+        } else {
+            self.consecutive = 0;
+        }
+    }
+
+    fn should_trip(&self) -> bool {
+        if self.consecutive >= self.params.consecutive_failures {
+            return true;
+        }
+        let n = self.window.len() as u32;
+        n >= self.params.min_samples
+            && f64::from(self.window_failures) >= self.params.failure_rate * f64::from(n)
+    }
+
+    fn clear_history(&mut self) {
+        self.window.clear();
+        self.window_failures = 0;
+        self.consecutive = 0;
+    }
+
+    /// Opens it for `open × 2^(opens−1)`, capped at `max_open`, ± jitter, and
+    /// never longer than `max_open`.
+    fn trip(&mut self, now: Now, rng: &mut dyn Random) -> Transition {
+        self.opens = self.opens.saturating_add(1);
+        let interval = self.open_interval(rng.next_f64());
+        self.clear_history();
+        self.enter(
+            State::Open {
+                until: now.saturating_add(interval),
+            },
+            Some(interval),
+        )
+    }
+
+    /// The open interval for the current `opens` count with draw `r ∈ [0, 1)`.
+    pub fn open_interval(&self, r: f64) -> Duration {
+        let p = &self.params;
+        let doublings = i32::try_from(self.opens.max(1) - 1).unwrap_or(i32::MAX);
+        let base = p.open.as_secs_f64() * 2f64.powi(doublings);
+        let max = p.max_open.as_secs_f64();
+        let capped = base.min(max);
+        let r = if r.is_nan() { 0.5 } else { r.clamp(0.0, 1.0) };
+        let jittered = capped * (1.0 + p.open_jitter * (2.0 * r - 1.0));
+        Duration::from_secs_f64(jittered.clamp(0.0, max))
+    }
+
+    fn enter(&mut self, to: State, open_for: Option<Duration>) -> Transition {
+        let from = kind(self.state);
+        self.state = to;
+        self.epoch = self.epoch.wrapping_add(1);
+        Transition {
+            from,
+            to: kind(to),
+            open_for,
+        }
+    }
+}
+
+fn kind(s: State) -> StateKind {
+    match s {
+        State::Closed => StateKind::Closed,
+        State::Open { .. } => StateKind::Open,
+        State::HalfOpen { .. } => StateKind::HalfOpen,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::policy::random::FixedRandom;
+
+    fn params() -> BreakerParams {
+        BreakerParams::try_new(
+            true,
+            5,
+            20,
+            5,
+            0.5,
+            vec![500, 502, 503, 504],
+            Duration::from_secs(30),
+            Duration::from_secs(300),
+            0.2,
+            1,
+        )
+        .unwrap()
+    }
+
+    fn s(x: u64) -> Duration {
+        Duration::from_secs(x)
+    }
+
+    /// Records `n` outcomes through admissions at `now`; returns the last transition.
+    fn run(b: &mut Breaker, n: usize, failure: bool, now: Now) -> Option<Transition> {
+        let mut last = None;
+        for _ in 0..n {
+            let a = b.try_acquire(now).unwrap();
+            if let Some(t) = b.record(a, failure, now, &mut FixedRandom(0.5)) {
+                last = Some(t);
+            }
+        }
+        last
+    }
+
+    /// Trips a fresh-params breaker by consecutive failures at `now`.
+    fn trip(b: &mut Breaker, now: Now) -> Transition {
+        run(b, 5, true, now).unwrap()
+    }
+
+    #[test]
+    fn consecutive_failures_trip() {
+        let mut p = params();
+        p.min_samples = 20; // keep the rate rule out of it
+        p.window = 20;
+        let mut b = Breaker::new(p);
+        assert_eq!(run(&mut b, 4, true, s(0)), None);
+        assert_eq!(b.state(s(0)).state, StateKind::Closed);
+        let t = run(&mut b, 1, true, s(0)).unwrap();
+        assert_eq!((t.from, t.to), (StateKind::Closed, StateKind::Open));
+        assert_eq!(t.open_for, Some(s(30)));
+        assert_eq!(b.try_acquire(s(10)), Err(Refused { retry_after: s(20) }));
+        assert_eq!(b.state(s(10)).until_admit, Some(s(20)));
+    }
+
+    #[test]
+    fn success_resets_the_consecutive_count() {
+        let mut p = params();
+        p.min_samples = 20;
+        let mut b = Breaker::new(p);
+        for _ in 0..3 {
+            run(&mut b, 4, true, s(0));
+            run(&mut b, 1, false, s(0));
+        }
+        assert_eq!(b.state(s(0)).state, StateKind::Closed);
+    }
+
+    #[test]
+    fn failure_rate_trips_with_min_samples() {
+        let mut p = params();
+        p.consecutive_failures = 100;
+        let mut b = Breaker::new(p);
+        // 2 failures of 4: 50 %, but below min_samples
+        run(&mut b, 2, false, s(0));
+        run(&mut b, 2, true, s(0));
+        assert_eq!(b.state(s(0)).state, StateKind::Closed);
+        // the 5th sample, a success: 2/5 = 40 %, stays closed
+        run(&mut b, 1, false, s(0));
+        assert_eq!(b.state(s(0)).state, StateKind::Closed);
+        // a failure: 3/6 = 50 % → open
+        let t = run(&mut b, 1, true, s(0)).unwrap();
+        assert_eq!(t.to, StateKind::Open);
+    }
+
+    #[test]
+    fn window_forgets_old_outcomes() {
+        let mut p = params();
+        p.consecutive_failures = 100;
+        p.window = 10;
+        let mut b = Breaker::new(p);
+        run(&mut b, 30, false, s(0));
+        // the old successes fall out of the window: 5 failures are 50 % of it
+        assert_eq!(run(&mut b, 4, true, s(0)), None);
+        assert_eq!(
+            run(&mut b, 1, true, s(0)).map(|t| t.to),
+            Some(StateKind::Open)
+        );
+    }
+
+    #[test]
+    fn half_open_probe_success_closes_and_resets() {
+        let mut b = Breaker::new(params());
+        trip(&mut b, s(0));
+        let a = b.try_acquire(s(30)).unwrap();
+        assert!(a.probe);
+        assert_eq!(a.transition.map(|t| t.to), Some(StateKind::HalfOpen));
+        // exactly one probe at a time
+        assert_eq!(b.try_acquire(s(30)), Err(Refused { retry_after: s(1) }));
+        let t = b.record(a, false, s(31), &mut FixedRandom(0.5)).unwrap();
+        assert_eq!((t.from, t.to), (StateKind::HalfOpen, StateKind::Closed));
+        // history cleared: 4 failures do not trip it
+        assert_eq!(run(&mut b, 4, true, s(32)), None);
+        // interval reset: the next trip opens for `open` again
+        assert_eq!(run(&mut b, 1, true, s(32)).unwrap().open_for, Some(s(30)));
+    }
+
+    #[test]
+    fn probe_failure_reopens_with_doubled_interval_up_to_cap() {
+        let mut b = Breaker::new(params());
+        let mut now = s(0);
+        let t = trip(&mut b, now);
+        let mut expected = 30;
+        assert_eq!(t.open_for, Some(s(expected)));
+        for _ in 0..6 {
+            now += b.state(now).until_admit.unwrap();
+            let a = b.try_acquire(now).unwrap();
+            assert!(a.probe);
+            let t = b.record(a, true, now, &mut FixedRandom(0.5)).unwrap();
+            assert_eq!((t.from, t.to), (StateKind::HalfOpen, StateKind::Open));
+            expected = (expected * 2).min(300);
+            assert_eq!(t.open_for, Some(s(expected)));
+        }
+        assert_eq!(expected, 300);
+    }
+
+    #[test]
+    fn jitter_bounds_with_fixed_draws() {
+        let mut b = Breaker::new(params());
+        let a = b.try_acquire(s(0)).unwrap();
+        for _ in 0..4 {
+            let _ = b.record(a, true, s(0), &mut FixedRandom(0.0));
+        }
+        let lo = b.record(a, true, s(0), &mut FixedRandom(0.0)).unwrap();
+        assert_eq!(lo.open_for, Some(s(24))); // 30 s − 20 %
+        let mut b = Breaker::new(params());
+        let a = b.try_acquire(s(0)).unwrap();
+        for _ in 0..4 {
+            let _ = b.record(a, true, s(0), &mut FixedRandom(0.5));
+        }
+        let hi = b.record(a, true, s(0), &mut FixedRandom(1.0)).unwrap();
+        assert_eq!(hi.open_for, Some(s(36))); // 30 s + 20 %
+                                              // at the cap, jitter never goes above max_open
+        b.opens = 10;
+        assert_eq!(b.open_interval(1.0), s(300));
+        assert_eq!(b.open_interval(0.0), s(240));
+    }
+
+    #[test]
+    fn probe_released_without_verdict_frees_its_slot() {
+        let mut b = Breaker::new(params());
+        trip(&mut b, s(0));
+        let a = b.try_acquire(s(40)).unwrap();
+        assert!(b.try_acquire(s(40)).is_err());
+        b.release(a);
+        assert_eq!(b.state(s(40)).state, StateKind::HalfOpen);
+        let again = b.try_acquire(s(40)).unwrap();
+        assert!(again.probe);
+        // the released admission's late verdict is not a probe result twice
+        assert_eq!(
+            b.record(again, false, s(41), &mut FixedRandom(0.5))
+                .map(|t| t.to),
+            Some(StateKind::Closed)
+        );
+    }
+
+    #[test]
+    fn several_probes_all_must_succeed() {
+        let mut p = params();
+        p.half_open_probes = 2;
+        let mut b = Breaker::new(p);
+        trip(&mut b, s(0));
+        let a1 = b.try_acquire(s(30)).unwrap();
+        let a2 = b.try_acquire(s(30)).unwrap();
+        assert!(b.try_acquire(s(30)).is_err());
+        assert_eq!(b.record(a1, false, s(30), &mut FixedRandom(0.5)), None);
+        let t = b.record(a2, true, s(30), &mut FixedRandom(0.5)).unwrap();
+        assert_eq!(t.to, StateKind::Open);
+        assert_eq!(t.open_for, Some(s(60)));
+    }
+
+    #[test]
+    fn stale_verdicts_are_ignored() {
+        let mut b = Breaker::new(params());
+        let early = b.try_acquire(s(0)).unwrap();
+        trip(&mut b, s(0));
+        // an attempt admitted before the trip finishes while open: no effect
+        assert_eq!(b.record(early, false, s(1), &mut FixedRandom(0.5)), None);
+        assert_eq!(b.state(s(1)).state, StateKind::Open);
+    }
+
+    #[test]
+    fn disabled_always_admits() {
+        let mut p = params();
+        p.enabled = false;
+        let mut b = Breaker::new(p);
+        assert_eq!(run(&mut b, 100, true, s(0)), None);
+        assert!(b.try_acquire(s(0)).is_ok());
+        assert_eq!(b.state(s(0)).state, StateKind::Closed);
+    }
+
+    #[test]
+    fn clock_stepping_back_does_not_admit_early() {
+        let mut b = Breaker::new(params());
+        trip(&mut b, s(100));
+        assert!(b.try_acquire(s(50)).is_err());
+        assert!(b.try_acquire(s(129)).is_err());
+        assert!(b.try_acquire(s(130)).is_ok());
+    }
+
+    #[test]
+    fn failure_statuses() {
+        let b = Breaker::new(params());
+        assert!(b.is_failure_status(503));
+        assert!(!b.is_failure_status(429));
+        assert!(!b.is_failure_status(404));
     }
 }
