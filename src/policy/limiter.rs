@@ -1,7 +1,15 @@
 //! Admission limiters (SEMANTICS §5): token bucket, sliding window, and a keyed
 //! registry bounded by `max_keys`.
+//!
+//! Owns [`TokenBucket`], [`SlidingWindow`], [`Limiter`] (both must admit) and
+//! [`KeyedLimiter`] (one limiter per key, least-recently-used evicted). It must
+//! not read a clock, sleep or queue: `now` is passed in, and a `now` earlier
+//! than one already seen counts as the latest one seen, so a clock stepping
+//! back never creates tokens. Waiting (`max_wait`) is the data plane's job; it
+//! asks [`Limiter::time_until`] how long.
 
-use super::PolicyError;
+use super::{Now, PolicyError};
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// Where a keyed limiter reads its key from.
@@ -11,18 +19,24 @@ pub enum KeySource {
     Header(String),
 }
 
+/// Validated rate-limit parameters for one upstream.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct RateLimitParams {
     /// Token bucket: `(rps, burst)`.
     pub bucket: Option<(f64, u32)>,
     /// Sliding window: `(limit, period)`.
     pub window: Option<(u32, Duration)>,
+    /// Where the per-key limiter's key comes from; `None` = one shared limiter.
     pub key: Option<KeySource>,
+    /// The most keys the registry holds.
     pub max_keys: usize,
+    /// How long a first attempt may wait for a token.
     pub max_wait: Duration,
 }
 
 impl RateLimitParams {
+    /// Validates rate-limit parameters: at least one of bucket and window,
+    /// positive rates and limits, `key = "header:NAME"`, `max_keys ≥ 1`.
     pub fn try_new(
         bucket: Option<(f64, u32)>,
         window: Option<(u32, Duration)>,
@@ -79,5 +93,653 @@ impl RateLimitParams {
             max_keys,
             max_wait,
         })
+    }
+}
+
+/// A token bucket refilled continuously at `rps` up to `burst`; starts full.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    rps: f64,
+    burst: f64,
+    tokens: f64,
+    last: Now,
+}
+
+impl TokenBucket {
+    /// A full bucket at `now`.
+    pub fn new(rps: f64, burst: u32, now: Now) -> Self {
+        TokenBucket {
+            rps,
+            burst: f64::from(burst),
+            tokens: f64::from(burst),
+            last: now,
+        }
+    }
+
+    fn refill(&mut self, now: Now) {
+        if now > self.last {
+            let dt = (now - self.last).as_secs_f64();
+            self.tokens = (self.tokens + dt * self.rps).min(self.burst);
+            self.last = now;
+        }
+    }
+
+    fn has(&self, n: u32) -> bool {
+        self.tokens >= f64::from(n)
+    }
+
+    /// Takes `n` tokens if there are that many at `now`.
+    pub fn try_take(&mut self, n: u32, now: Now) -> bool {
+        self.refill(now);
+        if self.has(n) {
+            self.tokens -= f64::from(n);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The tokens available at `now` (after refill).
+    pub fn available(&mut self, now: Now) -> f64 {
+        self.refill(now);
+        self.tokens
+    }
+
+    /// How long from `now` until `n` tokens are available: zero if they are,
+    /// `None` when `n` exceeds the bucket's capacity (it never will be).
+    pub fn time_until(&self, n: u32, now: Now) -> Option<Duration> {
+        let n = f64::from(n);
+        if n > self.burst {
+            return None;
+        }
+        let dt = now.saturating_sub(self.last).as_secs_f64();
+        let tokens = (self.tokens + dt * self.rps).min(self.burst);
+        let behind = self.last.saturating_sub(now);
+        if tokens >= n {
+            return Some(behind);
+        }
+        // Round up, plus a microsecond, so that refilling over exactly this
+        // wait is never a hair short of `n` because of float rounding.
+        let secs = (n - tokens) / self.rps + 1e-6;
+        let wait = Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX);
+        Some(wait.saturating_add(behind))
+    }
+
+    fn set_rate(&mut self, rps: f64, burst: u32) {
+        self.rps = rps;
+        self.burst = f64::from(burst);
+        self.tokens = self.tokens.min(self.burst);
+    }
+}
+
+/// Sub-buckets per period in [`SlidingWindow`].
+const SUB: u64 = 10;
+const RING: usize = SUB as usize + 1;
+
+/// At most `limit` admissions in any sliding `period`.
+///
+/// Counts go into `period / 10` sub-buckets, and a sub-bucket is only
+/// forgotten once its *end* is a full period old. Every admission that could
+/// lie in the sliding window is therefore still counted: it never
+/// over-admits, and under-admits by at most a tenth of a period's worth.
+/// O(1) memory per limiter (unlike a sliding log of `limit` timestamps).
+#[derive(Debug, Clone)]
+pub struct SlidingWindow {
+    limit: u64,
+    period: Duration,
+    width_ns: u64,
+    counts: [u64; RING],
+    total: u64,
+    head: u64,
+    last: Now,
+}
+
+impl SlidingWindow {
+    /// An empty window at `now`.
+    pub fn new(limit: u32, period: Duration, now: Now) -> Self {
+        let width_ns = u64::try_from(period.as_nanos() / u128::from(SUB))
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut w = SlidingWindow {
+            limit: u64::from(limit),
+            period,
+            width_ns,
+            counts: [0; RING],
+            total: 0,
+            head: 0,
+            last: now,
+        };
+        w.head = w.slot_of(now);
+        w
+    }
+
+    fn slot_of(&self, now: Now) -> u64 {
+        u64::try_from(now.as_nanos() / u128::from(self.width_ns)).unwrap_or(u64::MAX)
+    }
+
+    fn advance(&mut self, now: Now) {
+        if now <= self.last {
+            return;
+        }
+        self.last = now;
+        let target = self.slot_of(now);
+        if target <= self.head {
+            return;
+        }
+        if target - self.head >= RING as u64 {
+            self.counts = [0; RING];
+            self.total = 0;
+        } else {
+            for abs in self.head + 1..=target {
+                let i = (abs % RING as u64) as usize;
+                self.total -= self.counts[i];
+                self.counts[i] = 0;
+            }
+        }
+        self.head = target;
+    }
+
+    fn has(&self, n: u32) -> bool {
+        self.total + u64::from(n) <= self.limit
+    }
+
+    fn add(&mut self, n: u32) {
+        let i = (self.head % RING as u64) as usize;
+        self.counts[i] += u64::from(n);
+        self.total += u64::from(n);
+    }
+
+    /// Admits `n` at `now` if that keeps every sliding period within `limit`.
+    pub fn try_take(&mut self, n: u32, now: Now) -> bool {
+        self.advance(now);
+        if self.has(n) {
+            self.add(n);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// How long from `now` until `n` more would be admitted; `None` when `n`
+    /// exceeds `limit`.
+    pub fn time_until(&self, n: u32, now: Now) -> Option<Duration> {
+        let n = u64::from(n);
+        if n > self.limit {
+            return None;
+        }
+        let mut probe = self.clone();
+        probe.advance(now);
+        let behind = self.last.saturating_sub(now);
+        if probe.total + n <= probe.limit {
+            return Some(behind);
+        }
+        let need = probe.total + n - probe.limit;
+        let from = probe.last;
+        let mut freed = 0;
+        for abs in probe.head.saturating_sub(SUB)..=probe.head {
+            freed += probe.counts[(abs % RING as u64) as usize];
+            if freed >= need {
+                // sub-bucket `abs` is forgotten once the head reaches abs + RING
+                let at_ns = u128::from(abs + RING as u64) * u128::from(probe.width_ns);
+                let at = Duration::from_nanos(u64::try_from(at_ns).unwrap_or(u64::MAX));
+                return Some(at.saturating_sub(from).saturating_add(behind));
+            }
+        }
+        Some(probe.period.saturating_add(behind))
+    }
+
+    fn set_limit(&mut self, limit: u32, period: Duration) {
+        if period != self.period {
+            // Keep every live admission, conservatively, in the newest slot.
+            let total = self.total;
+            *self = SlidingWindow::new(limit, period, self.last);
+            self.counts[(self.head % RING as u64) as usize] = total;
+            self.total = total;
+        }
+        self.limit = u64::from(limit);
+    }
+}
+
+/// One limiter: a token bucket, a sliding window, or both (both must admit).
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    bucket: Option<TokenBucket>,
+    window: Option<SlidingWindow>,
+}
+
+impl Limiter {
+    /// A fresh limiter (bucket full, window empty) at `now`.
+    pub fn new(params: &RateLimitParams, now: Now) -> Self {
+        Limiter {
+            bucket: params
+                .bucket
+                .map(|(rps, burst)| TokenBucket::new(rps, burst, now)),
+            window: params
+                .window
+                .map(|(limit, period)| SlidingWindow::new(limit, period, now)),
+        }
+    }
+
+    /// Takes one token if both the bucket and the window admit at `now`;
+    /// takes nothing from either otherwise.
+    pub fn try_acquire(&mut self, now: Now) -> bool {
+        if let Some(b) = &mut self.bucket {
+            b.refill(now);
+            if !b.has(1) {
+                return false;
+            }
+        }
+        if let Some(w) = &mut self.window {
+            w.advance(now);
+            if !w.has(1) {
+                return false;
+            }
+            w.add(1);
+        }
+        if let Some(b) = &mut self.bucket {
+            b.tokens -= 1.0;
+        }
+        true
+    }
+
+    /// How long from `now` until [`Limiter::try_acquire`] could succeed (zero
+    /// if it can now). For the first attempt's `max_wait` and `Retry-After`.
+    pub fn time_until(&self, now: Now) -> Option<Duration> {
+        let b = match &self.bucket {
+            Some(b) => b.time_until(1, now)?,
+            None => Duration::ZERO,
+        };
+        let w = match &self.window {
+            Some(w) => w.time_until(1, now)?,
+            None => Duration::ZERO,
+        };
+        Some(b.max(w))
+    }
+
+    /// Updates the limits in place (config reload); tokens and counts survive
+    /// (a smaller burst caps the tokens; a new period keeps the live count).
+    pub fn set_params(&mut self, params: &RateLimitParams, now: Now) {
+        self.bucket = match (self.bucket.take(), params.bucket) {
+            (Some(mut b), Some((rps, burst))) => {
+                b.set_rate(rps, burst);
+                Some(b)
+            }
+            (None, Some((rps, burst))) => Some(TokenBucket::new(rps, burst, now)),
+            (_, None) => None,
+        };
+        self.window = match (self.window.take(), params.window) {
+            (Some(mut w), Some((limit, period))) => {
+                w.set_limit(limit, period);
+                Some(w)
+            }
+            (None, Some((limit, period))) => Some(SlidingWindow::new(limit, period, now)),
+            (_, None) => None,
+        };
+    }
+}
+
+/// The registry's counters, for metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KeyedStats {
+    /// Keys held now.
+    pub size: usize,
+    /// Keys evicted (least recently used) to stay within `max_keys`.
+    pub evictions: u64,
+    /// Calls whose `now` was earlier than one already seen.
+    pub clock_regressions: u64,
+}
+
+const NIL: usize = usize::MAX;
+
+#[derive(Debug, Clone)]
+struct Node {
+    key: Box<str>,
+    limiter: Limiter,
+    /// Towards the most recently used end.
+    prev: usize,
+    /// Towards the least recently used end.
+    next: usize,
+}
+
+/// One upstream's limiters: a shared one for requests without a key, and one
+/// per key, at most `max_keys`, the least recently used evicted first.
+///
+/// A hash map into a slab threaded by an intrusive doubly-linked list: every
+/// operation is O(1), with no scan at any registry size. An evicted key that
+/// comes back starts with a fresh (full) limiter.
+#[derive(Debug, Clone)]
+pub struct KeyedLimiter {
+    params: RateLimitParams,
+    shared: Limiter,
+    map: HashMap<Box<str>, usize>,
+    nodes: Vec<Node>,
+    /// Most recently used.
+    head: usize,
+    /// Least recently used.
+    tail: usize,
+    evictions: u64,
+    regressions: u64,
+    last: Now,
+}
+
+impl KeyedLimiter {
+    /// An empty registry at `now`.
+    pub fn new(params: RateLimitParams, now: Now) -> Self {
+        KeyedLimiter {
+            shared: Limiter::new(&params, now),
+            map: HashMap::new(),
+            nodes: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            evictions: 0,
+            regressions: 0,
+            last: now,
+            params,
+        }
+    }
+
+    /// The parameters in force.
+    pub fn params(&self) -> &RateLimitParams {
+        &self.params
+    }
+
+    fn observe(&mut self, now: Now) {
+        if now < self.last {
+            self.regressions += 1;
+        } else {
+            self.last = now;
+        }
+    }
+
+    /// Takes a token from `key`'s limiter (the shared one for `None`).
+    pub fn try_acquire(&mut self, key: Option<&str>, now: Now) -> bool {
+        self.observe(now);
+        match key {
+            None => self.shared.try_acquire(now),
+            Some(k) => {
+                let i = self.slot(k, now);
+                self.nodes[i].limiter.try_acquire(now)
+            }
+        }
+    }
+
+    /// How long until `key`'s limiter could admit (see [`Limiter::time_until`]).
+    /// Does not create or touch the key.
+    pub fn time_until(&self, key: Option<&str>, now: Now) -> Option<Duration> {
+        let limiter = match key {
+            None => &self.shared,
+            Some(k) => match self.map.get(k) {
+                Some(&i) => &self.nodes[i].limiter,
+                None => return Limiter::new(&self.params, now).time_until(now),
+            },
+        };
+        limiter.time_until(now)
+    }
+
+    /// Size, evictions and clock regressions.
+    pub fn stats(&self) -> KeyedStats {
+        KeyedStats {
+            size: self.map.len(),
+            evictions: self.evictions,
+            clock_regressions: self.regressions,
+        }
+    }
+
+    /// Updates every limiter in place (config reload; O(keys), once); a
+    /// smaller `max_keys` evicts the least recently used down to it.
+    pub fn set_params(&mut self, params: RateLimitParams, now: Now) {
+        self.shared.set_params(&params, now);
+        for n in &mut self.nodes {
+            n.limiter.set_params(&params, now);
+        }
+        self.params = params;
+        while self.map.len() > self.params.max_keys {
+            let t = self.tail;
+            self.unlink(t);
+            self.map.remove(&self.nodes[t].key);
+            self.evictions += 1;
+            // keep the slab dense: move the last node into the hole
+            let last = self.nodes.len() - 1;
+            self.nodes.swap_remove(t);
+            if t != last {
+                self.relocate(last, t);
+            }
+        }
+    }
+
+    /// The slab index of `key`'s node, created (evicting if full) and moved to
+    /// the most-recently-used end.
+    fn slot(&mut self, key: &str, now: Now) -> usize {
+        if let Some(&i) = self.map.get(key) {
+            if self.head != i {
+                self.unlink(i);
+                self.push_front(i);
+            }
+            return i;
+        }
+        let limiter = Limiter::new(&self.params, now);
+        let i = if self.map.len() >= self.params.max_keys && self.tail != NIL {
+            let t = self.tail;
+            self.unlink(t);
+            self.map.remove(&self.nodes[t].key);
+            self.evictions += 1;
+            self.nodes[t].key = key.into();
+            self.nodes[t].limiter = limiter;
+            t
+        } else {
+            self.nodes.push(Node {
+                key: key.into(),
+                limiter,
+                prev: NIL,
+                next: NIL,
+            });
+            self.nodes.len() - 1
+        };
+        self.map.insert(key.into(), i);
+        self.push_front(i);
+        i
+    }
+
+    fn unlink(&mut self, i: usize) {
+        let (prev, next) = (self.nodes[i].prev, self.nodes[i].next);
+        if prev == NIL {
+            self.head = next;
+        } else {
+            self.nodes[prev].next = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            self.nodes[next].prev = prev;
+        }
+        self.nodes[i].prev = NIL;
+        self.nodes[i].next = NIL;
+    }
+
+    fn push_front(&mut self, i: usize) {
+        self.nodes[i].prev = NIL;
+        self.nodes[i].next = self.head;
+        if self.head != NIL {
+            self.nodes[self.head].prev = i;
+        }
+        self.head = i;
+        if self.tail == NIL {
+            self.tail = i;
+        }
+    }
+
+    /// The node that was at `from` now sits at `to`: repoint its neighbours.
+    fn relocate(&mut self, from: usize, to: usize) {
+        let (prev, next) = (self.nodes[to].prev, self.nodes[to].next);
+        if prev == NIL {
+            self.head = to;
+        } else {
+            self.nodes[prev].next = to;
+        }
+        if next == NIL {
+            self.tail = to;
+        } else {
+            self.nodes[next].prev = to;
+        }
+        if let Some(v) = self.map.get_mut(&self.nodes[to].key) {
+            debug_assert_eq!(*v, from);
+            *v = to;
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn ms(x: u64) -> Duration {
+        Duration::from_millis(x)
+    }
+
+    fn params(
+        bucket: Option<(f64, u32)>,
+        window: Option<(u32, Duration)>,
+        max_keys: usize,
+    ) -> RateLimitParams {
+        RateLimitParams::try_new(bucket, window, Some("header:x-tenant"), max_keys, ms(0)).unwrap()
+    }
+
+    #[test]
+    fn bucket_burst_then_refill() {
+        let mut b = TokenBucket::new(10.0, 5, ms(0));
+        assert_eq!((0..10).filter(|_| b.try_take(1, ms(0))).count(), 5);
+        assert_eq!(
+            b.time_until(1, ms(0)),
+            Some(ms(100) + Duration::from_micros(1))
+        );
+        assert!(!b.try_take(1, ms(99)));
+        assert!(b.try_take(1, ms(101)));
+        assert_eq!(b.time_until(6, ms(101)), None);
+        assert!(b.time_until(5, ms(101)).is_some());
+    }
+
+    #[test]
+    fn bucket_waiting_time_until_is_enough() {
+        let mut b = TokenBucket::new(3.0, 2, ms(0));
+        assert!(b.try_take(2, ms(0)));
+        let wait = b.time_until(2, ms(7)).unwrap();
+        assert!(b.try_take(2, ms(7) + wait));
+    }
+
+    #[test]
+    fn bucket_clock_stepping_back_creates_nothing() {
+        let mut b = TokenBucket::new(10.0, 1, ms(1_000));
+        assert!(b.try_take(1, ms(1_000)));
+        assert!(!b.try_take(1, ms(0)));
+        assert!(!b.try_take(1, ms(1_050)));
+        assert_eq!(
+            b.time_until(1, ms(900)),
+            Some(ms(200) + Duration::from_micros(1))
+        );
+        assert!(b.try_take(1, ms(1_100)));
+    }
+
+    #[test]
+    fn window_never_over_admits() {
+        let mut w = SlidingWindow::new(3, ms(1_000), ms(0));
+        assert!(w.try_take(1, ms(0)));
+        assert!(w.try_take(1, ms(500)));
+        assert!(w.try_take(1, ms(999)));
+        assert!(!w.try_take(1, ms(1_050)));
+        // the admission at 0 is forgotten once its sub-bucket's end is 1 s old
+        assert_eq!(w.time_until(1, ms(1_050)), Some(ms(50)));
+        assert!(w.try_take(1, ms(1_100)));
+        assert!(!w.try_take(1, ms(1_200)));
+        assert_eq!(w.time_until(4, ms(1_200)), None);
+    }
+
+    #[test]
+    fn window_clock_stepping_back_creates_nothing() {
+        let mut w = SlidingWindow::new(1, ms(1_000), ms(5_000));
+        assert!(w.try_take(1, ms(5_000)));
+        assert!(!w.try_take(1, ms(0)));
+        assert!(!w.try_take(1, ms(5_999)));
+        assert!(w.try_take(1, ms(6_100)));
+    }
+
+    #[test]
+    fn limiter_needs_both_and_takes_from_neither_on_refusal() {
+        let p = params(Some((1.0, 2)), Some((1, ms(1_000))), 10);
+        let mut l = Limiter::new(&p, ms(0));
+        assert!(l.try_acquire(ms(0)));
+        // window refuses: the bucket keeps its second token
+        assert!(!l.try_acquire(ms(0)));
+        assert_eq!(l.time_until(ms(0)), Some(ms(1_100)));
+        assert!(l.try_acquire(ms(1_100)));
+        let b = l.bucket.as_mut().unwrap();
+        assert!(b.available(ms(1_100)) >= 1.0);
+    }
+
+    #[test]
+    fn keyed_lru_eviction_and_stats() {
+        let p = params(Some((1.0, 1)), None, 2);
+        let mut k = KeyedLimiter::new(p, ms(0));
+        assert!(k.try_acquire(Some("a"), ms(0)));
+        assert!(k.try_acquire(Some("b"), ms(0)));
+        assert!(!k.try_acquire(Some("a"), ms(0))); // touches a: b is now LRU
+        assert!(k.try_acquire(Some("c"), ms(0))); // evicts b
+        assert!(!k.try_acquire(Some("a"), ms(0)));
+        assert!(k.try_acquire(Some("b"), ms(0))); // fresh again; evicts c
+        assert!(!k.try_acquire(Some("a"), ms(0)));
+        assert!(k.try_acquire(None, ms(0)));
+        assert!(!k.try_acquire(None, ms(0)));
+        assert_eq!(
+            k.stats(),
+            KeyedStats {
+                size: 2,
+                evictions: 2,
+                clock_regressions: 0
+            }
+        );
+        let mut k2 = KeyedLimiter::new(params(Some((1.0, 1)), None, 2), ms(10));
+        let _ = k2.try_acquire(Some("x"), ms(5));
+        assert_eq!(k2.stats().clock_regressions, 1);
+        assert_eq!(k.time_until(Some("zzz"), ms(0)), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn keyed_many_keys_stay_bounded() {
+        let p = params(Some((1.0, 1)), None, 100);
+        let mut k = KeyedLimiter::new(p, ms(0));
+        for i in 0..10_000 {
+            let key = format!("k{i}");
+            assert!(k.try_acquire(Some(&key), ms(0)));
+        }
+        assert_eq!(k.stats().size, 100);
+        assert_eq!(k.stats().evictions, 9_900);
+        // the 100 most recent are still there and still empty
+        assert!(!k.try_acquire(Some("k9999"), ms(0)));
+        assert!(!k.try_acquire(Some("k9900"), ms(0)));
+    }
+
+    #[test]
+    fn keyed_set_params_shrinks_and_updates() {
+        let p = params(Some((1.0, 1)), None, 10);
+        let mut k = KeyedLimiter::new(p, ms(0));
+        for key in ["a", "b", "c", "d"] {
+            assert!(k.try_acquire(Some(key), ms(0)));
+        }
+        let _ = k.try_acquire(Some("a"), ms(0)); // a is MRU
+        k.set_params(params(Some((1.0, 5)), None, 2), ms(0));
+        assert_eq!(k.stats().size, 2);
+        assert_eq!(k.stats().evictions, 2);
+        // a and d survive with their tokens (empty); b was evicted → fresh
+        assert!(!k.try_acquire(Some("a"), ms(0)));
+        assert!(!k.try_acquire(Some("d"), ms(0)));
+        assert!(k.try_acquire(Some("b"), ms(0)));
+        assert_eq!(k.stats().size, 2);
+        // the larger burst refills: 5 tokens after 5 s
+        assert_eq!(
+            (0..10)
+                .filter(|_| k.try_acquire(Some("b"), ms(6_000)))
+                .count(),
+            5
+        );
     }
 }
