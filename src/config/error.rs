@@ -1,0 +1,230 @@
+//! Config errors that say where: file, line, column and field path.
+//!
+//! serde errors carry a byte span; validation errors carry a field path. A
+//! [`SpanIndex`] built from the same source with `toml_edit` maps each to the
+//! other, so every error names both.
+
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// One problem in a config file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    /// 1-based; 0 when the position is unknown (e.g. a missing file).
+    pub line: usize,
+    pub column: usize,
+    /// Dotted field path, e.g. `upstreams.payments.retry.max_attempts`.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if self.line > 0 {
+            write!(f, ":{}:{}", self.line, self.column)?;
+        }
+        if !self.field.is_empty() {
+            write!(f, ": `{}`", self.field)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// Every error found in one config file (at least one).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "error: {e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every key path in a document with the byte span of its key and value.
+#[derive(Debug, Default)]
+pub struct SpanIndex {
+    entries: Vec<(String, Range<usize>, Range<usize>)>,
+    line_starts: Vec<usize>,
+}
+
+impl SpanIndex {
+    pub fn new(src: &str) -> Self {
+        let mut idx = SpanIndex {
+            entries: Vec::new(),
+            line_starts: std::iter::once(0)
+                .chain(src.match_indices('\n').map(|(i, _)| i + 1))
+                .collect(),
+        };
+        if let Ok(doc) = toml_edit::Document::parse(src) {
+            if let Some(t) = doc.as_item().as_table() {
+                idx.walk_table(t, "");
+            }
+        }
+        idx
+    }
+
+    fn add(&mut self, path: String, key: Option<Range<usize>>, value: Option<Range<usize>>) {
+        let key = key.or_else(|| value.clone()).unwrap_or(0..0);
+        let value = value.unwrap_or_else(|| key.clone());
+        self.entries.push((path, key, value));
+    }
+
+    fn walk_table(&mut self, t: &toml_edit::Table, prefix: &str) {
+        for (k, _) in t.iter() {
+            if let Some((key, item)) = t.get_key_value(k) {
+                let path = join(prefix, k);
+                self.add(path.clone(), key.span(), item.span());
+                self.walk_item(item, &path);
+            }
+        }
+    }
+
+    fn walk_item(&mut self, item: &toml_edit::Item, path: &str) {
+        match item {
+            toml_edit::Item::Table(t) => self.walk_table(t, path),
+            toml_edit::Item::Value(v) => self.walk_value(v, path),
+            toml_edit::Item::ArrayOfTables(a) => {
+                for (i, t) in a.iter().enumerate() {
+                    let p = format!("{path}[{i}]");
+                    self.add(p.clone(), t.span(), t.span());
+                    self.walk_table(t, &p);
+                }
+            }
+            toml_edit::Item::None => {}
+        }
+    }
+
+    fn walk_value(&mut self, v: &toml_edit::Value, path: &str) {
+        match v {
+            toml_edit::Value::InlineTable(t) => {
+                for (k, _) in t.iter() {
+                    if let Some((key, item)) = t.get_key_value(k) {
+                        let p = join(path, k);
+                        self.add(p.clone(), key.span(), item.span());
+                        self.walk_item(item, &p);
+                    }
+                }
+            }
+            toml_edit::Value::Array(a) => {
+                for (i, v) in a.iter().enumerate() {
+                    let p = format!("{path}[{i}]");
+                    self.add(p.clone(), v.span(), v.span());
+                    self.walk_value(v, &p);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the document sets this exact path.
+    pub fn has(&self, path: &str) -> bool {
+        self.entries.iter().any(|(p, _, _)| p == path)
+    }
+
+    /// Line and column (1-based) of a byte offset.
+    pub fn line_col(&self, offset: usize) -> (usize, usize) {
+        let line = self.line_starts.partition_point(|&s| s <= offset).max(1);
+        let start = self.line_starts.get(line - 1).copied().unwrap_or(0);
+        (line, offset - start + 1)
+    }
+
+    /// Where a field's value starts; for a missing field, its nearest present parent.
+    pub fn locate(&self, path: &str) -> Option<usize> {
+        let mut p = path;
+        loop {
+            if let Some((_, key, value)) = self.entries.iter().find(|(q, _, _)| q == p) {
+                // A value's position is more useful than its key's, except for
+                // tables, whose "value" span is the whole table.
+                return Some(if value.start >= key.start {
+                    value.start
+                } else {
+                    key.start
+                });
+            }
+            match p.rfind(['.', '[']) {
+                Some(i) => p = &p[..i],
+                None => return None,
+            }
+        }
+    }
+
+    /// The innermost field whose key or value span holds `offset`.
+    pub fn path_at(&self, offset: usize) -> Option<&str> {
+        self.entries
+            .iter()
+            .filter(|(_, k, v)| k.contains(&offset) || v.contains(&offset) || k.start == offset)
+            .min_by_key(|(_, k, v)| {
+                let kv = k.start.min(v.start)..k.end.max(v.end);
+                kv.end - kv.start
+            })
+            .map(|(p, _, _)| p.as_str())
+    }
+
+    pub fn error_at_path(&self, file: &Path, field: &str, message: String) -> ConfigError {
+        let (line, column) = self
+            .locate(field)
+            .map(|o| self.line_col(o))
+            .unwrap_or((0, 0));
+        ConfigError {
+            file: file.to_path_buf(),
+            line,
+            column,
+            field: field.to_string(),
+            message,
+        }
+    }
+}
+
+fn join(prefix: &str, key: &str) -> String {
+    let key = if key
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        key.to_string()
+    } else {
+        format!("{key:?}")
+    };
+    if prefix.is_empty() {
+        key
+    } else {
+        format!("{prefix}.{key}")
+    }
+}
+
+/// Turns a toml/serde error into a located [`ConfigError`].
+pub fn from_toml(file: &Path, src: &str, idx: &SpanIndex, e: &toml::de::Error) -> ConfigError {
+    let offset = e.span().map(|s| s.start);
+    let (line, column) = offset.map(|o| idx.line_col(o)).unwrap_or((0, 0));
+    let mut field = offset
+        .and_then(|o| idx.path_at(o))
+        .unwrap_or_default()
+        .to_string();
+    let message = e.message().trim().to_string();
+    // For an unknown field, the path is the field itself; name it even when the
+    // span index could not (e.g. the document did not parse at all).
+    if field.is_empty() {
+        if let Some(name) = message
+            .strip_prefix("unknown field `")
+            .and_then(|r| r.split('`').next())
+        {
+            field = name.to_string();
+        }
+    }
+    let _ = src;
+    ConfigError {
+        file: file.to_path_buf(),
+        line,
+        column,
+        field,
+        message,
+    }
+}

@@ -1,0 +1,196 @@
+//! Configuration: the raw serde model ([`raw`]) is merged (`[upstreams.NAME]`
+//! over `[defaults]` over the built-in defaults) and validated ([`validate`])
+//! into a typed [`Config`] snapshot. Only validated snapshots are ever handed
+//! to the data plane; a file that fails leaves the running config in place.
+//!
+//! Owns: parsing, defaults, validation, error locations. Must not: touch the
+//! network or any live state.
+
+pub mod duration;
+pub mod error;
+pub mod raw;
+mod validate;
+
+pub use error::{ConfigError, ConfigErrors};
+
+use crate::policy::{BreakerParams, RateLimitParams, RetryPolicy};
+use http::HeaderName;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A validated configuration snapshot.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from.
+    pub path: PathBuf,
+    pub server: ServerConfig,
+    /// Sorted by name.
+    pub upstreams: Vec<Arc<UpstreamConfig>>,
+    /// The effective, merged config in its raw form, for `weir check` and `/config`.
+    pub effective: raw::RawConfig,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub admin: SocketAddr,
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub shutdown_timeout: Duration,
+    pub tls: Option<ListenerTls>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP/1.1 in cleartext; over TLS, whatever ALPN picks.
+    Auto,
+    Http1,
+    H2c,
+    Grpc,
+}
+
+/// Host matching for the shared listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    /// Lower-cased host, no port.
+    Exact(String),
+    /// `*.example.com` stored as `.example.com`: matches any name ending in it.
+    Suffix(String),
+}
+
+impl HostPattern {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let t = s.trim().trim_end_matches('.').to_ascii_lowercase();
+        let valid = |h: &str| {
+            !h.is_empty()
+                && h.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.' || c == '_')
+        };
+        if let Some(rest) = t.strip_prefix("*.") {
+            if valid(rest) {
+                return Ok(HostPattern::Suffix(format!(".{rest}")));
+            }
+        } else if valid(&t) {
+            return Ok(HostPattern::Exact(t));
+        }
+        Err(format!(
+            "invalid host pattern {s:?}: expected a host name (`api.internal`) or a wildcard (`*.api.internal`), without a port"
+        ))
+    }
+
+    /// `host` must already be lower-cased and stripped of its port.
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            HostPattern::Exact(h) => h == host,
+            HostPattern::Suffix(s) => host.len() > s.len() && host.ends_with(s.as_str()),
+        }
+    }
+
+    /// Higher is more specific: an exact name beats any wildcard, a longer
+    /// wildcard beats a shorter one.
+    pub fn specificity(&self) -> usize {
+        match self {
+            HostPattern::Exact(_) => usize::MAX,
+            HostPattern::Suffix(s) => s.len(),
+        }
+    }
+}
+
+/// The upstream's origin: scheme, authority and optional base path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamUrl {
+    pub scheme: Scheme,
+    pub authority: http::uri::Authority,
+    pub host: String,
+    pub port: u16,
+    /// Without a trailing slash; empty for none.
+    pub base_path: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConcurrencyParams {
+    pub max_in_flight: u32,
+    pub max_queue: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamTls {
+    pub ca_file: Option<PathBuf>,
+    pub server_name: Option<String>,
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+}
+
+/// One upstream, with its effective (merged, validated) policy.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub name: String,
+    pub url: UpstreamUrl,
+    pub hosts: Vec<HostPattern>,
+    /// Normalised: starts with `/`, no trailing slash except for `/` itself.
+    pub path_prefix: String,
+    pub strip_prefix: bool,
+    pub preserve_host: bool,
+    pub listen: Option<SocketAddr>,
+    pub protocol: Protocol,
+    pub tls: Option<UpstreamTls>,
+    pub timeout: Duration,
+    pub per_try_timeout: Option<Duration>,
+    pub connect_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub annotate: bool,
+    pub idempotency_header: HeaderName,
+    pub retry: RetryPolicy,
+    pub breaker: BreakerParams,
+    pub concurrency: ConcurrencyParams,
+    pub rate_limit: Option<RateLimitParams>,
+}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let src = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                file: path.to_path_buf(),
+                line: 0,
+                column: 0,
+                field: String::new(),
+                message: format!("cannot read the config file: {e}"),
+            }])
+        })?;
+        Config::parse(path, &src)
+    }
+
+    /// Parses and validates config text; `path` is only used in messages.
+    pub fn parse(path: &Path, src: &str) -> Result<Config, ConfigErrors> {
+        let idx = error::SpanIndex::new(src);
+        let raw: raw::RawConfig = toml::from_str(src)
+            .map_err(|e| ConfigErrors(vec![error::from_toml(path, src, &idx, &e)]))?;
+        validate::validate(raw, path, &idx)
+    }
+
+    /// The effective config as TOML: every default filled in.
+    pub fn effective_toml(&self) -> String {
+        toml::to_string_pretty(&self.effective)
+            .unwrap_or_else(|e| format!("# cannot render the effective config: {e}\n"))
+    }
+
+    pub fn upstream(&self, name: &str) -> Option<&Arc<UpstreamConfig>> {
+        self.upstreams.iter().find(|u| u.name == name)
+    }
+}

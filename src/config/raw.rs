@@ -1,0 +1,401 @@
+//! The raw serde model of `weir.toml` (stage one of two).
+//!
+//! Every table uses `deny_unknown_fields`, so a typo is an error rather than a
+//! silently ignored field. Every policy field is an `Option` so that
+//! `[upstreams.NAME]` can merge over `[defaults]` field by field, and
+//! `[defaults]` over the built-in defaults in [`RawPolicy::builtin`] — the one
+//! place each default is written down.
+
+use super::duration::Dur;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Generates `merge(self, base)`: each field set here wins, each unset field
+/// comes from `base`; nested tables merge recursively.
+macro_rules! mergeable {
+    ($ty:ident { $($field:ident),* $(,)? } nested { $($nested:ident),* $(,)? }) => {
+        impl $ty {
+            pub fn merge(self, base: Self) -> Self {
+                $ty {
+                    $($field: self.$field.or(base.$field),)*
+                    $($nested: match (self.$nested, base.$nested) {
+                        (Some(a), Some(b)) => Some(a.merge(b)),
+                        (a, b) => a.or(b),
+                    },)*
+                }
+            }
+        }
+    };
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub server: RawServer,
+    #[serde(default)]
+    pub defaults: RawPolicy,
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, RawUpstream>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    /// Shared listener, routed by Host / authority. Default `127.0.0.1:15001`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// Admin listener (/metrics, /healthz, /readyz, /config, /reload). Default `127.0.0.1:15000`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin: Option<String>,
+    /// Client connections held at once across all listeners. Default 10000.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<u32>,
+    /// Time a client has to send a complete request head (slowloris guard). Default 10s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub header_read_timeout: Option<Dur>,
+    /// Request heads larger than this get 431. Default 65536.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_header_bytes: Option<u32>,
+    /// How long in-flight requests may take to finish on shutdown. Default 30s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_timeout: Option<Dur>,
+    /// Optional inbound TLS on the shared listener.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<RawListenerTls>,
+}
+
+impl RawServer {
+    pub fn builtin() -> Self {
+        RawServer {
+            listen: Some("127.0.0.1:15001".into()),
+            admin: Some("127.0.0.1:15000".into()),
+            max_connections: Some(10_000),
+            header_read_timeout: Some(Dur(std::time::Duration::from_secs(10))),
+            max_header_bytes: Some(65_536),
+            shutdown_timeout: Some(Dur(std::time::Duration::from_secs(30))),
+            tls: None,
+        }
+    }
+}
+mergeable!(RawServer { listen, admin, max_connections, header_read_timeout, max_header_bytes, shutdown_timeout, tls } nested {});
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawListenerTls {
+    pub cert: String,
+    pub key: String,
+}
+
+/// The policy fields shared by `[defaults]` and every `[upstreams.NAME]`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_try_timeout: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connect_timeout: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub annotate: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_header: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RawRetry>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<RawBreaker>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<RawConcurrency>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RawRateLimit>,
+}
+mergeable!(RawPolicy { timeout, per_try_timeout, connect_timeout, idle_timeout, annotate, idempotency_header } nested { retry, breaker, concurrency, rate_limit });
+
+impl RawPolicy {
+    /// The built-in defaults: SEMANTICS §8's schema, written down once.
+    pub fn builtin() -> Self {
+        use std::time::Duration as D;
+        RawPolicy {
+            timeout: Some(Dur(D::from_secs(15))),
+            per_try_timeout: None,
+            connect_timeout: Some(Dur(D::from_secs(2))),
+            idle_timeout: Some(Dur(D::from_secs(60))),
+            annotate: Some(true),
+            idempotency_header: Some("Idempotency-Key".into()),
+            retry: Some(RawRetry {
+                max_attempts: Some(3),
+                retry_on: Some(
+                    ["connect-failure", "reset", "timeout", "502", "503", "504"]
+                        .map(String::from)
+                        .to_vec(),
+                ),
+                max_retry_after: Some(Dur(D::from_secs(60))),
+                max_replay_body_bytes: Some(65_536),
+                min_attempt_time: Some(Dur(D::from_millis(10))),
+                backoff: Some(RawBackoff {
+                    base: Some(Dur(D::from_millis(200))),
+                    max: Some(Dur(D::from_secs(10))),
+                    multiplier: Some(2.0),
+                    growth: Some("exponential".into()),
+                    jitter: Some(RawJitter::Name("full".into())),
+                    allow_jitter_above_cap: Some(false),
+                }),
+                budget: Some(RawBudget {
+                    ratio: Some(0.1),
+                    min_per_sec: Some(10),
+                    ttl: Some(Dur(D::from_secs(10))),
+                    timeout_cost: Some(2),
+                }),
+            }),
+            breaker: Some(RawBreaker {
+                enabled: Some(true),
+                consecutive_failures: Some(5),
+                window: Some(20),
+                min_samples: Some(5),
+                failure_rate: Some(0.5),
+                failure_statuses: Some(vec![500, 502, 503, 504]),
+                open: Some(Dur(D::from_secs(30))),
+                max_open: Some(Dur(D::from_secs(300))),
+                open_jitter: Some(0.2),
+                half_open_probes: Some(1),
+            }),
+            concurrency: Some(RawConcurrency {
+                max_in_flight: Some(1024),
+                max_queue: Some(0),
+            }),
+            // Absent = unlimited. The fields' own defaults apply once a table is set.
+            rate_limit: None,
+        }
+    }
+
+    /// Defaults for the fields of a `rate_limit` table that is present.
+    pub fn builtin_rate_limit() -> RawRateLimit {
+        RawRateLimit {
+            rps: None,
+            burst: None,
+            window: None,
+            key: None,
+            max_keys: Some(10_000),
+            max_wait: Some(Dur(std::time::Duration::ZERO)),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetry {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_on: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_retry_after: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_replay_body_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_attempt_time: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<RawBackoff>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<RawBudget>,
+}
+mergeable!(RawRetry { max_attempts, retry_on, max_retry_after, max_replay_body_bytes, min_attempt_time } nested { backoff, budget });
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBackoff {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub multiplier: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub growth: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<RawJitter>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_jitter_above_cap: Option<bool>,
+}
+mergeable!(RawBackoff { base, max, multiplier, growth, jitter, allow_jitter_above_cap } nested {});
+
+/// `jitter = "full"` or `jitter = { proportional = 0.2 }`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum RawJitter {
+    Name(String),
+    Proportional(RawProportional),
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProportional {
+    pub proportional: f64,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBudget {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_per_sec: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_cost: Option<u32>,
+}
+mergeable!(RawBudget { ratio, min_per_sec, ttl, timeout_cost } nested {});
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBreaker {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub consecutive_failures: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_samples: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_rate: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_statuses: Option<Vec<u16>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_open: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_jitter: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub half_open_probes: Option<u32>,
+}
+mergeable!(RawBreaker { enabled, consecutive_failures, window, min_samples, failure_rate, failure_statuses, open, max_open, open_jitter, half_open_probes } nested {});
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConcurrency {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_queue: Option<u32>,
+}
+mergeable!(RawConcurrency { max_in_flight, max_queue } nested {});
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRateLimit {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<RawWindow>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_keys: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_wait: Option<Dur>,
+}
+mergeable!(RawRateLimit { rps, burst, window, key, max_keys, max_wait } nested {});
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWindow {
+    pub limit: u32,
+    pub period: Dur,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstreamTls {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_cert: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_key: Option<String>,
+}
+
+/// `[upstreams.NAME]`: where it is, how it is reached, and its policy
+/// overrides. serde cannot combine `flatten` with `deny_unknown_fields`, so the
+/// policy fields are repeated here and converted with [`RawUpstream::policy`].
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path_prefix: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strip_prefix: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preserve_host: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<RawUpstreamTls>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_try_timeout: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connect_timeout: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub annotate: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_header: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RawRetry>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breaker: Option<RawBreaker>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<RawConcurrency>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RawRateLimit>,
+}
+
+impl RawUpstream {
+    /// This upstream's policy fields, to merge over `[defaults]`.
+    pub fn policy(&self) -> RawPolicy {
+        RawPolicy {
+            timeout: self.timeout,
+            per_try_timeout: self.per_try_timeout,
+            connect_timeout: self.connect_timeout,
+            idle_timeout: self.idle_timeout,
+            annotate: self.annotate,
+            idempotency_header: self.idempotency_header.clone(),
+            retry: self.retry.clone(),
+            breaker: self.breaker.clone(),
+            concurrency: self.concurrency.clone(),
+            rate_limit: self.rate_limit.clone(),
+        }
+    }
+
+    /// Writes a merged policy back, for printing the effective config.
+    pub fn with_policy(mut self, p: RawPolicy) -> Self {
+        self.timeout = p.timeout;
+        self.per_try_timeout = p.per_try_timeout;
+        self.connect_timeout = p.connect_timeout;
+        self.idle_timeout = p.idle_timeout;
+        self.annotate = p.annotate;
+        self.idempotency_header = p.idempotency_header;
+        self.retry = p.retry;
+        self.breaker = p.breaker;
+        self.concurrency = p.concurrency;
+        self.rate_limit = p.rate_limit;
+        self
+    }
+}

@@ -1,0 +1,545 @@
+//! Stage two: merged raw tables → typed, validated values. Collects every
+//! error it can find rather than stopping at the first.
+
+use super::error::{ConfigError, ConfigErrors, SpanIndex};
+use super::raw::{RawConfig, RawJitter, RawPolicy, RawServer, RawUpstream};
+use super::*;
+use crate::policy::{
+    BackoffPolicy, BreakerParams, BudgetParams, Growth, Jitter, PolicyError, RateLimitParams,
+    RetryOn, RetryPolicy,
+};
+use std::collections::BTreeMap;
+
+struct Ctx<'a> {
+    file: &'a Path,
+    idx: &'a SpanIndex,
+    errors: Vec<ConfigError>,
+}
+
+impl Ctx<'_> {
+    fn err(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        let field = field.into();
+        self.errors
+            .push(self.idx.error_at_path(self.file, &field, message.into()));
+    }
+
+    /// The path of an upstream's policy field as the user wrote it: in the
+    /// upstream's table when set there, else in `[defaults]`.
+    fn policy_path(&self, upstream: &str, rel: &str) -> String {
+        let own = format!("upstreams.{}.{rel}", quote(upstream));
+        if self.idx.has(&own) {
+            return own;
+        }
+        // Walk up: a table set in the upstream owns its fields' errors.
+        let mut p = rel;
+        while let Some(i) = p.rfind('.') {
+            p = &p[..i];
+            if self.idx.has(&format!("upstreams.{}.{p}", quote(upstream))) {
+                return own;
+            }
+        }
+        let def = format!("defaults.{rel}");
+        if self.idx.has(&def) {
+            def
+        } else {
+            own
+        }
+    }
+
+    fn policy_err(&mut self, upstream: &str, table: &str, e: PolicyError) {
+        let rel = if table.is_empty() {
+            e.field.to_string()
+        } else {
+            format!("{table}.{}", e.field)
+        };
+        let path = self.policy_path(upstream, &rel);
+        self.err(path, e.message);
+    }
+}
+
+fn quote(name: &str) -> String {
+    if name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        name.to_string()
+    } else {
+        format!("{name:?}")
+    }
+}
+
+pub(super) fn validate(
+    raw: RawConfig,
+    file: &Path,
+    idx: &SpanIndex,
+) -> Result<Config, ConfigErrors> {
+    let mut cx = Ctx {
+        file,
+        idx,
+        errors: Vec::new(),
+    };
+    let server_raw = raw.server.clone().merge(RawServer::builtin());
+    let server = server(&mut cx, &server_raw);
+    let defaults = raw.defaults.clone().merge(RawPolicy::builtin());
+
+    let mut upstreams = Vec::new();
+    let mut effective_upstreams = BTreeMap::new();
+    for (name, up) in &raw.upstreams {
+        let mut merged = up.policy().merge(defaults.clone());
+        if let Some(rl) = merged.rate_limit.take() {
+            merged.rate_limit = Some(rl.merge(RawPolicy::builtin_rate_limit()));
+        }
+        effective_upstreams.insert(name.clone(), up.clone().with_policy(merged.clone()));
+        if let Some(u) = upstream(&mut cx, name, up, &merged) {
+            upstreams.push(Arc::new(u));
+        }
+    }
+    if raw.upstreams.is_empty() {
+        cx.err(
+            "upstreams",
+            "no upstreams configured: add at least one [upstreams.NAME] table with a `url`",
+        );
+    }
+    cross_checks(&mut cx, server.as_ref(), &upstreams);
+
+    if !cx.errors.is_empty() {
+        cx.errors.sort_by_key(|e| (e.line, e.column));
+        return Err(ConfigErrors(cx.errors));
+    }
+    let Some(server) = server else {
+        return Err(ConfigErrors(cx.errors));
+    };
+    Ok(Config {
+        path: file.to_path_buf(),
+        server,
+        upstreams,
+        effective: RawConfig {
+            server: server_raw,
+            defaults,
+            upstreams: effective_upstreams,
+        },
+    })
+}
+
+fn addr(cx: &mut Ctx, field: &str, s: &str) -> Option<SocketAddr> {
+    match s.parse::<SocketAddr>() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            cx.err(
+                field,
+                format!("invalid listen address {s:?}: expected IP:PORT, e.g. \"127.0.0.1:15001\""),
+            );
+            None
+        }
+    }
+}
+
+fn server(cx: &mut Ctx, s: &RawServer) -> Option<ServerConfig> {
+    let listen = addr(cx, "server.listen", s.listen.as_deref().unwrap_or_default());
+    let admin = addr(cx, "server.admin", s.admin.as_deref().unwrap_or_default());
+    let max_connections = s.max_connections.unwrap_or_default();
+    if max_connections == 0 {
+        cx.err("server.max_connections", "must be at least 1");
+    }
+    let max_header_bytes = s.max_header_bytes.unwrap_or_default();
+    if max_header_bytes < 8192 {
+        cx.err(
+            "server.max_header_bytes",
+            format!("must be at least 8192 (hyper's smallest read buffer), got {max_header_bytes}"),
+        );
+    }
+    let header_read_timeout = s.header_read_timeout.map(|d| d.0).unwrap_or_default();
+    if header_read_timeout.is_zero() {
+        cx.err("server.header_read_timeout", "must be greater than 0");
+    }
+    if let (Some(l), Some(a)) = (listen, admin) {
+        if l == a && l.port() != 0 {
+            cx.err(
+                "server.admin",
+                format!("the admin listener cannot share {l} with `server.listen`"),
+            );
+        }
+    }
+    Some(ServerConfig {
+        listen: listen?,
+        admin: admin?,
+        max_connections: max_connections as usize,
+        header_read_timeout,
+        max_header_bytes: max_header_bytes as usize,
+        shutdown_timeout: s.shutdown_timeout.map(|d| d.0).unwrap_or_default(),
+        tls: s.tls.as_ref().map(|t| ListenerTls {
+            cert: PathBuf::from(&t.cert),
+            key: PathBuf::from(&t.key),
+        }),
+    })
+}
+
+fn url(cx: &mut Ctx, name: &str, s: Option<&str>) -> Option<UpstreamUrl> {
+    let field = format!("upstreams.{}.url", quote(name));
+    let Some(s) = s else {
+        cx.err(
+            field,
+            "missing `url`: where this upstream is, e.g. \"http://127.0.0.1:8080\"",
+        );
+        return None;
+    };
+    let bad = |why: &str| format!("invalid url {s:?}: {why}");
+    let uri: http::Uri = match s.parse() {
+        Ok(u) => u,
+        Err(e) => {
+            cx.err(field, bad(&e.to_string()));
+            return None;
+        }
+    };
+    let scheme = match uri.scheme_str() {
+        Some("http") => Scheme::Http,
+        Some("https") => Scheme::Https,
+        Some(other) => {
+            cx.err(
+                field,
+                bad(&format!("scheme {other:?} is not http or https")),
+            );
+            return None;
+        }
+        None => {
+            cx.err(
+                field,
+                bad("expected an absolute URL starting with http:// or https://"),
+            );
+            return None;
+        }
+    };
+    let Some(authority) = uri.authority().cloned() else {
+        cx.err(field, bad("no host"));
+        return None;
+    };
+    if authority.as_str().contains('@') {
+        cx.err(field, bad("credentials in the URL are not supported"));
+        return None;
+    }
+    if uri.query().is_some() {
+        cx.err(
+            field,
+            bad("a query string has no meaning on an upstream URL"),
+        );
+        return None;
+    }
+    let host = authority.host().to_string();
+    if host.is_empty() {
+        cx.err(field, bad("no host"));
+        return None;
+    }
+    let port = authority.port_u16().unwrap_or(match scheme {
+        Scheme::Http => 80,
+        Scheme::Https => 443,
+    });
+    let base_path = uri.path().trim_end_matches('/').to_string();
+    Some(UpstreamUrl {
+        scheme,
+        authority,
+        host,
+        port,
+        base_path,
+    })
+}
+
+fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option<UpstreamConfig> {
+    let q = quote(name);
+    let n_errors = cx.errors.len();
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+    {
+        cx.err(
+            format!("upstreams.{q}"),
+            "upstream names may use letters, digits, `-`, `_` and `.` only (they become metric labels)",
+        );
+    }
+    let url = url(cx, name, up.url.as_deref());
+
+    let mut hosts = Vec::new();
+    for (i, h) in up.hosts.iter().flatten().enumerate() {
+        match HostPattern::parse(h) {
+            Ok(p) => hosts.push(p),
+            Err(m) => cx.err(format!("upstreams.{q}.hosts[{i}]"), m),
+        }
+    }
+    let listen = up
+        .listen
+        .as_deref()
+        .and_then(|l| addr(cx, &format!("upstreams.{q}.listen"), l));
+    if up.hosts.as_ref().is_none_or(|h| h.is_empty()) && up.listen.is_none() {
+        cx.err(
+            format!("upstreams.{q}"),
+            format!("upstream {name:?} is unreachable: give it `hosts` (routed on the shared listener) or a dedicated `listen` address"),
+        );
+    }
+    let raw_prefix = up.path_prefix.as_deref().unwrap_or("/");
+    if !raw_prefix.starts_with('/') || raw_prefix.contains(['?', '#', ' ']) {
+        cx.err(
+            format!("upstreams.{q}.path_prefix"),
+            format!("path_prefix must be a path starting with `/`, got {raw_prefix:?}"),
+        );
+    }
+    let path_prefix = match raw_prefix.trim_end_matches('/') {
+        "" => "/".to_string(),
+        p => p.to_string(),
+    };
+    let protocol = match up.protocol.as_deref().unwrap_or("auto") {
+        "auto" => Protocol::Auto,
+        "http1" => Protocol::Http1,
+        "h2c" => Protocol::H2c,
+        "grpc" => Protocol::Grpc,
+        other => {
+            cx.err(
+                format!("upstreams.{q}.protocol"),
+                format!("unknown protocol {other:?}: expected auto, http1, h2c or grpc"),
+            );
+            Protocol::Auto
+        }
+    };
+    let tls = up.tls.as_ref().map(|t| UpstreamTls {
+        ca_file: t.ca_file.as_ref().map(PathBuf::from),
+        server_name: t.server_name.clone(),
+        client_cert: t.client_cert.as_ref().map(PathBuf::from),
+        client_key: t.client_key.as_ref().map(PathBuf::from),
+    });
+    if let Some(t) = &tls {
+        if t.client_cert.is_some() != t.client_key.is_some() {
+            cx.err(
+                format!("upstreams.{q}.tls"),
+                "client_cert and client_key go together: set both or neither",
+            );
+        }
+        if url.as_ref().is_some_and(|u| u.scheme == Scheme::Http) {
+            cx.err(
+                format!("upstreams.{q}.tls"),
+                "a [tls] table needs an https:// url",
+            );
+        }
+    }
+
+    let dur = |d: Option<duration::Dur>| d.map(|d| d.0).unwrap_or_default();
+    let timeout = dur(p.timeout);
+    if timeout.is_zero() {
+        let f = cx.policy_path(name, "timeout");
+        cx.err(f, "must be greater than 0");
+    }
+    let per_try_timeout = p.per_try_timeout.map(|d| d.0);
+    if per_try_timeout.is_some_and(|d| d.is_zero()) {
+        let f = cx.policy_path(name, "per_try_timeout");
+        cx.err(
+            f,
+            "must be greater than 0 (leave it unset for \"what is left of timeout\")",
+        );
+    }
+    let connect_timeout = dur(p.connect_timeout);
+    if connect_timeout.is_zero() {
+        let f = cx.policy_path(name, "connect_timeout");
+        cx.err(f, "must be greater than 0");
+    }
+    let idle_timeout = dur(p.idle_timeout);
+    if idle_timeout.is_zero() {
+        let f = cx.policy_path(name, "idle_timeout");
+        cx.err(f, "must be greater than 0");
+    }
+    let idem = p.idempotency_header.as_deref().unwrap_or_default();
+    let idempotency_header = match HeaderName::from_bytes(idem.as_bytes()) {
+        Ok(h) => Some(h),
+        Err(_) => {
+            let f = cx.policy_path(name, "idempotency_header");
+            cx.err(f, format!("{idem:?} is not a valid header name"));
+            None
+        }
+    };
+
+    let retry = retry_policy(cx, name, p);
+    let breaker = breaker(cx, name, p);
+    let rate_limit = p.rate_limit.as_ref().and_then(|r| {
+        let bucket = match (r.rps, r.burst) {
+            (Some(rps), burst) => Some((rps, burst.unwrap_or_else(|| rps.ceil().max(1.0) as u32))),
+            (None, Some(_)) => {
+                let f = cx.policy_path(name, "rate_limit.burst");
+                cx.err(f, "`burst` needs `rps`");
+                None
+            }
+            (None, None) => None,
+        };
+        let window = r.window.as_ref().map(|w| (w.limit, w.period.0));
+        RateLimitParams::try_new(
+            bucket,
+            window,
+            r.key.as_deref(),
+            r.max_keys.unwrap_or_default() as usize,
+            r.max_wait.map(|d| d.0).unwrap_or_default(),
+        )
+        .map_err(|e| cx.policy_err(name, "rate_limit", e))
+        .ok()
+    });
+    let c = p.concurrency.clone().unwrap_or_default();
+    let concurrency = ConcurrencyParams {
+        max_in_flight: c.max_in_flight.unwrap_or_default(),
+        max_queue: c.max_queue.unwrap_or_default(),
+    };
+    if concurrency.max_in_flight == 0 {
+        let f = cx.policy_path(name, "concurrency.max_in_flight");
+        cx.err(f, "must be at least 1");
+    }
+
+    if cx.errors.len() > n_errors {
+        return None;
+    }
+    Some(UpstreamConfig {
+        name: name.to_string(),
+        url: url?,
+        hosts,
+        path_prefix,
+        strip_prefix: up.strip_prefix.unwrap_or(false),
+        preserve_host: up.preserve_host.unwrap_or(false),
+        listen,
+        protocol,
+        tls,
+        timeout,
+        per_try_timeout,
+        connect_timeout,
+        idle_timeout,
+        annotate: p.annotate.unwrap_or(true),
+        idempotency_header: idempotency_header?,
+        retry: retry?,
+        breaker: breaker?,
+        concurrency,
+        rate_limit,
+    })
+}
+
+fn retry_policy(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<RetryPolicy> {
+    let r = p.retry.clone().unwrap_or_default();
+    let b = r.backoff.clone().unwrap_or_default();
+    let bu = r.budget.clone().unwrap_or_default();
+    let dur = |d: Option<duration::Dur>| d.map(|d| d.0).unwrap_or_default();
+
+    let growth = match b.growth.as_deref().unwrap_or("exponential") {
+        "exponential" => Some(Growth::Exponential),
+        "linear" => Some(Growth::Linear),
+        "constant" => Some(Growth::Constant),
+        other => {
+            let f = cx.policy_path(name, "retry.backoff.growth");
+            cx.err(
+                f,
+                format!("unknown growth {other:?}: expected exponential, linear or constant"),
+            );
+            None
+        }
+    };
+    let jitter = match b.jitter.clone().unwrap_or(RawJitter::Name("full".into())) {
+        RawJitter::Name(n) => match n.as_str() {
+            "full" => Some(Jitter::Full),
+            "equal" => Some(Jitter::Equal),
+            "decorrelated" => Some(Jitter::Decorrelated),
+            "none" => Some(Jitter::None),
+            other => {
+                let f = cx.policy_path(name, "retry.backoff.jitter");
+                cx.err(f, format!(
+                    "unknown jitter {other:?}: expected full, equal, decorrelated, none or {{ proportional = 0.2 }}"
+                ));
+                None
+            }
+        },
+        RawJitter::Proportional(p) => Some(Jitter::Proportional(p.proportional)),
+    };
+    let backoff = match (growth, jitter) {
+        (Some(g), Some(j)) => BackoffPolicy::try_new(
+            dur(b.base),
+            dur(b.max),
+            b.multiplier.unwrap_or(2.0),
+            g,
+            j,
+            b.allow_jitter_above_cap.unwrap_or(false),
+        )
+        .map_err(|e| cx.policy_err(name, "retry.backoff", e))
+        .ok(),
+        _ => None,
+    };
+    let budget = BudgetParams::try_new(
+        bu.ratio.unwrap_or_default(),
+        bu.min_per_sec.unwrap_or_default(),
+        dur(bu.ttl),
+        bu.timeout_cost.unwrap_or_default(),
+    )
+    .map_err(|e| cx.policy_err(name, "retry.budget", e))
+    .ok();
+    let retry_on = RetryOn::parse(r.retry_on.as_deref().unwrap_or_default())
+        .map_err(|e| cx.policy_err(name, "retry", e))
+        .ok();
+    RetryPolicy::try_new(
+        r.max_attempts.unwrap_or_default(),
+        retry_on?,
+        dur(r.max_retry_after),
+        r.max_replay_body_bytes.unwrap_or_default(),
+        dur(r.min_attempt_time),
+        backoff?,
+        budget?,
+    )
+    .map_err(|e| cx.policy_err(name, "retry", e))
+    .ok()
+}
+
+fn breaker(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<BreakerParams> {
+    let b = p.breaker.clone().unwrap_or_default();
+    BreakerParams::try_new(
+        b.enabled.unwrap_or(true),
+        b.consecutive_failures.unwrap_or_default(),
+        b.window.unwrap_or_default(),
+        b.min_samples.unwrap_or_default(),
+        b.failure_rate.unwrap_or_default(),
+        b.failure_statuses.unwrap_or_default(),
+        b.open.map(|d| d.0).unwrap_or_default(),
+        b.max_open.map(|d| d.0).unwrap_or_default(),
+        b.open_jitter.unwrap_or_default(),
+        b.half_open_probes.unwrap_or_default(),
+    )
+    .map_err(|e| cx.policy_err(name, "breaker", e))
+    .ok()
+}
+
+/// Checks across upstreams: unique listen addresses and unique (host, prefix) routes.
+fn cross_checks(cx: &mut Ctx, server: Option<&ServerConfig>, ups: &[Arc<UpstreamConfig>]) {
+    let mut listens: BTreeMap<SocketAddr, String> = BTreeMap::new();
+    if let Some(s) = server {
+        listens.insert(s.listen, "[server] listen".into());
+        if s.admin.port() != 0 {
+            listens.insert(s.admin, "[server] admin".into());
+        }
+    }
+    for u in ups {
+        let Some(l) = u.listen else { continue };
+        if l.port() == 0 {
+            continue; // an ephemeral port never collides
+        }
+        if let Some(other) = listens.get(&l) {
+            let msg = format!("listen address {l} is already used by {other}");
+            cx.err(format!("upstreams.{}.listen", quote(&u.name)), msg);
+        } else {
+            listens.insert(l, format!("upstream {:?}", u.name));
+        }
+    }
+    let mut routes: BTreeMap<(String, String), String> = BTreeMap::new();
+    for u in ups {
+        for (i, h) in u.hosts.iter().enumerate() {
+            let key = match h {
+                HostPattern::Exact(e) => e.clone(),
+                HostPattern::Suffix(s) => format!("*{s}"),
+            };
+            if let Some(other) = routes.get(&(key.clone(), u.path_prefix.clone())) {
+                let msg = format!(
+                    "host {key:?} with path_prefix {:?} is already routed to upstream {other:?}: give one of them a different host or path_prefix",
+                    u.path_prefix
+                );
+                cx.err(format!("upstreams.{}.hosts[{i}]", quote(&u.name)), msg);
+            } else {
+                routes.insert((key, u.path_prefix.clone()), u.name.clone());
+            }
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! Body types on both sides of the proxy, and the idle-timeout guard on
+//! response bodies. Bodies are streamed frame by frame, never collected.
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use pin_project_lite::pin_project;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body type weir hands to hyper, in both directions.
+pub type Body = BoxBody<Bytes, BoxError>;
+
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+pub fn empty() -> Body {
+    full(Bytes::new())
+}
+
+/// Boxes any body whose error converts into a [`BoxError`].
+pub fn boxed<B>(b: B) -> Body
+where
+    B: HttpBody<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    b.map_err(Into::into).boxed()
+}
+
+/// The error a body reports when its upstream stalls past `idle_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream sent no body data for {0:?} (idle_timeout)")]
+pub struct IdleTimeoutError(pub Duration);
+
+pin_project! {
+    /// Fails the body when no frame arrives for `idle` — the bound on streaming
+    /// after the response headers, where the request `timeout` no longer applies.
+    pub struct IdleTimeout<B> {
+        #[pin]
+        inner: B,
+        #[pin]
+        sleep: tokio::time::Sleep,
+        idle: Duration,
+    }
+}
+
+impl<B> IdleTimeout<B> {
+    pub fn new(inner: B, idle: Duration) -> Self {
+        IdleTimeout {
+            inner,
+            sleep: tokio::time::sleep(idle),
+            idle,
+        }
+    }
+}
+
+impl<B> HttpBody for IdleTimeout<B>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(f) => {
+                let deadline = tokio::time::Instant::now() + *this.idle;
+                this.sleep.as_mut().reset(deadline);
+                Poll::Ready(f.map(|r| r.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                ready!(this.sleep.as_mut().poll(cx));
+                Poll::Ready(Some(Err(Box::new(IdleTimeoutError(*this.idle)))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,101 @@
+//! weir's own error responses (SEMANTICS §7). One enum; each variant knows its
+//! status, its `x-weir-error` code and its metric label in one `match`.
+
+use super::body::{full, Body};
+use http::{header, HeaderValue, Response, StatusCode};
+use std::time::Duration;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProxyError {
+    #[error("no upstream is configured for this host and path")]
+    NoRoute,
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("the upstream's rate limit is exhausted")]
+    RateLimited { retry_after: Option<Duration> },
+    #[error("too many requests are in flight to this upstream")]
+    Overloaded,
+    #[error("the upstream's circuit breaker is open after repeated failures")]
+    CircuitOpen { retry_after: Option<Duration> },
+    #[error("could not connect to the upstream: {0}")]
+    ConnectFailed(String),
+    #[error("the upstream closed or reset the connection before answering: {0}")]
+    UpstreamReset(String),
+    #[error("the upstream did not answer within the per-try timeout")]
+    UpstreamTimeout,
+    #[error("the request's deadline passed before the upstream answered")]
+    DeadlineExceeded,
+}
+
+impl ProxyError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NoRoute => StatusCode::NOT_FOUND,
+            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ProxyError::Overloaded | ProxyError::CircuitOpen { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ProxyError::ConnectFailed(_) | ProxyError::UpstreamReset(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::UpstreamTimeout | ProxyError::DeadlineExceeded => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
+        }
+    }
+
+    /// The `x-weir-error` value, the JSON `error` field and the metric label.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProxyError::NoRoute => "no_route",
+            ProxyError::BadRequest(_) => "bad_request",
+            ProxyError::RateLimited { .. } => "rate_limited",
+            ProxyError::Overloaded => "overloaded",
+            ProxyError::CircuitOpen { .. } => "circuit_open",
+            ProxyError::ConnectFailed(_) => "connect_failed",
+            ProxyError::UpstreamReset(_) => "upstream_reset",
+            ProxyError::UpstreamTimeout => "upstream_timeout",
+            ProxyError::DeadlineExceeded => "deadline_exceeded",
+        }
+    }
+
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ProxyError::RateLimited { retry_after } | ProxyError::CircuitOpen { retry_after } => {
+                *retry_after
+            }
+            _ => None,
+        }
+    }
+
+    /// The response weir sends for this error.
+    pub fn to_response(&self, upstream: Option<&str>) -> Response<Body> {
+        let mut body = serde_json::json!({
+            "error": self.code(),
+            "upstream": upstream,
+            "message": self.to_string(),
+        });
+        let retry_after = self.retry_after();
+        if let Some(ra) = retry_after {
+            body["retry_after_ms"] = serde_json::json!(ra.as_millis() as u64);
+        }
+        let mut bytes = serde_json::to_vec(&body).unwrap_or_default();
+        bytes.push(b'\n');
+        let mut resp = Response::new(full(bytes));
+        *resp.status_mut() = self.status();
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        h.insert("x-weir-error", HeaderValue::from_static(self.code()));
+        if let Some(ra) = retry_after {
+            // Whole seconds, rounded up: a client waiting that long finds capacity.
+            let secs = ra.as_millis().div_ceil(1000).max(1);
+            h.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
+        }
+        if matches!(self, ProxyError::BadRequest(_)) {
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        resp
+    }
+}

@@ -1,0 +1,155 @@
+//! Header hygiene: hop-by-hop headers stripped in both directions, `x-weir-*`
+//! never crossing weir, and the request's own deadline headers.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use std::time::Duration;
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) plus the legacy ones proxies drop.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+];
+
+/// Removes hop-by-hop headers, every header the `Connection` header names, and
+/// every `x-weir-*` header. `TE: trailers` survives on requests: it is how a
+/// client says it accepts trailers, and gRPC requires it end to end.
+pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_te_trailers: bool) {
+    let te_trailers = keep_te_trailers
+        && h.get_all(header::TE).iter().any(|v| {
+            v.to_str()
+                .map(|s| {
+                    s.split(',')
+                        .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+                })
+                .unwrap_or(false)
+        });
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in &HOP_BY_HOP {
+        h.remove(n);
+    }
+    h.remove(header::TRANSFER_ENCODING);
+    strip_weir(h);
+    if te_trailers {
+        h.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// Removes every `x-weir-*` header.
+pub fn strip_weir(h: &mut HeaderMap) {
+    if !h.keys().any(|k| k.as_str().starts_with("x-weir-")) {
+        return;
+    }
+    let names: Vec<HeaderName> = h
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-weir-"))
+        .cloned()
+        .collect();
+    for n in names {
+        h.remove(n);
+    }
+}
+
+/// `x-weir-timeout-ms: N`. `Err` carries the reason for a 400.
+pub fn weir_timeout(h: &HeaderMap) -> Result<Option<Duration>, String> {
+    let Some(v) = h.get("x-weir-timeout-ms") else {
+        return Ok(None);
+    };
+    v.to_str()
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map(|ms| Some(Duration::from_millis(ms)))
+        .ok_or_else(|| "x-weir-timeout-ms must be a whole number of milliseconds".to_string())
+}
+
+/// `grpc-timeout`: up to 8 digits and a unit (H M S m u n). A malformed value
+/// is ignored, as gRPC servers do.
+pub fn grpc_timeout(h: &HeaderMap) -> Option<Duration> {
+    let s = h.get("grpc-timeout")?.to_str().ok()?;
+    if s.len() < 2 || s.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = s.split_at(s.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// `grpc-timeout` for the time left, in milliseconds (at most 8 digits).
+pub fn grpc_timeout_value(left: Duration) -> HeaderValue {
+    let ms = left.as_millis().min(99_999_999);
+    HeaderValue::from(ms as u64)
+        .to_str()
+        .ok()
+        .and_then(|s| HeaderValue::from_str(&format!("{s}m")).ok())
+        .unwrap_or_else(|| HeaderValue::from_static("0m"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_named_headers_are_stripped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("x-weir-attempts", HeaderValue::from_static("9"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        h.insert(header::TE, HeaderValue::from_static("trailers, gzip"));
+        strip_hop_by_hop(&mut h, true);
+        assert!(h.get("x-secret").is_none());
+        assert!(h.get("x-weir-attempts").is_none());
+        assert!(h.get(header::CONNECTION).is_none());
+        assert_eq!(h.get(header::TE).unwrap(), "trailers");
+        assert_eq!(h.get("x-kept").unwrap(), "1");
+    }
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        let mut h = HeaderMap::new();
+        h.insert("grpc-timeout", HeaderValue::from_static("100m"));
+        assert_eq!(grpc_timeout(&h), Some(Duration::from_millis(100)));
+        h.insert("grpc-timeout", HeaderValue::from_static("2S"));
+        assert_eq!(grpc_timeout(&h), Some(Duration::from_secs(2)));
+        h.insert("grpc-timeout", HeaderValue::from_static("123456789S"));
+        assert_eq!(grpc_timeout(&h), None);
+        h.insert("grpc-timeout", HeaderValue::from_static("5x"));
+        assert_eq!(grpc_timeout(&h), None);
+        assert_eq!(grpc_timeout_value(Duration::from_millis(1500)), "1500m");
+    }
+
+    #[test]
+    fn weir_timeout_rejects_garbage() {
+        let mut h = HeaderMap::new();
+        h.insert("x-weir-timeout-ms", HeaderValue::from_static("100"));
+        assert_eq!(weir_timeout(&h), Ok(Some(Duration::from_millis(100))));
+        h.insert("x-weir-timeout-ms", HeaderValue::from_static("soon"));
+        assert!(weir_timeout(&h).is_err());
+    }
+}

@@ -1,0 +1,72 @@
+//! The data plane: listeners and connections, routing, the request path,
+//! the upstream client, weir's own error responses and header hygiene.
+//!
+//! A connection task serves requests with the config snapshot current when
+//! each request arrives; a request keeps its snapshot to the end, so a reload
+//! never changes the rules under a request in flight.
+
+pub mod body;
+pub mod client;
+pub mod error;
+pub mod forward;
+pub mod headers;
+pub mod route;
+mod server;
+
+pub use server::{Proxy, ProxyHandle};
+
+use crate::config::{Config, Protocol, Scheme, UpstreamConfig};
+use crate::state::UpstreamState;
+use std::sync::Arc;
+
+/// Which listener a connection arrived on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenerRole {
+    /// The shared listener: routed by Host and path.
+    Shared,
+    /// An upstream's dedicated listener: everything goes to that upstream.
+    Dedicated(String),
+}
+
+/// An upstream as one snapshot sees it: its config and its live state.
+#[derive(Debug)]
+pub struct Upstream {
+    pub config: Arc<UpstreamConfig>,
+    pub state: Arc<UpstreamState>,
+    /// Precomputed per snapshot so the hot path does no string work.
+    pub scheme: http::uri::Scheme,
+    pub h2: bool,
+}
+
+/// Everything a request needs, published atomically on every (re)load.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub config: Arc<Config>,
+    pub routes: route::RouteTable,
+    /// Same order as `config.upstreams`.
+    pub upstreams: Vec<Upstream>,
+}
+
+impl Snapshot {
+    pub fn new(config: Arc<Config>, states: Vec<Arc<UpstreamState>>) -> Self {
+        let upstreams = config
+            .upstreams
+            .iter()
+            .zip(states)
+            .map(|(c, s)| Upstream {
+                scheme: match c.url.scheme {
+                    Scheme::Http => http::uri::Scheme::HTTP,
+                    Scheme::Https => http::uri::Scheme::HTTPS,
+                },
+                h2: matches!(c.protocol, Protocol::H2c | Protocol::Grpc),
+                config: c.clone(),
+                state: s,
+            })
+            .collect();
+        Snapshot {
+            routes: route::RouteTable::new(&config),
+            config,
+            upstreams,
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! Routing on the shared listener: Host (or the absolute-form authority),
+//! exact or `*.suffix`, case-insensitive, port ignored; then the longest
+//! `path_prefix`. Built once per config snapshot; lookups allocate only to
+//! lower-case a mixed-case host.
+
+use crate::config::{Config, HostPattern};
+use http::request::Parts;
+
+#[derive(Debug)]
+struct Entry {
+    pattern: HostPattern,
+    prefix: String,
+    /// Index into the snapshot's upstream list.
+    upstream: usize,
+}
+
+/// The routing table of one config snapshot.
+#[derive(Debug, Default)]
+pub struct RouteTable {
+    /// Most specific first: host specificity, then prefix length.
+    entries: Vec<Entry>,
+}
+
+impl RouteTable {
+    pub fn new(config: &Config) -> Self {
+        let mut entries: Vec<Entry> = config
+            .upstreams
+            .iter()
+            .enumerate()
+            .flat_map(|(i, u)| {
+                u.hosts.iter().map(move |h| Entry {
+                    pattern: h.clone(),
+                    prefix: u.path_prefix.clone(),
+                    upstream: i,
+                })
+            })
+            .collect();
+        entries.sort_by(|a, b| {
+            b.pattern
+                .specificity()
+                .cmp(&a.pattern.specificity())
+                .then(b.prefix.len().cmp(&a.prefix.len()))
+        });
+        RouteTable { entries }
+    }
+
+    /// The upstream index for a request, if any route matches.
+    pub fn lookup(&self, host: &str, path: &str) -> Option<usize> {
+        let lowered;
+        let host = if host.bytes().any(|b| b.is_ascii_uppercase()) {
+            lowered = host.to_ascii_lowercase();
+            lowered.as_str()
+        } else {
+            host
+        };
+        let host = host.trim_end_matches('.');
+        self.entries
+            .iter()
+            .find(|e| e.pattern.matches(host) && prefix_matches(&e.prefix, path))
+            .map(|e| e.upstream)
+    }
+}
+
+/// Segment-aware: `/api` matches `/api` and `/api/x`, not `/apix`.
+pub fn prefix_matches(prefix: &str, path: &str) -> bool {
+    if prefix == "/" {
+        return true;
+    }
+    match path.strip_prefix(prefix) {
+        Some(rest) => rest.is_empty() || rest.starts_with('/'),
+        None => false,
+    }
+}
+
+/// The host a request is addressed to, without its port: the authority of an
+/// absolute-form target (or HTTP/2 `:authority`), else the `Host` header.
+pub fn request_host(parts: &Parts) -> Option<&str> {
+    let raw = match parts.uri.authority() {
+        Some(a) => a.as_str(),
+        None => parts.headers.get(http::header::HOST)?.to_str().ok()?,
+    };
+    // Strip userinfo and port; keep IPv6 literals whole.
+    let raw = raw.rsplit('@').next().unwrap_or(raw);
+    if let Some(rest) = raw.strip_prefix('[') {
+        return rest.split(']').next();
+    }
+    Some(raw.split(':').next().unwrap_or(raw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_respect_segments() {
+        assert!(prefix_matches("/", "/anything"));
+        assert!(prefix_matches("/api", "/api"));
+        assert!(prefix_matches("/api", "/api/v1"));
+        assert!(!prefix_matches("/api", "/apix"));
+        assert!(!prefix_matches("/api", "/"));
+    }
+
+    #[test]
+    fn host_extraction_drops_ports() {
+        let (p, _) = http::Request::get("http://Payments:8080/x")
+            .body(())
+            .unwrap_or_default()
+            .into_parts();
+        assert_eq!(request_host(&p), Some("Payments"));
+        let (p, _) = http::Request::get("/x")
+            .header("host", "[::1]:80")
+            .body(())
+            .unwrap_or_default()
+            .into_parts();
+        assert_eq!(request_host(&p), Some("::1"));
+    }
+}
