@@ -1,5 +1,14 @@
 //! Classification (SEMANTICS §2.1) and the retry decision (§2.2).
+//!
+//! Owns the compiled `retry_on` set, the validated [`RetryPolicy`], the
+//! request facts and attempt outcomes, [`classify`] and [`decide`]. It must
+//! not do I/O, read a clock, draw randomness of its own or hold state: the
+//! stateful gates (budget, breaker, limiter) are asked through [`Gates`], the
+//! jitter draw comes from the caller's [`Random`], and time arrives as "time
+//! left". The data plane enforces the [`Verdict`]; it never decides itself.
 
+use super::backoff::delay;
+use super::random::Random;
 use super::{BackoffPolicy, BudgetParams, PolicyError};
 use std::time::Duration;
 
@@ -17,8 +26,11 @@ pub const GRPC_CODES: &[(&str, u8)] = &[
 /// What `retry_on` lists, compiled into bit sets.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct RetryOn {
+    /// Retry connect failures (nothing reached the upstream).
     pub connect_failure: bool,
+    /// Retry resets after the request was written.
     pub reset: bool,
+    /// Retry per-try timeouts without response headers.
     pub timeout: bool,
     /// Bit `s - 100` set for each retryable HTTP status `s` in 100..=599.
     statuses: [u64; 8],
@@ -29,6 +41,8 @@ pub struct RetryOn {
 }
 
 impl RetryOn {
+    /// Compiles `retry_on` entries: `connect-failure`, `reset`, `timeout`,
+    /// `5xx`, `gateway-error`, status codes and gRPC code names.
     pub fn parse(entries: &[String]) -> Result<Self, PolicyError> {
         let mut on = RetryOn {
             entries: entries.to_vec(),
@@ -77,6 +91,7 @@ impl RetryOn {
         self.statuses[i / 64] |= 1 << (i % 64);
     }
 
+    /// Whether HTTP status `s` is listed.
     pub fn status(&self, s: u16) -> bool {
         if !(100..=599).contains(&s) {
             return false;
@@ -85,6 +100,7 @@ impl RetryOn {
         self.statuses[i / 64] & (1 << (i % 64)) != 0
     }
 
+    /// Whether gRPC code `code` is listed.
     pub fn grpc(&self, code: u8) -> bool {
         code < 32 && self.grpc & (1 << code) != 0
     }
@@ -95,15 +111,23 @@ impl RetryOn {
 pub struct RetryPolicy {
     /// Attempts counting the first; 1 disables retries; at most 10.
     pub max_attempts: u32,
+    /// The retryable conditions.
     pub retry_on: RetryOn,
+    /// The longest `Retry-After` honoured; a longer one stops retrying.
     pub max_retry_after: Duration,
+    /// The largest body buffered for replay.
     pub max_replay_body_bytes: u64,
+    /// Time an attempt needs at least: a retry must leave this much before
+    /// the deadline after its delay.
     pub min_attempt_time: Duration,
+    /// The backoff between attempts.
     pub backoff: BackoffPolicy,
+    /// The retry budget's parameters.
     pub budget: BudgetParams,
 }
 
 impl RetryPolicy {
+    /// Validates a retry policy: `1 ≤ max_attempts ≤ 10`.
     pub fn try_new(
         max_attempts: u32,
         retry_on: RetryOn,
@@ -137,5 +161,464 @@ impl RetryPolicy {
             backoff,
             budget,
         })
+    }
+}
+
+/// Whether `method` is idempotent by definition (RFC 9110 §9.2.2): GET, HEAD,
+/// OPTIONS, TRACE, PUT, DELETE. Methods are case-sensitive.
+pub fn is_idempotent_method(method: &str) -> bool {
+    matches!(
+        method,
+        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
+    )
+}
+
+/// What the data plane knows of the request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum BodyFacts {
+    /// No body.
+    #[default]
+    Empty,
+    /// Fully buffered, `len` bytes: replayable when `len ≤ max_replay_body_bytes`.
+    Buffered {
+        /// The body's size in bytes.
+        len: u64,
+    },
+    /// Streamed to the upstream (too large, or of unknown length).
+    Streamed {
+        /// The declared length, when known.
+        #[serde(default)]
+        len: Option<u64>,
+        /// Whether any body byte was read from the client. A streamed body is
+        /// replayable only after a connect failure that happened before that.
+        bytes_read: bool,
+    },
+}
+
+/// The request's facts that matter to retrying.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestFacts {
+    /// The method is idempotent or the request carries an idempotency key.
+    pub idempotent: bool,
+    /// The request body.
+    pub body: BodyFacts,
+}
+
+impl RequestFacts {
+    /// Facts from the method, whether the idempotency-key header is present,
+    /// and the body.
+    pub fn new(method: &str, has_idempotency_key: bool, body: BodyFacts) -> Self {
+        RequestFacts {
+            idempotent: has_idempotency_key || is_idempotent_method(method),
+            body,
+        }
+    }
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Response headers arrived.
+    Response {
+        /// The status code.
+        status: u16,
+        /// The parsed `Retry-After` (see
+        /// [`parse_retry_after`](super::retry_after::parse_retry_after)).
+        retry_after: Option<Duration>,
+        /// The gRPC status from a trailers-only response (or buffered trailers).
+        grpc_status: Option<u8>,
+    },
+    /// Nothing reached the upstream: refused, DNS, connect timeout, TLS
+    /// handshake, HTTP/2 `REFUSED_STREAM`.
+    ConnectFailure,
+    /// The connection was reset or closed with no response. `request_sent =
+    /// false` (a pooled connection found closed before any byte was written)
+    /// is a connect failure: nothing reached the upstream.
+    Reset {
+        /// Whether any of the request was written.
+        request_sent: bool,
+    },
+    /// The per-try timeout fired before the response headers.
+    Timeout,
+    /// The client went away.
+    ClientGone,
+}
+
+impl Outcome {
+    /// The breaker's verdict (SEMANTICS §4): `Some(true)` for a failure
+    /// (transport failure or a status in `failure_statuses`), `Some(false)` for
+    /// any other response, `None` when the client went away (no verdict:
+    /// release the admission instead).
+    pub fn breaker_failure(&self, params: &super::BreakerParams) -> Option<bool> {
+        match self {
+            Outcome::Response { status, .. } => Some(params.is_failure_status(*status)),
+            Outcome::ConnectFailure | Outcome::Reset { .. } | Outcome::Timeout => Some(true),
+            Outcome::ClientGone => None,
+        }
+    }
+
+    /// The `result` label of `weir_upstream_attempts_total`.
+    pub fn result_label(&self) -> &'static str {
+        match self {
+            Outcome::Response { status, .. } => match status {
+                500..=599 => "status_5xx",
+                400..=499 => "status_4xx",
+                _ => "ok",
+            },
+            Outcome::ConnectFailure
+            | Outcome::Reset {
+                request_sent: false,
+            } => "connect_failure",
+            Outcome::Reset { request_sent: true } => "reset",
+            Outcome::Timeout => "timeout",
+            Outcome::ClientGone => "cancelled",
+        }
+    }
+}
+
+/// What was retried, for `weir_retries_total{cause}` (values bounded by the
+/// configuration's `retry_on`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Cause {
+    /// Connect failure (or a reset before the request was written).
+    ConnectFailure,
+    /// Reset after the request was written.
+    Reset,
+    /// Per-try timeout.
+    Timeout,
+    /// A listed HTTP status.
+    Status(u16),
+    /// A listed gRPC code.
+    Grpc(u8),
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cause::ConnectFailure => f.write_str("connect_failure"),
+            Cause::Reset => f.write_str("reset"),
+            Cause::Timeout => f.write_str("timeout"),
+            Cause::Status(s) => write!(f, "status_{s}"),
+            Cause::Grpc(c) => match GRPC_CODES.iter().find(|(_, n)| n == c) {
+                Some((name, _)) => write!(f, "grpc_{}", name.replace('-', "_")),
+                None => write!(f, "grpc_{c}"),
+            },
+        }
+    }
+}
+
+impl serde::Serialize for Cause {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Whether a retryable outcome may have been processed by the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// Nothing reached the upstream, or it said it did not process it (429):
+    /// safe to replay for any method.
+    NotProcessed,
+    /// The upstream answered (502/503/504, a listed status or gRPC code):
+    /// replay only if idempotent.
+    Answered,
+    /// The request may or may not have been processed (reset after sending,
+    /// timeout): replay only if idempotent.
+    Uncertain,
+}
+
+/// An attempt's outcome, classified (SEMANTICS §2.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// A response whose status and gRPC code are not in `retry_on`, or a
+    /// transport failure whose condition is not in `retry_on`.
+    NotRetryable,
+    /// Listed in `retry_on`.
+    Retryable {
+        /// What happened.
+        cause: Cause,
+        /// Whether the upstream may have processed it.
+        delivery: Delivery,
+        /// Whether replaying is allowed for this request (not processed, or
+        /// idempotent).
+        safe: bool,
+    },
+    /// The client went away: never retried, never counted against the upstream.
+    Cancelled,
+}
+
+/// Classifies one attempt's outcome for this request (SEMANTICS §2.1).
+pub fn classify(outcome: &Outcome, facts: &RequestFacts, retry_on: &RetryOn) -> Class {
+    let (cause, delivery) = match *outcome {
+        Outcome::ClientGone => return Class::Cancelled,
+        Outcome::Response {
+            status,
+            grpc_status,
+            ..
+        } => {
+            if retry_on.status(status) {
+                let delivery = if status == 429 {
+                    Delivery::NotProcessed
+                } else {
+                    Delivery::Answered
+                };
+                (Cause::Status(status), delivery)
+            } else if let Some(code) = grpc_status.filter(|c| retry_on.grpc(*c)) {
+                (Cause::Grpc(code), Delivery::Answered)
+            } else {
+                return Class::NotRetryable;
+            }
+        }
+        Outcome::ConnectFailure
+        | Outcome::Reset {
+            request_sent: false,
+        } if retry_on.connect_failure => (Cause::ConnectFailure, Delivery::NotProcessed),
+        Outcome::Reset { request_sent: true } if retry_on.reset => {
+            (Cause::Reset, Delivery::Uncertain)
+        }
+        Outcome::Timeout if retry_on.timeout => (Cause::Timeout, Delivery::Uncertain),
+        Outcome::ConnectFailure | Outcome::Reset { .. } | Outcome::Timeout => {
+            return Class::NotRetryable
+        }
+    };
+    Class::Retryable {
+        cause,
+        delivery,
+        safe: delivery == Delivery::NotProcessed || facts.idempotent,
+    }
+}
+
+/// Why a retryable outcome was not retried: the first failing check of
+/// SEMANTICS §2.2, in its order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// Replaying could repeat a non-idempotent request.
+    Unsafe,
+    /// The body cannot be replayed.
+    Body,
+    /// `max_attempts` attempts were made.
+    Attempts,
+    /// The upstream's `Retry-After` exceeds `max_retry_after`.
+    RetryAfter,
+    /// The delay plus `min_attempt_time` does not fit before the deadline.
+    Deadline,
+    /// The retry budget has no token.
+    Budget,
+    /// The breaker does not admit the retry.
+    CircuitOpen,
+    /// The limiter has no token now.
+    RateLimited,
+}
+
+impl StopReason {
+    /// The `x-weir-retry-stop` value and `weir_retry_stops_total{reason}` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Unsafe => "unsafe",
+            StopReason::Body => "body",
+            StopReason::Attempts => "attempts",
+            StopReason::RetryAfter => "retry_after",
+            StopReason::Deadline => "deadline",
+            StopReason::Budget => "budget",
+            StopReason::CircuitOpen => "circuit_open",
+            StopReason::RateLimited => "rate_limited",
+        }
+    }
+
+    /// Every reason, in §2.2's order (to pre-register metric series).
+    pub const ALL: [StopReason; 8] = [
+        StopReason::Unsafe,
+        StopReason::Body,
+        StopReason::Attempts,
+        StopReason::RetryAfter,
+        StopReason::Deadline,
+        StopReason::Budget,
+        StopReason::CircuitOpen,
+        StopReason::RateLimited,
+    ];
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The decision for one attempt's outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum Verdict {
+    /// Wait `delay`, then make another attempt.
+    Retry {
+        /// The backoff delay, or the honoured `Retry-After`.
+        #[serde(rename = "delay_ms", serialize_with = "ser_ms")]
+        delay: Duration,
+        /// What is being retried.
+        cause: Cause,
+    },
+    /// Retryable, but not retried: return the last outcome unchanged, with
+    /// `x-weir-retry-stop: <reason>`.
+    Stop {
+        /// The first failing check.
+        reason: StopReason,
+        /// What would have been retried.
+        cause: Cause,
+    },
+    /// Success, or not listed in `retry_on`: return it as it is.
+    NotRetryable,
+    /// The client went away: nothing to return, nothing to count.
+    Cancelled,
+}
+
+fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The stateful checks of §2.2 (6–8), asked lazily and in order: a later gate
+/// is only asked when every earlier check passed, so a budget token is only
+/// withdrawn for a retry that got that far.
+pub trait Gates {
+    /// Withdraw `cost` tokens from the retry budget; `false` if it cannot.
+    fn budget(&mut self, cost: u32) -> bool;
+    /// Ask the breaker to admit the retry (keep the admission); `false` if open.
+    fn breaker(&mut self) -> bool;
+    /// Take a limiter token now (a retry never queues); `false` if none.
+    fn limiter(&mut self) -> bool;
+}
+
+/// Fixed gate answers, for the JSON contract and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedGates {
+    /// The budget has a token.
+    pub budget: bool,
+    /// The breaker admits.
+    pub breaker: bool,
+    /// The limiter has a token.
+    pub limiter: bool,
+}
+
+impl Gates for FixedGates {
+    fn budget(&mut self, _cost: u32) -> bool {
+        self.budget
+    }
+    fn breaker(&mut self) -> bool {
+        self.breaker
+    }
+    fn limiter(&mut self) -> bool {
+        self.limiter
+    }
+}
+
+/// Everything [`decide`] needs besides the gates and the random draw.
+#[derive(Debug, Clone, Copy)]
+pub struct DecideInput<'a> {
+    /// The upstream's retry policy.
+    pub policy: &'a RetryPolicy,
+    /// The request's facts.
+    pub facts: &'a RequestFacts,
+    /// How the last attempt ended.
+    pub outcome: &'a Outcome,
+    /// Attempts made so far, the one that just ended included (≥ 1). The
+    /// retry being considered is retry number `attempts_made`.
+    pub attempts_made: u32,
+    /// Time left until the request's deadline; `None` = no deadline.
+    pub time_left: Option<Duration>,
+    /// The delay slept before the previous retry (zero before the first);
+    /// feeds decorrelated jitter.
+    pub prev_delay: Duration,
+}
+
+/// Decides whether to retry (SEMANTICS §2.2). The backoff delay is drawn from
+/// `rng` only when it is needed (no draw when a check before it fails, or a
+/// `Retry-After` replaces it).
+pub fn decide(input: &DecideInput<'_>, rng: &mut dyn Random, gates: &mut dyn Gates) -> Verdict {
+    let backoff = &input.policy.backoff;
+    decide_with(
+        input,
+        &mut || delay(backoff, input.attempts_made, input.prev_delay, rng),
+        gates,
+    )
+}
+
+/// [`decide`] with the backoff delay supplied by `backoff_delay` (called at
+/// most once) instead of drawn.
+pub fn decide_with(
+    input: &DecideInput<'_>,
+    backoff_delay: &mut dyn FnMut() -> Duration,
+    gates: &mut dyn Gates,
+) -> Verdict {
+    let p = input.policy;
+    let (cause, safe) = match classify(input.outcome, input.facts, &p.retry_on) {
+        Class::NotRetryable => return Verdict::NotRetryable,
+        Class::Cancelled => return Verdict::Cancelled,
+        Class::Retryable { cause, safe, .. } => (cause, safe),
+    };
+    let stop = |reason| Verdict::Stop { reason, cause };
+    // 1. unsafe
+    if !safe {
+        return stop(StopReason::Unsafe);
+    }
+    // 2. body
+    let replayable = match input.facts.body {
+        BodyFacts::Empty => true,
+        BodyFacts::Buffered { len } => len <= p.max_replay_body_bytes,
+        BodyFacts::Streamed { bytes_read, .. } => !bytes_read && cause == Cause::ConnectFailure,
+    };
+    if !replayable {
+        return stop(StopReason::Body);
+    }
+    // 3. attempts
+    if input.attempts_made >= p.max_attempts {
+        return stop(StopReason::Attempts);
+    }
+    // 4. retry_after: when honoured, it replaces the computed delay
+    let retry_after = match input.outcome {
+        Outcome::Response { retry_after, .. } => *retry_after,
+        _ => None,
+    };
+    let delay = match retry_after {
+        Some(ra) if ra > p.max_retry_after => return stop(StopReason::RetryAfter),
+        Some(ra) => ceil_ms(ra),
+        None => backoff_delay(),
+    };
+    // 5. deadline
+    if let Some(left) = input.time_left {
+        if delay.saturating_add(p.min_attempt_time) > left {
+            return stop(StopReason::Deadline);
+        }
+    }
+    // 6. budget
+    let cost = if matches!(input.outcome, Outcome::Timeout) {
+        p.budget.timeout_cost
+    } else {
+        1
+    };
+    if !gates.budget(cost) {
+        return stop(StopReason::Budget);
+    }
+    // 7. circuit_open
+    if !gates.breaker() {
+        return stop(StopReason::CircuitOpen);
+    }
+    // 8. rate_limited
+    if !gates.limiter() {
+        return stop(StopReason::RateLimited);
+    }
+    Verdict::Retry { delay, cause }
+}
+
+/// Rounds up to whole milliseconds: a `Retry-After` is never cut short.
+fn ceil_ms(d: Duration) -> Duration {
+    if d.subsec_nanos() % 1_000_000 == 0 {
+        d
+    } else {
+        Duration::from_millis(
+            u64::try_from(d.as_millis())
+                .unwrap_or(u64::MAX)
+                .saturating_add(1),
+        )
     }
 }

@@ -10,20 +10,44 @@
 //! The data plane (`crate::proxy`) asks these types what to do and does it;
 //! nothing here ever calls back into it.
 
+//! Module map:
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`backoff`] | delay per retry; `schedule`, `envelope` |
+//! | [`retry_after`] | parsing `Retry-After` against a passed-in wall clock |
+//! | [`budget`] | the retry budget (deposit / withdraw / balance) |
+//! | [`breaker`] | the circuit breaker state machine |
+//! | [`limiter`] | token bucket, sliding window, keyed LRU registry |
+//! | [`decide`] | request facts, outcomes, `classify`, `decide`, `Gates` |
+//! | [`contract`] | the versioned JSON shapes of `weir decide` |
+//! | [`report`] | the text `weir schedule` prints |
+//! | [`random`] | the injected random source |
+
 pub mod backoff;
 pub mod breaker;
 pub mod budget;
+pub mod contract;
 pub mod decide;
 pub mod limiter;
 pub mod random;
+pub mod report;
 pub mod retry_after;
 
-pub use backoff::{BackoffPolicy, Growth, Jitter};
-pub use breaker::BreakerParams;
-pub use budget::BudgetParams;
-pub use decide::{RetryOn, RetryPolicy};
-pub use limiter::RateLimitParams;
-pub use random::{Random, SeededRandom};
+pub use backoff::{delay, envelope, schedule, BackoffPolicy, Envelope, Growth, Jitter};
+pub use breaker::{
+    Admission, Breaker, BreakerParams, Refused, State, StateKind, StateView, Transition,
+};
+pub use budget::{BudgetParams, RetryBudget};
+pub use contract::{decide_json, DecisionInput, VerdictJson, CONTRACT_VERSION};
+pub use decide::{
+    classify, decide, decide_with, is_idempotent_method, BodyFacts, Cause, Class, DecideInput,
+    Delivery, FixedGates, Gates, Outcome, RequestFacts, RetryOn, RetryPolicy, StopReason, Verdict,
+};
+pub use limiter::{KeyedLimiter, KeyedStats, Limiter, RateLimitParams, SlidingWindow, TokenBucket};
+pub use random::{FixedRandom, Random, SeededRandom};
+pub use report::{schedule_report, schedule_report_with};
+pub use retry_after::parse_retry_after;
 
 use std::time::Duration;
 
