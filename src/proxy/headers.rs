@@ -5,14 +5,15 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use std::time::Duration;
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) plus the legacy ones proxies drop.
-const HOP_BY_HOP: [HeaderName; 8] = [
+/// `Trailer` is end to end (RFC 9110 §6.6.2) and stays: hyper only sends the
+/// trailer fields it announces.
+const HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
-    header::TRAILER,
     header::UPGRADE,
 ];
 

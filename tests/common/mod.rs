@@ -1,0 +1,206 @@
+//! Shared test harness: real hyper upstreams on 127.0.0.1:0, weir started
+//! in-process from the library, and a plain hyper client. Everything a test
+//! starts stops when its handle is dropped.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use weir::config::Config;
+use weir::proxy::{Proxy, ProxyHandle};
+
+pub type TestBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+pub fn body(b: impl Into<Bytes>) -> TestBody {
+    Full::new(b.into()).map_err(|n| match n {}).boxed()
+}
+
+/// A real HTTP/1.1 + h2c upstream running a handler; counts what it receives.
+pub struct TestUpstream {
+    pub addr: SocketAddr,
+    pub connections: Arc<AtomicUsize>,
+    pub requests: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for TestUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TestUpstream {
+    pub async fn start<F, Fut>(handler: F) -> TestUpstream
+    where
+        F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Response<TestBody>> + Send + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let handler = Arc::new(handler);
+        let (c, r) = (connections.clone(), requests.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    break;
+                };
+                c.fetch_add(1, Ordering::SeqCst);
+                let handler = handler.clone();
+                let r = r.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| {
+                        r.fetch_add(1, Ordering::SeqCst);
+                        let fut = handler(req);
+                        async move { Ok::<_, Infallible>(fut.await) }
+                    });
+                    let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    b.http1().timer(TokioTimer::new());
+                    let _ = b.serve_connection(TokioIo::new(stream), svc).await;
+                });
+            }
+        });
+        TestUpstream {
+            addr,
+            connections,
+            requests,
+            task,
+        }
+    }
+
+    /// An upstream that answers 200 with `text`.
+    pub async fn text(text: &'static str) -> TestUpstream {
+        TestUpstream::start(move |_req| async move { Response::new(body(text)) }).await
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+/// weir, started in-process on 127.0.0.1:0.
+pub struct Weir {
+    pub handle: Option<ProxyHandle>,
+    pub addr: SocketAddr,
+}
+
+impl Weir {
+    /// `toml` is a full config; `[server] listen` is forced to 127.0.0.1:0.
+    pub async fn start(toml: &str) -> Weir {
+        let src = format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n{toml}");
+        let config = match Config::parse(Path::new("test.toml"), &src) {
+            Ok(c) => c,
+            Err(e) => panic!("test config invalid:\n{e}\n---\n{src}"),
+        };
+        let handle = Proxy::start(config).await.unwrap();
+        let addr = handle.listen_addr;
+        Weir {
+            handle: Some(handle),
+            addr,
+        }
+    }
+
+    /// One upstream named `svc` reached with `Host: svc`, plus extra TOML for it.
+    pub async fn single(url: &str, extra: &str) -> Weir {
+        Weir::start(&format!(
+            "[upstreams.svc]\nurl = \"{url}\"\nhosts = [\"svc\"]\n{extra}\n"
+        ))
+        .await
+    }
+
+    pub fn dedicated(&self, name: &str) -> SocketAddr {
+        self.handle.as_ref().unwrap().upstream_addrs[name]
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+}
+
+impl Drop for Weir {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            h.stop_accepting();
+        }
+    }
+}
+
+pub type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    TestBody,
+>;
+
+pub fn client() -> Client {
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http()
+}
+
+pub fn h2_client() -> Client {
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
+/// GET `url` with `Host: host`.
+pub async fn get(c: &Client, url: &str, host: &str) -> Response<Incoming> {
+    let req = Request::get(url)
+        .header("host", host)
+        .body(body(""))
+        .unwrap();
+    c.request(req).await.unwrap()
+}
+
+pub async fn read_body(resp: Response<Incoming>) -> (http::response::Parts, Bytes) {
+    let (parts, b) = resp.into_parts();
+    (parts, b.collect().await.unwrap().to_bytes())
+}
+
+pub async fn json_error(resp: Response<Incoming>) -> (u16, String, serde_json::Value) {
+    let (parts, b) = read_body(resp).await;
+    let code = parts
+        .headers
+        .get("x-weir-error")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null);
+    (parts.status.as_u16(), code, v)
+}
+
+/// A loopback port with nothing listening on it.
+pub async fn refused_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = l.local_addr().unwrap();
+    drop(l);
+    a
+}
+
+/// Sends one request over a fresh HTTP/2 prior-knowledge connection to `addr`,
+/// with the request's own URI (and so its `:authority`) untouched.
+pub async fn h2_request(addr: SocketAddr, req: Request<TestBody>) -> Response<Incoming> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    send.send_request(req).await.unwrap()
+}

@@ -1,0 +1,194 @@
+//! Forwarding through weir against real upstreams: methods, bodies both ways,
+//! HTTP/2 prior knowledge, connection reuse, trailers.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use hyper::{Request, Response};
+
+/// Echoes `METHOD PATH` in a header and the request body back.
+async fn echo() -> TestUpstream {
+    TestUpstream::start(|req: Request<hyper::body::Incoming>| async move {
+        let line = format!("{} {}", req.method(), req.uri());
+        let host = req
+            .headers()
+            .get("host")
+            .map(|h| h.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let b = req.into_body().collect().await.unwrap().to_bytes();
+        Response::builder()
+            .header("x-seen", line)
+            .header("x-seen-host", host)
+            .body(body(b))
+            .unwrap()
+    })
+    .await
+}
+
+#[tokio::test]
+async fn methods_and_bodies_pass_through() {
+    let up = echo().await;
+    let weir = Weir::single(&up.url(), "").await;
+    let c = client();
+    for method in ["GET", "POST", "PUT", "DELETE", "PATCH"] {
+        let payload = format!("payload for {method}");
+        let req = Request::builder()
+            .method(method)
+            .uri(weir.url("/things/1?x=y"))
+            .header("host", "svc")
+            .body(body(payload.clone()))
+            .unwrap();
+        let (parts, b) = read_body(c.request(req).await.unwrap()).await;
+        assert_eq!(parts.status, 200, "{method}");
+        assert_eq!(parts.headers["x-seen"], format!("{method} /things/1?x=y"));
+        assert_eq!(b, payload.as_bytes(), "{method}");
+        assert_eq!(parts.headers["x-weir-attempts"], "1");
+    }
+    let req = Request::head(weir.url("/h"))
+        .header("host", "svc")
+        .body(body(""))
+        .unwrap();
+    let (parts, b) = read_body(c.request(req).await.unwrap()).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(parts.headers["x-seen"], "HEAD /h");
+    assert!(b.is_empty());
+}
+
+#[tokio::test]
+async fn host_is_rewritten_unless_preserved() {
+    let up = echo().await;
+    let weir = Weir::single(&up.url(), "").await;
+    let (parts, _) = read_body(get(&client(), &weir.url("/"), "svc").await).await;
+    assert_eq!(parts.headers["x-seen-host"], up.addr.to_string());
+
+    let weir = Weir::single(&up.url(), "preserve_host = true").await;
+    let (parts, _) = read_body(get(&client(), &weir.url("/"), "SVC:8080").await).await;
+    assert_eq!(parts.headers["x-seen-host"], "SVC:8080");
+}
+
+#[tokio::test]
+async fn ten_mib_chunked_upload_and_download_are_byte_exact() {
+    let data: Vec<u8> = (0..10 * 1024 * 1024u32)
+        .map(|i| (i * 7 % 251) as u8)
+        .collect();
+    let data = Bytes::from(data);
+    let up = echo().await;
+    let weir = Weir::single(&up.url(), "").await;
+
+    // Upload as a stream of 64 KiB chunks with no Content-Length (chunked).
+    let chunks: Vec<Result<Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>>> = data
+        .chunks(64 * 1024)
+        .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+        .collect();
+    let stream = futures_util::stream::iter(chunks);
+    let req = Request::post(weir.url("/upload"))
+        .header("host", "svc")
+        .body(BodyExt::boxed(StreamBody::new(stream)))
+        .unwrap();
+    let (parts, b) = read_body(client().request(req).await.unwrap()).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(b.len(), data.len());
+    assert!(b == data, "echoed body differs");
+
+    // Download.
+    let d = data.clone();
+    let up = TestUpstream::start(move |_r| {
+        let d = d.clone();
+        async move { Response::new(body(d)) }
+    })
+    .await;
+    let weir = Weir::single(&up.url(), "").await;
+    let (parts, b) = read_body(get(&client(), &weir.url("/big"), "svc").await).await;
+    assert_eq!(parts.status, 200);
+    assert!(b == data, "downloaded body differs");
+}
+
+#[tokio::test]
+async fn http2_prior_knowledge_from_the_client() {
+    let up = echo().await;
+    let weir = Weir::single(&up.url(), "").await;
+    // HTTP/2 carries the host in :authority.
+    let req = Request::post("http://svc/h2")
+        .body(body("over h2"))
+        .unwrap();
+    let resp = h2_request(weir.addr, req).await;
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let (parts, b) = read_body(resp).await;
+    assert_eq!(parts.status, 200, "{parts:?}");
+    assert_eq!(b, "over h2");
+}
+
+#[tokio::test]
+async fn keep_alive_reuses_connections_on_both_sides() {
+    let up = TestUpstream::text("ok").await;
+    let weir = Weir::single(&up.url(), "").await;
+    let c = client();
+    for _ in 0..20 {
+        let (parts, b) = read_body(get(&c, &weir.url("/"), "svc").await).await;
+        assert_eq!(parts.status, 200);
+        assert_eq!(b, "ok");
+    }
+    assert_eq!(up.requests(), 20);
+    assert_eq!(
+        up.connections(),
+        1,
+        "weir should reuse its upstream connection"
+    );
+}
+
+#[tokio::test]
+async fn response_trailers_pass_through() {
+    let up = TestUpstream::start(|_r| async move {
+        let frames: Vec<Result<Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"data"))),
+            Ok(Frame::trailers({
+                let mut t = http::HeaderMap::new();
+                t.insert("grpc-status", "0".parse().unwrap());
+                t.insert("x-checksum", "abc".parse().unwrap());
+                t
+            })),
+        ];
+        Response::builder()
+            .header("trailer", "grpc-status, x-checksum")
+            .body(BodyExt::boxed(StreamBody::new(futures_util::stream::iter(
+                frames,
+            ))))
+            .unwrap()
+    })
+    .await;
+    let weir = Weir::single(&up.url(), "").await;
+    let req = Request::get(weir.url("/t"))
+        .header("host", "svc")
+        .header("te", "trailers")
+        .body(body(""))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    let collected = resp.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().expect("trailers forwarded");
+    assert_eq!(trailers["x-checksum"], "abc");
+    assert_eq!(trailers["grpc-status"], "0");
+    assert_eq!(collected.to_bytes(), "data");
+}
+
+#[tokio::test]
+async fn refused_upstream_is_502_connect_failed() {
+    let dead = refused_addr().await;
+    let weir = Weir::single(
+        &format!("http://{dead}"),
+        "[upstreams.svc.retry]\nmax_attempts = 1",
+    )
+    .await;
+    let (status, code, json) = json_error(get(&client(), &weir.url("/"), "svc").await).await;
+    assert_eq!(status, 502);
+    assert_eq!(code, "connect_failed");
+    assert_eq!(json["error"], "connect_failed");
+    assert_eq!(json["upstream"], "svc");
+    assert!(
+        json["message"].as_str().unwrap().contains("refused"),
+        "{json}"
+    );
+}
