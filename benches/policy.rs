@@ -1,1 +1,140 @@
-fn main() {}
+//! Micro-benchmarks of the policy core: all of one request's policy work
+//! should stay well under 1 µs.
+#![allow(clippy::unwrap_used)]
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use std::hint::black_box;
+use std::time::Duration;
+use weir::policy::{
+    decide, BackoffPolicy, BodyFacts, Breaker, BreakerParams, BudgetParams, DecideInput,
+    FixedGates, Growth, Jitter, KeyedLimiter, Outcome, RateLimitParams, RequestFacts, RetryBudget,
+    RetryOn, RetryPolicy, SeededRandom, TokenBucket,
+};
+
+fn policy() -> RetryPolicy {
+    let retry_on = RetryOn::parse(
+        &["connect-failure", "reset", "timeout", "502", "503", "504"].map(String::from),
+    )
+    .unwrap();
+    let backoff = BackoffPolicy::try_new(
+        Duration::from_millis(200),
+        Duration::from_secs(10),
+        2.0,
+        Growth::Exponential,
+        Jitter::Full,
+        false,
+    )
+    .unwrap();
+    let budget = BudgetParams::try_new(0.1, 10, Duration::from_secs(10), 2).unwrap();
+    RetryPolicy::try_new(
+        3,
+        retry_on,
+        Duration::from_secs(60),
+        65_536,
+        Duration::from_millis(10),
+        backoff,
+        budget,
+    )
+    .unwrap()
+}
+
+fn benches(c: &mut Criterion) {
+    let p = policy();
+    let facts = RequestFacts::new("GET", false, BodyFacts::Buffered { len: 512 });
+    let outcome = Outcome::Response {
+        status: 503,
+        retry_after: None,
+        grpc_status: None,
+    };
+    let mut rng = SeededRandom::new(7);
+    c.bench_function("decide", |b| {
+        b.iter(|| {
+            let input = DecideInput {
+                policy: &p,
+                facts: &facts,
+                outcome: black_box(&outcome),
+                attempts_made: 1,
+                time_left: Some(Duration::from_secs(14)),
+                prev_delay: Duration::ZERO,
+            };
+            let mut gates = FixedGates {
+                budget: true,
+                breaker: true,
+                limiter: true,
+            };
+            decide(&input, &mut rng, &mut gates)
+        })
+    });
+
+    let bp = BreakerParams::try_new(
+        true,
+        5,
+        20,
+        5,
+        0.5,
+        vec![500, 502, 503, 504],
+        Duration::from_secs(30),
+        Duration::from_secs(300),
+        0.2,
+        1,
+    )
+    .unwrap();
+    let mut breaker = Breaker::new(bp);
+    let mut now = Duration::from_secs(1);
+    let mut i = 0u64;
+    c.bench_function("breaker acquire+record", |b| {
+        b.iter(|| {
+            now += Duration::from_micros(100);
+            i += 1;
+            if let Ok(a) = breaker.try_acquire(now) {
+                // one failure in eight: stays closed, exercises the window
+                let _ = breaker.record(a, i % 8 == 0, now, &mut rng);
+            }
+        })
+    });
+
+    let mut budget = RetryBudget::new(
+        BudgetParams::try_new(0.1, 10, Duration::from_secs(10), 2).unwrap(),
+        Duration::ZERO,
+    );
+    let mut now = Duration::ZERO;
+    c.bench_function("budget deposit+withdraw", |b| {
+        b.iter(|| {
+            now += Duration::from_micros(100);
+            budget.deposit(now);
+            black_box(budget.try_withdraw(1, now))
+        })
+    });
+
+    let mut bucket = TokenBucket::new(1e6, 100, Duration::ZERO);
+    let mut now = Duration::ZERO;
+    c.bench_function("bucket take", |b| {
+        b.iter(|| {
+            now += Duration::from_micros(1);
+            black_box(bucket.try_take(1, now))
+        })
+    });
+
+    let rl = RateLimitParams::try_new(
+        Some((1e6, 100)),
+        Some((1_000_000, Duration::from_secs(60))),
+        Some("header:x-tenant"),
+        10_000,
+        Duration::ZERO,
+    )
+    .unwrap();
+    let mut keyed = KeyedLimiter::new(rl, Duration::ZERO);
+    let keys: Vec<String> = (0..20_000).map(|k| format!("tenant-{k}")).collect();
+    let mut now = Duration::ZERO;
+    let mut k = 0usize;
+    c.bench_function("keyed limiter acquire (20k keys, 10k max)", |b| {
+        b.iter(|| {
+            now += Duration::from_micros(1);
+            k = (k + 7_919) % keys.len();
+            black_box(keyed.try_acquire(Some(&keys[k]), now))
+        })
+    });
+}
+
+criterion_group!(policy_benches, benches);
+criterion_main!(policy_benches);

@@ -392,10 +392,9 @@ impl Breaker {
     }
 
     fn push(&mut self, failure: bool) {
-        if self.window.len() >= self.params.window as usize {
-            if self.window.pop_front() == Some(true) {
-                self.window_failures -= 1;
-            }
+        if self.window.len() >= self.params.window as usize && self.window.pop_front() == Some(true)
+        {
+            self.window_failures -= 1;
         }
         self.window.push_back(failure);
         if failure {
