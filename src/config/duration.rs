@@ -116,6 +116,7 @@ impl Serialize for Dur {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -132,7 +133,7 @@ mod tests {
 
     #[test]
     fn rejects_missing_or_unknown_units() {
-        assert!(parse("10").unwrap_err().contains("no unit"));
+        assert!(parse("10").is_err_and(|e| e.contains("no unit")));
         assert!(parse("10 parsecs").is_err());
         assert!(parse("").is_err());
         assert!(parse("s").is_err());

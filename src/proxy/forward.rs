@@ -20,6 +20,12 @@ pub async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let (parts, body) = req.into_parts();
+    if parts.uri.path() == super::guard::CONFLICT_PATH {
+        return ProxyError::BadRequest(
+            "a request may not carry both Content-Length and Transfer-Encoding".into(),
+        )
+        .to_response(None);
+    }
     let upstream = match role {
         ListenerRole::Shared => request_host(&parts)
             .and_then(|h| snap.routes.lookup(h, parts.uri.path()))

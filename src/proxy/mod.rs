@@ -9,6 +9,7 @@ pub mod body;
 pub mod client;
 pub mod error;
 pub mod forward;
+pub mod guard;
 pub mod headers;
 pub mod route;
 mod server;

@@ -3,6 +3,7 @@
 //! bound addresses, publishes new snapshots and shuts everything down.
 
 use super::forward;
+use super::guard::FramingGuard;
 use super::{ListenerRole, Snapshot};
 use crate::config::Config;
 use crate::state::StateRegistry;
@@ -193,13 +194,24 @@ async fn serve_connection(
     mut stop: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let builder = builder(&shared.snapshot.load().config);
+    let (builder, max_head, head_timeout) = {
+        let snap = shared.snapshot.load();
+        let s = &snap.config.server;
+        (
+            builder(&snap.config),
+            s.max_header_bytes,
+            s.header_read_timeout,
+        )
+    };
     let svc = service_fn(move |req| {
         let snap = shared.snapshot.load_full();
         let role = role.clone();
         async move { Ok::<_, Infallible>(forward::handle(&snap, &role, req).await) }
     });
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+    let conn = builder.serve_connection_with_upgrades(
+        TokioIo::new(FramingGuard::new(stream, max_head, head_timeout)),
+        svc,
+    );
     tokio::pin!(conn);
     tokio::select! {
         r = conn.as_mut() => {

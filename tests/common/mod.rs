@@ -107,7 +107,14 @@ pub struct Weir {
 impl Weir {
     /// `toml` is a full config; `[server] listen` is forced to 127.0.0.1:0.
     pub async fn start(toml: &str) -> Weir {
-        let src = format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n{toml}");
+        Weir::with_server("", toml).await
+    }
+
+    /// Like [`Weir::start`], with extra `[server]` fields.
+    pub async fn with_server(server: &str, toml: &str) -> Weir {
+        let src = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n{server}\n{toml}"
+        );
         let config = match Config::parse(Path::new("test.toml"), &src) {
             Ok(c) => c,
             Err(e) => panic!("test config invalid:\n{e}\n---\n{src}"),

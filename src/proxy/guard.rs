@@ -1,0 +1,472 @@
+//! A request-smuggling guard in front of hyper's HTTP/1 parser.
+//!
+//! hyper follows RFC 7230 and, given both `Content-Length` and
+//! `Transfer-Encoding`, drops the length and reads the body as chunked. A
+//! proxy in front of weir may have framed the same bytes by the length; the
+//! two would then disagree about where the next request starts. RFC 9112
+//! §6.1 lets a server reject such a message, and weir does: 400, connection
+//! closed.
+//!
+//! hyper hides the conflict from the service (the length header is gone by
+//! then), so this wrapper follows the framing of each HTTP/1 request on the
+//! read side — head, fixed-length or chunked body, next head — and answers
+//! a conflicting head itself. It only looks; the bytes hyper reads are the
+//! bytes the client sent. HTTP/2 (the prior-knowledge preface), upgrades,
+//! CONNECT and anything it cannot follow are passed through untouched, and
+//! hyper's own parser remains the one that decides everything else.
+
+use pin_project_lite::pin_project;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// What hyper is given in place of a conflicting head: a request weir's own
+/// service answers with 400 `bad_request` and `Connection: close`. Going
+/// through hyper keeps the answer in order behind responses to requests
+/// pipelined before it. A client sending this path itself gets the same 400.
+pub const CONFLICT_MARKER: &[u8] = b"GET /!weir-framing-conflict HTTP/1.1\r\n\r\n";
+/// The path of [`CONFLICT_MARKER`].
+pub const CONFLICT_PATH: &str = "/!weir-framing-conflict";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Holding a request head until it is complete.
+    Head,
+    /// Skipping a fixed-length body.
+    Fixed(u64),
+    /// Reading a chunk-size line.
+    ChunkSize { size: u64, ext: bool, digits: u8 },
+    /// Skipping chunk data.
+    ChunkData(u64),
+    /// Skipping the CRLF after chunk data.
+    ChunkEnd,
+    /// Reading trailer lines; `len` is the current line's length.
+    Trailers { len: usize },
+    /// No longer following: h2, an upgrade, or something hyper will reject.
+    Passthrough,
+    /// A conflicting head was replaced; nothing more is read from the client.
+    Rejected,
+}
+
+pin_project! {
+    /// Wraps a client connection; see the module docs.
+    ///
+    /// Request heads are held back until complete (so a conflicting one can
+    /// be replaced whole); body bytes are read straight into hyper's buffer.
+    pub struct FramingGuard<T> {
+        #[pin]
+        inner: T,
+        state: State,
+        // Bytes read from the client and not yet handed to hyper:
+        // `stash[released..ready]` may go now, `stash[ready..]` is a head
+        // still being held.
+        stash: Vec<u8>,
+        released: usize,
+        ready: usize,
+        max_head: usize,
+        // hyper's `header_read_timeout` only starts once hyper is reading a
+        // head, and a head held here has not reached hyper yet; so the guard
+        // times held heads (and a fresh connection that sends nothing) itself.
+        // Armed only when a read would wait: a head that arrives whole costs
+        // no timer at all.
+        head_timeout: Duration,
+        timer: Option<Pin<Box<tokio::time::Sleep>>>,
+        seen_request: bool,
+    }
+}
+
+impl<T> FramingGuard<T> {
+    pub fn new(inner: T, max_head: usize, head_timeout: Duration) -> Self {
+        FramingGuard {
+            inner,
+            state: State::Head,
+            stash: Vec::new(),
+            released: 0,
+            ready: 0,
+            max_head,
+            head_timeout,
+            timer: None,
+            seen_request: false,
+        }
+    }
+}
+
+/// Follows body framing through `data`; returns how many bytes belong to the
+/// current body (all of them, unless the body ends inside `data`).
+fn advance_body(state: &mut State, data: &[u8]) -> usize {
+    let mut i = 0;
+    while i < data.len() {
+        match *state {
+            State::Head | State::Passthrough | State::Rejected => return i,
+            State::Fixed(n) => {
+                let take = n.min((data.len() - i) as u64);
+                i += take as usize;
+                *state = if take == n {
+                    State::Head
+                } else {
+                    State::Fixed(n - take)
+                };
+            }
+            State::ChunkData(n) => {
+                let take = n.min((data.len() - i) as u64);
+                i += take as usize;
+                *state = if take == n {
+                    State::ChunkEnd
+                } else {
+                    State::ChunkData(n - take)
+                };
+            }
+            State::ChunkSize { size, ext, digits } => {
+                let b = data[i];
+                i += 1;
+                *state = match b {
+                    b'\n' if size == 0 && digits > 0 => State::Trailers { len: 0 },
+                    b'\n' if digits > 0 => State::ChunkData(size),
+                    b'\n' => State::Passthrough,
+                    _ if ext => State::ChunkSize { size, ext, digits },
+                    b';' | b'\r' | b' ' | b'\t' => State::ChunkSize {
+                        size,
+                        ext: true,
+                        digits,
+                    },
+                    _ => match (b as char).to_digit(16) {
+                        Some(d) if digits < 15 => State::ChunkSize {
+                            size: size * 16 + u64::from(d),
+                            ext,
+                            digits: digits + 1,
+                        },
+                        _ => State::Passthrough,
+                    },
+                };
+            }
+            State::ChunkEnd => {
+                if data[i] == b'\n' {
+                    *state = State::ChunkSize {
+                        size: 0,
+                        ext: false,
+                        digits: 0,
+                    };
+                }
+                i += 1;
+            }
+            State::Trailers { len } => {
+                let b = data[i];
+                i += 1;
+                *state = match b {
+                    b'\n' if len == 0 => State::Head,
+                    b'\n' => State::Trailers { len: 0 },
+                    b'\r' => State::Trailers { len },
+                    _ => State::Trailers { len: len + 1 },
+                };
+            }
+        }
+    }
+    i
+}
+
+/// Moves `ready` forward through the stash as far as framing allows, judging
+/// each complete head; replaces a conflicting head with [`CONFLICT_MARKER`].
+fn process(state: &mut State, stash: &mut Vec<u8>, ready: &mut usize, max_head: usize) {
+    loop {
+        match *state {
+            State::Rejected => return,
+            State::Passthrough => {
+                *ready = stash.len();
+                return;
+            }
+            State::Head => {
+                // Blank lines before a request are tolerated by hyper.
+                while stash
+                    .get(*ready)
+                    .is_some_and(|b| *b == b'\r' || *b == b'\n')
+                {
+                    *ready += 1;
+                }
+                let head = &stash[*ready..];
+                if head.is_empty() {
+                    return;
+                }
+                let Some(end) = find_head_end(head) else {
+                    if head.len() > max_head || head.starts_with(b"PRI * HTTP/2.0") {
+                        *state = State::Passthrough; // hyper answers 431 / speaks h2
+                        continue;
+                    }
+                    return; // hold until the head is complete
+                };
+                match judge(&head[..end]) {
+                    Judged::Conflict => {
+                        stash.truncate(*ready);
+                        stash.extend_from_slice(CONFLICT_MARKER);
+                        *ready = stash.len();
+                        *state = State::Rejected;
+                        return;
+                    }
+                    Judged::Next(next) => {
+                        *ready += end;
+                        *state = next;
+                    }
+                }
+            }
+            _ => {
+                let used = advance_body(state, &stash[*ready..]);
+                *ready += used;
+                if *ready == stash.len() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn find_head_end(b: &[u8]) -> Option<usize> {
+    b.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
+}
+
+enum Judged {
+    Conflict,
+    Next(State),
+}
+
+/// Decides a complete request head: conflict, or how its body is framed.
+fn judge(head: &[u8]) -> Judged {
+    let mut headers = [httparse::EMPTY_HEADER; 128];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        // hyper will answer whatever this is; stop following.
+        _ => return Judged::Next(State::Passthrough),
+    }
+    if req.method == Some("CONNECT") {
+        return Judged::Next(State::Passthrough);
+    }
+    let mut te: Option<&[u8]> = None;
+    let mut cl: Option<&[u8]> = None;
+    for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            te = Some(h.value);
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            if cl.is_some_and(|prev| prev != h.value) {
+                return Judged::Next(State::Passthrough); // hyper rejects differing lengths
+            }
+            cl = Some(h.value);
+        } else if h.name.eq_ignore_ascii_case("upgrade") {
+            return Judged::Next(State::Passthrough);
+        }
+    }
+    match (te, cl) {
+        (Some(_), Some(_)) => Judged::Conflict,
+        (Some(te), None) => {
+            let chunked = std::str::from_utf8(te)
+                .ok()
+                .and_then(|s| s.rsplit(',').next())
+                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+            Judged::Next(if chunked {
+                State::ChunkSize {
+                    size: 0,
+                    ext: false,
+                    digits: 0,
+                }
+            } else {
+                State::Passthrough
+            })
+        }
+        (None, Some(cl)) => match std::str::from_utf8(cl)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+        {
+            Some(0) => Judged::Next(State::Head),
+            Some(n) => Judged::Next(State::Fixed(n)),
+            None => Judged::Next(State::Passthrough),
+        },
+        (None, None) => Judged::Next(State::Head),
+    }
+}
+
+impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let mut this = self.project();
+        loop {
+            if *this.released < *this.ready {
+                let n = (*this.ready - *this.released).min(buf.remaining());
+                buf.put_slice(&this.stash[*this.released..*this.released + n]);
+                *this.released += n;
+                if *this.released == this.stash.len() {
+                    this.stash.clear();
+                    *this.released = 0;
+                    *this.ready = 0;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            match *this.state {
+                // hyper answers the marker and closes; there is nothing more to read.
+                State::Rejected => return Poll::Pending,
+                State::Passthrough if this.stash.is_empty() => {
+                    return this.inner.poll_read(cx, buf)
+                }
+                State::Head | State::Passthrough => {}
+                _ if this.stash.is_empty() => {
+                    // Body bytes: straight into hyper's buffer.
+                    let before = buf.filled().len();
+                    ready!(this.inner.as_mut().poll_read(cx, buf))?;
+                    let used = advance_body(this.state, &buf.filled()[before..]);
+                    let end = buf.filled().len();
+                    if before + used < end {
+                        // A new head starts here: hold it back.
+                        this.stash
+                            .extend_from_slice(&buf.filled()[before + used..end]);
+                        buf.set_filled(before + used);
+                        process(this.state, this.stash, this.ready, *this.max_head);
+                        if used == 0 {
+                            continue;
+                        }
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+                _ => {}
+            }
+            let mut tmp = [0u8; 8192];
+            let mut rb = ReadBuf::new(&mut tmp);
+            if this.inner.as_mut().poll_read(cx, &mut rb)?.is_pending() {
+                let waiting_for_head = *this.state == State::Head
+                    && (*this.ready < this.stash.len() || !*this.seen_request);
+                if !waiting_for_head {
+                    return Poll::Pending;
+                }
+                let timeout = *this.head_timeout;
+                let timer = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "request head not received within header_read_timeout",
+                    )));
+                }
+                return Poll::Pending;
+            }
+            if rb.filled().is_empty() {
+                // EOF: hand over whatever is held; hyper reports the cut.
+                if *this.ready < this.stash.len() {
+                    *this.ready = this.stash.len();
+                    *this.state = State::Passthrough;
+                    continue;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            this.stash.extend_from_slice(rb.filled());
+            process(this.state, this.stash, this.ready, *this.max_head);
+            if *this.ready == this.stash.len() || *this.state != State::Head {
+                // Every held head is complete: stand the timer down.
+                *this.timer = None;
+                *this.seen_request = true;
+            }
+        }
+    }
+}
+
+impl<T: AsyncWrite> AsyncWrite for FramingGuard<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.project().inner.poll_write(cx, buf)
+    }
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.project().inner.poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds reads through `process`; returns the final state and the bytes hyper would see.
+    fn run(chunks: &[&[u8]]) -> (State, Vec<u8>) {
+        let mut st = State::Head;
+        let mut stash = Vec::new();
+        let mut ready = 0;
+        for c in chunks {
+            stash.extend_from_slice(c);
+            process(&mut st, &mut stash, &mut ready, 65536);
+        }
+        stash.truncate(ready);
+        (st, stash)
+    }
+
+    #[test]
+    fn follows_fixed_and_chunked_bodies_across_reads() {
+        let a = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhel";
+        let b = b"loGET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        let (st, out) = run(&[a, b]);
+        assert_eq!(st, State::Head);
+        assert_eq!(out, [&a[..], &b[..]].concat());
+        let c = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n0\r\nx-t: 1\r\n\r\n";
+        assert_eq!(run(&[c]).0, State::Head);
+        // Split at every byte.
+        let whole = [&c[..], &b"GET / HTTP/1.1\r\n\r\n"[..]].concat();
+        let bytes: Vec<&[u8]> = whole.chunks(1).collect();
+        let (st, out) = run(&bytes);
+        assert_eq!(st, State::Head);
+        assert_eq!(out, whole);
+    }
+
+    #[test]
+    fn a_partial_head_is_held_back() {
+        let (st, out) = run(&[b"GET / HTTP/1.1\r\nHost: x\r\n"]);
+        assert_eq!(st, State::Head);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn conflicting_head_is_replaced_by_the_marker() {
+        let ok = b"GET / HTTP/1.1\r\n\r\n";
+        let bad =
+            b"POST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+        let joined = [&ok[..], &bad[..]].concat();
+        let (st, out) = run(&[&joined]);
+        assert_eq!(st, State::Rejected);
+        assert_eq!(out, [&ok[..], CONFLICT_MARKER].concat());
+        let (st, out) = run(&[&bad[..10], &bad[10..]]);
+        assert_eq!(st, State::Rejected);
+        assert_eq!(out, CONFLICT_MARKER);
+    }
+
+    #[test]
+    fn h2_upgrades_and_oversized_heads_pass_through() {
+        assert_eq!(
+            run(&[b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"]).0,
+            State::Passthrough
+        );
+        let up = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n";
+        assert_eq!(run(&[up]).0, State::Passthrough);
+        let big = vec![b'a'; 70_000];
+        assert_eq!(run(&[b"GET / HTTP/1.1\r\nx: ", &big]).0, State::Passthrough);
+    }
+
+    #[test]
+    fn the_marker_is_shorter_than_any_conflicting_head() {
+        assert!(CONFLICT_MARKER.starts_with(b"GET /!weir-framing-conflict "));
+        assert_eq!(CONFLICT_PATH.len() + 17, CONFLICT_MARKER.len());
+    }
+}
