@@ -622,3 +622,201 @@ fn ceil_ms(d: Duration) -> Duration {
         )
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::policy::contract::PolicyJson;
+    use crate::policy::random::FixedRandom;
+
+    /// Gates that record which were asked.
+    #[derive(Default)]
+    struct Recording {
+        asked: Vec<&'static str>,
+        answer: bool,
+    }
+
+    impl Gates for Recording {
+        fn budget(&mut self, cost: u32) -> bool {
+            self.asked
+                .push(if cost == 1 { "budget" } else { "budget2" });
+            self.answer
+        }
+        fn breaker(&mut self) -> bool {
+            self.asked.push("breaker");
+            self.answer
+        }
+        fn limiter(&mut self) -> bool {
+            self.asked.push("limiter");
+            self.answer
+        }
+    }
+
+    fn run(method: &str, outcome: Outcome, attempts: u32, gates: &mut Recording) -> Verdict {
+        let policy = PolicyJson::default().to_policy().unwrap();
+        let facts = RequestFacts::new(method, false, BodyFacts::Empty);
+        let input = DecideInput {
+            policy: &policy,
+            facts: &facts,
+            outcome: &outcome,
+            attempts_made: attempts,
+            time_left: Some(Duration::from_secs(10)),
+            prev_delay: Duration::ZERO,
+        };
+        decide(&input, &mut FixedRandom(1.0), gates)
+    }
+
+    #[test]
+    fn gates_are_not_asked_when_an_earlier_check_fails() {
+        let mut g = Recording::default();
+        let v = run("POST", Outcome::Timeout, 1, &mut g);
+        assert_eq!(
+            v,
+            Verdict::Stop {
+                reason: StopReason::Unsafe,
+                cause: Cause::Timeout
+            }
+        );
+        let v = run("GET", Outcome::ConnectFailure, 3, &mut g);
+        assert_eq!(
+            v,
+            Verdict::Stop {
+                reason: StopReason::Attempts,
+                cause: Cause::ConnectFailure
+            }
+        );
+        assert!(g.asked.is_empty());
+    }
+
+    #[test]
+    fn gates_are_asked_in_order_and_lazily() {
+        let mut g = Recording::default();
+        let v = run("GET", Outcome::ConnectFailure, 1, &mut g);
+        assert_eq!(
+            v,
+            Verdict::Stop {
+                reason: StopReason::Budget,
+                cause: Cause::ConnectFailure
+            }
+        );
+        assert_eq!(g.asked, ["budget"]);
+        let mut g = Recording {
+            answer: true,
+            ..Recording::default()
+        };
+        let v = run("GET", Outcome::Timeout, 1, &mut g);
+        assert_eq!(
+            v,
+            Verdict::Retry {
+                delay: Duration::from_millis(200),
+                cause: Cause::Timeout
+            }
+        );
+        // a timeout withdraws timeout_cost
+        assert_eq!(g.asked, ["budget2", "breaker", "limiter"]);
+    }
+
+    #[test]
+    fn classification_table() {
+        let on = RetryOn::parse(
+            &[
+                "connect-failure",
+                "reset",
+                "timeout",
+                "429",
+                "503",
+                "unavailable",
+            ]
+            .map(String::from),
+        )
+        .unwrap();
+        let get = RequestFacts::new("GET", false, BodyFacts::Empty);
+        let post = RequestFacts::new("POST", false, BodyFacts::Empty);
+        let resp = |status, grpc| Outcome::Response {
+            status,
+            retry_after: None,
+            grpc_status: grpc,
+        };
+        let r = |cause, delivery, safe| Class::Retryable {
+            cause,
+            delivery,
+            safe,
+        };
+        assert_eq!(classify(&resp(200, None), &post, &on), Class::NotRetryable);
+        assert_eq!(classify(&resp(500, None), &get, &on), Class::NotRetryable);
+        assert_eq!(
+            classify(&resp(429, None), &post, &on),
+            r(Cause::Status(429), Delivery::NotProcessed, true)
+        );
+        assert_eq!(
+            classify(&resp(503, None), &post, &on),
+            r(Cause::Status(503), Delivery::Answered, false)
+        );
+        assert_eq!(
+            classify(&resp(503, None), &get, &on),
+            r(Cause::Status(503), Delivery::Answered, true)
+        );
+        assert_eq!(
+            classify(&resp(200, Some(14)), &post, &on),
+            r(Cause::Grpc(14), Delivery::Answered, false)
+        );
+        assert_eq!(
+            classify(&Outcome::ConnectFailure, &post, &on),
+            r(Cause::ConnectFailure, Delivery::NotProcessed, true)
+        );
+        assert_eq!(
+            classify(
+                &Outcome::Reset {
+                    request_sent: false
+                },
+                &post,
+                &on
+            ),
+            r(Cause::ConnectFailure, Delivery::NotProcessed, true)
+        );
+        assert_eq!(
+            classify(&Outcome::Reset { request_sent: true }, &post, &on),
+            r(Cause::Reset, Delivery::Uncertain, false)
+        );
+        assert_eq!(
+            classify(&Outcome::Timeout, &get, &on),
+            r(Cause::Timeout, Delivery::Uncertain, true)
+        );
+        assert_eq!(classify(&Outcome::ClientGone, &get, &on), Class::Cancelled);
+        let keyed = RequestFacts::new("POST", true, BodyFacts::Empty);
+        assert_eq!(
+            classify(&Outcome::Timeout, &keyed, &on),
+            r(Cause::Timeout, Delivery::Uncertain, true)
+        );
+        let none = RetryOn::parse(&[]).unwrap();
+        assert_eq!(
+            classify(&Outcome::Timeout, &get, &none),
+            Class::NotRetryable
+        );
+    }
+
+    #[test]
+    fn idempotent_methods() {
+        for m in ["GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"] {
+            assert!(is_idempotent_method(m));
+        }
+        for m in ["POST", "PATCH", "CONNECT", "get"] {
+            assert!(!is_idempotent_method(m));
+        }
+    }
+
+    #[test]
+    fn labels() {
+        assert_eq!(Cause::Status(503).to_string(), "status_503");
+        assert_eq!(Cause::Grpc(8).to_string(), "grpc_resource_exhausted");
+        assert_eq!(StopReason::CircuitOpen.as_str(), "circuit_open");
+        assert_eq!(
+            Outcome::Reset {
+                request_sent: false
+            }
+            .result_label(),
+            "connect_failure"
+        );
+    }
+}
