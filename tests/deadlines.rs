@@ -1,0 +1,202 @@
+//! Deadlines: `timeout` to response headers, `per_try_timeout`, `idle_timeout`
+//! between body chunks, and the request lowering its own deadline. Time is
+//! tokio's paused clock: a 2 s test takes milliseconds and cannot flake.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use hyper::{Request, Response};
+use std::time::Duration;
+use tokio::time::Instant;
+
+type Chunk = Result<Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Answers after `delay`.
+async fn slow(delay: Duration) -> TestUpstream {
+    TestUpstream::start(move |_r| async move {
+        tokio::time::sleep(delay).await;
+        Response::new(body("late"))
+    })
+    .await
+}
+
+/// Sends headers at once, then `n` chunks `every` apart.
+async fn dribble(n: usize, every: Duration) -> TestUpstream {
+    TestUpstream::start(move |_r| async move {
+        let s = futures_util::stream::unfold(0usize, move |i| async move {
+            if i == n {
+                return None;
+            }
+            tokio::time::sleep(every).await;
+            Some((
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Frame::data(Bytes::from(
+                    format!("{i};"),
+                ))),
+                i + 1,
+            ))
+        });
+        let s: std::pin::Pin<Box<dyn futures_util::Stream<Item = Chunk> + Send + Sync>> =
+            Box::pin(s);
+        Response::new(BodyExt::boxed(StreamBody::new(s)))
+    })
+    .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_try_timeout_is_504_upstream_timeout() {
+    let up = slow(Duration::from_secs(5)).await;
+    let weir = Weir::single(
+        &up.url(),
+        "per_try_timeout = \"1s\"\ntimeout = \"10s\"\n[upstreams.svc.retry]\nmax_attempts = 1",
+    )
+    .await;
+    let start = Instant::now();
+    let (status, code, json) = json_error(get(&client(), &weir.url("/"), "svc").await).await;
+    assert_eq!((status, code.as_str()), (504, "upstream_timeout"), "{json}");
+    let e = start.elapsed();
+    assert!(
+        e >= Duration::from_secs(1) && e < Duration::from_millis(1100),
+        "{e:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn request_can_lower_its_deadline() {
+    let up = slow(Duration::from_secs(1)).await;
+    let weir = Weir::single(&up.url(), "").await;
+    let start = Instant::now();
+    let req = Request::get(weir.url("/"))
+        .header("host", "svc")
+        .header("x-weir-timeout-ms", "100")
+        .body(body(""))
+        .unwrap();
+    let (status, code, json) = json_error(client().request(req).await.unwrap()).await;
+    assert_eq!(
+        (status, code.as_str()),
+        (504, "deadline_exceeded"),
+        "{json}"
+    );
+    let e = start.elapsed();
+    assert!(
+        e >= Duration::from_millis(100) && e < Duration::from_millis(150),
+        "{e:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn request_cannot_raise_its_deadline() {
+    let up = slow(Duration::from_secs(3)).await;
+    let weir = Weir::single(&up.url(), "timeout = \"1s\"").await;
+    let start = Instant::now();
+    let req = Request::get(weir.url("/"))
+        .header("host", "svc")
+        .header("x-weir-timeout-ms", "60000")
+        .body(body(""))
+        .unwrap();
+    let (status, code, _) = json_error(client().request(req).await.unwrap()).await;
+    assert_eq!((status, code.as_str()), (504, "deadline_exceeded"));
+    let e = start.elapsed();
+    assert!(
+        e >= Duration::from_secs(1) && e < Duration::from_millis(1100),
+        "{e:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_timeout_lowers_the_deadline_and_is_rewritten() {
+    let up = TestUpstream::start(|req: Request<hyper::body::Incoming>| async move {
+        let t = req
+            .headers()
+            .get("grpc-timeout")
+            .map(|v| v.to_str().unwrap().to_string());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Response::new(body(t.unwrap_or_default()))
+    })
+    .await;
+    let weir = Weir::single(&up.url(), "").await;
+    let req = Request::post(weir.url("/pkg.Svc/Method"))
+        .header("host", "svc")
+        .header("grpc-timeout", "200m")
+        .body(body(""))
+        .unwrap();
+    let (status, code, _) = json_error(client().request(req).await.unwrap()).await;
+    assert_eq!((status, code.as_str()), (504, "deadline_exceeded"));
+
+    let req = Request::post(weir.url("/pkg.Svc/Method"))
+        .header("host", "svc")
+        .header("grpc-timeout", "5S")
+        .body(body(""))
+        .unwrap();
+    let (parts, b) = read_body(client().request(req).await.unwrap()).await;
+    assert_eq!(parts.status, 200);
+    let ms: u64 = String::from_utf8_lossy(&b)
+        .trim_end_matches('m')
+        .parse()
+        .unwrap();
+    assert!(ms <= 5000 && ms >= 4900, "grpc-timeout forwarded as {ms}m");
+}
+
+#[tokio::test(start_paused = true)]
+async fn malformed_weir_timeout_is_400() {
+    let up = TestUpstream::text("ok").await;
+    let weir = Weir::single(&up.url(), "").await;
+    let req = Request::get(weir.url("/"))
+        .header("host", "svc")
+        .header("x-weir-timeout-ms", "soon")
+        .body(body(""))
+        .unwrap();
+    let (status, code, json) = json_error(client().request(req).await.unwrap()).await;
+    assert_eq!((status, code.as_str()), (400, "bad_request"));
+    assert!(json["message"]
+        .as_str()
+        .unwrap()
+        .contains("x-weir-timeout-ms"));
+    assert_eq!(up.requests(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_body_is_cut_at_idle_timeout() {
+    // Two chunks, then silence for 10 s.
+    let up = TestUpstream::start(|_r| async move {
+        let s = futures_util::stream::unfold(0usize, |i| async move {
+            match i {
+                0 | 1 => Some((Ok(Frame::data(Bytes::from_static(b"x"))), i + 1)),
+                _ => {
+                    tokio::time::sleep(Duration::from_secs(10)).await;
+                    None
+                }
+            }
+        });
+        let s: std::pin::Pin<Box<dyn futures_util::Stream<Item = Chunk> + Send + Sync>> =
+            Box::pin(s);
+        Response::new(BodyExt::boxed(StreamBody::new(s)))
+    })
+    .await;
+    let weir = Weir::single(&up.url(), "idle_timeout = \"1s\"").await;
+    let resp = get(&client(), &weir.url("/"), "svc").await;
+    assert_eq!(resp.status(), 200);
+    let start = Instant::now();
+    let r = resp.into_body().collect().await;
+    assert!(r.is_err(), "the stalled body was not cut");
+    let e = start.elapsed();
+    assert!(
+        e >= Duration::from_secs(1) && e < Duration::from_secs(2),
+        "{e:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn streaming_past_the_timeout_is_not_cut() {
+    // 10 chunks 200 ms apart: a 2 s download through a 1 s request timeout.
+    let up = dribble(10, Duration::from_millis(200)).await;
+    let weir = Weir::single(&up.url(), "timeout = \"1s\"").await;
+    let start = Instant::now();
+    let (parts, b) = read_body(get(&client(), &weir.url("/"), "svc").await).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(b, "0;1;2;3;4;5;6;7;8;9;");
+    assert!(start.elapsed() >= Duration::from_secs(2));
+}
