@@ -18,7 +18,8 @@
 //! | [`retry_after`] | parsing `Retry-After` against a passed-in wall clock |
 //! | [`budget`] | the retry budget (deposit / withdraw / balance) |
 //! | [`breaker`] | the circuit breaker state machine |
-//! | [`limiter`] | token bucket, sliding window, keyed LRU registry |
+//! | [`limiter`] | token bucket, sliding window, both combined |
+//! | [`keyed`] | the per-key limiter registry, bounded, LRU |
 //! | [`decide`] | request facts, outcomes, `classify`, `decide`, `Gates` |
 //! | [`contract`] | the versioned JSON shapes of `weir decide` |
 //! | [`report`] | the text `weir schedule` prints |
@@ -29,6 +30,7 @@ pub mod breaker;
 pub mod budget;
 pub mod contract;
 pub mod decide;
+pub mod keyed;
 pub mod limiter;
 pub mod random;
 pub mod report;
