@@ -20,7 +20,7 @@
 //! | [`breaker`] | the circuit breaker state machine |
 //! | [`limiter`] | token bucket, sliding window, both combined |
 //! | [`keyed`] | the per-key limiter registry, bounded, LRU |
-//! | [`decide`] | request facts, outcomes, `classify`, `decide`, `Gates` |
+//! | [`decide`](mod@decide) | request facts, outcomes, `classify`, `decide`, `Gates` |
 //! | [`contract`] | the versioned JSON shapes of `weir decide` |
 //! | [`report`] | the text `weir schedule` prints |
 //! | [`random`] | the injected random source |
