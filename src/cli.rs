@@ -62,6 +62,29 @@ pub enum Command {
         #[command(flatten)]
         config: ConfigArg,
     },
+    /// Show each upstream's retry schedule: every retry's delay range, the worst-case wait.
+    ///
+    /// For each upstream (or just `--upstream NAME`): the backoff policy, each retry's
+    /// delay envelope (min / max after jitter), the worst-case total wait, and a warning
+    /// when `max_attempts` attempts cannot fit in `timeout`.
+    Schedule {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Only this upstream.
+        #[arg(long)]
+        upstream: Option<String>,
+    },
+    /// Run the retry decision on a JSON request history and print the verdict as JSON.
+    ///
+    /// Reads one decision input (contract version 1; see the README's "How weir decides")
+    /// from `--input FILE` or stdin, and prints e.g.
+    /// `{"contract_version":1,"decision":"retry","delay_ms":3000,"cause":"status_503"}`.
+    /// Exit 1 on malformed input.
+    Decide {
+        /// The input file; `-` or absent reads stdin.
+        #[arg(long)]
+        input: Option<PathBuf>,
+    },
 }
 
 /// Parses the command line and runs it.
@@ -71,6 +94,8 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Check { config } => check(&config.config),
         Command::Run { config } => run(&config.config),
+        Command::Schedule { config, upstream } => schedule(&config.config, upstream.as_deref()),
+        Command::Decide { input } => decide(input.as_deref()),
     }
 }
 
@@ -97,6 +122,73 @@ fn check(path: &std::path::Path) -> ExitCode {
         }
         Err(errors) => {
             eprintln!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn schedule(path: &std::path::Path, only: Option<&str>) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("{errors}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut shown = 0;
+    for u in &config.upstreams {
+        if only.is_some_and(|n| n != u.name) {
+            continue;
+        }
+        shown += 1;
+        print!(
+            "{}",
+            crate::policy::schedule_report_with(&u.name, &u.retry, u.timeout, u.per_try_timeout)
+        );
+        println!();
+    }
+    if shown == 0 {
+        eprintln!(
+            "no upstream named {:?} in {}",
+            only.unwrap_or_default(),
+            path.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+fn decide(input: Option<&std::path::Path>) -> ExitCode {
+    use std::io::Read as _;
+    let mut text = String::new();
+    let read = match input {
+        Some(p) if p != std::path::Path::new("-") => std::fs::read_to_string(p).map(|t| text = t),
+        _ => std::io::stdin().read_to_string(&mut text).map(|_| ()),
+    };
+    if let Err(e) = read {
+        eprintln!("cannot read the decision input: {e}");
+        return ExitCode::FAILURE;
+    }
+    let parsed: crate::policy::DecisionInput = match serde_json::from_str(&text) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("invalid decision input: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match crate::policy::decide_json(&parsed) {
+        Ok(v) => match serde_json::to_string(&v) {
+            Ok(s) => {
+                println!("{s}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("cannot print the verdict: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Err(e) => {
+            eprintln!("invalid decision input: `{}`: {}", e.field, e.message);
             ExitCode::FAILURE
         }
     }
