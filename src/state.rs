@@ -1,51 +1,131 @@
 //! Live per-upstream state, keyed by upstream name so that it outlives any one
-//! config snapshot: a reload that keeps an upstream keeps its state (and warm
-//! connections); a new upstream starts fresh; a removed one is dropped when
-//! the last snapshot (and so the last request) holding it goes away.
+//! config snapshot: a reload that keeps an upstream keeps its breaker, retry
+//! budget, limiters, concurrency gate and (when the connection parameters are
+//! unchanged) its warm connections, with the new parameters applied in place;
+//! a new upstream starts fresh; a removed one is dropped when the last
+//! snapshot — and so the last request — holding it goes away.
 
+use crate::clock::{fresh_seed, Clock};
 use crate::config::{Config, UpstreamConfig};
+use crate::policy::{Breaker, KeyedLimiter, RetryBudget, SeededRandom, Transition};
 use crate::proxy::client::{ClientKey, UpstreamClient};
+use crate::proxy::gate::Gate;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// The policy state machines of one upstream, behind one short lock: every
+/// critical section is a few arithmetic operations, never an await.
+#[derive(Debug)]
+pub struct Live {
+    pub breaker: Breaker,
+    pub budget: RetryBudget,
+    pub limiter: Option<KeyedLimiter>,
+    pub rng: SeededRandom,
+}
 
 /// What lives between requests for one upstream.
 #[derive(Debug)]
 pub struct UpstreamState {
     pub name: String,
-    pub client: UpstreamClient,
+    pub clock: Clock,
+    live: Mutex<Live>,
+    pub gate: Gate,
+    client: Mutex<UpstreamClient>,
 }
 
 impl UpstreamState {
-    fn new(u: &UpstreamConfig) -> Self {
+    fn new(u: &UpstreamConfig, clock: Clock) -> Self {
+        let now = clock.now();
         UpstreamState {
             name: u.name.clone(),
-            client: UpstreamClient::new(u),
+            clock,
+            live: Mutex::new(Live {
+                breaker: Breaker::new(u.breaker.clone()),
+                budget: RetryBudget::new(u.retry.budget.clone(), now),
+                limiter: u.rate_limit.clone().map(|p| KeyedLimiter::new(p, now)),
+                rng: SeededRandom::new(fresh_seed()),
+            }),
+            gate: Gate::new(u.concurrency.max_in_flight, u.concurrency.max_queue),
+            client: Mutex::new(UpstreamClient::new(u)),
         }
+    }
+
+    /// Applies a reloaded config's parameters in place.
+    fn update(&self, u: &UpstreamConfig) {
+        let now = self.clock.now();
+        {
+            let mut live = self.live();
+            if live.breaker.params() != &u.breaker {
+                live.breaker.set_params(u.breaker.clone());
+            }
+            if live.budget.params() != &u.retry.budget {
+                live.budget.set_params(u.retry.budget.clone());
+            }
+            match (&mut live.limiter, &u.rate_limit) {
+                (Some(l), Some(p)) if l.params() != p => l.set_params(p.clone(), now),
+                (Some(_), Some(_)) => {}
+                (slot, p) => *slot = p.clone().map(|p| KeyedLimiter::new(p, now)),
+            }
+        }
+        self.gate
+            .set_limits(u.concurrency.max_in_flight, u.concurrency.max_queue);
+        let mut client = self.client.lock().expect("client lock poisoned");
+        if client.key != ClientKey::of(u) {
+            *client = UpstreamClient::new(u);
+        }
+    }
+
+    /// The policy state, locked. Keep the guard for a few operations only.
+    pub fn live(&self) -> MutexGuard<'_, Live> {
+        self.live.lock().expect("policy state lock poisoned")
+    }
+
+    /// The connection pool requests of the next snapshot use.
+    pub fn client(&self) -> UpstreamClient {
+        self.client.lock().expect("client lock poisoned").clone()
+    }
+
+    /// Policy-core time for this upstream.
+    pub fn now(&self) -> Duration {
+        self.clock.now()
+    }
+
+    /// Logs a breaker transition (the metrics layer counts it).
+    pub fn log_transition(&self, t: &Transition) {
+        tracing::info!(
+            upstream = %self.name,
+            from = t.from.as_str(),
+            to = t.to.as_str(),
+            open_for = ?t.open_for,
+            "circuit breaker transition"
+        );
     }
 }
 
 /// All upstreams' live state, by name.
 #[derive(Debug, Default)]
 pub struct StateRegistry {
+    clock: Clock,
     by_name: Mutex<HashMap<String, Arc<UpstreamState>>>,
 }
 
 impl StateRegistry {
-    /// The state for each of `config`'s upstreams, in the same order: reused
-    /// by name where the connection parameters are unchanged, created where
-    /// new. Entries for removed upstreams are forgotten here; in-flight
-    /// requests still hold them until they finish.
+    /// The state for each of `config`'s upstreams, in the same order: kept by
+    /// name with parameters updated in place, created where new. Entries for
+    /// removed upstreams are forgotten here; in-flight requests still hold
+    /// them until they finish.
     pub fn sync(&self, config: &Config) -> Vec<Arc<UpstreamState>> {
         let mut map = self.by_name.lock().expect("state registry lock poisoned");
         let out: Vec<Arc<UpstreamState>> = config
             .upstreams
             .iter()
-            .map(|u| {
-                let reuse = map
-                    .get(&u.name)
-                    .filter(|s| s.client.key == ClientKey::of(u))
-                    .cloned();
-                reuse.unwrap_or_else(|| Arc::new(UpstreamState::new(u)))
+            .map(|u| match map.get(&u.name) {
+                Some(s) => {
+                    s.update(u);
+                    s.clone()
+                }
+                None => Arc::new(UpstreamState::new(u, self.clock)),
             })
             .collect();
         map.clear();

@@ -48,15 +48,18 @@ pin_project! {
         #[pin]
         sleep: tokio::time::Sleep,
         idle: Duration,
+        // Held until the body ends: the request's concurrency slot.
+        hold: Option<tokio::sync::OwnedSemaphorePermit>,
     }
 }
 
 impl<B> IdleTimeout<B> {
-    pub fn new(inner: B, idle: Duration) -> Self {
+    pub fn new(inner: B, idle: Duration, hold: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
         IdleTimeout {
             inner,
             sleep: tokio::time::sleep(idle),
             idle,
+            hold,
         }
     }
 }
@@ -76,6 +79,9 @@ where
         let mut this = self.project();
         match this.inner.poll_frame(cx) {
             Poll::Ready(f) => {
+                if f.is_none() {
+                    this.hold.take();
+                }
                 let deadline = tokio::time::Instant::now() + *this.idle;
                 this.sleep.as_mut().reset(deadline);
                 Poll::Ready(f.map(|r| r.map_err(Into::into)))

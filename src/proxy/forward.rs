@@ -1,16 +1,16 @@
-//! The path of one request: route → deadline → build the upstream request →
-//! attempt → response hygiene. Policy (retries, breaker, limits) slots in at
-//! `attempt`; nothing here decides policy by itself.
+//! The path of one request: route → deadline → upstream request hygiene →
+//! admission and attempts ([`super::attempt`]) → response hygiene.
 
+use super::attempt::{self, Plan};
 use super::body::{boxed, Body, IdleTimeout};
 use super::error::ProxyError;
 use super::headers;
+use super::replay::RequestBody;
 use super::route::{prefix_matches, request_host};
 use super::{ListenerRole, Snapshot, Upstream};
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
-use std::time::Duration;
 use tokio::time::Instant;
 
 /// Serves one request from a client.
@@ -35,10 +35,9 @@ pub async fn handle(
     let Some(up) = upstream else {
         return ProxyError::NoRoute.to_response(None);
     };
-    let name = up.config.name.as_str();
     match forward(up, parts, body).await {
         Ok(resp) => resp,
-        Err(e) => e.to_response(Some(name)),
+        Err(e) => e.to_response(Some(&up.config.name)),
     }
 }
 
@@ -69,57 +68,76 @@ async fn forward(
     } else {
         HeaderValue::from_str(cfg.url.authority.as_str()).ok()
     };
+    let key: Option<String> = cfg.rate_limit.as_ref().and_then(|r| match &r.key {
+        Some(crate::policy::limiter::KeySource::Header(h)) => parts
+            .headers
+            .get(h.as_str())
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        None => None,
+    });
+    let has_idempotency_key = parts.headers.contains_key(&cfg.idempotency_header);
     headers::strip_hop_by_hop(&mut parts.headers, true);
     if let Some(h) = host {
         parts.headers.insert(header::HOST, h);
     }
-    if grpc.is_some() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        parts
-            .headers
-            .insert("grpc-timeout", headers::grpc_timeout_value(left));
-    }
-    let mut out = Request::new(boxed(body));
-    *out.method_mut() = parts.method;
-    *out.uri_mut() = uri;
-    *out.headers_mut() = parts.headers;
-    *out.version_mut() = if up.h2 {
+    parts.uri = uri;
+    parts.version = if up.h2 {
         Version::HTTP_2
     } else {
         Version::HTTP_11
     };
 
-    let resp = attempt(up, out, deadline).await?;
-    let (mut rparts, rbody) = resp.into_parts();
-    headers::strip_hop_by_hop(&mut rparts.headers, false);
-    // hyper answers in the client's protocol; an HTTP/1.0 upstream must not
-    // downgrade the client's connection.
-    rparts.version = Version::HTTP_11;
-    if cfg.annotate {
-        rparts
-            .headers
-            .insert("x-weir-attempts", HeaderValue::from_static("1"));
-    }
-    let body = IdleTimeout::new(rbody, cfg.idle_timeout);
-    Ok(Response::from_parts(rparts, boxed(body)))
-}
+    // Admission: concurrency, breaker, rate limit.
+    let slot = up.state.gate.enter(deadline).await?;
+    let ticket = attempt::admit_breaker(&up.state)?;
+    attempt::admit_rate(up, key.as_deref(), deadline).await?;
 
-/// One attempt, bounded by the per-try timeout and the request deadline.
-async fn attempt(
-    up: &Upstream,
-    req: Request<Body>,
-    deadline: Instant,
-) -> Result<Response<Incoming>, ProxyError> {
-    let now = Instant::now();
-    let try_deadline = up
-        .config
-        .per_try_timeout
-        .map(|p| (now + p).min(deadline))
-        .unwrap_or(deadline);
-    match tokio::time::timeout_at(try_deadline, up.state.client.send(req)).await {
-        Ok(r) => r,
-        Err(_) if try_deadline < deadline => Err(ProxyError::UpstreamTimeout),
-        Err(_) => Err(ProxyError::DeadlineExceeded),
+    let single = cfg.retry.max_attempts <= 1;
+    let body = match tokio::time::timeout_at(
+        deadline,
+        RequestBody::prepare(body, !single, cfg.retry.max_replay_body_bytes),
+    )
+    .await
+    {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
+            return Err(ProxyError::BadRequest(format!(
+                "the request body could not be read: {e}"
+            )))
+        }
+        Err(_) => return Err(ProxyError::DeadlineExceeded),
+    };
+    let plan = Plan {
+        parts,
+        body,
+        deadline,
+        key: key.as_deref(),
+        has_idempotency_key,
+        grpc_timeout: grpc.is_some(),
+        single,
+    };
+    let done = attempt::run(up, plan, ticket).await;
+    match done.result {
+        Ok(resp) => {
+            let (mut rparts, rbody) = resp.into_parts();
+            headers::strip_hop_by_hop(&mut rparts.headers, false);
+            // hyper answers in the client's protocol; an HTTP/1.0 upstream must
+            // not downgrade the client's connection.
+            rparts.version = Version::HTTP_11;
+            if cfg.annotate {
+                attempt::annotate(&mut rparts.headers, done.attempts, done.stop);
+            }
+            let body = IdleTimeout::new(rbody, cfg.idle_timeout, Some(slot));
+            Ok(Response::from_parts(rparts, boxed(body)))
+        }
+        Err(e) => {
+            let mut resp = e.to_response(Some(&cfg.name));
+            if cfg.annotate {
+                attempt::annotate(resp.headers_mut(), done.attempts, done.stop);
+            }
+            Ok(resp)
+        }
     }
 }
 
@@ -152,9 +170,4 @@ fn upstream_uri(up: &Upstream, original: &Uri) -> Result<Uri, ProxyError> {
                 "cannot map the request target onto the upstream: {e}"
             ))
         })
-}
-
-/// Remaining time until `deadline`, zero if passed.
-pub fn left(deadline: Instant) -> Duration {
-    deadline.saturating_duration_since(Instant::now())
 }

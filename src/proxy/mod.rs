@@ -5,12 +5,15 @@
 //! each request arrives; a request keeps its snapshot to the end, so a reload
 //! never changes the rules under a request in flight.
 
+pub mod attempt;
 pub mod body;
 pub mod client;
 pub mod error;
 pub mod forward;
+pub mod gate;
 pub mod guard;
 pub mod headers;
+pub mod replay;
 pub mod route;
 mod server;
 
@@ -34,6 +37,8 @@ pub enum ListenerRole {
 pub struct Upstream {
     pub config: Arc<UpstreamConfig>,
     pub state: Arc<UpstreamState>,
+    /// The connection pool, copied from the state when the snapshot is made.
+    pub client: client::UpstreamClient,
     /// Precomputed per snapshot so the hot path does no string work.
     pub scheme: http::uri::Scheme,
     pub h2: bool,
@@ -61,6 +66,7 @@ impl Snapshot {
                 },
                 h2: matches!(c.protocol, Protocol::H2c | Protocol::Grpc),
                 config: c.clone(),
+                client: s.client(),
                 state: s,
             })
             .collect();

@@ -1,0 +1,329 @@
+//! Admission and the attempt loop (SEMANTICS §2–§5): the data plane enforcing
+//! what the policy core decides.
+//!
+//! Admission, in order: the concurrency gate (503 `overloaded`), the breaker
+//! (503 `circuit_open`), the rate limiter (waits up to `max_wait`, never past
+//! the deadline, else 429 `rate_limited`). Then each attempt: build the
+//! request, send it under the per-try timeout, record the breaker's verdict,
+//! and ask `policy::decide` — which checks §2.2 in order and asks the budget,
+//! breaker and limiter lazily through [`LiveGates`]. A retry sleeps its delay;
+//! everything else returns the last outcome unchanged.
+//!
+//! Cancellation is structural: when the client goes away hyper drops this
+//! future, which drops the sleep or the attempt in flight, and the breaker
+//! [`Ticket`] releases its slot without a verdict.
+
+use super::error::ProxyError;
+use super::replay::RequestBody;
+use super::Upstream;
+use crate::policy::{
+    decide, parse_retry_after, Admission, Breaker, DecideInput, Gates, KeyedLimiter, Outcome,
+    RequestFacts, RetryBudget, StopReason, Verdict,
+};
+use crate::state::{Live, UpstreamState};
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use hyper::body::Incoming;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A breaker admission that must be recorded or released.
+#[derive(Debug)]
+pub struct Ticket<'a> {
+    state: &'a UpstreamState,
+    admission: Option<Admission>,
+}
+
+impl<'a> Ticket<'a> {
+    fn new(state: &'a UpstreamState, admission: Admission) -> Self {
+        if let Some(t) = &admission.transition {
+            state.log_transition(t);
+        }
+        Ticket {
+            state,
+            admission: Some(admission),
+        }
+    }
+
+    /// Records the attempt's verdict (`None`: no verdict, release the slot).
+    fn record(&mut self, failure: Option<bool>) {
+        let Some(a) = self.admission.take() else {
+            return;
+        };
+        let now = self.state.now();
+        let mut guard = self.state.live();
+        let live = &mut *guard;
+        let t = match failure {
+            Some(f) => live.breaker.record(a, f, now, &mut live.rng),
+            None => {
+                live.breaker.release(a);
+                None
+            }
+        };
+        drop(guard);
+        if let Some(t) = t {
+            self.state.log_transition(&t);
+        }
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if let Some(a) = self.admission.take() {
+            self.state.live().breaker.release(a);
+        }
+    }
+}
+
+/// Asks the breaker to admit a first attempt.
+pub fn admit_breaker(state: &UpstreamState) -> Result<Ticket<'_>, ProxyError> {
+    let now = state.now();
+    let r = state.live().breaker.try_acquire(now);
+    match r {
+        Ok(a) => Ok(Ticket::new(state, a)),
+        Err(refused) => Err(ProxyError::CircuitOpen {
+            retry_after: Some(refused.retry_after),
+        }),
+    }
+}
+
+/// Takes a rate-limit token for a first attempt, waiting up to `max_wait` but
+/// never past the deadline.
+pub async fn admit_rate(
+    up: &Upstream,
+    key: Option<&str>,
+    deadline: Instant,
+) -> Result<(), ProxyError> {
+    let Some(max_wait) = up.config.rate_limit.as_ref().map(|r| r.max_wait) else {
+        return Ok(());
+    };
+    let state = &up.state;
+    let give_up = (Instant::now() + max_wait).min(deadline);
+    loop {
+        let now = state.now();
+        let wait = {
+            let mut live = state.live();
+            let Some(l) = live.limiter.as_mut() else {
+                return Ok(());
+            };
+            if l.try_acquire(key, now) {
+                return Ok(());
+            }
+            l.time_until(key, now)
+        };
+        match wait {
+            Some(w) if Instant::now() + w <= give_up => tokio::time::sleep(w).await,
+            _ => {
+                return Err(ProxyError::RateLimited {
+                    retry_after: wait.map(|w| w.max(Duration::from_millis(1))),
+                })
+            }
+        }
+    }
+}
+
+/// The gates of §2.2 (6–8) on this upstream's live state.
+struct LiveGates<'a> {
+    breaker: &'a mut Breaker,
+    budget: &'a mut RetryBudget,
+    limiter: Option<&'a mut KeyedLimiter>,
+    now: Duration,
+    key: Option<&'a str>,
+    /// The breaker admission for the retry, when granted.
+    admission: Option<Admission>,
+}
+
+impl Gates for LiveGates<'_> {
+    fn budget(&mut self, cost: u32) -> bool {
+        self.budget.try_withdraw(cost, self.now)
+    }
+    fn breaker(&mut self) -> bool {
+        match self.breaker.try_acquire(self.now) {
+            Ok(a) => {
+                self.admission = Some(a);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+    fn limiter(&mut self) -> bool {
+        match self.limiter.as_deref_mut() {
+            Some(l) => l.try_acquire(self.key, self.now),
+            None => true,
+        }
+    }
+}
+
+/// What one request brings to the attempt loop.
+#[derive(Debug)]
+pub struct Plan<'a> {
+    pub parts: Parts,
+    pub body: RequestBody,
+    pub deadline: Instant,
+    pub key: Option<&'a str>,
+    pub has_idempotency_key: bool,
+    /// The request carried `grpc-timeout`: rewrite it on every attempt.
+    pub grpc_timeout: bool,
+    /// `max_attempts = 1`: nothing is cloned for a replay.
+    pub single: bool,
+}
+
+/// How the attempt loop ended: the last outcome, and the annotations.
+#[derive(Debug)]
+pub struct Finished {
+    pub result: Result<Response<Incoming>, ProxyError>,
+    pub attempts: u32,
+    pub stop: Option<StopReason>,
+}
+
+/// Runs attempts until one is returned.
+pub async fn run<'a>(up: &'a Upstream, mut plan: Plan<'a>, mut ticket: Ticket<'a>) -> Finished {
+    let state = &up.state;
+    let policy = &up.config.retry;
+    {
+        let now = state.now();
+        state.live().budget.deposit(now);
+    }
+    let mut attempts = 0;
+    let mut prev_delay = Duration::ZERO;
+    loop {
+        attempts += 1;
+        let req = build(&mut plan);
+        let (outcome, result) = send(up, req, plan.deadline, state).await;
+        ticket.record(outcome.breaker_failure(&up.config.breaker));
+
+        let facts = RequestFacts::new(
+            plan.parts.method.as_str(),
+            plan.has_idempotency_key,
+            plan.body.facts(),
+        );
+        let time_left = plan.deadline.saturating_duration_since(Instant::now());
+        let (verdict, admission) = {
+            let now = state.now();
+            let mut guard = state.live();
+            let Live {
+                breaker,
+                budget,
+                limiter,
+                rng,
+            } = &mut *guard;
+            let mut gates = LiveGates {
+                breaker,
+                budget,
+                limiter: limiter.as_mut(),
+                now,
+                key: plan.key,
+                admission: None,
+            };
+            let input = DecideInput {
+                policy,
+                facts: &facts,
+                outcome: &outcome,
+                attempts_made: attempts,
+                time_left: Some(time_left),
+                prev_delay,
+            };
+            let v = decide(&input, rng, &mut gates);
+            (v, gates.admission.take())
+        };
+        match verdict {
+            Verdict::Retry { delay, cause } => {
+                tracing::debug!(upstream = %up.config.name, attempt = attempts, %cause, ?delay, "retrying");
+                drop(result);
+                if let Some(a) = admission {
+                    ticket = Ticket::new(state, a);
+                }
+                tokio::time::sleep(delay).await;
+                prev_delay = delay;
+            }
+            Verdict::Stop { reason, cause } => {
+                tracing::debug!(upstream = %up.config.name, attempts, %cause, reason = reason.as_str(), "not retrying");
+                if let Some(a) = admission {
+                    state.live().breaker.release(a);
+                }
+                return Finished {
+                    result,
+                    attempts,
+                    stop: Some(reason),
+                };
+            }
+            Verdict::NotRetryable | Verdict::Cancelled => {
+                return Finished {
+                    result,
+                    attempts,
+                    stop: None,
+                };
+            }
+        }
+    }
+}
+
+/// The request for the next attempt: headers cloned only when a retry is
+/// possible (the body says so), the body from the replay buffer or stream.
+fn build(plan: &mut Plan<'_>) -> Request<super::body::Body> {
+    let mut req = Request::new(plan.body.for_attempt());
+    *req.method_mut() = plan.parts.method.clone();
+    *req.uri_mut() = plan.parts.uri.clone();
+    *req.version_mut() = plan.parts.version;
+    *req.headers_mut() = if plan.single {
+        // No retry is possible: the one attempt takes the headers.
+        std::mem::take(&mut plan.parts.headers)
+    } else {
+        plan.parts.headers.clone()
+    };
+    if plan.grpc_timeout {
+        let left = plan.deadline.saturating_duration_since(Instant::now());
+        req.headers_mut()
+            .insert("grpc-timeout", super::headers::grpc_timeout_value(left));
+    }
+    req
+}
+
+/// Sends one attempt under its per-try timeout and the deadline.
+async fn send(
+    up: &Upstream,
+    req: Request<super::body::Body>,
+    deadline: Instant,
+    state: &UpstreamState,
+) -> (Outcome, Result<Response<Incoming>, ProxyError>) {
+    let now = Instant::now();
+    let try_deadline = up
+        .config
+        .per_try_timeout
+        .map(|p| (now + p).min(deadline))
+        .unwrap_or(deadline);
+    let result = match tokio::time::timeout_at(try_deadline, up.client.send(req)).await {
+        Ok(r) => r,
+        Err(_) if try_deadline < deadline => Err(ProxyError::UpstreamTimeout),
+        Err(_) => Err(ProxyError::DeadlineExceeded),
+    };
+    let outcome = match &result {
+        Ok(resp) => Outcome::Response {
+            status: resp.status().as_u16(),
+            retry_after: retry_after(resp.headers(), state),
+            grpc_status: grpc_status(resp.headers()),
+        },
+        Err(ProxyError::ConnectFailed(_)) => Outcome::ConnectFailure,
+        Err(ProxyError::UpstreamTimeout | ProxyError::DeadlineExceeded) => Outcome::Timeout,
+        Err(_) => Outcome::Reset { request_sent: true },
+    };
+    (outcome, result)
+}
+
+fn retry_after(h: &HeaderMap, state: &UpstreamState) -> Option<Duration> {
+    let v = h.get(http::header::RETRY_AFTER)?.to_str().ok()?;
+    parse_retry_after(v, state.clock.wall())
+}
+
+/// `grpc-status` of a trailers-only response.
+fn grpc_status(h: &HeaderMap) -> Option<u8> {
+    h.get("grpc-status")?.to_str().ok()?.parse().ok()
+}
+
+/// Adds `x-weir-attempts` and `x-weir-retry-stop`.
+pub fn annotate(h: &mut HeaderMap, attempts: u32, stop: Option<StopReason>) {
+    h.insert("x-weir-attempts", HeaderValue::from(attempts));
+    if let Some(r) = stop {
+        h.insert("x-weir-retry-stop", HeaderValue::from_static(r.as_str()));
+    }
+}

@@ -1,0 +1,88 @@
+//! The concurrency gate (SEMANTICS §5): at most `max_in_flight` requests to an
+//! upstream at once, up to `max_queue` more waiting in FIFO order (tokio's
+//! semaphore is fair), anything beyond that refused at once with 503
+//! `overloaded`. A waiting request never waits past its deadline.
+
+use super::error::ProxyError;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+#[derive(Debug)]
+pub struct Gate {
+    sem: Arc<Semaphore>,
+    /// Permits the semaphore currently represents (for reloads).
+    limit: Mutex<u32>,
+    max_queue: AtomicU32,
+    queued: AtomicU32,
+}
+
+/// Decrements the queue count however the wait ends (granted, deadline, or
+/// the client going away).
+struct Queued<'a>(&'a AtomicU32);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Gate {
+    pub fn new(max_in_flight: u32, max_queue: u32) -> Self {
+        Gate {
+            sem: Arc::new(Semaphore::new(max_in_flight as usize)),
+            limit: Mutex::new(max_in_flight),
+            max_queue: AtomicU32::new(max_queue),
+            queued: AtomicU32::new(0),
+        }
+    }
+
+    /// A slot for one request, held until its response body ends.
+    pub async fn enter(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, ProxyError> {
+        if let Ok(p) = self.sem.clone().try_acquire_owned() {
+            return Ok(p);
+        }
+        let max_queue = self.max_queue.load(Ordering::Acquire);
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= max_queue {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(ProxyError::Overloaded);
+        }
+        let _queued = Queued(&self.queued);
+        match tokio::time::timeout_at(deadline, self.sem.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(p),
+            Ok(Err(_)) => Err(ProxyError::Overloaded),
+            Err(_) => Err(ProxyError::DeadlineExceeded),
+        }
+    }
+
+    /// Requests in flight now.
+    pub fn in_flight(&self) -> u32 {
+        let limit = *self.limit.lock().expect("gate lock poisoned");
+        limit.saturating_sub(self.sem.available_permits() as u32)
+    }
+
+    /// Applies reloaded limits. Raising takes effect at once; lowering takes
+    /// slots away as requests in flight finish.
+    pub fn set_limits(&self, max_in_flight: u32, max_queue: u32) {
+        self.max_queue.store(max_queue, Ordering::Release);
+        let mut limit = self.limit.lock().expect("gate lock poisoned");
+        if max_in_flight > *limit {
+            self.sem.add_permits((max_in_flight - *limit) as usize);
+        } else if max_in_flight < *limit {
+            let excess = *limit - max_in_flight;
+            let sem = self.sem.clone();
+            let forgotten = sem.forget_permits(excess as usize) as u32;
+            if forgotten < excess {
+                // The rest are held by requests in flight: take them as they finish.
+                let rest = excess - forgotten;
+                tokio::spawn(async move {
+                    if let Ok(p) = sem.acquire_many_owned(rest).await {
+                        p.forget();
+                    }
+                });
+            }
+        }
+        *limit = max_in_flight;
+    }
+}

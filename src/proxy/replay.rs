@@ -1,0 +1,229 @@
+//! The request body across attempts (SEMANTICS §2.2 `body`).
+//!
+//! When a retry is possible at all (`max_attempts > 1`), a body of at most
+//! `max_replay_body_bytes` is buffered once and replayed for each attempt.
+//! A larger body, or one still unfinished at the limit, is streamed: it sits in
+//! a shared slot that the first attempt to poll it takes, so after a connect
+//! failure — which never polls the body — it is still there to send again.
+//! With `max_attempts = 1` the client's body goes straight through, untouched.
+
+use super::body::{boxed, Body, BoxError};
+use crate::policy::BodyFacts;
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+/// The client's request body, prepared for one or more attempts.
+#[derive(Debug)]
+pub enum RequestBody {
+    /// No retry is possible: the client's body, for the one attempt.
+    Direct(Option<Body>),
+    /// Buffered whole: replayed for every attempt.
+    Buffered {
+        data: Bytes,
+        trailers: Option<HeaderMap>,
+    },
+    /// Too large to buffer: streamed once; replayable only while untouched.
+    Streamed {
+        slot: Arc<Mutex<Option<Body>>>,
+        len: Option<u64>,
+    },
+}
+
+impl RequestBody {
+    /// Reads up to `limit` bytes of `body` when a retry is possible.
+    pub async fn prepare(
+        body: Incoming,
+        retry_possible: bool,
+        limit: u64,
+    ) -> Result<Self, BoxError> {
+        let hint = body.size_hint();
+        if !retry_possible {
+            return Ok(RequestBody::Direct(Some(boxed(body))));
+        }
+        if hint.exact() == Some(0) && body.is_end_stream() {
+            return Ok(RequestBody::Buffered {
+                data: Bytes::new(),
+                trailers: None,
+            });
+        }
+        if hint.lower() > limit {
+            // Declared larger than the replay buffer: do not read any of it.
+            return Ok(RequestBody::streamed(boxed(body), hint.exact()));
+        }
+        let mut body = body;
+        let mut chunks: VecDeque<Bytes> = VecDeque::new();
+        let mut total: u64 = 0;
+        while let Some(frame) = body.frame().await {
+            let frame = frame?;
+            match frame.into_data() {
+                Ok(data) => {
+                    total += data.len() as u64;
+                    chunks.push_back(data);
+                    if total > limit {
+                        let rest = Prefixed {
+                            prefix: chunks,
+                            rest: body,
+                        };
+                        return Ok(RequestBody::streamed(boxed(rest), hint.exact()));
+                    }
+                }
+                Err(frame) => {
+                    let trailers = frame.into_trailers().ok();
+                    return Ok(RequestBody::Buffered {
+                        data: concat(chunks, total),
+                        trailers,
+                    });
+                }
+            }
+        }
+        Ok(RequestBody::Buffered {
+            data: concat(chunks, total),
+            trailers: None,
+        })
+    }
+
+    fn streamed(body: Body, len: Option<u64>) -> Self {
+        RequestBody::Streamed {
+            slot: Arc::new(Mutex::new(Some(body))),
+            len,
+        }
+    }
+
+    /// The body for the next attempt.
+    pub fn for_attempt(&mut self) -> Body {
+        match self {
+            RequestBody::Direct(b) => b.take().unwrap_or_else(super::body::empty),
+            RequestBody::Buffered { data, trailers } => boxed(Replay {
+                data: Some(data.clone()).filter(|d| !d.is_empty()),
+                trailers: trailers.clone(),
+            }),
+            RequestBody::Streamed { slot, .. } => boxed(Take {
+                slot: slot.clone(),
+                body: None,
+            }),
+        }
+    }
+
+    /// What the retry decision needs to know about it.
+    pub fn facts(&self) -> BodyFacts {
+        match self {
+            RequestBody::Direct(_) => BodyFacts::Streamed {
+                len: None,
+                bytes_read: true,
+            },
+            RequestBody::Buffered { data, .. } if data.is_empty() => BodyFacts::Empty,
+            RequestBody::Buffered { data, .. } => BodyFacts::Buffered {
+                len: data.len() as u64,
+            },
+            RequestBody::Streamed { slot, len } => BodyFacts::Streamed {
+                len: *len,
+                bytes_read: slot.lock().map(|s| s.is_none()).unwrap_or(true),
+            },
+        }
+    }
+}
+
+fn concat(mut chunks: VecDeque<Bytes>, total: u64) -> Bytes {
+    if chunks.len() == 1 {
+        return chunks.pop_front().unwrap_or_default();
+    }
+    let mut v = Vec::with_capacity(total as usize);
+    for c in chunks {
+        v.extend_from_slice(&c);
+    }
+    Bytes::from(v)
+}
+
+/// A buffered body, replayed.
+#[derive(Debug)]
+struct Replay {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl HttpBody for Replay {
+    type Data = Bytes;
+    type Error = BoxError;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(d) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(d))));
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}
+
+/// The bytes read while deciding a body was too large, then the rest.
+#[derive(Debug)]
+struct Prefixed {
+    prefix: VecDeque<Bytes>,
+    rest: Incoming,
+}
+
+impl HttpBody for Prefixed {
+    type Data = Bytes;
+    type Error = BoxError;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(d) = self.prefix.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(d))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx).map_err(Into::into)
+    }
+}
+
+/// Takes the streamed body out of its slot on first poll: from then on it is
+/// spent, and the decision core is told so.
+struct Take {
+    slot: Arc<Mutex<Option<Body>>>,
+    body: Option<Body>,
+}
+
+impl HttpBody for Take {
+    type Data = Bytes;
+    type Error = BoxError;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.body.is_none() {
+            let taken = self.slot.lock().ok().and_then(|mut s| s.take());
+            match taken {
+                Some(b) => self.body = Some(b),
+                None => {
+                    return Poll::Ready(Some(Err(
+                        "the request body was already sent and cannot be replayed".into(),
+                    )))
+                }
+            }
+        }
+        match self.body.as_mut() {
+            Some(b) => Pin::new(b).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+    fn size_hint(&self) -> SizeHint {
+        match (&self.body, self.slot.lock().ok().as_deref()) {
+            (Some(b), _) => b.size_hint(),
+            (None, Some(Some(b))) => b.size_hint(),
+            _ => SizeHint::default(),
+        }
+    }
+}
