@@ -137,7 +137,10 @@ async fn grpc_timeout_lowers_the_deadline_and_is_rewritten() {
         .trim_end_matches('m')
         .parse()
         .unwrap();
-    assert!((4900..=5000).contains(&ms), "grpc-timeout forwarded as {ms}m");
+    assert!(
+        (4900..=5000).contains(&ms),
+        "grpc-timeout forwarded as {ms}m"
+    );
 }
 
 #[tokio::test(start_paused = true)]

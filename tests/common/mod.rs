@@ -211,3 +211,97 @@ pub async fn h2_request(addr: SocketAddr, req: Request<TestBody>) -> Response<In
     tokio::spawn(conn);
     send.send_request(req).await.unwrap()
 }
+
+/// A raw TCP upstream for misbehaviour hyper will not produce: resets,
+/// half-written responses. `handler(n, stream)` serves the n-th connection (0-based).
+pub struct RawUpstream {
+    pub addr: SocketAddr,
+    pub connections: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for RawUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl RawUpstream {
+    pub async fn start<F, Fut>(handler: F) -> RawUpstream
+    where
+        F: Fn(usize, tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        RawUpstream::on(listener, handler)
+    }
+
+    pub fn on<F, Fut>(listener: TcpListener, handler: F) -> RawUpstream
+    where
+        F: Fn(usize, tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let c = connections.clone();
+        let handler = Arc::new(handler);
+        let task = tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                let n = c.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(handler(n, s));
+            }
+        });
+        RawUpstream {
+            addr,
+            connections,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+/// Reads one request head (and discards it).
+pub async fn read_head(s: &mut tokio::net::TcpStream) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut b = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut b).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&b[..n]),
+        }
+    }
+}
+
+/// Closes with a TCP reset.
+#[allow(deprecated)] // linger 0 never blocks: it is the RST itself
+pub fn reset(s: tokio::net::TcpStream) {
+    let _ = s.set_linger(Some(std::time::Duration::ZERO));
+    drop(s);
+}
+
+/// Writes a minimal complete response.
+pub async fn respond(s: &mut tokio::net::TcpStream, status: u16, extra: &str, body: &str) {
+    use tokio::io::AsyncWriteExt;
+    let r = format!(
+        "HTTP/1.1 {status} X\r\ncontent-length: {}\r\n{extra}\r\n{body}",
+        body.len()
+    );
+    let _ = s.write_all(r.as_bytes()).await;
+}
+
+/// The value of a response header, or "".
+pub fn header(parts: &http::response::Parts, name: &str) -> String {
+    parts
+        .headers
+        .get(name)
+        .map(|v| v.to_str().unwrap_or_default().to_string())
+        .unwrap_or_default()
+}

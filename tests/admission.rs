@@ -1,0 +1,237 @@
+//! The circuit breaker, rate limits and the concurrency gate on live traffic.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use hyper::{Request, Response};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+const HEALTHY: u8 = 0;
+const FAILING: u8 = 1;
+const SLOW_OK: u8 = 2;
+const SLOW_FAIL: u8 = 3;
+
+/// An upstream whose behaviour the test switches.
+async fn switchable() -> (TestUpstream, Arc<AtomicU8>) {
+    let mode = Arc::new(AtomicU8::new(FAILING));
+    let m = mode.clone();
+    let up = TestUpstream::start(move |_r| {
+        let mode = m.load(Ordering::SeqCst);
+        async move {
+            if mode >= SLOW_OK {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            match mode {
+                FAILING | SLOW_FAIL => Response::builder().status(503).body(body("down")).unwrap(),
+                _ => Response::new(body("up")),
+            }
+        }
+    })
+    .await;
+    (up, mode)
+}
+
+async fn call(weir: &Weir, headers: &[(&str, &str)]) -> (u16, String, http::response::Parts) {
+    let mut b = Request::get(weir.url("/")).header("host", "svc");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let (parts, _) = read_body(client().request(b.body(body("")).unwrap()).await.unwrap()).await;
+    (parts.status.as_u16(), header(&parts, "x-weir-error"), parts)
+}
+
+#[tokio::test(start_paused = true)]
+async fn breaker_opens_probes_once_closes_and_reopens_for_twice_as_long() {
+    let (up, mode) = switchable().await;
+    let weir = Weir::single(
+        &up.url(),
+        "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nopen = \"10s\"\nopen_jitter = 0.0\n",
+    )
+    .await;
+    // Five consecutive failures open it.
+    for _ in 0..5 {
+        assert_eq!(call(&weir, &[]).await.0, 503);
+    }
+    assert_eq!(up.requests(), 5);
+    let (status, code, parts) = call(&weir, &[]).await;
+    assert_eq!((status, code.as_str()), (503, "circuit_open"));
+    assert_eq!(header(&parts, "retry-after"), "10");
+    assert_eq!(up.requests(), 5, "an open breaker let a request through");
+
+    // After the open interval: exactly one probe while 50 others are refused.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    mode.store(SLOW_OK, Ordering::SeqCst);
+    let w = weir.url("/");
+    let probe = tokio::spawn(async move {
+        let req = Request::get(w)
+            .header("host", "svc")
+            .body(body(""))
+            .unwrap();
+        client().request(req).await.unwrap().status().as_u16()
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut refused = Vec::new();
+    for _ in 0..50 {
+        let w = weir.url("/");
+        refused.push(tokio::spawn(async move {
+            let req = Request::get(w)
+                .header("host", "svc")
+                .body(body(""))
+                .unwrap();
+            let resp = client().request(req).await.unwrap();
+            json_error(resp).await
+        }));
+    }
+    for r in refused {
+        let (status, code, _) = r.await.unwrap();
+        assert_eq!((status, code.as_str()), (503, "circuit_open"));
+    }
+    assert_eq!(up.requests(), 6, "more than one probe reached the upstream");
+    assert_eq!(probe.await.unwrap(), 200);
+
+    // A good probe closed it.
+    mode.store(HEALTHY, Ordering::SeqCst);
+    assert_eq!(call(&weir, &[]).await.0, 200);
+
+    // Open it again (the interval was reset by closing: 10 s), then a bad probe doubles it.
+    mode.store(FAILING, Ordering::SeqCst);
+    for _ in 0..5 {
+        call(&weir, &[]).await;
+    }
+    let (_, code, parts) = call(&weir, &[]).await;
+    assert_eq!(code, "circuit_open");
+    assert_eq!(header(&parts, "retry-after"), "10");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let before = up.requests();
+    assert_eq!(call(&weir, &[]).await.0, 503); // the failing probe
+    assert_eq!(up.requests(), before + 1);
+    let (_, code, parts) = call(&weir, &[]).await;
+    assert_eq!(code, "circuit_open");
+    assert_eq!(header(&parts, "retry-after"), "20");
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(
+        call(&weir, &[]).await.1,
+        "circuit_open",
+        "re-opened for less than twice as long"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    mode.store(HEALTHY, Ordering::SeqCst);
+    assert_eq!(call(&weir, &[]).await.0, 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn rate_limit_rejects_with_retry_after_or_waits() {
+    let up = TestUpstream::text("ok").await;
+    let weir = Weir::single(
+        &up.url(),
+        "[upstreams.svc.rate_limit]\nrps = 10.0\nburst = 5\n",
+    )
+    .await;
+    for _ in 0..5 {
+        assert_eq!(call(&weir, &[]).await.0, 200);
+    }
+    let (status, code, parts) = call(&weir, &[]).await;
+    assert_eq!((status, code.as_str()), (429, "rate_limited"));
+    assert_eq!(header(&parts, "retry-after"), "1");
+    assert_eq!(up.requests(), 5);
+
+    let weir = Weir::single(
+        &up.url(),
+        "[upstreams.svc.rate_limit]\nrps = 10.0\nburst = 5\nmax_wait = \"1s\"\n",
+    )
+    .await;
+    let start = tokio::time::Instant::now();
+    for _ in 0..6 {
+        assert_eq!(call(&weir, &[]).await.0, 200);
+    }
+    let e = start.elapsed();
+    assert!(
+        e >= Duration::from_millis(90) && e < Duration::from_millis(200),
+        "{e:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn keyed_limits_keep_tenants_apart_and_the_registry_bounded() {
+    let up = TestUpstream::text("ok").await;
+    let weir = Weir::single(
+        &up.url(),
+        "[upstreams.svc.rate_limit]\nrps = 1.0\nburst = 2\nkey = \"header:x-tenant\"\nmax_keys = 1000\n",
+    )
+    .await;
+    assert_eq!(call(&weir, &[("x-tenant", "a")]).await.0, 200);
+    assert_eq!(call(&weir, &[("x-tenant", "a")]).await.0, 200);
+    assert_eq!(call(&weir, &[("x-tenant", "a")]).await.0, 429);
+    assert_eq!(call(&weir, &[("x-tenant", "b")]).await.0, 200);
+    assert_eq!(call(&weir, &[("x-tenant", "b")]).await.0, 200);
+
+    let c = client();
+    for i in 0..20_000 {
+        let req = Request::get(weir.url("/"))
+            .header("host", "svc")
+            .header("x-tenant", format!("t{i}"))
+            .body(body(""))
+            .unwrap();
+        let resp = c.request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        drop(read_body(resp).await);
+    }
+    let snap = weir.handle.as_ref().unwrap().snapshot();
+    let stats = snap.upstreams[0]
+        .state
+        .live()
+        .limiter
+        .as_ref()
+        .unwrap()
+        .stats();
+    assert_eq!(stats.size, 1000);
+    assert!(stats.evictions >= 19_000, "{stats:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrency_limit_queues_then_refuses() {
+    let active = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let (a, p) = (active.clone(), peak.clone());
+    let up = TestUpstream::start(move |_r| {
+        let (a, p) = (a.clone(), p.clone());
+        async move {
+            let now = a.fetch_add(1, Ordering::SeqCst) + 1;
+            p.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            a.fetch_sub(1, Ordering::SeqCst);
+            Response::new(body("done"))
+        }
+    })
+    .await;
+    let weir = Weir::single(
+        &up.url(),
+        "[upstreams.svc.concurrency]\nmax_in_flight = 4\nmax_queue = 2\n",
+    )
+    .await;
+    let mut calls = Vec::new();
+    for _ in 0..10 {
+        let w = weir.url("/");
+        calls.push(tokio::spawn(async move {
+            let req = Request::get(w)
+                .header("host", "svc")
+                .body(body(""))
+                .unwrap();
+            json_error(client().request(req).await.unwrap()).await
+        }));
+    }
+    let mut served = 0;
+    let mut overloaded = 0;
+    for c in calls {
+        match c.await.unwrap() {
+            (200, _, _) => served += 1,
+            (503, code, _) if code == "overloaded" => overloaded += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((served, overloaded), (6, 4));
+    assert_eq!(peak.load(Ordering::SeqCst), 4);
+}
