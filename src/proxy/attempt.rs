@@ -1,9 +1,9 @@
 //! Admission and the attempt loop (SEMANTICS §2–§5): the data plane enforcing
 //! what the policy core decides.
 //!
-//! Admission, in order: the concurrency gate (503 `overloaded`), the breaker
-//! (503 `circuit_open`), the rate limiter (waits up to `max_wait`, never past
-//! the deadline, else 429 `rate_limited`). Then each attempt: build the
+//! Admission, in SEMANTICS §2's order: the rate limiter (waits up to
+//! `max_wait`, never past the deadline, else 429 `rate_limited`), the
+//! concurrency gate (503 `overloaded`), the breaker (503 `circuit_open`). Then each attempt: build the
 //! request, send it under the per-try timeout, record the breaker's verdict,
 //! and ask `policy::decide` — which checks §2.2 in order and asks the budget,
 //! breaker and limiter lazily through [`LiveGates`]. A retry sleeps its delay;

@@ -88,10 +88,10 @@ async fn forward(
         Version::HTTP_11
     };
 
-    // Admission: concurrency, breaker, rate limit.
+    // Admission in SEMANTICS §2's order: rate limit, concurrency, breaker.
+    attempt::admit_rate(up, key.as_deref(), deadline).await?;
     let slot = up.state.gate.enter(deadline).await?;
     let ticket = attempt::admit_breaker(&up.state)?;
-    attempt::admit_rate(up, key.as_deref(), deadline).await?;
 
     let single = cfg.retry.max_attempts <= 1;
     let body = match tokio::time::timeout_at(
