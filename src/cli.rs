@@ -2,7 +2,6 @@
 //! type is defined here, with help written for them.
 
 use crate::config::Config;
-use crate::proxy::Proxy;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -224,8 +223,12 @@ async fn serve(config: Config) -> ExitCode {
             tracing::warn!(upstream = %u.name, "https upstreams need TLS origination, which this build does not have yet: requests to it get 502 connect_failed");
         }
     }
-    let handle = match Proxy::start(config).await {
-        Ok(h) => h,
+    let opts = crate::runtime::Options {
+        watch: true,
+        sighup: true,
+    };
+    let rt = match crate::runtime::Runtime::start(config, opts).await {
+        Ok(r) => r,
         Err(e) => {
             tracing::error!(error = %e, "cannot start");
             return ExitCode::FAILURE;
@@ -233,19 +236,23 @@ async fn serve(config: Config) -> ExitCode {
     };
     tracing::info!(
         config = %path.display(),
-        listen = %handle.listen_addr,
-        dedicated = ?handle.upstream_addrs,
+        listen = %rt.proxy.listen_addr(),
+        admin = %rt.admin_addr,
+        dedicated = ?rt.proxy.upstream_addrs(),
         upstreams = ?names,
         "weir is serving"
     );
     shutdown_signal().await;
     tracing::info!(
         ?grace,
-        "shutting down: no new connections; finishing requests in flight"
+        "shutting down: /readyz is 503, no new connections, finishing requests in flight"
     );
     tokio::select! {
-        _ = handle.shutdown(grace) => {}
-        _ = shutdown_signal() => tracing::warn!("second signal: exiting now"),
+        _ = rt.shutdown(grace) => {}
+        _ = shutdown_signal() => {
+            tracing::warn!("second signal: exiting now");
+            return ExitCode::from(130);
+        }
     }
     tracing::info!("stopped");
     ExitCode::SUCCESS

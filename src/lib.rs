@@ -28,9 +28,12 @@
 //! - [`cli`]: the command line; `main.rs` only calls it.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod metrics;
 pub mod policy;
 pub mod proxy;
+pub mod runtime;
 pub mod state;

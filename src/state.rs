@@ -7,6 +7,7 @@
 
 use crate::clock::{fresh_seed, Clock};
 use crate::config::{Config, UpstreamConfig};
+use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::policy::{Breaker, KeyedLimiter, RetryBudget, SeededRandom, Transition};
 use crate::proxy::client::{ClientKey, UpstreamClient};
 use crate::proxy::gate::Gate;
@@ -31,12 +32,15 @@ pub struct UpstreamState {
     pub clock: Clock,
     live: Mutex<Live>,
     pub gate: Gate,
+    pub metrics: UpstreamMetrics,
     client: Mutex<UpstreamClient>,
 }
 
 impl UpstreamState {
-    fn new(u: &UpstreamConfig, clock: Clock) -> Self {
+    fn new(u: &UpstreamConfig, clock: Clock, metrics: &Metrics) -> Self {
         let now = clock.now();
+        let metrics = metrics.upstream(&u.name);
+        metrics.set_breaker(crate::policy::StateKind::Closed);
         UpstreamState {
             name: u.name.clone(),
             clock,
@@ -47,6 +51,7 @@ impl UpstreamState {
                 rng: SeededRandom::new(fresh_seed()),
             }),
             gate: Gate::new(u.concurrency.max_in_flight, u.concurrency.max_queue),
+            metrics,
             client: Mutex::new(UpstreamClient::new(u)),
         }
     }
@@ -86,13 +91,27 @@ impl UpstreamState {
         self.client.lock().expect("client lock poisoned").clone()
     }
 
+    /// Sets the gauges that describe state; called when `/metrics` is scraped.
+    pub fn refresh_gauges(&self) {
+        let now = self.clock.now();
+        let (state, tokens) = {
+            let mut live = self.live();
+            let state = live.breaker.state(now).state;
+            (state, live.budget.balance(now))
+        };
+        self.metrics.set_breaker(state);
+        self.metrics.set_budget(tokens);
+        self.metrics.set_in_flight(self.gate.in_flight());
+    }
+
     /// Policy-core time for this upstream.
     pub fn now(&self) -> Duration {
         self.clock.now()
     }
 
-    /// Logs a breaker transition (the metrics layer counts it).
+    /// Logs and counts a breaker transition.
     pub fn log_transition(&self, t: &Transition) {
+        self.metrics.transition(t.to);
         tracing::info!(
             upstream = %self.name,
             from = t.from.as_str(),
@@ -107,6 +126,7 @@ impl UpstreamState {
 #[derive(Debug, Default)]
 pub struct StateRegistry {
     clock: Clock,
+    metrics: Arc<Metrics>,
     by_name: Mutex<HashMap<String, Arc<UpstreamState>>>,
 }
 
@@ -115,6 +135,18 @@ impl StateRegistry {
     /// name with parameters updated in place, created where new. Entries for
     /// removed upstreams are forgotten here; in-flight requests still hold
     /// them until they finish.
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        StateRegistry {
+            clock: Clock::new(),
+            metrics,
+            by_name: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     pub fn sync(&self, config: &Config) -> Vec<Arc<UpstreamState>> {
         let mut map = self.by_name.lock().expect("state registry lock poisoned");
         let out: Vec<Arc<UpstreamState>> = config
@@ -125,9 +157,13 @@ impl StateRegistry {
                     s.update(u);
                     s.clone()
                 }
-                None => Arc::new(UpstreamState::new(u, self.clock)),
+                None => Arc::new(UpstreamState::new(u, self.clock, &self.metrics)),
             })
             .collect();
+        for gone in map.keys().filter(|n| config.upstream(n).is_none()) {
+            tracing::info!(upstream = %gone, "upstream removed; its state goes with its last request");
+            self.metrics.forget(gone);
+        }
         map.clear();
         for s in &out {
             map.insert(s.name.clone(), s.clone());

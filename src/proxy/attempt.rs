@@ -229,6 +229,7 @@ pub async fn run<'a>(up: &'a Upstream, mut plan: Plan<'a>, mut ticket: Ticket<'a
         match verdict {
             Verdict::Retry { delay, cause } => {
                 tracing::debug!(upstream = %up.config.name, attempt = attempts, %cause, ?delay, "retrying");
+                state.metrics.retry(cause);
                 drop(result);
                 if let Some(a) = admission {
                     ticket = Ticket::new(state, a);
@@ -238,6 +239,7 @@ pub async fn run<'a>(up: &'a Upstream, mut plan: Plan<'a>, mut ticket: Ticket<'a
             }
             Verdict::Stop { reason, cause } => {
                 tracing::debug!(upstream = %up.config.name, attempts, %cause, reason = reason.as_str(), "not retrying");
+                state.metrics.stop(reason);
                 if let Some(a) = admission {
                     state.live().breaker.release(a);
                 }
@@ -286,7 +288,8 @@ async fn send(
     deadline: Instant,
     state: &UpstreamState,
 ) -> (Outcome, Result<Response<Incoming>, ProxyError>) {
-    let now = Instant::now();
+    let started = Instant::now();
+    let now = started;
     let try_deadline = up
         .config
         .per_try_timeout
@@ -307,6 +310,7 @@ async fn send(
         Err(ProxyError::UpstreamTimeout | ProxyError::DeadlineExceeded) => Outcome::Timeout,
         Err(_) => Outcome::Reset { request_sent: true },
     };
+    state.metrics.attempt(&outcome, started.elapsed());
     (outcome, result)
 }
 

@@ -49,12 +49,12 @@ pin_project! {
         sleep: tokio::time::Sleep,
         idle: Duration,
         // Held until the body ends: the request's concurrency slot.
-        hold: Option<tokio::sync::OwnedSemaphorePermit>,
+        hold: Option<super::gate::Slot>,
     }
 }
 
 impl<B> IdleTimeout<B> {
-    pub fn new(inner: B, idle: Duration, hold: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
+    pub fn new(inner: B, idle: Duration, hold: Option<super::gate::Slot>) -> Self {
         IdleTimeout {
             inner,
             sleep: tokio::time::sleep(idle),

@@ -21,6 +21,7 @@ pub async fn handle(
 ) -> Response<Body> {
     let (parts, body) = req.into_parts();
     if parts.uri.path() == super::guard::CONFLICT_PATH {
+        snap.metrics.bad_request();
         return ProxyError::BadRequest(
             "a request may not carry both Content-Length and Transfer-Encoding".into(),
         )
@@ -33,21 +34,37 @@ pub async fn handle(
         ListenerRole::Dedicated(name) => snap.upstreams.iter().find(|u| &u.config.name == name),
     };
     let Some(up) = upstream else {
+        snap.metrics.no_route();
+        tracing::debug!(method = %parts.method, path = parts.uri.path(), "no route");
         return ProxyError::NoRoute.to_response(None);
     };
-    match forward(up, parts, body).await {
+    let start = Instant::now();
+    let method = parts.method.clone();
+    let resp = match forward(up, parts, body, start).await {
         Ok(resp) => resp,
-        Err(e) => e.to_response(Some(&up.config.name)),
-    }
+        Err(e) => {
+            up.state.metrics.error(e.code(), start.elapsed());
+            e.to_response(Some(&up.config.name))
+        }
+    };
+    tracing::debug!(
+        upstream = %up.config.name,
+        %method,
+        status = resp.status().as_u16(),
+        error = resp.headers().get("x-weir-error").and_then(|v| v.to_str().ok()),
+        took = ?start.elapsed(),
+        "request"
+    );
+    resp
 }
 
 async fn forward(
     up: &Upstream,
     mut parts: http::request::Parts,
     body: Incoming,
+    start: Instant,
 ) -> Result<Response<Body>, ProxyError> {
     let cfg = &up.config;
-    let start = Instant::now();
     let lowered = headers::weir_timeout(&parts.headers).map_err(ProxyError::BadRequest)?;
     let grpc = headers::grpc_timeout(&parts.headers);
     // A request may lower its deadline, never raise it.
@@ -128,10 +145,14 @@ async fn forward(
             if cfg.annotate {
                 attempt::annotate(&mut rparts.headers, done.attempts, done.stop);
             }
+            up.state
+                .metrics
+                .status(rparts.status.as_u16(), start.elapsed());
             let body = IdleTimeout::new(rbody, cfg.idle_timeout, Some(slot));
             Ok(Response::from_parts(rparts, boxed(body)))
         }
         Err(e) => {
+            up.state.metrics.error(e.code(), start.elapsed());
             let mut resp = e.to_response(Some(&cfg.name));
             if cfg.annotate {
                 attempt::annotate(resp.headers_mut(), done.attempts, done.stop);

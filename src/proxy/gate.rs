@@ -12,6 +12,7 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub struct Gate {
     sem: Arc<Semaphore>,
+    in_flight: Arc<AtomicU32>,
     /// Permits the semaphore currently represents (for reloads).
     limit: Mutex<u32>,
     max_queue: AtomicU32,
@@ -32,6 +33,7 @@ impl Gate {
     pub fn new(max_in_flight: u32, max_queue: u32) -> Self {
         Gate {
             sem: Arc::new(Semaphore::new(max_in_flight as usize)),
+            in_flight: Arc::new(AtomicU32::new(0)),
             limit: Mutex::new(max_in_flight),
             max_queue: AtomicU32::new(max_queue),
             queued: AtomicU32::new(0),
@@ -39,9 +41,9 @@ impl Gate {
     }
 
     /// A slot for one request, held until its response body ends.
-    pub async fn enter(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, ProxyError> {
+    pub async fn enter(&self, deadline: Instant) -> Result<Slot, ProxyError> {
         if let Ok(p) = self.sem.clone().try_acquire_owned() {
-            return Ok(p);
+            return Ok(self.slot(p));
         }
         let max_queue = self.max_queue.load(Ordering::Acquire);
         if self.queued.fetch_add(1, Ordering::AcqRel) >= max_queue {
@@ -50,16 +52,23 @@ impl Gate {
         }
         let _queued = Queued(&self.queued);
         match tokio::time::timeout_at(deadline, self.sem.clone().acquire_owned()).await {
-            Ok(Ok(p)) => Ok(p),
+            Ok(Ok(p)) => Ok(self.slot(p)),
             Ok(Err(_)) => Err(ProxyError::Overloaded),
             Err(_) => Err(ProxyError::DeadlineExceeded),
         }
     }
 
-    /// Requests in flight now.
+    fn slot(&self, permit: OwnedSemaphorePermit) -> Slot {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        Slot {
+            _permit: permit,
+            in_flight: self.in_flight.clone(),
+        }
+    }
+
+    /// Requests holding a slot now.
     pub fn in_flight(&self) -> u32 {
-        let limit = *self.limit.lock().expect("gate lock poisoned");
-        limit.saturating_sub(self.sem.available_permits() as u32)
+        self.in_flight.load(Ordering::Acquire)
     }
 
     /// Applies reloaded limits. Raising takes effect at once; lowering takes
@@ -84,5 +93,18 @@ impl Gate {
             }
         }
         *limit = max_in_flight;
+    }
+}
+
+/// One request's place under `max_in_flight`; freed when dropped.
+#[derive(Debug)]
+pub struct Slot {
+    _permit: OwnedSemaphorePermit,
+    in_flight: Arc<AtomicU32>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -24,7 +24,7 @@ use crate::state::UpstreamState;
 use std::sync::Arc;
 
 /// Which listener a connection arrived on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ListenerRole {
     /// The shared listener: routed by Host and path.
     Shared,
@@ -48,13 +48,18 @@ pub struct Upstream {
 #[derive(Debug)]
 pub struct Snapshot {
     pub config: Arc<Config>,
+    pub metrics: Arc<crate::metrics::Metrics>,
     pub routes: route::RouteTable,
     /// Same order as `config.upstreams`.
     pub upstreams: Vec<Upstream>,
 }
 
 impl Snapshot {
-    pub fn new(config: Arc<Config>, states: Vec<Arc<UpstreamState>>) -> Self {
+    pub fn new(
+        config: Arc<Config>,
+        states: Vec<Arc<UpstreamState>>,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Self {
         let upstreams = config
             .upstreams
             .iter()
@@ -71,6 +76,7 @@ impl Snapshot {
             })
             .collect();
         Snapshot {
+            metrics,
             routes: route::RouteTable::new(&config),
             config,
             upstreams,

@@ -1,11 +1,14 @@
-//! Listeners and connections. `Proxy::start` binds every listener the config
+//! Listeners and connections. [`Proxy::start`] binds every listener the config
 //! names (tests bind `127.0.0.1:0`) and returns a handle that reports the
-//! bound addresses, publishes new snapshots and shuts everything down.
+//! bound addresses, publishes reloaded configs — binding listeners a reload
+//! adds and draining those it removes — and shuts everything down.
 
 use super::forward;
 use super::guard::FramingGuard;
 use super::{ListenerRole, Snapshot};
 use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::runtime::stopped;
 use crate::state::StateRegistry;
 use arc_swap::ArcSwap;
 use hyper::service::service_fn;
@@ -15,11 +18,12 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 
 /// State shared by every listener and connection.
 #[derive(Debug)]
@@ -27,6 +31,18 @@ struct Shared {
     snapshot: ArcSwap<Snapshot>,
     states: StateRegistry,
     connections: Arc<Semaphore>,
+    draining: AtomicBool,
+}
+
+/// A listener is identified by what the config asked for: its configured
+/// address and its role. A reload that names the same pair keeps it.
+type ListenerKey = (SocketAddr, ListenerRole);
+
+#[derive(Debug)]
+struct Listening {
+    bound: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
 }
 
 /// The proxy, before it is started.
@@ -37,69 +53,117 @@ pub struct Proxy;
 #[derive(Debug)]
 pub struct ProxyHandle {
     shared: Arc<Shared>,
-    /// The shared listener's bound address.
-    pub listen_addr: SocketAddr,
-    /// Each dedicated listener's bound address, by upstream name.
-    pub upstream_addrs: BTreeMap<String, SocketAddr>,
-    stop: watch::Sender<bool>,
-    listeners: JoinSet<()>,
+    listeners: Mutex<BTreeMap<ListenerKey, Listening>>,
+    /// Serialises reloads: binding, publishing and closing happen as one step.
+    reloading: tokio::sync::Mutex<()>,
 }
 
 impl Proxy {
     /// Binds the shared listener and every dedicated listener, then serves.
     pub async fn start(config: Config) -> io::Result<ProxyHandle> {
+        Proxy::start_with(config, Arc::new(Metrics::new())).await
+    }
+
+    /// [`Proxy::start`] recording into `metrics`.
+    pub async fn start_with(config: Config, metrics: Arc<Metrics>) -> io::Result<ProxyHandle> {
         let config = Arc::new(config);
-        let states = StateRegistry::default();
-        let snap = Snapshot::new(config.clone(), states.sync(&config));
+        let states = StateRegistry::new(metrics.clone());
+        let snap = Snapshot::new(config.clone(), states.sync(&config), metrics);
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snap),
             states,
             connections: Arc::new(Semaphore::new(config.server.max_connections)),
+            draining: AtomicBool::new(false),
         });
-        let (stop, stop_rx) = watch::channel(false);
-        let mut listeners = JoinSet::new();
-
-        let l = bind(config.server.listen).await?;
-        let listen_addr = l.local_addr()?;
-        listeners.spawn(accept_loop(
-            l,
-            ListenerRole::Shared,
-            shared.clone(),
-            stop_rx.clone(),
-        ));
-        let mut upstream_addrs = BTreeMap::new();
-        for u in &config.upstreams {
-            if let Some(addr) = u.listen {
-                let l = bind(addr).await?;
-                upstream_addrs.insert(u.name.clone(), l.local_addr()?);
-                let role = ListenerRole::Dedicated(u.name.clone());
-                listeners.spawn(accept_loop(l, role, shared.clone(), stop_rx.clone()));
-            }
-        }
-        Ok(ProxyHandle {
+        let handle = ProxyHandle {
             shared,
-            listen_addr,
-            upstream_addrs,
-            stop,
-            listeners,
-        })
+            listeners: Mutex::new(BTreeMap::new()),
+            reloading: tokio::sync::Mutex::new(()),
+        };
+        let added = handle.bind_missing(&config).await?;
+        handle.listeners().extend(added);
+        Ok(handle)
     }
 }
 
-async fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
+fn wanted(config: &Config) -> Vec<ListenerKey> {
+    let mut v = vec![(config.server.listen, ListenerRole::Shared)];
+    for u in &config.upstreams {
+        if let Some(l) = u.listen {
+            v.push((l, ListenerRole::Dedicated(u.name.clone())));
+        }
+    }
+    v
 }
 
 impl ProxyHandle {
-    /// Publishes a new validated config; requests in flight keep theirs.
-    pub fn reload(&self, config: Config) {
+    fn listeners(&self) -> std::sync::MutexGuard<'_, BTreeMap<ListenerKey, Listening>> {
+        self.listeners.lock().expect("listener table lock poisoned")
+    }
+
+    /// Binds every listener `config` wants that is not bound yet. On error
+    /// nothing new is kept.
+    async fn bind_missing(&self, config: &Config) -> io::Result<Vec<(ListenerKey, Listening)>> {
+        let missing: Vec<ListenerKey> = {
+            let have = self.listeners();
+            wanted(config)
+                .into_iter()
+                .filter(|k| !have.contains_key(k))
+                .collect()
+        };
+        let mut bound = Vec::new();
+        for (addr, role) in missing {
+            let l = TcpListener::bind(addr)
+                .await
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+            bound.push(((addr, role), l));
+        }
+        let mut out = Vec::new();
+        for ((addr, role), l) in bound {
+            let local = l.local_addr()?;
+            let (stop, stop_rx) = watch::channel(false);
+            let task = tokio::spawn(accept_loop(l, role.clone(), self.shared.clone(), stop_rx));
+            tracing::info!(listen = %local, role = ?role, "listening");
+            out.push((
+                (addr, role),
+                Listening {
+                    bound: local,
+                    stop,
+                    task,
+                },
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Publishes a new validated config: binds the listeners it adds (if one
+    /// cannot be bound, nothing changes and the error is returned), swaps the
+    /// snapshot, then closes the listeners it removed, letting their
+    /// connections finish. Requests in flight keep the snapshot they started with.
+    pub async fn reload(&self, config: Config) -> io::Result<()> {
+        let _one_at_a_time = self.reloading.lock().await;
+        let added = self.bind_missing(&config).await?;
         let config = Arc::new(config);
         let states = self.shared.states.sync(&config);
+        let metrics = self.shared.states.metrics().clone();
         self.shared
             .snapshot
-            .store(Arc::new(Snapshot::new(config, states)));
+            .store(Arc::new(Snapshot::new(config.clone(), states, metrics)));
+        let keep = wanted(&config);
+        let mut table = self.listeners();
+        table.extend(added);
+        let gone: Vec<ListenerKey> = table
+            .keys()
+            .filter(|k| !keep.contains(k))
+            .cloned()
+            .collect();
+        for k in gone {
+            if let Some(l) = table.remove(&k) {
+                tracing::info!(listen = %l.bound, role = ?k.1, "closing listener (draining its connections)");
+                let _ = l.stop.send(true);
+            }
+        }
+        Ok(())
     }
 
     /// The snapshot requests are currently served with.
@@ -107,27 +171,69 @@ impl ProxyHandle {
         self.shared.snapshot.load_full()
     }
 
-    /// Stops accepting, lets in-flight requests finish for up to `grace`,
-    /// then drops whatever is left.
-    pub async fn shutdown(mut self, grace: Duration) {
-        let _ = self.stop.send(true);
-        let drained = async { while self.listeners.join_next().await.is_some() {} };
-        if tokio::time::timeout(grace, drained).await.is_err() {
-            tracing::warn!(
-                ?grace,
-                "shutdown grace period over; closing the remaining connections"
-            );
-            self.listeners.abort_all();
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        self.shared.states.metrics()
+    }
+
+    /// The shared listener's bound address.
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listeners()
+            .iter()
+            .find(|((_, r), _)| *r == ListenerRole::Shared)
+            .map(|(_, l)| l.bound)
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
+    /// Each dedicated listener's bound address, by upstream name.
+    pub fn upstream_addrs(&self) -> BTreeMap<String, SocketAddr> {
+        self.listeners()
+            .iter()
+            .filter_map(|((_, r), l)| match r {
+                ListenerRole::Dedicated(n) => Some((n.clone(), l.bound)),
+                ListenerRole::Shared => None,
+            })
+            .collect()
+    }
+
+    /// Whether shutdown has begun (`/readyz` answers 503).
+    pub fn draining(&self) -> bool {
+        self.shared.draining.load(Ordering::Acquire)
+    }
+
+    /// Stops accepting on every listener; connections finish what they have.
+    pub fn stop_accepting(&self) {
+        self.shared.draining.store(true, Ordering::Release);
+        for l in self.listeners().values() {
+            let _ = l.stop.send(true);
         }
     }
 
-    /// Resolves when every listener has stopped (after [`Self::shutdown`] or a fatal error).
-    pub async fn wait(&mut self) {
-        while self.listeners.join_next().await.is_some() {}
-    }
-
-    pub fn stop_accepting(&self) {
-        let _ = self.stop.send(true);
+    /// Stops accepting, lets in-flight requests finish for up to `grace`,
+    /// then closes whatever is left.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.stop_accepting();
+        let tasks: Vec<JoinHandle<()>> = {
+            let mut table = self.listeners();
+            std::mem::take(&mut *table)
+                .into_values()
+                .map(|l| l.task)
+                .collect()
+        };
+        let aborts: Vec<_> = tasks.iter().map(|t| t.abort_handle()).collect();
+        let drained = async {
+            for t in tasks {
+                let _ = t.await;
+            }
+        };
+        if tokio::time::timeout(grace, drained).await.is_err() {
+            tracing::warn!(
+                ?grace,
+                "shutdown_timeout reached; closing the remaining connections"
+            );
+            for a in aborts {
+                a.abort();
+            }
+        }
     }
 }
 
@@ -208,25 +314,20 @@ async fn serve_connection(
         let role = role.clone();
         async move { Ok::<_, Infallible>(forward::handle(&snap, &role, req).await) }
     });
-    let conn = builder.serve_connection_with_upgrades(
-        TokioIo::new(FramingGuard::new(stream, max_head, head_timeout)),
-        svc,
-    );
+    let io = TokioIo::new(FramingGuard::new(stream, max_head, head_timeout));
+    let conn = builder.serve_connection_with_upgrades(io, svc);
     tokio::pin!(conn);
     tokio::select! {
         r = conn.as_mut() => {
             if let Err(e) = r {
                 tracing::debug!(%peer, error = %e, "client connection ended with an error");
             }
+            return;
         }
-        _ = stopped(&mut stop) => {
-            conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
-        }
+        _ = stopped(&mut stop) => {}
     }
-}
-
-/// Resolves once the stop flag is set (or its sender is gone).
-async fn stopped(rx: &mut watch::Receiver<bool>) {
-    let _ = rx.wait_for(|s| *s).await;
+    conn.as_mut().graceful_shutdown();
+    if let Err(e) = conn.await {
+        tracing::debug!(%peer, error = %e, "client connection ended with an error while draining");
+    }
 }

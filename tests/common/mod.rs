@@ -120,7 +120,7 @@ impl Weir {
             Err(e) => panic!("test config invalid:\n{e}\n---\n{src}"),
         };
         let handle = Proxy::start(config).await.unwrap();
-        let addr = handle.listen_addr;
+        let addr = handle.listen_addr();
         Weir {
             handle: Some(handle),
             addr,
@@ -136,7 +136,7 @@ impl Weir {
     }
 
     pub fn dedicated(&self, name: &str) -> SocketAddr {
-        self.handle.as_ref().unwrap().upstream_addrs[name]
+        self.handle.as_ref().unwrap().upstream_addrs()[name]
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -1,0 +1,146 @@
+//! The admin listener (SEMANTICS §9): `GET /metrics`, `/healthz`, `/readyz`,
+//! `/config`, `POST /reload`. `/config` and `/reload` answer loopback peers
+//! only, whatever address the listener binds: the effective config names every
+//! upstream, and a reload is a write.
+
+use crate::proxy::body::{full, Body};
+use crate::runtime::Reloader;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Whether `ip` is a loopback address (IPv4-mapped IPv6 included).
+pub fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
+/// Serves the admin endpoints until `stop` is set.
+pub async fn serve(
+    listener: TcpListener,
+    reloader: Arc<Reloader>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = crate::runtime::stopped(&mut stop) => break,
+        };
+        let Ok((stream, peer)) = accepted else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let reloader = reloader.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let reloader = reloader.clone();
+                async move { Ok::<_, Infallible>(route(&reloader, peer, req).await) }
+            });
+            let mut b = hyper::server::conn::http1::Builder::new();
+            b.timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10));
+            let _ = b.serve_connection(TokioIo::new(stream), svc).await;
+        });
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
+    let mut r = Response::new(full(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// One admin request (no endpoint reads a request body).
+pub async fn route<B>(reloader: &Reloader, peer: SocketAddr, req: Request<B>) -> Response<Body> {
+    let loopback = is_loopback(peer.ip());
+    let proxy = reloader.proxy();
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => {
+            let snap = proxy.snapshot();
+            for u in &snap.upstreams {
+                u.state.refresh_gauges();
+            }
+            let mut r = text(StatusCode::OK, snap.metrics.render());
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            r
+        }
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (&Method::GET, "/readyz") => {
+            if proxy.draining() {
+                text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+            } else {
+                text(StatusCode::OK, "ready\n")
+            }
+        }
+        (&Method::GET, "/config") | (&Method::POST, "/reload") if !loopback => text(
+            StatusCode::FORBIDDEN,
+            "this endpoint answers loopback clients only\n",
+        ),
+        (&Method::GET, "/config") => {
+            let mut r = text(StatusCode::OK, proxy.snapshot().config.effective_toml());
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/toml"),
+            );
+            r
+        }
+        (&Method::POST, "/reload") => match reloader.reload("admin").await {
+            Ok(()) => text(StatusCode::OK, "reloaded\n"),
+            Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}\n")),
+        },
+        (_, "/metrics" | "/healthz" | "/readyz" | "/config" | "/reload") => {
+            text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
+        }
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "admin endpoints: GET /metrics /healthz /readyz /config, POST /reload\n",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_peers_are_loopback() {
+        let yes = ["127.0.0.1", "127.8.9.10", "::1", "::ffff:127.0.0.1"];
+        let no = [
+            "10.0.0.5",
+            "192.168.1.2",
+            "0.0.0.0",
+            "::",
+            "::ffff:10.0.0.1",
+            "2001:db8::1",
+        ];
+        for a in yes {
+            assert!(
+                is_loopback(a.parse().unwrap_or(IpAddr::from([0, 0, 0, 0]))),
+                "{a}"
+            );
+        }
+        for a in no {
+            assert!(
+                !is_loopback(a.parse().unwrap_or(IpAddr::from([127, 0, 0, 1]))),
+                "{a}"
+            );
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! Every metric family weir exports (SEMANTICS §9), in one place.
+//!
+//! Label values come only from the configuration (upstream names, `retry_on`
+//! entries) and fixed sets (status codes 100–599, weir's error codes, attempt
+//! results, stop reasons, breaker states) — never from a request — so a client
+//! cannot create series. Per-upstream handles are resolved when an upstream's
+//! live state is created and reused by every request after that: the hot path
+//! increments a counter it already holds. Gauges that describe state (budget
+//! balance, breaker state, requests in flight) are read when `/metrics` is
+//! scraped.
+
+use crate::policy::{Cause, Outcome, StateKind, StopReason};
+use prometheus::{
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+const BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// weir's own error codes, the `code` label values that are not statuses.
+pub const ERROR_CODES: [&str; 9] = [
+    "no_route",
+    "bad_request",
+    "rate_limited",
+    "overloaded",
+    "circuit_open",
+    "connect_failed",
+    "upstream_reset",
+    "upstream_timeout",
+    "deadline_exceeded",
+];
+
+/// The `result` label values of `weir_upstream_attempts_total`.
+pub const ATTEMPT_RESULTS: [&str; 7] = [
+    "ok",
+    "status_4xx",
+    "status_5xx",
+    "connect_failure",
+    "reset",
+    "timeout",
+    "cancelled",
+];
+
+const STATES: [StateKind; 3] = [StateKind::Closed, StateKind::Open, StateKind::HalfOpen];
+
+/// The metric families and their registry.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    request_duration: HistogramVec,
+    attempts: IntCounterVec,
+    attempt_duration: HistogramVec,
+    retries: IntCounterVec,
+    stops: IntCounterVec,
+    budget_tokens: GaugeVec,
+    breaker_state: IntGaugeVec,
+    breaker_transitions: IntCounterVec,
+    rate_limited: IntCounterVec,
+    in_flight: IntGaugeVec,
+    reloads: IntCounterVec,
+    last_reload: IntGauge,
+    /// `weir_requests_total{upstream="", code="no_route"}`.
+    no_route: IntCounter,
+    bad_request: IntCounter,
+}
+
+fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
+    r.register(Box::new(c.clone()))
+        .expect("metric registered once");
+    c
+}
+
+fn histogram(r: &Registry, name: &str, help: &str) -> HistogramVec {
+    let h = HistogramVec::new(
+        HistogramOpts::new(name, help).buckets(BUCKETS.to_vec()),
+        &["upstream"],
+    )
+    .expect("static metric definition");
+    r.register(Box::new(h.clone()))
+        .expect("metric registered once");
+    h
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let requests = counter(
+            &r,
+            "weir_requests_total",
+            "Client requests answered, by upstream and status code or weir error code.",
+            &["upstream", "code"],
+        );
+        let request_duration = histogram(
+            &r,
+            "weir_request_duration_seconds",
+            "Time from a request's arrival to its response headers, retries and backoff included.",
+        );
+        let attempts = counter(
+            &r,
+            "weir_upstream_attempts_total",
+            "Attempts sent to the upstream, by result.",
+            &["upstream", "result"],
+        );
+        let attempt_duration = histogram(
+            &r,
+            "weir_upstream_attempt_duration_seconds",
+            "Time from sending one attempt to its response headers or failure.",
+        );
+        let retries = counter(
+            &r,
+            "weir_retries_total",
+            "Retries made, by what was retried.",
+            &["upstream", "cause"],
+        );
+        let stops = counter(
+            &r,
+            "weir_retry_stops_total",
+            "Retryable outcomes not retried, by the first failing check.",
+            &["upstream", "reason"],
+        );
+        let budget_tokens = GaugeVec::new(
+            Opts::new(
+                "weir_retry_budget_tokens",
+                "Retries the budget would allow now.",
+            ),
+            &["upstream"],
+        )
+        .expect("static metric definition");
+        r.register(Box::new(budget_tokens.clone()))
+            .expect("metric registered once");
+        let breaker_state = IntGaugeVec::new(
+            Opts::new(
+                "weir_breaker_state",
+                "The breaker's current state: 1 for the current one, 0 for the others.",
+            ),
+            &["upstream", "state"],
+        )
+        .expect("static metric definition");
+        r.register(Box::new(breaker_state.clone()))
+            .expect("metric registered once");
+        let breaker_transitions = counter(
+            &r,
+            "weir_breaker_transitions_total",
+            "Breaker transitions, by the state entered.",
+            &["upstream", "to"],
+        );
+        let rate_limited = counter(
+            &r,
+            "weir_rate_limited_total",
+            "Requests refused with 429 by weir's rate limiter.",
+            &["upstream"],
+        );
+        let in_flight = IntGaugeVec::new(
+            Opts::new(
+                "weir_in_flight_requests",
+                "Requests holding a concurrency slot now.",
+            ),
+            &["upstream"],
+        )
+        .expect("static metric definition");
+        r.register(Box::new(in_flight.clone()))
+            .expect("metric registered once");
+        let reloads = counter(
+            &r,
+            "weir_config_reloads_total",
+            "Config reload attempts, by result.",
+            &["result"],
+        );
+        let last_reload = IntGauge::new(
+            "weir_config_last_reload_success",
+            "1 when the last config (re)load succeeded.",
+        )
+        .expect("static metric definition");
+        r.register(Box::new(last_reload.clone()))
+            .expect("metric registered once");
+        reloads.with_label_values(&["ok"]);
+        reloads.with_label_values(&["error"]);
+        last_reload.set(1);
+        let no_route = requests.with_label_values(&["", "no_route"]);
+        let bad_request = requests.with_label_values(&["", "bad_request"]);
+        Metrics {
+            registry: r,
+            requests,
+            request_duration,
+            attempts,
+            attempt_duration,
+            retries,
+            stops,
+            budget_tokens,
+            breaker_state,
+            breaker_transitions,
+            rate_limited,
+            in_flight,
+            reloads,
+            last_reload,
+            no_route,
+            bad_request,
+        }
+    }
+
+    /// Handles for one upstream, every fixed series pre-registered at zero.
+    pub fn upstream(&self, name: &str) -> UpstreamMetrics {
+        let by = |v: &IntCounterVec, l: &str| v.with_label_values(&[name, l]);
+        UpstreamMetrics {
+            name: name.to_string(),
+            requests: self.requests.clone(),
+            statuses: (100..=599).map(|_| OnceLock::new()).collect(),
+            errors: ERROR_CODES.map(|c| by(&self.requests, c)),
+            request_duration: self.request_duration.with_label_values(&[name]),
+            attempts: ATTEMPT_RESULTS.map(|r| by(&self.attempts, r)),
+            attempt_duration: self.attempt_duration.with_label_values(&[name]),
+            retries_vec: self.retries.clone(),
+            retries: Mutex::new(HashMap::new()),
+            stops: StopReason::ALL.map(|r| by(&self.stops, r.as_str())),
+            budget: self.budget_tokens.with_label_values(&[name]),
+            breaker: STATES.map(|s| self.breaker_state.with_label_values(&[name, s.as_str()])),
+            transitions: STATES.map(|s| by(&self.breaker_transitions, s.as_str())),
+            rate_limited: self.rate_limited.with_label_values(&[name]),
+            in_flight: self.in_flight.with_label_values(&[name]),
+        }
+    }
+
+    /// Drops every series of an upstream removed by a reload.
+    pub fn forget(&self, name: &str) {
+        self.request_duration.remove_label_values(&[name]).ok();
+        self.attempt_duration.remove_label_values(&[name]).ok();
+        self.budget_tokens.remove_label_values(&[name]).ok();
+        self.rate_limited.remove_label_values(&[name]).ok();
+        self.in_flight.remove_label_values(&[name]).ok();
+        for s in STATES {
+            self.breaker_state
+                .remove_label_values(&[name, s.as_str()])
+                .ok();
+            self.breaker_transitions
+                .remove_label_values(&[name, s.as_str()])
+                .ok();
+        }
+        for r in StopReason::ALL {
+            self.stops.remove_label_values(&[name, r.as_str()]).ok();
+        }
+        for r in ATTEMPT_RESULTS {
+            self.attempts.remove_label_values(&[name, r]).ok();
+        }
+        for c in ERROR_CODES {
+            self.requests.remove_label_values(&[name, c]).ok();
+        }
+        for s in 100..=599u16 {
+            self.requests
+                .remove_label_values(&[name, &s.to_string()])
+                .ok();
+        }
+    }
+
+    pub fn no_route(&self) {
+        self.no_route.inc();
+    }
+
+    pub fn bad_request(&self) {
+        self.bad_request.inc();
+    }
+
+    pub fn reload(&self, ok: bool) {
+        self.reloads
+            .with_label_values(&[if ok { "ok" } else { "error" }])
+            .inc();
+        self.last_reload.set(i64::from(ok));
+    }
+
+    /// The Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            tracing::warn!(error = %e, "cannot encode metrics");
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// One upstream's handles, resolved once.
+#[derive(Debug)]
+pub struct UpstreamMetrics {
+    name: String,
+    requests: IntCounterVec,
+    statuses: Box<[OnceLock<IntCounter>]>,
+    errors: [IntCounter; 9],
+    request_duration: Histogram,
+    attempts: [IntCounter; 7],
+    attempt_duration: Histogram,
+    retries_vec: IntCounterVec,
+    retries: Mutex<HashMap<Cause, IntCounter>>,
+    stops: [IntCounter; 8],
+    budget: Gauge,
+    breaker: [IntGauge; 3],
+    transitions: [IntCounter; 3],
+    rate_limited: IntCounter,
+    in_flight: IntGauge,
+}
+
+impl UpstreamMetrics {
+    /// A request answered with an upstream status.
+    pub fn status(&self, status: u16, took: Duration) {
+        if let Some(slot) = status
+            .checked_sub(100)
+            .and_then(|i| self.statuses.get(usize::from(i)))
+        {
+            slot.get_or_init(|| {
+                self.requests
+                    .with_label_values(&[self.name.as_str(), &status.to_string()])
+            })
+            .inc();
+        }
+        self.request_duration.observe(took.as_secs_f64());
+    }
+
+    /// A request answered with one of weir's errors.
+    pub fn error(&self, code: &str, took: Duration) {
+        if let Some(i) = ERROR_CODES.iter().position(|c| *c == code) {
+            self.errors[i].inc();
+        }
+        if code == "rate_limited" {
+            self.rate_limited.inc();
+        }
+        self.request_duration.observe(took.as_secs_f64());
+    }
+
+    pub fn attempt(&self, outcome: &Outcome, took: Duration) {
+        let label = outcome.result_label();
+        if let Some(i) = ATTEMPT_RESULTS.iter().position(|r| *r == label) {
+            self.attempts[i].inc();
+        }
+        self.attempt_duration.observe(took.as_secs_f64());
+    }
+
+    pub fn retry(&self, cause: Cause) {
+        let mut m = self.retries.lock().expect("metrics lock poisoned");
+        m.entry(cause)
+            .or_insert_with(|| {
+                self.retries_vec
+                    .with_label_values(&[self.name.as_str(), &cause.to_string()])
+            })
+            .inc();
+    }
+
+    pub fn stop(&self, reason: StopReason) {
+        if let Some(i) = StopReason::ALL.iter().position(|r| *r == reason) {
+            self.stops[i].inc();
+        }
+    }
+
+    pub fn transition(&self, to: StateKind) {
+        if let Some(i) = STATES.iter().position(|s| *s == to) {
+            self.transitions[i].inc();
+        }
+        self.set_breaker(to);
+    }
+
+    pub fn set_breaker(&self, current: StateKind) {
+        for (i, s) in STATES.iter().enumerate() {
+            self.breaker[i].set(i64::from(*s == current));
+        }
+    }
+
+    pub fn set_budget(&self, tokens: f64) {
+        self.budget.set(tokens);
+    }
+
+    pub fn set_in_flight(&self, n: u32) {
+        self.in_flight.set(i64::from(n));
+    }
+}

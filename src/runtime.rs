@@ -1,0 +1,228 @@
+//! A running weir: the proxy, the admin listener, and the reload triggers
+//! (SIGHUP, a change of the config file, `POST /reload`).
+//!
+//! Every reload reads and validates the file in full before anything
+//! changes; an invalid file is logged and counted and the running config
+//! stays. The file is watched through its directory, so an atomic rename or a
+//! Kubernetes ConfigMap's `..data` symlink swap is seen; bursts of events are
+//! debounced, and a file whose content did not change is not reloaded.
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::proxy::{Proxy, ProxyHandle};
+use std::hash::{Hash, Hasher};
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// How long the file watch waits for a burst of events to settle.
+const DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// Reloads the config file into the running proxy.
+#[derive(Debug)]
+pub struct Reloader {
+    path: PathBuf,
+    proxy: Arc<ProxyHandle>,
+    metrics: Arc<Metrics>,
+    /// Hash of the content last tried, so the watch does not reload a file
+    /// that an explicit reload has already applied.
+    last: Mutex<Option<u64>>,
+}
+
+fn fingerprint(s: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    s.hash(&mut h);
+    h.finish()
+}
+
+impl Reloader {
+    pub fn proxy(&self) -> &Arc<ProxyHandle> {
+        &self.proxy
+    }
+
+    /// Reloads from the file now. `why` names the trigger in the log.
+    pub async fn reload(&self, why: &str) -> Result<(), String> {
+        let src = std::fs::read_to_string(&self.path)
+            .map_err(|e| format!("{}: cannot read the config file: {e}", self.path.display()));
+        let src = match src {
+            Ok(s) => s,
+            Err(e) => return self.failed(why, e),
+        };
+        *self.last.lock().expect("reload lock poisoned") = Some(fingerprint(&src));
+        let config = match Config::parse(&self.path, &src) {
+            Ok(c) => c,
+            Err(e) => return self.failed(why, e.to_string()),
+        };
+        let upstreams = config.upstreams.len();
+        if let Err(e) = self.proxy.reload(config).await {
+            return self.failed(why, e.to_string());
+        }
+        self.metrics.reload(true);
+        tracing::info!(trigger = why, config = %self.path.display(), upstreams, "config reloaded");
+        Ok(())
+    }
+
+    /// Reloads only if the file's content differs from the last one tried.
+    pub async fn reload_if_changed(&self, why: &str) -> Result<(), String> {
+        let Ok(src) = std::fs::read_to_string(&self.path) else {
+            // Mid-swap, or removed: the next event will tell.
+            return Ok(());
+        };
+        if *self.last.lock().expect("reload lock poisoned") == Some(fingerprint(&src)) {
+            return Ok(());
+        }
+        self.reload(why).await
+    }
+
+    fn failed(&self, why: &str, e: String) -> Result<(), String> {
+        self.metrics.reload(false);
+        tracing::error!(trigger = why, error = %e, "config reload rejected; the running config stays");
+        Err(e)
+    }
+}
+
+/// What to run besides the proxy.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Watch the config file for changes.
+    pub watch: bool,
+    /// Reload on SIGHUP.
+    pub sighup: bool,
+}
+
+/// A running weir.
+#[derive(Debug)]
+pub struct Runtime {
+    pub proxy: Arc<ProxyHandle>,
+    pub reloader: Arc<Reloader>,
+    pub admin_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    // Kept alive for as long as the runtime runs.
+    _watcher: Option<notify::RecommendedWatcher>,
+}
+
+impl Runtime {
+    /// Starts weir from a validated config loaded from `config.path`.
+    pub async fn start(config: Config, opts: Options) -> io::Result<Runtime> {
+        let path = config.path.clone();
+        let admin = config.server.admin;
+        let metrics = Arc::new(Metrics::new());
+        let admin_listener = TcpListener::bind(admin).await.map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot listen on {admin} (admin): {e}"))
+        })?;
+        let admin_addr = admin_listener.local_addr()?;
+        let proxy = Arc::new(Proxy::start_with(config, metrics.clone()).await?);
+        metrics.reload(true);
+        let src = std::fs::read_to_string(&path).ok();
+        let reloader = Arc::new(Reloader {
+            path: path.clone(),
+            proxy: proxy.clone(),
+            metrics,
+            last: Mutex::new(src.as_deref().map(fingerprint)),
+        });
+        let (stop, stop_rx) = watch::channel(false);
+        tokio::spawn(crate::admin::serve(
+            admin_listener,
+            reloader.clone(),
+            stop_rx.clone(),
+        ));
+        if opts.sighup {
+            spawn_sighup(reloader.clone(), stop_rx.clone());
+        }
+        let watcher = if opts.watch {
+            match watch_file(&path, reloader.clone(), stop_rx) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, config = %path.display(), "cannot watch the config file; reload with SIGHUP or POST /reload");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Ok(Runtime {
+            proxy,
+            reloader,
+            admin_addr,
+            stop,
+            _watcher: watcher,
+        })
+    }
+
+    /// Graceful shutdown: `/readyz` turns 503 at once, listeners stop
+    /// accepting, in-flight requests get up to `grace`. The admin listener
+    /// stays up until the end so probes see the draining state.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.proxy.shutdown(grace).await;
+        let _ = self.stop.send(true);
+    }
+}
+
+fn spawn_sighup(reloader: Arc<Reloader>, mut stop: watch::Receiver<bool>) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP");
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = hup.recv() => { let _ = reloader.reload("SIGHUP").await; }
+                _ = stopped(&mut stop) => break,
+            }
+        }
+    });
+    #[cfg(not(unix))]
+    let _ = (reloader, stop);
+}
+
+/// Watches the config file's directory; any event there may be a swap of
+/// our file (editors and Kubernetes replace files rather than write them).
+fn watch_file(
+    path: &Path,
+    reloader: Arc<Reloader>,
+    mut stop: watch::Receiver<bool>,
+) -> notify::Result<notify::RecommendedWatcher> {
+    use notify::Watcher;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        if ev.is_ok() {
+            let _ = tx.send(());
+        }
+    })?;
+    watcher.watch(&dir, notify::RecursiveMode::NonRecursive)?;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                ev = rx.recv() => if ev.is_none() { break },
+                _ = stopped(&mut stop) => break,
+            }
+            // Debounce: wait until the directory has been quiet for a moment.
+            loop {
+                match tokio::time::timeout(DEBOUNCE, rx.recv()).await {
+                    Ok(Some(())) => continue,
+                    Ok(None) => return,
+                    Err(_) => break,
+                }
+            }
+            let _ = reloader.reload_if_changed("file change").await;
+        }
+    });
+    tracing::info!(dir = %dir.display(), "watching the config directory for changes");
+    Ok(watcher)
+}
+
+/// Resolves once the stop flag is set (or its sender is gone).
+pub async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
