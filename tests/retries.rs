@@ -350,3 +350,54 @@ async fn the_budget_bounds_retries_against_an_always_failing_upstream() {
     assert!(budget_stops > 0, "x-weir-retry-stop: budget never seen");
     assert!(attempts > 200, "no retries at all");
 }
+
+/// Regression: a client that lowers its own deadline must not be able to open
+/// the breaker for everyone else (review finding on the first attempt loop).
+#[tokio::test(start_paused = true)]
+async fn a_lowered_deadline_is_not_blamed_on_the_upstream() {
+    let up = TestUpstream::start(|_r| async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Response::new(body("slow but fine"))
+    })
+    .await;
+    let weir = Weir::single(&up.url(), "[upstreams.svc.retry]\nmax_attempts = 1\n").await;
+    for _ in 0..10 {
+        let (parts, _) = send(&weir, "GET", &[("x-weir-timeout-ms", "50")], "").await;
+        assert_eq!(header(&parts, "x-weir-error"), "deadline_exceeded");
+    }
+    // Nothing left at all: answered without contacting the upstream.
+    let before = up.requests();
+    let (parts, _) = send(&weir, "GET", &[("x-weir-timeout-ms", "0")], "").await;
+    assert_eq!(header(&parts, "x-weir-error"), "deadline_exceeded");
+    assert_eq!(up.requests(), before);
+    // The breaker is still closed.
+    let (parts, b) = send(&weir, "GET", &[], "").await;
+    assert_eq!((parts.status.as_u16(), b.as_str()), (200, "slow but fine"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_retries_off_the_stop_reason_is_attempts() {
+    let up = fails_first(5, 503, &[]).await;
+    let weir = Weir::single(&up.url(), "[upstreams.svc.retry]\nmax_attempts = 1\n").await;
+    let (parts, _) = send(&weir, "GET", &[], "").await;
+    assert_eq!(parts.status, 503);
+    assert_eq!(header(&parts, "x-weir-retry-stop"), "attempts");
+    assert_eq!(header(&parts, "x-weir-attempts"), "1");
+}
+
+/// Regression: the idempotency key only counts if the upstream receives it.
+#[tokio::test(start_paused = true)]
+async fn an_idempotency_key_named_in_connection_does_not_make_a_post_safe() {
+    let up = slow_first().await;
+    let weir = Weir::single(&up.url(), &format!("per_try_timeout = \"1s\"\n{FAST}")).await;
+    let (parts, _) = send(
+        &weir,
+        "POST",
+        &[("idempotency-key", "k"), ("connection", "idempotency-key")],
+        "x",
+    )
+    .await;
+    assert_eq!(parts.status, 504);
+    assert_eq!(header(&parts, "x-weir-retry-stop"), "unsafe");
+    assert_eq!(up.requests(), 1);
+}

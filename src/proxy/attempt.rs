@@ -13,6 +13,7 @@
 //! future, which drops the sleep or the attempt in flight, and the breaker
 //! [`Ticket`] releases its slot without a verdict.
 
+use super::client::Failure;
 use super::error::ProxyError;
 use super::replay::RequestBody;
 use super::Upstream;
@@ -67,6 +68,26 @@ impl<'a> Ticket<'a> {
     }
 }
 
+impl Ticket<'_> {
+    /// Swaps this admission for a fresh one, taken now.
+    fn renew(&mut self) -> Result<(), crate::policy::Refused> {
+        let now = self.state.now();
+        let r = {
+            let mut live = self.state.live();
+            if let Some(old) = self.admission.take() {
+                live.breaker.release(old);
+            }
+            live.breaker.try_acquire(now)
+        };
+        let a = r?;
+        if let Some(t) = &a.transition {
+            self.state.log_transition(t);
+        }
+        self.admission = Some(a);
+        Ok(())
+    }
+}
+
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         if let Some(a) = self.admission.take() {
@@ -112,7 +133,9 @@ pub async fn admit_rate(
             l.time_until(key, now)
         };
         match wait {
-            Some(w) if Instant::now() + w <= give_up => tokio::time::sleep(w).await,
+            Some(w) if Instant::now().checked_add(w).is_some_and(|t| t <= give_up) => {
+                tokio::time::sleep(w).await
+            }
             _ => {
                 return Err(ProxyError::RateLimited {
                     retry_after: wait.map(|w| w.max(Duration::from_millis(1))),
@@ -166,6 +189,8 @@ pub struct Plan<'a> {
     pub grpc_timeout: bool,
     /// `max_attempts = 1`: nothing is cloned for a replay.
     pub single: bool,
+    /// The client lowered its deadline below the upstream's `timeout`.
+    pub lowered: bool,
 }
 
 /// How the attempt loop ended: the last outcome, and the annotations.
@@ -187,10 +212,25 @@ pub async fn run<'a>(up: &'a Upstream, mut plan: Plan<'a>, mut ticket: Ticket<'a
     let mut attempts = 0;
     let mut prev_delay = Duration::ZERO;
     loop {
+        // An attempt needs at least `min_attempt_time`: one started with less
+        // could only time out, and would be blamed on the upstream.
+        if attempts == 0
+            && plan.deadline.saturating_duration_since(Instant::now()) < policy.min_attempt_time
+        {
+            return Finished {
+                result: Err(ProxyError::DeadlineExceeded),
+                attempts: 0,
+                stop: None,
+            };
+        }
         attempts += 1;
         let req = build(&mut plan);
-        let (outcome, result) = send(up, req, plan.deadline, state).await;
-        ticket.record(outcome.breaker_failure(&up.config.breaker));
+        let Attempted {
+            outcome,
+            result,
+            blame,
+        } = send(up, req, &plan, state).await;
+        ticket.record(blame);
 
         let facts = RequestFacts::new(
             plan.parts.method.as_str(),
@@ -230,18 +270,31 @@ pub async fn run<'a>(up: &'a Upstream, mut plan: Plan<'a>, mut ticket: Ticket<'a
             Verdict::Retry { delay, cause } => {
                 tracing::debug!(upstream = %up.config.name, attempt = attempts, %cause, ?delay, "retrying");
                 state.metrics.retry(cause);
-                drop(result);
                 if let Some(a) = admission {
                     ticket = Ticket::new(state, a);
                 }
                 tokio::time::sleep(delay).await;
                 prev_delay = delay;
+                // The breaker may have tripped while we slept: ask again, so
+                // an open breaker sees nothing and half-open admits only its
+                // probes. If it now refuses, the last outcome goes back.
+                if let Err(refused) = ticket.renew() {
+                    let _ = refused;
+                    state.metrics.stop(StopReason::CircuitOpen);
+                    return Finished {
+                        result,
+                        attempts,
+                        stop: Some(StopReason::CircuitOpen),
+                    };
+                }
+                drop(result);
             }
             Verdict::Stop { reason, cause } => {
                 tracing::debug!(upstream = %up.config.name, attempts, %cause, reason = reason.as_str(), "not retrying");
                 state.metrics.stop(reason);
                 if let Some(a) = admission {
-                    state.live().breaker.release(a);
+                    // Granted by the breaker gate, then refused by a later one.
+                    drop(Ticket::new(state, a));
                 }
                 return Finished {
                     result,
@@ -285,33 +338,59 @@ fn build(plan: &mut Plan<'_>) -> Request<super::body::Body> {
 async fn send(
     up: &Upstream,
     req: Request<super::body::Body>,
-    deadline: Instant,
+    plan: &Plan<'_>,
     state: &UpstreamState,
-) -> (Outcome, Result<Response<Incoming>, ProxyError>) {
+) -> Attempted {
     let started = Instant::now();
-    let now = started;
+    let deadline = plan.deadline;
     let try_deadline = up
         .config
         .per_try_timeout
-        .map(|p| (now + p).min(deadline))
+        .map(|p| (started + p).min(deadline))
         .unwrap_or(deadline);
-    let result = match tokio::time::timeout_at(try_deadline, up.client.send(req)).await {
-        Ok(r) => r,
-        Err(_) if try_deadline < deadline => Err(ProxyError::UpstreamTimeout),
-        Err(_) => Err(ProxyError::DeadlineExceeded),
-    };
-    let outcome = match &result {
-        Ok(resp) => Outcome::Response {
-            status: resp.status().as_u16(),
-            retry_after: retry_after(resp.headers(), state),
-            grpc_status: grpc_status(resp.headers()),
-        },
-        Err(ProxyError::ConnectFailed(_)) => Outcome::ConnectFailure,
-        Err(ProxyError::UpstreamTimeout | ProxyError::DeadlineExceeded) => Outcome::Timeout,
-        Err(_) => Outcome::Reset { request_sent: true },
+    let sent = tokio::time::timeout_at(try_deadline, up.client.send(req)).await;
+    let (outcome, result) = match sent {
+        Ok(Ok(resp)) => (
+            Outcome::Response {
+                status: resp.status().as_u16(),
+                retry_after: retry_after(resp.headers(), state),
+                grpc_status: grpc_status(resp.headers()),
+            },
+            Ok(resp),
+        ),
+        Ok(Err(e)) => {
+            let outcome = match e.kind {
+                Failure::Connect => Outcome::ConnectFailure,
+                Failure::NotSent => Outcome::Reset {
+                    request_sent: false,
+                },
+                Failure::ClientBody => Outcome::ClientGone,
+                Failure::Reset => Outcome::Reset { request_sent: true },
+            };
+            (outcome, Err(e.into_proxy_error()))
+        }
+        Err(_) if try_deadline < deadline => (Outcome::Timeout, Err(ProxyError::UpstreamTimeout)),
+        Err(_) => (Outcome::Timeout, Err(ProxyError::DeadlineExceeded)),
     };
     state.metrics.attempt(&outcome, started.elapsed());
-    (outcome, result)
+    // A deadline the client lowered itself is the client's doing, not the
+    // upstream's: no verdict for the breaker.
+    let blame = match (&result, plan.lowered) {
+        (Err(ProxyError::DeadlineExceeded), true) => None,
+        _ => outcome.breaker_failure(&up.config.breaker),
+    };
+    Attempted {
+        outcome,
+        result,
+        blame,
+    }
+}
+
+struct Attempted {
+    outcome: Outcome,
+    result: Result<Response<Incoming>, ProxyError>,
+    /// The breaker's verdict: `Some(failure)`, or `None` to release the slot.
+    blame: Option<bool>,
 }
 
 fn retry_after(h: &HeaderMap, state: &UpstreamState) -> Option<Duration> {

@@ -59,15 +59,72 @@ impl UpstreamClient {
     pub async fn send(
         &self,
         req: http::Request<Body>,
-    ) -> Result<http::Response<hyper::body::Incoming>, ProxyError> {
+    ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
         self.inner.request(req).await.map_err(|e| {
-            if e.is_connect() {
-                ProxyError::ConnectFailed(root_cause(&e))
+            let hyper_err = find::<hyper::Error>(&e);
+            let kind = if e.is_connect() {
+                Failure::Connect
+            } else if hyper_err.is_some_and(|h| h.is_canceled()) {
+                // hyper handed the request back unsent (the pooled connection
+                // closed first): nothing reached the upstream.
+                Failure::NotSent
+            } else if hyper_err.is_some_and(|h| h.is_user()) {
+                // Our side failed: the client's request body broke off.
+                Failure::ClientBody
             } else {
-                ProxyError::UpstreamReset(root_cause(&e))
+                Failure::Reset
+            };
+            SendError {
+                kind,
+                message: root_cause(&e),
             }
         })
     }
+}
+
+/// How an attempt failed before response headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Refused, unreachable, DNS, connect timeout.
+    Connect,
+    /// The connection closed before any of the request was written.
+    NotSent,
+    /// The client's request body failed (the client went away mid-upload).
+    ClientBody,
+    /// The connection reset or closed after the request was (partly) written.
+    Reset,
+}
+
+#[derive(Debug, Clone)]
+pub struct SendError {
+    pub kind: Failure,
+    pub message: String,
+}
+
+impl SendError {
+    pub fn into_proxy_error(self) -> ProxyError {
+        match self.kind {
+            Failure::Connect | Failure::NotSent => ProxyError::ConnectFailed(self.message),
+            Failure::ClientBody => {
+                ProxyError::BadRequest(format!("the request body broke off: {}", self.message))
+            }
+            Failure::Reset => ProxyError::UpstreamReset(self.message),
+        }
+    }
+}
+
+/// The first error of type `T` in `e`'s source chain.
+fn find<'a, T: std::error::Error + 'static>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(t) = c.downcast_ref::<T>() {
+            return Some(t);
+        }
+        cur = c.source();
+    }
+    None
 }
 
 /// The innermost error's message: "Connection refused (os error 111)" rather

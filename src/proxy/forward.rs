@@ -93,8 +93,9 @@ async fn forward(
             .map(str::to_owned),
         None => None,
     });
-    let has_idempotency_key = parts.headers.contains_key(&cfg.idempotency_header);
     headers::strip_hop_by_hop(&mut parts.headers, true);
+    // Checked after stripping: a key the upstream will not receive does not count.
+    let has_idempotency_key = parts.headers.contains_key(&cfg.idempotency_header);
     if let Some(h) = host {
         parts.headers.insert(header::HOST, h);
     }
@@ -105,15 +106,22 @@ async fn forward(
         Version::HTTP_11
     };
 
-    // Admission in SEMANTICS §2's order: rate limit, concurrency, breaker.
+    // Admission in SEMANTICS §2's order: rate limit, concurrency; the body is
+    // read (when it is to be kept for a replay) before the breaker is asked,
+    // so a slow upload never holds a half-open probe slot.
     attempt::admit_rate(up, key.as_deref(), deadline).await?;
     let slot = up.state.gate.enter(deadline).await?;
-    let ticket = attempt::admit_breaker(&up.state)?;
 
     let single = cfg.retry.max_attempts <= 1;
+    let stream_unknown = up.h2 || parts.version == Version::HTTP_2 || is_grpc(&parts.headers);
     let body = match tokio::time::timeout_at(
         deadline,
-        RequestBody::prepare(body, !single, cfg.retry.max_replay_body_bytes),
+        RequestBody::prepare(
+            body,
+            !single,
+            cfg.retry.max_replay_body_bytes,
+            stream_unknown,
+        ),
     )
     .await
     {
@@ -125,6 +133,7 @@ async fn forward(
         }
         Err(_) => return Err(ProxyError::DeadlineExceeded),
     };
+    let ticket = attempt::admit_breaker(&up.state)?;
     let plan = Plan {
         parts,
         body,
@@ -133,6 +142,7 @@ async fn forward(
         has_idempotency_key,
         grpc_timeout: grpc.is_some(),
         single,
+        lowered: budget < cfg.timeout,
     };
     let done = attempt::run(up, plan, ticket).await;
     match done.result {
@@ -191,4 +201,10 @@ fn upstream_uri(up: &Upstream, original: &Uri) -> Result<Uri, ProxyError> {
                 "cannot map the request target onto the upstream: {e}"
             ))
         })
+}
+
+fn is_grpc(h: &http::HeaderMap) -> bool {
+    h.get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
 }

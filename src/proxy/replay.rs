@@ -22,8 +22,9 @@ use std::task::{Context, Poll};
 /// The client's request body, prepared for one or more attempts.
 #[derive(Debug)]
 pub enum RequestBody {
-    /// No retry is possible: the client's body, for the one attempt.
-    Direct(Option<Body>),
+    /// No retry is possible: the client's body, for the one attempt, and its
+    /// declared length.
+    Direct(Option<Body>, Option<u64>),
     /// Buffered whole: replayed for every attempt.
     Buffered {
         data: Bytes,
@@ -37,15 +38,27 @@ pub enum RequestBody {
 }
 
 impl RequestBody {
-    /// Reads up to `limit` bytes of `body` when a retry is possible.
+    /// Reads up to `limit` bytes of `body` when a retry is possible. A body
+    /// of unknown length is streamed rather than read ahead when
+    /// `stream_unknown` (HTTP/2 and gRPC: it may be a stream the client keeps
+    /// open while it waits for answers).
     pub async fn prepare(
         body: Incoming,
         retry_possible: bool,
         limit: u64,
+        stream_unknown: bool,
     ) -> Result<Self, BoxError> {
         let hint = body.size_hint();
         if !retry_possible {
-            return Ok(RequestBody::Direct(Some(boxed(body))));
+            let len = if body.is_end_stream() {
+                Some(0)
+            } else {
+                hint.exact()
+            };
+            return Ok(RequestBody::Direct(Some(boxed(body)), len));
+        }
+        if hint.exact().is_none() && stream_unknown {
+            return Ok(RequestBody::streamed(boxed(body), None));
         }
         if hint.exact() == Some(0) && body.is_end_stream() {
             return Ok(RequestBody::Buffered {
@@ -99,7 +112,7 @@ impl RequestBody {
     /// The body for the next attempt.
     pub fn for_attempt(&mut self) -> Body {
         match self {
-            RequestBody::Direct(b) => b.take().unwrap_or_else(super::body::empty),
+            RequestBody::Direct(b, _) => b.take().unwrap_or_else(super::body::empty),
             RequestBody::Buffered { data, trailers } => boxed(Replay {
                 data: Some(data.clone()).filter(|d| !d.is_empty()),
                 trailers: trailers.clone(),
@@ -114,8 +127,11 @@ impl RequestBody {
     /// What the retry decision needs to know about it.
     pub fn facts(&self) -> BodyFacts {
         match self {
-            RequestBody::Direct(_) => BodyFacts::Streamed {
-                len: None,
+            // Nothing is kept for a replay; describe it as it is, so a stop is
+            // reported as `attempts` rather than `body` where that is the truth.
+            RequestBody::Direct(_, Some(0)) => BodyFacts::Empty,
+            RequestBody::Direct(_, len) => BodyFacts::Streamed {
+                len: *len,
                 bytes_read: true,
             },
             RequestBody::Buffered { data, .. } if data.is_empty() => BodyFacts::Empty,
