@@ -192,3 +192,53 @@ async fn refused_upstream_is_502_connect_failed() {
         "{json}"
     );
 }
+
+#[tokio::test]
+async fn websocket_upgrades_pass_through() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // The upstream accepts the upgrade, then echoes bytes upper-cased.
+    let up = RawUpstream::start(|_n, mut s| async move {
+        let mut buf = vec![0u8; 4096];
+        let mut head = Vec::new();
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            head.extend_from_slice(&buf[..n]);
+        }
+        let text = String::from_utf8_lossy(&head).to_lowercase();
+        assert!(text.contains("upgrade: websocket"), "{text}");
+        s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n")
+            .await
+            .unwrap();
+        loop {
+            let n = match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let upper: Vec<u8> = buf[..n].to_ascii_uppercase();
+            if s.write_all(&upper).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let weir = Weir::single(&up.url(), "").await;
+    let mut s = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    s.write_all(b"GET /ws HTTP/1.1\r\nHost: svc\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the 101");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&got).to_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
+    s.write_all(b"hello over the tunnel").await.unwrap();
+    let mut echoed = vec![0u8; 21];
+    s.read_exact(&mut echoed).await.unwrap();
+    assert_eq!(&echoed, b"HELLO OVER THE TUNNEL");
+    assert_eq!(up.connections(), 1);
+}

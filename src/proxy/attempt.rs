@@ -191,6 +191,8 @@ pub struct Plan<'a> {
     pub single: bool,
     /// The client lowered its deadline below the upstream's `timeout`.
     pub lowered: bool,
+    /// A connection upgrade: one attempt, never retried.
+    pub upgrade: bool,
 }
 
 /// How the attempt loop ended: the last outcome, and the annotations.
@@ -231,6 +233,13 @@ pub async fn run<'a>(up: &'a Upstream, mut plan: Plan<'a>, mut ticket: Ticket<'a
             blame,
         } = send(up, req, &plan, state).await;
         ticket.record(blame);
+        if plan.upgrade {
+            return Finished {
+                result,
+                attempts,
+                stop: None,
+            };
+        }
 
         let facts = RequestFacts::new(
             plan.parts.method.as_str(),

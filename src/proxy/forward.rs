@@ -93,7 +93,14 @@ async fn forward(
             .map(str::to_owned),
         None => None,
     });
+    let upgrade = super::upgrade::requested(&parts.headers);
+    let on_upgrade = upgrade
+        .as_ref()
+        .and_then(|_| parts.extensions.remove::<hyper::upgrade::OnUpgrade>());
     headers::strip_hop_by_hop(&mut parts.headers, true);
+    if let (Some(u), Some(_)) = (&upgrade, &on_upgrade) {
+        super::upgrade::restore(&mut parts.headers, u.clone());
+    }
     // Checked after stripping: a key the upstream will not receive does not count.
     let has_idempotency_key = parts.headers.contains_key(&cfg.idempotency_header);
     if let Some(h) = host {
@@ -112,7 +119,8 @@ async fn forward(
     attempt::admit_rate(up, key.as_deref(), deadline).await?;
     let slot = up.state.gate.enter(deadline).await?;
 
-    let single = cfg.retry.max_attempts <= 1;
+    // An upgrade is one attempt: its body is the connection itself.
+    let single = cfg.retry.max_attempts <= 1 || on_upgrade.is_some();
     let stream_unknown = up.h2 || parts.version == Version::HTTP_2 || is_grpc(&parts.headers);
     let body = match tokio::time::timeout_at(
         deadline,
@@ -143,12 +151,33 @@ async fn forward(
         grpc_timeout: grpc.is_some(),
         single,
         lowered: budget < cfg.timeout,
+        upgrade: on_upgrade.is_some(),
     };
     let done = attempt::run(up, plan, ticket).await;
     match done.result {
-        Ok(resp) => {
+        Ok(mut resp) => {
+            let switching = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+            let upstream_upgrade = if switching {
+                Some(hyper::upgrade::on(&mut resp))
+            } else {
+                None
+            };
             let (mut rparts, rbody) = resp.into_parts();
+            let agreed = rparts.headers.get(header::UPGRADE).cloned();
             headers::strip_hop_by_hop(&mut rparts.headers, false);
+            match (on_upgrade, upstream_upgrade, agreed) {
+                (Some(client), Some(upstream), Some(proto)) => {
+                    super::upgrade::restore(&mut rparts.headers, proto);
+                    super::upgrade::tunnel(client, upstream, cfg.name.clone());
+                }
+                (_, Some(_), _) => {
+                    // A 101 nobody asked for, or without a protocol: refuse it.
+                    return Err(ProxyError::UpstreamReset(
+                        "the upstream switched protocols without a matching upgrade request".into(),
+                    ));
+                }
+                _ => {}
+            }
             // hyper answers in the client's protocol; an HTTP/1.0 upstream must
             // not downgrade the client's connection.
             rparts.version = Version::HTTP_11;

@@ -16,6 +16,7 @@ pub mod headers;
 pub mod replay;
 pub mod route;
 mod server;
+pub mod upgrade;
 
 pub use server::{Proxy, ProxyHandle};
 
