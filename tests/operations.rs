@@ -1,0 +1,525 @@
+//! Operating weir: metrics values, the admin endpoints, reload under load,
+//! the file watch, and the loopback guard.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use hyper::{Request, Response};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use weir::config::Config;
+use weir::runtime::{Options, Runtime};
+
+const NO_WATCH: Options = Options {
+    watch: false,
+    sighup: false,
+};
+
+async fn start(dir: &Path, toml: &str, opts: Options) -> (Runtime, PathBuf) {
+    let path = dir.join("weir.toml");
+    std::fs::write(&path, toml).unwrap();
+    let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    (Runtime::start(config, opts).await.unwrap(), path)
+}
+
+async fn admin(rt: &Runtime, method: &str, path: &str) -> (u16, String) {
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("http://{}{path}", rt.admin_addr))
+        .body(body(""))
+        .unwrap();
+    let (parts, b) = read_body(client().request(req).await.unwrap()).await;
+    (
+        parts.status.as_u16(),
+        String::from_utf8_lossy(&b).into_owned(),
+    )
+}
+
+async fn through(rt: &Runtime, host: &str, path: &str) -> (u16, String) {
+    let url = format!("http://{}{path}", rt.proxy.listen_addr());
+    let (parts, _) = read_body(get(&client(), &url, host).await).await;
+    (parts.status.as_u16(), header(&parts, "x-weir-error"))
+}
+
+/// Parses the Prometheus text format strictly: every line is a comment
+/// (`# HELP`/`# TYPE`) or `name{label="value",…} number`. Returns the samples
+/// keyed by `name{labels in order}`.
+fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# ") {
+            assert!(
+                rest.starts_with("HELP weir_") || rest.starts_with("TYPE weir_"),
+                "bad comment: {line}"
+            );
+            if let Some(t) = rest.strip_prefix("TYPE ") {
+                let kind = t.split(' ').nth(1).unwrap();
+                assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
+            }
+            continue;
+        }
+        let name_end = line
+            .find(['{', ' '])
+            .unwrap_or_else(|| panic!("no value: {line}"));
+        let name = &line[..name_end];
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+                && name.starts_with("weir_"),
+            "bad metric name: {line}"
+        );
+        let mut rest = &line[name_end..];
+        let mut labels = String::new();
+        if let Some(r) = rest.strip_prefix('{') {
+            let close = r
+                .rfind('}')
+                .unwrap_or_else(|| panic!("unclosed labels: {line}"));
+            let inner = &r[..close];
+            // label="value" pairs; values may hold escaped quotes.
+            let mut chars = inner.chars().peekable();
+            let mut pairs = Vec::new();
+            while chars.peek().is_some() {
+                let key: String = chars.by_ref().take_while(|c| *c != '=').collect();
+                assert!(
+                    !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                    "bad label in {line}"
+                );
+                assert_eq!(chars.next(), Some('"'), "unquoted label value in {line}");
+                let mut val = String::new();
+                loop {
+                    match chars.next() {
+                        Some('\\') => val.push(chars.next().unwrap()),
+                        Some('"') => break,
+                        Some(c) => val.push(c),
+                        None => panic!("unterminated value in {line}"),
+                    }
+                }
+                pairs.push(format!("{key}={val}"));
+                match chars.next() {
+                    Some(',') | None => {}
+                    Some(c) => panic!("unexpected {c:?} in {line}"),
+                }
+            }
+            pairs.sort();
+            labels = pairs.join(",");
+            rest = &r[close + 1..];
+        }
+        let value = rest
+            .strip_prefix(' ')
+            .unwrap_or_else(|| panic!("no space before value: {line}"));
+        let v: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("bad value: {line}")),
+        };
+        out.insert(format!("{name}{{{labels}}}"), v);
+    }
+    out
+}
+
+/// The value of `name{k=v,…}` (labels in any order).
+fn val(m: &BTreeMap<String, f64>, key: &str) -> f64 {
+    let (name, labels) = key.split_once('{').unwrap();
+    let mut pairs: Vec<&str> = labels
+        .trim_end_matches('}')
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .collect();
+    pairs.sort();
+    let norm = format!("{name}{{{}}}", pairs.join(","));
+    *m.get(&norm).unwrap_or_else(|| panic!("no series {key}"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_count_exactly_what_happened() {
+    let up = TestUpstream::start(|req: Request<hyper::body::Incoming>| async move {
+        if req.uri().path().starts_with("/fail") {
+            Response::builder().status(503).body(body("no")).unwrap()
+        } else {
+            Response::new(body("yes"))
+        }
+    })
+    .await;
+    let u = up.url();
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[upstreams.flaky]
+url = "{u}"
+hosts = ["flaky"]
+[upstreams.flaky.retry.backoff]
+base = "1ms"
+jitter = "none"
+[upstreams.flaky.retry.budget]
+ratio = 0.5
+min_per_sec = 0
+[upstreams.flaky.breaker]
+consecutive_failures = 50
+window = 50
+min_samples = 50
+
+[upstreams.fragile]
+url = "{u}"
+hosts = ["fragile"]
+[upstreams.fragile.retry]
+max_attempts = 1
+[upstreams.fragile.breaker]
+consecutive_failures = 2
+open = "1m"
+
+[upstreams.limited]
+url = "{u}"
+hosts = ["limited"]
+[upstreams.limited.rate_limit]
+rps = 1.0
+burst = 2
+"#
+    );
+    let (rt, _) = start(dir.path(), &toml, NO_WATCH).await;
+
+    for _ in 0..4 {
+        assert_eq!(through(&rt, "flaky", "/ok").await.0, 200);
+    }
+    // Budget: 4 × 0.5 deposited. This request deposits 0.5, retries twice
+    // (2.5 → 0.5) and stops on attempts.
+    assert_eq!(through(&rt, "flaky", "/fail").await.0, 503);
+    // Deposits 0.5 (1.0), retries once (0.0), then the budget stops it.
+    assert_eq!(through(&rt, "flaky", "/fail").await.0, 503);
+    // Two failures trip `fragile`; the third request is refused.
+    assert_eq!(through(&rt, "fragile", "/fail").await.0, 503);
+    assert_eq!(through(&rt, "fragile", "/fail").await.0, 503);
+    assert_eq!(
+        through(&rt, "fragile", "/ok").await,
+        (503, "circuit_open".into())
+    );
+    // A burst of 2 then a 429.
+    assert_eq!(through(&rt, "limited", "/ok").await.0, 200);
+    assert_eq!(through(&rt, "limited", "/ok").await.0, 200);
+    assert_eq!(
+        through(&rt, "limited", "/ok").await,
+        (429, "rate_limited".into())
+    );
+    assert_eq!(through(&rt, "nobody", "/").await, (404, "no_route".into()));
+
+    let (status, text) = admin(&rt, "GET", "/metrics").await;
+    assert_eq!(status, 200);
+    let m = parse_metrics(&text);
+    let expect = [
+        ("weir_requests_total{upstream=flaky,code=200}", 4.0),
+        ("weir_requests_total{upstream=flaky,code=503}", 2.0),
+        (
+            "weir_upstream_attempts_total{upstream=flaky,result=ok}",
+            4.0,
+        ),
+        (
+            "weir_upstream_attempts_total{upstream=flaky,result=status_5xx}",
+            5.0,
+        ),
+        ("weir_retries_total{upstream=flaky,cause=status_503}", 3.0),
+        (
+            "weir_retry_stops_total{upstream=flaky,reason=attempts}",
+            1.0,
+        ),
+        ("weir_retry_stops_total{upstream=flaky,reason=budget}", 1.0),
+        ("weir_retry_stops_total{upstream=flaky,reason=unsafe}", 0.0),
+        ("weir_retry_budget_tokens{upstream=flaky}", 0.0),
+        ("weir_breaker_state{upstream=flaky,state=closed}", 1.0),
+        ("weir_requests_total{upstream=fragile,code=503}", 2.0),
+        (
+            "weir_requests_total{upstream=fragile,code=circuit_open}",
+            1.0,
+        ),
+        (
+            "weir_upstream_attempts_total{upstream=fragile,result=status_5xx}",
+            2.0,
+        ),
+        (
+            "weir_retry_stops_total{upstream=fragile,reason=attempts}",
+            2.0,
+        ),
+        (
+            "weir_breaker_transitions_total{upstream=fragile,to=open}",
+            1.0,
+        ),
+        ("weir_breaker_state{upstream=fragile,state=open}", 1.0),
+        ("weir_breaker_state{upstream=fragile,state=closed}", 0.0),
+        ("weir_requests_total{upstream=limited,code=200}", 2.0),
+        (
+            "weir_requests_total{upstream=limited,code=rate_limited}",
+            1.0,
+        ),
+        ("weir_rate_limited_total{upstream=limited}", 1.0),
+        ("weir_in_flight_requests{upstream=flaky}", 0.0),
+        ("weir_requests_total{upstream=,code=no_route}", 1.0),
+        ("weir_config_reloads_total{result=ok}", 1.0),
+        ("weir_config_reloads_total{result=error}", 0.0),
+        ("weir_config_last_reload_success{}", 1.0),
+        ("weir_request_duration_seconds_count{upstream=flaky}", 6.0),
+        (
+            "weir_upstream_attempt_duration_seconds_count{upstream=flaky}",
+            9.0,
+        ),
+    ];
+    for (k, v) in expect {
+        assert_eq!(val(&m, k), v, "{k}");
+    }
+    // Nothing from the requests leaked into label values.
+    assert!(!text.contains("nobody"));
+    rt.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn admin_endpoints_and_the_loopback_guard() {
+    let up = TestUpstream::text("ok").await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n[upstreams.a]\nurl = \"{}\"\nhosts = [\"a\"]\n",
+        up.url()
+    );
+    let (rt, path) = start(dir.path(), &toml, NO_WATCH).await;
+    assert_eq!(admin(&rt, "GET", "/healthz").await.0, 200);
+    assert_eq!(admin(&rt, "GET", "/readyz").await.0, 200);
+    let (s, cfg) = admin(&rt, "GET", "/config").await;
+    assert_eq!(s, 200);
+    assert!(
+        cfg.contains("[upstreams.a]") && cfg.contains("max_attempts = 3"),
+        "{cfg}"
+    );
+    assert_eq!(admin(&rt, "GET", "/reload").await.0, 405);
+    assert_eq!(admin(&rt, "GET", "/nope").await.0, 404);
+
+    // An invalid file: 422 naming the place, counted, the running config stays.
+    std::fs::write(&path, format!("{toml}timeout = 5\n")).unwrap();
+    let (s, msg) = admin(&rt, "POST", "/reload").await;
+    assert_eq!(s, 422);
+    assert!(msg.contains("weir.toml:7:11"), "{msg}");
+    assert_eq!(through(&rt, "a", "/").await.0, 200);
+    let m = parse_metrics(&admin(&rt, "GET", "/metrics").await.1);
+    assert_eq!(val(&m, "weir_config_reloads_total{result=error}"), 1.0);
+    assert_eq!(val(&m, "weir_config_last_reload_success{}"), 0.0);
+
+    // The guard itself, with a peer that is not loopback.
+    let outsider: std::net::SocketAddr = "10.1.2.3:40000".parse().unwrap();
+    let insider: std::net::SocketAddr = "127.0.0.1:40000".parse().unwrap();
+    for (method, path) in [("GET", "/config"), ("POST", "/reload")] {
+        let req = || {
+            Request::builder()
+                .method(method)
+                .uri(path)
+                .body(())
+                .unwrap()
+        };
+        let r = weir::admin::route(&rt.reloader, outsider, req()).await;
+        assert_eq!(
+            r.status(),
+            403,
+            "{method} {path} answered a non-loopback peer"
+        );
+        let r = weir::admin::route(&rt.reloader, insider, req()).await;
+        assert_ne!(r.status(), 403);
+    }
+    let r = weir::admin::route(
+        &rt.reloader,
+        outsider,
+        Request::get("/metrics").body(()).unwrap(),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+
+    // Draining: /readyz turns 503.
+    rt.proxy.stop_accepting();
+    assert_eq!(admin(&rt, "GET", "/readyz").await.0, 503);
+    rt.shutdown(Duration::from_secs(1)).await;
+}
+
+fn reload_config(ok_up: &str, bad_up: &str, variant: usize) -> String {
+    let base = format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[upstreams.steady]
+url = "{ok_up}"
+hosts = ["steady"]
+
+[upstreams.broken]
+url = "{bad_up}"
+hosts = ["broken"]
+[upstreams.broken.retry]
+max_attempts = 1
+[upstreams.broken.breaker]
+consecutive_failures = 3
+open = "5m"
+"#
+    );
+    match variant {
+        0 => base,
+        1 => format!(
+            "{base}\n[upstreams.steady.breaker]\nconsecutive_failures = 9\n\n[upstreams.extra]\nurl = \"{ok_up}\"\nlisten = \"127.0.0.1:0\"\n"
+        ),
+        _ => format!("{base}\n[upstreams.steady.retry]\nmax_attempts = \"three\"\n"),
+    }
+}
+
+#[tokio::test]
+async fn reload_under_load_drops_no_request() {
+    let ok = TestUpstream::text("ok").await;
+    let bad = TestUpstream::start(|_r| async move {
+        Response::builder().status(503).body(body("down")).unwrap()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, path) = start(
+        dir.path(),
+        &reload_config(&ok.url(), &bad.url(), 0),
+        NO_WATCH,
+    )
+    .await;
+    let rt = Arc::new(rt);
+
+    // Open the breaker of an upstream present in both configs.
+    for _ in 0..3 {
+        assert_eq!(through(&rt, "broken", "/").await.0, 503);
+    }
+    assert_eq!(through(&rt, "broken", "/").await.1, "circuit_open");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let (rt, stop, sent, failed) = (rt.clone(), stop.clone(), sent.clone(), failed.clone());
+        clients.push(tokio::spawn(async move {
+            let c = client();
+            while !stop.load(Ordering::Relaxed) {
+                let url = format!("http://{}/", rt.proxy.listen_addr());
+                let req = Request::get(url)
+                    .header("host", "steady")
+                    .body(body(""))
+                    .unwrap();
+                let ok = match c.request(req).await {
+                    Ok(resp) => resp.status() == 200 && read_body(resp).await.1 == "ok",
+                    Err(_) => false,
+                };
+                sent.fetch_add(1, Ordering::Relaxed);
+                if !ok {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let mut extra_seen = false;
+    for i in 0..25 {
+        let variant = if i % 5 == 4 { 2 } else { i % 2 };
+        std::fs::write(&path, reload_config(&ok.url(), &bad.url(), variant)).unwrap();
+        let (status, msg) = admin(&rt, "POST", "/reload").await;
+        if variant == 2 {
+            assert_eq!(status, 422, "{msg}");
+        } else {
+            assert_eq!(status, 200, "{msg}");
+        }
+        if variant == 1 {
+            // The extra upstream's dedicated listener is up and serving.
+            let addr = rt.proxy.upstream_addrs()["extra"];
+            let (parts, b) = read_body(get(&client(), &format!("http://{addr}/"), "x").await).await;
+            assert_eq!((parts.status.as_u16(), &b[..]), (200, &b"ok"[..]));
+            extra_seen = true;
+        } else if variant == 0 {
+            assert!(!rt.proxy.upstream_addrs().contains_key("extra"));
+        }
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert!(extra_seen);
+    let sent = sent.load(Ordering::Relaxed);
+    assert!(sent > 100, "only {sent} requests were sent");
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "requests failed during reloads (of {sent})"
+    );
+    let m = parse_metrics(&admin(&rt, "GET", "/metrics").await.1);
+    assert_eq!(val(&m, "weir_config_reloads_total{result=error}"), 5.0);
+    assert_eq!(val(&m, "weir_config_reloads_total{result=ok}"), 21.0);
+    assert_eq!(
+        through(&rt, "broken", "/").await.1,
+        "circuit_open",
+        "the breaker was reset by a reload"
+    );
+    rt.shutdown(Duration::from_secs(1)).await;
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn the_file_watch_sees_a_configmap_symlink_swap() {
+    use std::os::unix::fs::symlink;
+    let up = TestUpstream::text("ok").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let write_version = |name: &str, host: &str| {
+        let v = d.join(name);
+        std::fs::create_dir(&v).unwrap();
+        std::fs::write(
+            v.join("weir.toml"),
+            format!(
+                "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n[upstreams.a]\nurl = \"{}\"\nhosts = [\"{host}\"]\n",
+                up.url()
+            ),
+        )
+        .unwrap();
+    };
+    // The layout the kubelet makes: weir.toml → ..data/weir.toml, ..data → ..<timestamp>.
+    write_version("..2026_11_29_01", "old-host");
+    symlink("..2026_11_29_01", d.join("..data")).unwrap();
+    symlink("..data/weir.toml", d.join("weir.toml")).unwrap();
+    let path = d.join("weir.toml");
+    let config = Config::load(&path).unwrap();
+    let rt = Runtime::start(
+        config,
+        Options {
+            watch: true,
+            sighup: false,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(through(&rt, "old-host", "/").await.0, 200);
+
+    // The swap: a new directory, a temporary link, renamed over ..data.
+    write_version("..2026_11_29_02", "new-host");
+    symlink("..2026_11_29_02", d.join("..data_tmp")).unwrap();
+    std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
+    std::fs::remove_dir_all(d.join("..2026_11_29_01")).unwrap();
+
+    let mut seen = false;
+    for _ in 0..50 {
+        if through(&rt, "new-host", "/").await.0 == 200 {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(seen, "the swap was not picked up within 5 s");
+    assert_eq!(through(&rt, "old-host", "/").await.0, 404);
+    let m = parse_metrics(&admin(&rt, "GET", "/metrics").await.1);
+    assert_eq!(
+        val(&m, "weir_config_reloads_total{result=ok}"),
+        2.0,
+        "debounce should make one reload of one swap"
+    );
+    rt.shutdown(Duration::from_secs(1)).await;
+}
