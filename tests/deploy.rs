@@ -1,0 +1,1195 @@
+//! Shipping weir: the Dockerfile, `deploy/` and `.ci/run` checked against
+//! each other, against the configs they mount, and against a running weir.
+//! No container engine is needed: the files are parsed and cross-read.
+//!
+//! - every TOML under `config/` and `deploy/` (and the ConfigMap's) passes
+//!   `weir check`;
+//! - the image builds with the command `.ci/run` builds with, and copies only
+//!   what `.dockerignore` lets through;
+//! - the Kubernetes and Compose files agree with the image (config path,
+//!   user, ports) and with the weir.toml they mount (listeners, probes,
+//!   scrape port, the URLs the application calls, upstream addresses);
+//! - every metric and label the dashboard and the alert rules query exists in
+//!   the `/metrics` of a weir that has served traffic.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use hyper::{Response, StatusCode};
+use serde_yaml_ng::Value as Yaml;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use weir::config::Config;
+use weir::runtime::{Options, Runtime};
+
+/// Where the image's ENTRYPOINT reads its config (the issue's contract).
+const IMAGE_CONFIG: &str = "/etc/weir/weir.toml";
+
+/// Labels a Prometheus scrape adds to every series (target labels and the
+/// Kubernetes relabelling in deploy/prometheus/kubernetes.yml).
+const TARGET_LABELS: [&str; 5] = ["job", "instance", "namespace", "pod", "app"];
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// Every document of a YAML file, `<<` merge keys applied.
+fn yaml_docs(rel: &str) -> Vec<Yaml> {
+    let src = read(rel);
+    serde_yaml_ng::Deserializer::from_str(&src)
+        .map(|d| {
+            let mut v: Yaml = serde::Deserialize::deserialize(d)
+                .unwrap_or_else(|e| panic!("{rel} is not valid YAML: {e}"));
+            v.apply_merge()
+                .unwrap_or_else(|e| panic!("{rel}: merge keys: {e}"));
+            v
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn yaml(rel: &str) -> Yaml {
+    let mut docs = yaml_docs(rel);
+    assert_eq!(docs.len(), 1, "{rel}: expected one YAML document");
+    docs.remove(0)
+}
+
+/// `v[a][b]...`, panicking with the path when a step is missing.
+fn at<'a>(v: &'a Yaml, path: &[&str]) -> &'a Yaml {
+    let mut cur = v;
+    for (i, k) in path.iter().enumerate() {
+        cur = cur
+            .get(*k)
+            .unwrap_or_else(|| panic!("missing `{}`", path[..=i].join(".")));
+    }
+    cur
+}
+
+fn s(v: &Yaml) -> &str {
+    v.as_str()
+        .unwrap_or_else(|| panic!("expected a string, got {v:?}"))
+}
+
+fn seq(v: &Yaml) -> &Vec<Yaml> {
+    v.as_sequence()
+        .unwrap_or_else(|| panic!("expected a list, got {v:?}"))
+}
+
+/// A YAML scalar as text (ports and numbers may be written either way).
+fn scalar(v: &Yaml) -> String {
+    match v {
+        Yaml::String(s) => s.clone(),
+        Yaml::Number(n) => n.to_string(),
+        Yaml::Bool(b) => b.to_string(),
+        other => panic!("expected a scalar, got {other:?}"),
+    }
+}
+
+fn strings(v: &Yaml) -> Vec<String> {
+    seq(v).iter().map(scalar).collect()
+}
+
+fn parse_config(label: &str, src: &str) -> Config {
+    Config::parse(Path::new(label), src).unwrap_or_else(|e| panic!("{label}:\n{e}"))
+}
+
+fn load_config(rel: &str) -> Config {
+    parse_config(rel, &read(rel))
+}
+
+/// `http://host:port[/...]` → (host, port).
+fn host_port(url: &str) -> (String, u16) {
+    let rest = url
+        .strip_prefix("http://")
+        .unwrap_or_else(|| panic!("{url}: not http://"));
+    let authority = rest.split('/').next().unwrap();
+    let (h, p) = authority
+        .rsplit_once(':')
+        .unwrap_or_else(|| panic!("{url}: no port"));
+    (h.to_string(), p.parse().unwrap())
+}
+
+// ---------------------------------------------------------------------------
+// Every TOML passes `weir check`.
+
+fn tomls(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            tomls(&p, out);
+        } else if p.extension().is_some_and(|x| x == "toml") {
+            out.push(p);
+        }
+    }
+}
+
+fn weir_check(path: &Path) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["check", "--config"])
+        .arg(path)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The `weir.toml` key of deploy/kubernetes/configmap.yaml.
+fn configmap() -> (String, String, String) {
+    let cm = yaml("deploy/kubernetes/configmap.yaml");
+    assert_eq!(s(at(&cm, &["kind"])), "ConfigMap");
+    let name = s(at(&cm, &["metadata", "name"])).to_string();
+    let data = at(&cm, &["data"]).as_mapping().unwrap();
+    assert_eq!(data.len(), 1, "the ConfigMap holds weir.toml only");
+    let (k, v) = data.iter().next().unwrap();
+    (name, scalar(k), s(v).to_string())
+}
+
+#[test]
+fn every_toml_under_config_and_deploy_passes_weir_check() {
+    let mut files = Vec::new();
+    tomls(&root().join("config"), &mut files);
+    tomls(&root().join("deploy"), &mut files);
+    let dir = tempfile::tempdir().unwrap();
+    let (_, key, src) = configmap();
+    let cm = dir.path().join(&key);
+    std::fs::write(&cm, src).unwrap();
+    files.push(cm);
+    for must in [
+        "config/weir.toml",
+        "deploy/docker/weir.toml",
+        "deploy/compose/weir/weir.toml",
+    ] {
+        assert!(files.contains(&root().join(must)), "{must} not found");
+    }
+    for f in &files {
+        let (ok, err) = weir_check(f);
+        assert!(ok, "weir check {} failed:\n{err}", f.display());
+    }
+    // And the check is real: a broken file fails.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[upstreams.x]\nurl = \"http://127.0.0.1:1\"\n").unwrap();
+    assert!(!weir_check(&bad).0);
+}
+
+// ---------------------------------------------------------------------------
+// The Dockerfile.
+
+#[derive(Debug, Default)]
+struct Stage {
+    from: String,
+    name: Option<String>,
+    /// (sources, destination, --from stage)
+    copies: Vec<(Vec<String>, String, Option<String>)>,
+    runs: Vec<String>,
+    expose: Vec<u16>,
+    user: Option<String>,
+    entrypoint: Option<Vec<String>>,
+}
+
+/// Instructions with continuations joined and comments dropped, per stage.
+fn dockerfile() -> Vec<Stage> {
+    let src = read("Dockerfile");
+    let mut logical = Vec::new();
+    let mut cur = String::new();
+    for line in src.lines() {
+        let t = line.trim();
+        if cur.is_empty() && (t.is_empty() || t.starts_with('#')) {
+            continue;
+        }
+        if let Some(body) = t.strip_suffix('\\') {
+            cur.push_str(body);
+            cur.push(' ');
+        } else {
+            cur.push_str(t);
+            logical.push(std::mem::take(&mut cur));
+        }
+    }
+    let mut stages: Vec<Stage> = Vec::new();
+    for ins in logical {
+        let (kw, rest) = ins.split_once(' ').unwrap_or((&ins, ""));
+        let rest = rest.trim();
+        let words: Vec<String> = rest.split_whitespace().map(str::to_string).collect();
+        match kw.to_ascii_uppercase().as_str() {
+            "FROM" => stages.push(Stage {
+                from: words[0].clone(),
+                name: (words.len() == 3 && words[1].eq_ignore_ascii_case("as"))
+                    .then(|| words[2].clone()),
+                ..Stage::default()
+            }),
+            "COPY" => {
+                let from = words
+                    .iter()
+                    .find_map(|w| w.strip_prefix("--from="))
+                    .map(str::to_string);
+                let mut paths: Vec<String> = words
+                    .iter()
+                    .filter(|w| !w.starts_with("--"))
+                    .cloned()
+                    .collect();
+                let dst = paths.pop().unwrap();
+                stages.last_mut().unwrap().copies.push((paths, dst, from));
+            }
+            "RUN" => stages.last_mut().unwrap().runs.push(rest.to_string()),
+            "EXPOSE" => stages.last_mut().unwrap().expose.extend(
+                words
+                    .iter()
+                    .map(|w| w.trim_end_matches("/tcp").parse::<u16>().unwrap()),
+            ),
+            "USER" => stages.last_mut().unwrap().user = Some(rest.to_string()),
+            "ENTRYPOINT" => {
+                let v: Vec<String> = serde_json::from_str(rest)
+                    .unwrap_or_else(|e| panic!("ENTRYPOINT must be exec form: {e}"));
+                stages.last_mut().unwrap().entrypoint = Some(v);
+            }
+            _ => {}
+        }
+    }
+    stages
+}
+
+/// The shell commands of a RUN instruction: `--mount` style flags removed,
+/// split on `&&`, `;` and `||`.
+fn commands(run: &str) -> Vec<String> {
+    let words: Vec<&str> = run.split_whitespace().collect();
+    let start = words.iter().position(|w| !w.starts_with("--")).unwrap_or(0);
+    words[start..]
+        .join(" ")
+        .split("&&")
+        .flat_map(|c| c.split(';'))
+        .flat_map(|c| c.split("||"))
+        .map(|c| c.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// The runtime (last) stage's config, its uid and the file it copies in.
+fn image() -> (Stage, String) {
+    let stages = dockerfile();
+    assert!(stages.len() >= 2, "the Dockerfile is multi-stage");
+    let rt = stages.into_iter().last().unwrap();
+    let src = rt
+        .copies
+        .iter()
+        .find(|(_, dst, _)| dst == IMAGE_CONFIG)
+        .map(|(srcs, _, _)| srcs[0].clone())
+        .unwrap_or_else(|| panic!("the runtime stage copies no config to {IMAGE_CONFIG}"));
+    (rt, src)
+}
+
+fn image_uid() -> u32 {
+    let (rt, _) = image();
+    let user = rt.user.expect("the runtime stage sets USER");
+    let uid: u32 =
+        user.split(':').next().unwrap().parse().unwrap_or_else(|_| {
+            panic!("USER {user}: use a numeric uid so runAsNonRoot can verify it")
+        });
+    assert_ne!(uid, 0, "the image runs as root");
+    uid
+}
+
+fn config_dir() -> &'static str {
+    Path::new(IMAGE_CONFIG).parent().unwrap().to_str().unwrap()
+}
+
+#[test]
+fn the_image_is_built_with_the_command_ci_runs() {
+    let stages = dockerfile();
+    let builds: Vec<String> = stages
+        .iter()
+        .flat_map(|st| st.runs.iter().flat_map(|r| commands(r)))
+        .filter(|c| c.starts_with("cargo build"))
+        .collect();
+    assert_eq!(
+        builds.len(),
+        1,
+        "one cargo build in the Dockerfile: {builds:?}"
+    );
+    let build = &builds[0];
+    assert_eq!(build, "cargo build --release --locked");
+    let ci = read(".ci/run");
+    let ci_lines: Vec<&str> = ci.lines().map(str::trim).collect();
+    assert!(
+        ci_lines.contains(&build.as_str()),
+        ".ci/run does not run `{build}` as a line of its own"
+    );
+    assert!(ci_lines.contains(&"cargo test --locked"));
+
+    // The builder is new enough for the crate's rust-version.
+    let builder = &stages[0].from;
+    let tag = builder.split(':').nth(1).unwrap_or("");
+    let v: Vec<u32> = tag
+        .split('-')
+        .next()
+        .unwrap()
+        .split('.')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    let cargo: toml::Table = toml::from_str(&read("Cargo.toml")).unwrap();
+    let msrv: Vec<u32> = cargo["package"]["rust-version"]
+        .as_str()
+        .unwrap()
+        .split('.')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert!(
+        builder.starts_with("rust:") && v >= msrv,
+        "builder {builder} is older than rust-version {msrv:?}"
+    );
+
+    // The runtime stage takes the binary the build stage made.
+    let (rt, _) = image();
+    let build_stage = stages[0].name.clone().unwrap();
+    let bin = rt
+        .copies
+        .iter()
+        .find(|(_, _, from)| from.as_deref() == Some(build_stage.as_str()))
+        .expect("the runtime stage copies the binary from the build stage");
+    assert!(bin.1.ends_with("/weir"));
+    assert!(stages[0]
+        .runs
+        .iter()
+        .any(|r| r.contains("target/release/weir")));
+}
+
+/// `.dockerignore` as an ordered list of (negated, pattern); the last match
+/// wins. Patterns are `*`, or paths matching themselves and what is under them.
+fn docker_ignored(rules: &[(bool, String)], path: &str) -> bool {
+    let mut ignored = false;
+    for (negated, pat) in rules {
+        let pat = pat.trim_end_matches('/');
+        let hit = pat == "*" || path == pat || path.starts_with(&format!("{pat}/"));
+        if hit {
+            ignored = !negated;
+        }
+    }
+    ignored
+}
+
+#[test]
+fn the_build_context_holds_what_the_dockerfile_copies_and_no_target_dir() {
+    let rules: Vec<(bool, String)> = read(".dockerignore")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| match l.strip_prefix('!') {
+            Some(p) => (true, p.to_string()),
+            None => (false, l.to_string()),
+        })
+        .collect();
+    let mut sources = 0;
+    for st in dockerfile() {
+        for (srcs, _, from) in &st.copies {
+            if from.is_some() {
+                continue;
+            }
+            for src in srcs {
+                let src = src.trim_start_matches("./").trim_end_matches('/');
+                assert!(root().join(src).exists(), "COPY {src}: no such file");
+                assert!(
+                    !docker_ignored(&rules, src),
+                    "COPY {src}: excluded by .dockerignore"
+                );
+                sources += 1;
+            }
+        }
+    }
+    assert!(sources >= 4, "Cargo.toml, Cargo.lock, src, the config");
+    for must_go in ["target", "target/release/weir", ".git", "tests"] {
+        assert!(
+            docker_ignored(&rules, must_go),
+            "{must_go} is sent to the build"
+        );
+    }
+    // Everything cargo needs to build: the manifest's [[bench]] targets too.
+    for needed in ["Cargo.toml", "Cargo.lock", "src/main.rs", "benches"] {
+        assert!(!docker_ignored(&rules, needed), "{needed} is not sent");
+    }
+}
+
+#[test]
+fn the_image_runs_weir_on_its_config_as_non_root_and_exposes_its_ports() {
+    let (rt, src) = image();
+    assert_eq!(
+        rt.entrypoint.as_deref(),
+        Some(&["weir", "run", "--config", IMAGE_CONFIG].map(String::from)[..])
+    );
+    image_uid();
+    let cfg = load_config(&src);
+    let mut want = vec![cfg.server.listen.port(), cfg.server.admin.port()];
+    want.sort_unstable();
+    let mut got = rt.expose.clone();
+    got.sort_unstable();
+    assert_eq!(got, want, "EXPOSE vs {src}'s listen and admin");
+    assert!(
+        cfg.server.admin.ip().is_unspecified(),
+        "{src}: admin must bind 0.0.0.0 for probes and scraping"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Kubernetes.
+
+fn find<'a>(items: &'a Yaml, name: &str) -> Option<&'a Yaml> {
+    seq(items)
+        .iter()
+        .find(|c| c.get("name").and_then(Yaml::as_str) == Some(name))
+}
+
+/// A probe's or port's port, by number or by the container port's name.
+fn port_of(container: &Yaml, port: &Yaml) -> u16 {
+    match port {
+        Yaml::Number(n) => u16::try_from(n.as_u64().unwrap()).unwrap(),
+        Yaml::String(name) => {
+            let p = find(at(container, &["ports"]), name)
+                .unwrap_or_else(|| panic!("no container port named {name}"));
+            u16::try_from(at(p, &["containerPort"]).as_u64().unwrap()).unwrap()
+        }
+        other => panic!("bad port {other:?}"),
+    }
+}
+
+fn reachable_on_localhost(a: SocketAddr) -> bool {
+    a.ip().is_loopback() || a.ip().is_unspecified()
+}
+
+fn data_ports(cfg: &Config) -> BTreeSet<u16> {
+    let mut ports: BTreeSet<u16> = cfg
+        .upstreams
+        .iter()
+        .filter_map(|u| u.listen)
+        .inspect(|a| assert!(reachable_on_localhost(*a), "{a} is not on localhost"))
+        .map(|a| a.port())
+        .collect();
+    assert!(reachable_on_localhost(cfg.server.listen));
+    ports.insert(cfg.server.listen.port());
+    ports
+}
+
+fn localhost_port(v: &str) -> Option<u16> {
+    let rest = v.strip_prefix("http://localhost:")?;
+    let p: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    p.parse().ok()
+}
+
+#[test]
+fn kubernetes_manifests_agree_with_the_image_and_the_config_they_mount() {
+    let kust = yaml("deploy/kubernetes/kustomization.yaml");
+    let resources = strings(at(&kust, &["resources"]));
+    for r in &resources {
+        assert!(root().join("deploy/kubernetes").join(r).exists(), "{r}");
+    }
+    assert!(resources.contains(&"configmap.yaml".to_string()));
+    assert!(resources.contains(&"deployment.yaml".to_string()));
+
+    let (cm_name, cm_key, cm_src) = configmap();
+    let cfg = parse_config(&cm_key, &cm_src);
+    let admin = cfg.server.admin;
+    assert!(
+        admin.ip().is_unspecified(),
+        "admin {admin}: kubelet probes and Prometheus come from outside the pod's loopback"
+    );
+
+    let dep = yaml("deploy/kubernetes/deployment.yaml");
+    assert_eq!(s(at(&dep, &["kind"])), "Deployment");
+    let labels = at(&dep, &["spec", "selector", "matchLabels"]);
+    let tpl = at(&dep, &["spec", "template"]);
+    for (k, v) in labels.as_mapping().unwrap() {
+        assert_eq!(at(tpl, &["metadata", "labels"]).get(k), Some(v), "selector");
+    }
+    let pod = at(tpl, &["spec"]);
+
+    // weir is a native sidecar running the image built from this repository.
+    let weir = find(at(pod, &["initContainers"]), "weir").expect("an init container `weir`");
+    assert_eq!(s(at(weir, &["restartPolicy"])), "Always", "native sidecar");
+    let cargo: toml::Table = toml::from_str(&read("Cargo.toml")).unwrap();
+    let version = cargo["package"]["version"].as_str().unwrap();
+    assert_eq!(s(at(weir, &["image"])), format!("weir:{version}"));
+    assert!(
+        weir.get("command").is_none() && weir.get("args").is_none(),
+        "the image's ENTRYPOINT runs weir on {IMAGE_CONFIG}"
+    );
+
+    // The ConfigMap is mounted, as a directory, where the image reads it.
+    let (image_dir, image_file) = IMAGE_CONFIG.rsplit_once('/').unwrap();
+    assert_eq!(cm_key, image_file);
+    let mounts = seq(at(weir, &["volumeMounts"]));
+    let mount = mounts
+        .iter()
+        .find(|m| s(at(m, &["mountPath"])) == image_dir)
+        .unwrap_or_else(|| panic!("nothing mounted at {image_dir}"));
+    assert!(
+        mount.get("subPath").is_none(),
+        "a subPath mount never sees ConfigMap edits"
+    );
+    let vol = find(at(pod, &["volumes"]), s(at(mount, &["name"]))).unwrap();
+    assert_eq!(s(at(vol, &["configMap", "name"])), cm_name);
+
+    // Probes and the scrape port are the admin listener's.
+    let probe_port = |kind: &str, path: &str| {
+        let p = at(weir, &[kind, "httpGet"]);
+        assert_eq!(s(at(p, &["path"])), path, "{kind}");
+        assert_eq!(port_of(weir, at(p, &["port"])), admin.port(), "{kind}");
+    };
+    probe_port("readinessProbe", "/readyz");
+    probe_port("startupProbe", "/readyz");
+    probe_port("livenessProbe", "/healthz");
+    let ann = at(tpl, &["metadata", "annotations"]);
+    assert_eq!(s(at(ann, &["prometheus.io/scrape"])), "true");
+    assert_eq!(s(at(ann, &["prometheus.io/path"])), "/metrics");
+    assert_eq!(
+        s(at(ann, &["prometheus.io/port"])),
+        admin.port().to_string()
+    );
+    let declared: Vec<u16> = seq(at(weir, &["ports"]))
+        .iter()
+        .map(|p| port_of(weir, at(p, &["containerPort"])))
+        .collect();
+    assert!(declared.contains(&admin.port()));
+    let (image_rt, _) = image();
+    assert!(image_rt.expose.contains(&admin.port()));
+
+    // The application calls weir on localhost, on a port weir listens on.
+    let data = data_ports(&cfg);
+    let apps = seq(at(pod, &["containers"]));
+    let mut calls = 0;
+    for app in apps {
+        for e in app.get("env").map(seq).into_iter().flatten() {
+            if let Some(port) = e
+                .get("value")
+                .and_then(Yaml::as_str)
+                .and_then(localhost_port)
+            {
+                assert!(data.contains(&port), "{e:?}: weir listens on {data:?}");
+                calls += 1;
+            }
+        }
+    }
+    assert!(calls >= 1, "the example app reaches weir on localhost");
+
+    // Draining fits in the grace period.
+    let grace = at(pod, &["terminationGracePeriodSeconds"])
+        .as_u64()
+        .unwrap();
+    assert!(
+        grace > cfg.server.shutdown_timeout.as_secs(),
+        "terminationGracePeriodSeconds {grace} <= shutdown_timeout {:?}",
+        cfg.server.shutdown_timeout
+    );
+
+    // Restrictive security context, as the image's user.
+    let psc = at(pod, &["securityContext"]);
+    let uid = image_uid();
+    assert_eq!(at(psc, &["runAsUser"]).as_u64(), Some(u64::from(uid)));
+    for c in std::iter::once(weir).chain(apps) {
+        let sc = at(c, &["securityContext"]);
+        let non_root = sc
+            .get("runAsNonRoot")
+            .or(psc.get("runAsNonRoot"))
+            .and_then(Yaml::as_bool);
+        assert_eq!(non_root, Some(true), "runAsNonRoot");
+        assert_eq!(at(sc, &["readOnlyRootFilesystem"]).as_bool(), Some(true));
+        assert_eq!(at(sc, &["allowPrivilegeEscalation"]).as_bool(), Some(false));
+        assert!(strings(at(sc, &["capabilities", "drop"])).contains(&"ALL".to_string()));
+    }
+    let req = at(weir, &["resources", "requests"]);
+    assert!(req.get("cpu").is_some() && req.get("memory").is_some());
+    assert!(at(weir, &["resources", "limits"]).get("memory").is_some());
+
+    // The cluster scrape config keys on exactly these annotations.
+    let prom = yaml("deploy/prometheus/kubernetes.yml");
+    let mut used = BTreeSet::new();
+    for job in seq(at(&prom, &["scrape_configs"])) {
+        for rl in seq(at(job, &["relabel_configs"])) {
+            for l in rl.get("source_labels").map(strings).into_iter().flatten() {
+                if let Some(a) = l.strip_prefix("__meta_kubernetes_pod_annotation_") {
+                    used.insert(a.to_string());
+                }
+            }
+        }
+    }
+    let set: BTreeSet<String> = ann
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .map(|k| s(k).replace(['.', '/', '-'], "_"))
+        .collect();
+    assert!(!used.is_empty());
+    assert!(used.is_subset(&set), "{used:?} vs the pod's {set:?}");
+}
+
+// ---------------------------------------------------------------------------
+// Compose.
+
+/// A bind mount `SRC:DST[:ro]` of a service, `SRC` relative to deploy/compose.
+fn mounts(svc: &Yaml) -> Vec<(PathBuf, String)> {
+    svc.get("volumes")
+        .map(strings)
+        .unwrap_or_default()
+        .iter()
+        .map(|v| {
+            let mut parts = v.split(':');
+            let src = parts.next().unwrap();
+            let dst = parts.next().unwrap().to_string();
+            assert!(src.starts_with('.'), "{v}: bind mounts are relative");
+            let p = root().join("deploy/compose").join(src);
+            assert!(p.exists(), "{v}: {} does not exist", p.display());
+            (p, dst)
+        })
+        .collect()
+}
+
+/// The host file a container path of `svc` maps to.
+fn host_file(svc: &Yaml, container_path: &str) -> PathBuf {
+    for (src, dst) in mounts(svc) {
+        if let Some(rest) = container_path.strip_prefix(&dst) {
+            return src.join(rest.trim_start_matches('/'));
+        }
+    }
+    panic!("{container_path} is not mounted")
+}
+
+/// `--listen ADDR` in a command line.
+fn listen_arg(cmd: &[String]) -> Option<SocketAddr> {
+    let i = cmd.iter().position(|a| a == "--listen")?;
+    cmd.get(i + 1).map(|a| a.parse().unwrap())
+}
+
+fn command_line(svc: &Yaml) -> Vec<String> {
+    let mut v = svc.get("entrypoint").map(strings).unwrap_or_default();
+    v.extend(svc.get("command").map(strings).unwrap_or_default());
+    v
+}
+
+#[test]
+fn compose_agrees_with_the_image_and_the_config_it_mounts() {
+    let c = yaml("deploy/compose/compose.yaml");
+    let services = at(&c, &["services"]);
+    let svc = |n: &str| at(services, &[n]);
+    let weir = svc("weir");
+
+    // Built from this repository's Dockerfile, config mounted where the image reads it.
+    let ctx = root()
+        .join("deploy/compose")
+        .join(s(at(weir, &["build", "context"])));
+    assert_eq!(ctx.canonicalize().unwrap(), root().canonicalize().unwrap());
+    assert_eq!(s(at(weir, &["build", "dockerfile"])), "Dockerfile");
+    assert!(weir.get("entrypoint").is_none() && weir.get("command").is_none());
+    assert!(
+        mounts(weir).iter().any(|(_, d)| d == config_dir()),
+        "mount a directory at {} so edits reload",
+        config_dir()
+    );
+    let toml_path = host_file(weir, IMAGE_CONFIG);
+    let cfg = parse_config(
+        "compose weir.toml",
+        &std::fs::read_to_string(&toml_path).unwrap(),
+    );
+    let admin = cfg.server.admin;
+    assert!(
+        admin.ip().is_unspecified(),
+        "Prometheus scrapes from another container"
+    );
+    let published: Vec<String> = strings(at(weir, &["ports"]));
+    assert!(
+        published
+            .iter()
+            .any(|p| p.rsplit(':').next() == Some(&admin.port().to_string())),
+        "admin port {} published: {published:?}",
+        admin.port()
+    );
+
+    // The application shares weir's network namespace and calls it on localhost.
+    let app = svc("app");
+    assert_eq!(s(at(app, &["network_mode"])), "service:weir");
+    let data = data_ports(&cfg);
+    let env = at(app, &["environment"]).as_mapping().unwrap();
+    let urls: Vec<u16> = env
+        .values()
+        .filter_map(|v| v.as_str().and_then(localhost_port))
+        .collect();
+    assert!(!urls.is_empty());
+    for p in urls {
+        assert!(
+            data.contains(&p),
+            "app calls localhost:{p}; weir listens on {data:?}"
+        );
+    }
+    // Every Host the app sends is routed.
+    let script = command_line(app).join("\n");
+    let sent: Vec<&str> = script
+        .split("-H 'Host: ")
+        .skip(1)
+        .map(|h| h.split('\'').next().unwrap())
+        .collect();
+    assert!(!sent.is_empty());
+    for h in sent {
+        assert!(
+            cfg.upstreams
+                .iter()
+                .any(|u| u.hosts.iter().any(|p| p.matches(&h.to_ascii_lowercase()))),
+            "the app sends Host {h}, which no upstream routes"
+        );
+    }
+
+    // Every upstream is a chaos service of this file, on the port it listens on.
+    for u in &cfg.upstreams {
+        let s_ = svc(&u.url.host);
+        let cmd = command_line(s_);
+        assert_eq!(cmd[..3], ["weir", "chaos", "upstream"], "{}", u.url.host);
+        assert!(cmd.contains(&"--profile".to_string()));
+        assert_eq!(listen_arg(&cmd).map(|a| a.port()), Some(u.url.port));
+        assert_eq!(s(at(s_, &["image"])), s(at(weir, &["image"])));
+    }
+
+    // Prometheus scrapes weir's admin port, with the repository's rules.
+    let prom = svc("prometheus");
+    let cmd = command_line(prom);
+    let cfg_path = cmd
+        .iter()
+        .find_map(|a| a.strip_prefix("--config.file="))
+        .unwrap();
+    let prom_file = host_file(prom, cfg_path);
+    assert_eq!(
+        prom_file.canonicalize().unwrap(),
+        root()
+            .join("deploy/prometheus/prometheus.yml")
+            .canonicalize()
+            .unwrap()
+    );
+    let pcfg = yaml("deploy/prometheus/prometheus.yml");
+    for r in strings(at(&pcfg, &["rule_files"])) {
+        assert!(prom_file.parent().unwrap().join(&r).exists(), "{r}");
+    }
+    let job = &seq(at(&pcfg, &["scrape_configs"]))[0];
+    assert_eq!(s(at(job, &["metrics_path"])), "/metrics");
+    let targets = strings(at(&seq(at(job, &["static_configs"]))[0], &["targets"]));
+    assert_eq!(targets, [format!("weir:{}", admin.port())]);
+
+    // Grafana: the datasource is this Prometheus, the dashboard is provisioned.
+    let graf = svc("grafana");
+    let ds = yaml("deploy/compose/grafana/provisioning/datasources/prometheus.yml");
+    let ds_url = s(at(&seq(at(&ds, &["datasources"]))[0], &["url"]));
+    let (h, p) = host_port(ds_url);
+    assert!(services.get(h.as_str()).is_some(), "{ds_url}");
+    assert_eq!(p, 9090);
+    assert!(host_file(graf, "/etc/grafana/provisioning/datasources")
+        .join("prometheus.yml")
+        .exists());
+    let dp = yaml("deploy/compose/grafana/provisioning/dashboards/weir.yml");
+    let dash_dir = s(at(&seq(at(&dp, &["providers"]))[0], &["options", "path"]));
+    let dash = host_file(graf, &format!("{dash_dir}/weir.json"));
+    assert_eq!(
+        dash.canonicalize().unwrap(),
+        root()
+            .join("deploy/grafana/weir.json")
+            .canonicalize()
+            .unwrap()
+    );
+    let home = s(at(
+        graf,
+        &["environment", "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"],
+    ));
+    assert!(host_file(graf, home).exists(), "{home}");
+}
+
+// ---------------------------------------------------------------------------
+// The dashboard and the alerts query what weir exports.
+
+/// A metric name in a query, and its label matchers (name, op, value).
+#[derive(Debug)]
+struct Selector {
+    name: String,
+    matchers: Vec<(String, String, String)>,
+}
+
+/// Every `weir_*` selector in a PromQL expression.
+fn selectors(expr: &str) -> Vec<Selector> {
+    let b = expr.as_bytes();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b':';
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let starts = expr[i..].starts_with("weir_") && (i == 0 || !ident(b[i - 1]));
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let mut j = i;
+        while j < b.len() && ident(b[j]) {
+            j += 1;
+        }
+        let name = expr[i..j].to_string();
+        let mut matchers = Vec::new();
+        let mut k = j;
+        while k < b.len() && b[k] == b' ' {
+            k += 1;
+        }
+        if k < b.len() && b[k] == b'{' {
+            k += 1;
+            loop {
+                while k < b.len() && (b[k] == b' ' || b[k] == b',') {
+                    k += 1;
+                }
+                if b[k] == b'}' {
+                    k += 1;
+                    break;
+                }
+                let l0 = k;
+                while ident(b[k]) {
+                    k += 1;
+                }
+                let label = expr[l0..k].trim().to_string();
+                while b[k] == b' ' {
+                    k += 1;
+                }
+                let o0 = k;
+                while matches!(b[k], b'=' | b'!' | b'~') {
+                    k += 1;
+                }
+                let op = expr[o0..k].to_string();
+                while b[k] == b' ' {
+                    k += 1;
+                }
+                assert_eq!(b[k], b'"', "{expr}: matcher value must be quoted");
+                let v0 = k + 1;
+                k = v0;
+                while b[k] != b'"' {
+                    k += 1;
+                }
+                matchers.push((label, op, expr[v0..k].to_string()));
+                k += 1;
+            }
+        }
+        out.push(Selector { name, matchers });
+        i = k.max(j);
+    }
+    out
+}
+
+/// What a `/metrics` page exports: family → (type, label → values seen).
+type Families = BTreeMap<String, (String, BTreeMap<String, BTreeSet<String>>)>;
+
+fn families(text: &str) -> Families {
+    let mut fams: Families = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, ty) = rest.split_once(' ').unwrap();
+            fams.entry(name.to_string()).or_default().0 = ty.to_string();
+        }
+    }
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let name_end = line.find(['{', ' ']).unwrap();
+        let sample = &line[..name_end];
+        let family = if fams.contains_key(sample) {
+            sample.to_string()
+        } else {
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suf| sample.strip_suffix(suf))
+                .filter(|base| fams.get(*base).is_some_and(|f| f.0 == "histogram"))
+                .unwrap_or_else(|| panic!("sample {sample} has no # TYPE"))
+                .to_string()
+        };
+        let labels = &mut fams.get_mut(&family).unwrap().1;
+        if line.as_bytes()[name_end] == b'{' {
+            let body = &line[name_end + 1..line.rfind('}').unwrap()];
+            for pair in body.split("\",") {
+                let (k, v) = pair.split_once("=\"").unwrap();
+                labels
+                    .entry(k.to_string())
+                    .or_default()
+                    .insert(v.trim_end_matches('"').to_string());
+            }
+        }
+    }
+    fams
+}
+
+/// Checks one selector against the scrape; returns the family it names.
+fn check_selector(fams: &Families, sel: &Selector, whence: &str) -> String {
+    let base = ["_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|suf| sel.name.strip_suffix(suf))
+        .filter(|b| fams.get(*b).is_some_and(|f| f.0 == "histogram"));
+    let family = match base {
+        Some(b) => b.to_string(),
+        None => sel.name.clone(),
+    };
+    let Some((ty, labels)) = fams.get(&family) else {
+        panic!("{whence}: `{}` is not in weir's /metrics", sel.name)
+    };
+    if ty == "histogram" {
+        assert!(
+            base.is_some(),
+            "{whence}: query a histogram as {family}_bucket/_sum/_count"
+        );
+    }
+    for (label, op, value) in &sel.matchers {
+        if TARGET_LABELS.contains(&label.as_str()) {
+            continue;
+        }
+        let seen = labels
+            .get(label)
+            .unwrap_or_else(|| panic!("{whence}: {family} has no label `{label}`"));
+        if op == "=" && !value.contains('$') {
+            assert!(
+                seen.contains(value),
+                "{whence}: {family}{{{label}=\"{value}\"}} is never exported (seen: {seen:?})"
+            );
+        }
+    }
+    family
+}
+
+/// Every PromQL expression of the dashboard (panels, nested panels, template
+/// variables), with where it is.
+fn dashboard_exprs(d: &serde_json::Value) -> Vec<(String, String)> {
+    fn panels(ps: &serde_json::Value, out: &mut Vec<(String, String)>, ids: &mut BTreeSet<u64>) {
+        for p in ps.as_array().into_iter().flatten() {
+            let id = p["id"].as_u64().expect("every panel has an id");
+            assert!(ids.insert(id), "duplicate panel id {id}");
+            let title = p["title"].as_str().unwrap_or("").to_string();
+            for t in p["targets"].as_array().into_iter().flatten() {
+                assert_eq!(t["datasource"]["uid"], "${datasource}", "{title}");
+                out.push((
+                    format!("panel {title:?}"),
+                    t["expr"].as_str().unwrap().to_string(),
+                ));
+            }
+            panels(&p["panels"], out, ids);
+        }
+    }
+    let mut out = Vec::new();
+    panels(&d["panels"], &mut out, &mut BTreeSet::new());
+    for v in d["templating"]["list"].as_array().unwrap() {
+        if v["type"] == "query" {
+            let q = v["query"]["query"]
+                .as_str()
+                .or(v["query"].as_str())
+                .unwrap();
+            let inner = q
+                .strip_prefix("label_values(")
+                .and_then(|q| q.rsplit_once(','))
+                .map(|(sel, _)| sel)
+                .unwrap_or(q);
+            out.push((format!("variable {}", v["name"]), inner.to_string()));
+        }
+    }
+    out
+}
+
+fn alert_rules() -> Vec<(String, String, Vec<String>)> {
+    let rules = yaml("deploy/prometheus/alerts.yml");
+    let mut out = Vec::new();
+    for g in seq(at(&rules, &["groups"])) {
+        for r in seq(at(g, &["rules"])) {
+            let name = r.get("alert").or(r.get("record")).map(scalar).unwrap();
+            let texts = r
+                .get("annotations")
+                .and_then(Yaml::as_mapping)
+                .map(|m| m.values().map(|v| s(v).to_string()).collect())
+                .unwrap_or_default();
+            out.push((name, s(at(r, &["expr"])).to_string(), texts));
+        }
+    }
+    out
+}
+
+/// weir started from a config file, in front of an upstream that fails every
+/// third request with 503 (often enough for retries, not for the breaker), so
+/// the scrape has retries in it.
+async fn weir_with_traffic() -> (Runtime, TestUpstream, tempfile::TempDir) {
+    let n = Arc::new(AtomicUsize::new(0));
+    let up = TestUpstream::start(move |_req| {
+        let i = n.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut r = Response::new(body("ok"));
+            if i % 3 == 0 {
+                *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            }
+            r
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+             [upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n\
+             [upstreams.svc.retry.backoff]\nbase = \"1ms\"\nmax = \"2ms\"\n",
+            up.url()
+        ),
+    )
+    .unwrap();
+    let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let rt = Runtime::start(
+        config,
+        Options {
+            watch: false,
+            sighup: false,
+        },
+    )
+    .await
+    .unwrap();
+    let c = client();
+    for i in 0..6 {
+        let url = format!("http://{}/x/{i}", rt.proxy.listen_addr());
+        let (parts, b) = read_body(get(&c, &url, "svc").await).await;
+        assert_eq!(parts.status, 200, "{b:?} {:?}", parts.headers);
+    }
+    let url = format!("http://{}/x", rt.proxy.listen_addr());
+    let (parts, _) = read_body(get(&c, &url, "nobody").await).await;
+    assert_eq!(parts.status, 404);
+    (rt, up, dir)
+}
+
+#[tokio::test]
+async fn every_metric_the_dashboard_and_alerts_query_is_exported() {
+    let (rt, up, _dir) = weir_with_traffic().await;
+    assert!(up.requests() >= 9, "retries reached the upstream");
+    let url = format!("http://{}/metrics", rt.admin_addr);
+    let (parts, b) = read_body(get(&client(), &url, "admin").await).await;
+    assert_eq!(parts.status, 200);
+    let fams = families(std::str::from_utf8(&b).unwrap());
+    assert!(
+        fams.contains_key("weir_retries_total"),
+        "traffic made retries"
+    );
+
+    let dash: serde_json::Value = serde_json::from_str(&read("deploy/grafana/weir.json"))
+        .unwrap_or_else(|e| panic!("deploy/grafana/weir.json: {e}"));
+    let vars: BTreeSet<String> = dash["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap().to_string())
+        .collect();
+    for v in ["datasource", "upstream"] {
+        assert!(vars.contains(v), "dashboard variable ${v}");
+    }
+    let mut queried = BTreeSet::new();
+    let dash_exprs = dashboard_exprs(&dash);
+    assert!(dash_exprs.len() >= 10);
+    for (whence, expr) in &dash_exprs {
+        for var in expr.split('$').skip(1) {
+            let name: String = var
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            assert!(
+                name.starts_with("__") || vars.contains(&name),
+                "{whence}: ${name} is not a dashboard variable"
+            );
+        }
+        let sels = selectors(expr);
+        assert!(!sels.is_empty(), "{whence}: no weir metric in {expr}");
+        for sel in &sels {
+            queried.insert(check_selector(&fams, sel, whence));
+        }
+    }
+    // The repeated per-upstream row is driven by the `upstream` variable.
+    let repeats: Vec<&str> = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["repeat"].as_str())
+        .collect();
+    assert_eq!(repeats, ["upstream"]);
+
+    let rules = alert_rules();
+    let names: Vec<&str> = rules.iter().map(|r| r.0.as_str()).collect();
+    for a in [
+        "WeirBreakerOpen",
+        "WeirRetryBudgetExhausted",
+        "WeirConfigReloadFailing",
+        "WeirRetrySpendHigh",
+    ] {
+        assert!(names.contains(&a), "alert {a}");
+    }
+    for (name, expr, texts) in &rules {
+        let sels = selectors(expr);
+        assert!(!sels.is_empty(), "alert {name}: no weir metric");
+        for sel in &sels {
+            queried.insert(check_selector(&fams, sel, &format!("alert {name}")));
+        }
+        // Names an annotation points the reader to exist too.
+        for t in texts {
+            for sel in selectors(&t.replace("{{ $labels.upstream }}", "x")) {
+                let fam = sel
+                    .name
+                    .trim_end_matches("_bucket")
+                    .trim_end_matches("_count");
+                assert!(
+                    fams.contains_key(fam),
+                    "alert {name}: annotation names {}",
+                    sel.name
+                );
+            }
+        }
+    }
+    // What the issue asks the dashboard and alerts to show is all there.
+    for must in [
+        "weir_requests_total",
+        "weir_request_duration_seconds",
+        "weir_retries_total",
+        "weir_retry_budget_tokens",
+        "weir_retry_stops_total",
+        "weir_breaker_state",
+        "weir_rate_limited_total",
+        "weir_config_last_reload_success",
+    ] {
+        assert!(queried.contains(must), "nothing queries {must}");
+    }
+}
+
+#[test]
+fn selectors_parse_names_and_matchers() {
+    let sels = selectors(
+        r#"sum by (le) (rate(weir_request_duration_seconds_bucket{job=~"$job", upstream="a,b"}[1m])) / weir_x"#,
+    );
+    assert_eq!(sels.len(), 2);
+    assert_eq!(sels[0].name, "weir_request_duration_seconds_bucket");
+    assert_eq!(
+        sels[0].matchers,
+        [
+            ("job".into(), "=~".into(), "$job".into()),
+            ("upstream".into(), "=".into(), "a,b".into())
+        ]
+    );
+    assert_eq!(sels[1].name, "weir_x");
+    assert!(sels[1].matchers.is_empty());
+    // A family that is not exported, or a label value never seen, is caught.
+    let fams = families(
+        "# TYPE weir_a counter\nweir_a{upstream=\"u\",reason=\"budget\"} 1\n\
+         # TYPE weir_h histogram\nweir_h_bucket{le=\"1\"} 0\nweir_h_sum 0\nweir_h_count 0\n",
+    );
+    let ok = |e: &str| {
+        std::panic::catch_unwind(|| {
+            for s in selectors(e) {
+                check_selector(&fams, &s, "t");
+            }
+        })
+        .is_ok()
+    };
+    assert!(ok(r#"weir_a{reason="budget", job="j"} + weir_h_bucket"#));
+    assert!(!ok(r#"weir_b"#));
+    assert!(!ok(r#"weir_a{reason="budgett"}"#));
+    assert!(!ok(r#"weir_a{cause="x"}"#));
+    assert!(!ok(r#"weir_h"#));
+}
