@@ -42,6 +42,75 @@ pub struct ConfigArg {
     pub config: PathBuf,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct ChaosArgs {
+    #[command(subcommand)]
+    pub upstream: Option<ChaosCommand>,
+    /// The scenario; all of them when absent.
+    #[arg(value_enum)]
+    pub scenario: Option<crate::chaos::Scenario>,
+    /// Client requests per column (each scenario has its own default).
+    #[arg(long)]
+    pub requests: Option<usize>,
+    /// Offer this many requests per second (open loop) instead of the scenario's load.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Seed of the upstream's fault draws.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Take weir's policy from this file's `[defaults]` instead of the scenario's.
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ChaosCommand {
+    /// Run the fault-injecting upstream alone until Ctrl-C.
+    ///
+    /// Start from a scenario's profile and adjust it: e.g.
+    /// `weir chaos upstream --listen 127.0.0.1:8080 --profile transient-30 --latency uniform:5ms-50ms`.
+    /// It counts every request it receives, and duplicate deliveries of POSTs by the
+    /// `x-chaos-request-id` header.
+    Upstream {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Start from this scenario's profile.
+        #[arg(long, value_enum, default_value = "transient-5")]
+        profile: crate::chaos::Scenario,
+        /// Share of requests answered with --fail-status (0–1).
+        #[arg(long)]
+        fail_rate: Option<f64>,
+        /// Status for failed requests.
+        #[arg(long)]
+        fail_status: Option<u16>,
+        /// Share of requests reset before they are read (0–1).
+        #[arg(long)]
+        reset_before: Option<f64>,
+        /// Share of requests reset after they are processed (0–1).
+        #[arg(long)]
+        reset_after: Option<f64>,
+        /// `none`, `fixed:20ms`, `uniform:1ms-50ms` or `tail:2ms,1%,500ms`.
+        #[arg(long)]
+        latency: Option<String>,
+        /// Refuse connections from START for LEN after the upstream starts: `10s+30s`. Repeatable.
+        #[arg(long)]
+        outage: Vec<String>,
+        /// Above this many requests per second, answer 429 with Retry-After.
+        #[arg(long)]
+        throttle_rps: Option<f64>,
+        /// Share of requests processed, then answered only after 5 s (0–1).
+        #[arg(long)]
+        hang_rate: Option<f64>,
+        /// Seed of the fault draws.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve traffic: bind the listeners in the config and proxy until SIGTERM or Ctrl-C.
@@ -73,6 +142,16 @@ pub enum Command {
         #[arg(long)]
         upstream: Option<String>,
     },
+    /// Measure what weir does for a client of a misbehaving upstream.
+    ///
+    /// Starts a fault-injecting upstream, weir (in-process, its default policy or the
+    /// `[defaults]` of `--config`) and a load driver, and prints one table with three
+    /// columns: no weir, a naive retry loop (3 attempts, fixed backoff, no budget, no
+    /// breaker), and weir. Without a SCENARIO every scenario runs in turn.
+    /// `weir chaos upstream` runs the fault-injecting upstream alone, to rehearse your own
+    /// policy against it.
+    #[command(args_conflicts_with_subcommands = true)]
+    Chaos(ChaosArgs),
     /// Run the retry decision on a JSON request history and print the verdict as JSON.
     ///
     /// Reads one decision input (contract version 1; see the README's "How weir decides")
@@ -95,6 +174,7 @@ pub fn main() -> ExitCode {
         Command::Run { config } => run(&config.config),
         Command::Schedule { config, upstream } => schedule(&config.config, upstream.as_deref()),
         Command::Decide { input } => decide(input.as_deref()),
+        Command::Chaos(args) => chaos(args),
     }
 }
 
@@ -191,6 +271,150 @@ fn decide(input: Option<&std::path::Path>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            None
+        }
+    }
+}
+
+fn chaos(args: ChaosArgs) -> ExitCode {
+    let Some(rt) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    if let Some(ChaosCommand::Upstream {
+        listen,
+        profile,
+        fail_rate,
+        fail_status,
+        reset_before,
+        reset_after,
+        latency,
+        outage,
+        throttle_rps,
+        hang_rate,
+        seed,
+    }) = args.upstream
+    {
+        let mut p = profile.profile();
+        if let Some(v) = fail_rate {
+            p.fail_rate = v;
+        }
+        if let Some(v) = fail_status {
+            p.fail_status = v;
+        }
+        if let Some(v) = reset_before {
+            p.reset_before = v;
+        }
+        if let Some(v) = reset_after {
+            p.reset_after = v;
+        }
+        if let Some(v) = hang_rate {
+            p.hang_rate = v;
+        }
+        if let Some(rps) = throttle_rps {
+            p.throttle = Some(crate::chaos::upstream::Throttle {
+                rps,
+                status: 429,
+                retry_after: 1,
+            });
+        }
+        if let Some(l) = latency {
+            match crate::chaos::upstream::parse_latency(&l) {
+                Ok(l) => p.latency = l,
+                Err(e) => {
+                    eprintln!("--latency: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        if !outage.is_empty() {
+            p.outages.clear();
+        }
+        for o in outage {
+            match crate::chaos::upstream::parse_outage(&o) {
+                Ok(w) => p.outages.push(w),
+                Err(e) => {
+                    eprintln!("--outage: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        return rt.block_on(async move {
+            let up =
+                match crate::chaos::upstream::ChaosUpstream::start(listen, p.clone(), seed).await {
+                    Ok(u) => u,
+                    Err(e) => {
+                        eprintln!("cannot listen on {listen}: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+            tracing::info!(listen = %up.addr, profile = ?p, "chaos upstream serving");
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => tracing::info!(
+                        received = up.counters.received(),
+                        duplicate_posts = up.counters.duplicates(),
+                        "chaos upstream counts"
+                    ),
+                    _ = shutdown_signal() => break,
+                }
+            }
+            println!(
+                "received {} requests, {} duplicate POST deliveries",
+                up.counters.received(),
+                up.counters.duplicates()
+            );
+            ExitCode::SUCCESS
+        });
+    }
+    let opts = crate::chaos::Options {
+        requests: args.requests,
+        rate: args.rate,
+        seed: args.seed,
+        config: args.config,
+        weir_only: false,
+    };
+    let scenarios: Vec<crate::chaos::Scenario> = match args.scenario {
+        Some(s) => vec![s],
+        None => crate::chaos::Scenario::ALL.to_vec(),
+    };
+    rt.block_on(async move {
+        let mut all = Vec::new();
+        for s in scenarios {
+            match crate::chaos::run(s, &opts).await {
+                Ok(r) => {
+                    if args.json {
+                        all.push(crate::chaos::report::json(&r));
+                    } else {
+                        println!("{}", crate::chaos::report::table(&r));
+                    }
+                }
+                Err(e) => {
+                    eprintln!("{}: {e}", s.name());
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        if args.json {
+            let v = if all.len() == 1 {
+                all.remove(0)
+            } else {
+                serde_json::Value::Array(all)
+            };
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        }
+        ExitCode::SUCCESS
+    })
 }
 
 fn run(path: &std::path::Path) -> ExitCode {

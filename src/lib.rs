@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod chaos;
 pub mod cli;
 pub mod clock;
 pub mod config;

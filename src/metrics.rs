@@ -273,6 +273,43 @@ impl Metrics {
         self.last_reload.set(i64::from(ok));
     }
 
+    /// The current values of one family's series for `upstream`, keyed by the
+    /// value of `label` (for reports such as `weir chaos`).
+    pub fn values(
+        &self,
+        family: &str,
+        upstream: &str,
+        label: &str,
+    ) -> std::collections::BTreeMap<String, f64> {
+        let mut out = std::collections::BTreeMap::new();
+        for f in self.registry.gather() {
+            if f.name() != family {
+                continue;
+            }
+            for m in f.get_metric() {
+                let labels = m.get_label();
+                let up = labels
+                    .iter()
+                    .find(|l| l.name() == "upstream")
+                    .map(|l| l.value());
+                if up != Some(upstream) {
+                    continue;
+                }
+                let key = labels
+                    .iter()
+                    .find(|l| l.name() == label)
+                    .map(|l| l.value().to_string())
+                    .unwrap_or_default();
+                let v = match f.get_field_type() {
+                    prometheus::proto::MetricType::COUNTER => m.get_counter().get_value(),
+                    _ => m.get_gauge().get_value(),
+                };
+                *out.entry(key).or_insert(0.0) += v;
+            }
+        }
+        out
+    }
+
     /// The Prometheus text format.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();

@@ -1,0 +1,210 @@
+//! The load driver: closed loop (N requests in flight) or open loop (R
+//! requests per second), bounded in requests and in time. Three clients:
+//! straight to the upstream, a naive retry loop, and through weir.
+
+use super::upstream::REQUEST_ID;
+use bytes::Bytes;
+use http::{Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How requests are offered.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode {
+    /// `n` requests in flight at all times.
+    Closed(usize),
+    /// `r` requests per second, whatever the responses do.
+    Open(f64),
+}
+
+#[derive(Debug, Clone)]
+pub struct Load {
+    pub requests: usize,
+    pub mode: Mode,
+    /// Stop offering new requests after this long.
+    pub max_time: Duration,
+    pub method: Method,
+    /// The client's own timeout for a whole request.
+    pub client_timeout: Duration,
+}
+
+/// Where requests go.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// Straight to the upstream, one attempt.
+    Direct(SocketAddr),
+    /// Straight to the upstream, a hand-rolled retry loop: `attempts`
+    /// attempts, fixed `backoff`, each bounded by `per_try`, retrying any
+    /// error, timeout or 5xx/429, for every method.
+    Naive {
+        addr: SocketAddr,
+        attempts: u32,
+        backoff: Duration,
+        per_try: Duration,
+    },
+    /// Through weir's listener, addressed to `host`.
+    Weir { addr: SocketAddr, host: String },
+}
+
+/// What the client saw.
+#[derive(Debug, Default, Clone)]
+pub struct Observed {
+    pub requests: u64,
+    pub successes: u64,
+    /// Every request's latency, sorted.
+    pub latencies: Vec<Duration>,
+}
+
+impl Observed {
+    pub fn percentile(&self, p: f64) -> Duration {
+        if self.latencies.is_empty() {
+            return Duration::ZERO;
+        }
+        let i =
+            ((self.latencies.len() as f64 * p).ceil() as usize).clamp(1, self.latencies.len()) - 1;
+        self.latencies[i]
+    }
+
+    pub fn later_than(&self, d: Duration) -> u64 {
+        self.latencies.iter().filter(|l| **l > d).count() as u64
+    }
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Runs `load` against `target`.
+pub async fn drive(target: Target, load: Load) -> Observed {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    let client: HttpClient = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(1024)
+        .build(http);
+    let next_id = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut results: Vec<(bool, Duration)> = Vec::with_capacity(load.requests);
+    let one = |client: HttpClient, target: Target, load: Load, id: u64| async move {
+        let t0 = Instant::now();
+        let ok = tokio::time::timeout(
+            load.client_timeout,
+            request(&client, &target, &load.method, id),
+        )
+        .await
+        .unwrap_or(false);
+        (ok, t0.elapsed())
+    };
+    match load.mode {
+        Mode::Closed(n) => {
+            let mut offered = 0usize;
+            loop {
+                while tasks.len() < n.max(1)
+                    && offered < load.requests
+                    && started.elapsed() < load.max_time
+                {
+                    let id = next_id.fetch_add(1, Ordering::Relaxed);
+                    tasks.spawn(one(client.clone(), target.clone(), load.clone(), id));
+                    offered += 1;
+                }
+                match tasks.join_next().await {
+                    Some(Ok(r)) => results.push(r),
+                    Some(Err(_)) => {}
+                    None => break,
+                }
+            }
+        }
+        Mode::Open(rps) => {
+            let every = Duration::from_secs_f64(1.0 / rps.max(0.001));
+            for i in 0..load.requests {
+                let at = started + every.mul_f64(i as f64);
+                if at.duration_since(started) >= load.max_time {
+                    break;
+                }
+                tokio::time::sleep_until(at).await;
+                while let Some(r) = tasks.try_join_next() {
+                    if let Ok(r) = r {
+                        results.push(r);
+                    }
+                }
+                let id = next_id.fetch_add(1, Ordering::Relaxed);
+                tasks.spawn(one(client.clone(), target.clone(), load.clone(), id));
+            }
+            while let Some(r) = tasks.join_next().await {
+                if let Ok(r) = r {
+                    results.push(r);
+                }
+            }
+        }
+    }
+    let mut o = Observed {
+        requests: results.len() as u64,
+        successes: results.iter().filter(|(ok, _)| *ok).count() as u64,
+        latencies: results.into_iter().map(|(_, d)| d).collect(),
+    };
+    o.latencies.sort();
+    o
+}
+
+/// One client request; `true` for a 2xx.
+async fn request(client: &HttpClient, target: &Target, method: &Method, id: u64) -> bool {
+    match target {
+        Target::Direct(addr) => send(client, *addr, None, method, id)
+            .await
+            .is_some_and(|s| s < 300),
+        Target::Weir { addr, host } => send(client, *addr, Some(host), method, id)
+            .await
+            .is_some_and(|s| s < 300),
+        Target::Naive {
+            addr,
+            attempts,
+            backoff,
+            per_try,
+        } => {
+            for i in 0..*attempts {
+                let r = tokio::time::timeout(*per_try, send(client, *addr, None, method, id)).await;
+                match r {
+                    Ok(Some(s)) if s < 300 => return true,
+                    Ok(Some(s)) if s < 500 && s != 429 => return false,
+                    _ => {}
+                }
+                if i + 1 < *attempts {
+                    tokio::time::sleep(*backoff).await;
+                }
+            }
+            false
+        }
+    }
+}
+
+/// Sends one attempt; the status, or `None` for a transport failure.
+async fn send(
+    client: &HttpClient,
+    addr: SocketAddr,
+    host: Option<&str>,
+    method: &Method,
+    id: u64,
+) -> Option<u16> {
+    let body = if *method == Method::POST {
+        Bytes::from_static(b"{\"amount\":100}")
+    } else {
+        Bytes::new()
+    };
+    let mut b = Request::builder()
+        .method(method.clone())
+        .uri(format!("http://{addr}/chaos"))
+        .header(REQUEST_ID, id);
+    if let Some(h) = host {
+        b = b.header(http::header::HOST, h);
+    }
+    let req = b.body(Full::new(body)).ok()?;
+    let resp = client.request(req).await.ok()?;
+    let status = resp.status().as_u16();
+    // Read the whole body: a response counts when it has fully arrived.
+    resp.into_body().collect().await.ok()?;
+    Some(status)
+}

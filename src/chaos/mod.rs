@@ -1,0 +1,400 @@
+//! `weir chaos`: a fault-injecting upstream ([`upstream`]), a load driver
+//! ([`driver`]) and the scenarios that measure what weir does for a client of
+//! a misbehaving upstream — side by side with no proxy at all and with the
+//! hand-rolled retry loop people write instead.
+//!
+//! Each column gets a fresh upstream with the same profile and seed; weir runs
+//! in-process on loopback. Nothing here is used by the data plane.
+
+pub mod driver;
+pub mod report;
+pub mod upstream;
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::policy::StateKind;
+use crate::proxy::Proxy;
+use driver::{drive, Load, Mode, Observed, Target};
+use http::Method;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use upstream::{ChaosUpstream, Latency, Profile, Throttle};
+
+/// The scenarios `weir chaos` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// 5 % of requests answered 503 at random.
+    #[value(name = "transient-5")]
+    Transient5,
+    /// 30 % of requests answered 503 at random, open loop at 1000 requests/s.
+    #[value(name = "transient-30")]
+    Transient30,
+    /// Connections refused for 3 s, then healthy again.
+    Outage,
+    /// Latency ×20 and 50 % 503.
+    Brownout,
+    /// 429 with `Retry-After: 1` above 200 requests/s.
+    #[value(name = "rate-limited")]
+    RateLimited,
+    /// POSTs; 20 % of attempts processed, then answered too late.
+    #[value(name = "post-timeouts")]
+    PostTimeouts,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 6] = [
+        Scenario::Transient5,
+        Scenario::Transient30,
+        Scenario::Outage,
+        Scenario::Brownout,
+        Scenario::RateLimited,
+        Scenario::PostTimeouts,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Transient5 => "transient-5",
+            Scenario::Transient30 => "transient-30",
+            Scenario::Outage => "outage",
+            Scenario::Brownout => "brownout",
+            Scenario::RateLimited => "rate-limited",
+            Scenario::PostTimeouts => "post-timeouts",
+        }
+    }
+
+    /// The upstream's misbehaviour.
+    pub fn profile(self) -> Profile {
+        let normal = Latency::Uniform(Duration::from_millis(1), Duration::from_millis(3));
+        let base = Profile {
+            latency: normal,
+            ..Profile::default()
+        };
+        match self {
+            Scenario::Transient5 => Profile {
+                fail_rate: 0.05,
+                ..base
+            },
+            Scenario::Transient30 => Profile {
+                fail_rate: 0.30,
+                ..base
+            },
+            Scenario::Outage => Profile {
+                outages: vec![(Duration::from_secs(1), Duration::from_secs(2))],
+                ..base
+            },
+            Scenario::Brownout => Profile {
+                fail_rate: 0.5,
+                latency: Latency::Uniform(Duration::from_millis(20), Duration::from_millis(60)),
+                ..base
+            },
+            Scenario::RateLimited => Profile {
+                throttle: Some(Throttle {
+                    rps: 200.0,
+                    status: 429,
+                    retry_after: 1,
+                }),
+                ..base
+            },
+            Scenario::PostTimeouts => Profile {
+                hang_rate: 0.2,
+                hang: Duration::from_secs(1),
+                ..base
+            },
+        }
+    }
+
+    /// Requests, offered load and method.
+    pub fn load(self, requests: Option<usize>, rate: Option<f64>) -> Load {
+        let (n, mode, method) = match self {
+            Scenario::Transient5 => (2000, Mode::Closed(32), Method::GET),
+            Scenario::Transient30 => (3000, Mode::Open(1000.0), Method::GET),
+            Scenario::Outage => (1250, Mode::Open(250.0), Method::GET),
+            Scenario::Brownout => (1000, Mode::Closed(32), Method::GET),
+            Scenario::RateLimited => (2000, Mode::Open(400.0), Method::GET),
+            Scenario::PostTimeouts => (1000, Mode::Closed(32), Method::POST),
+        };
+        Load {
+            requests: requests.unwrap_or(n),
+            mode: rate.map(Mode::Open).unwrap_or(mode),
+            max_time: Duration::from_secs(120),
+            method,
+            client_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Policy overrides for this scenario's upstream on top of weir's defaults.
+    pub fn overrides(self) -> &'static str {
+        match self {
+            Scenario::Transient5 | Scenario::Transient30 => "",
+            // A 500 ms open interval (default 30 s) so a 5 s run sees recovery.
+            Scenario::Outage => "[upstreams.chaos.breaker]\nopen = \"500ms\"\nmax_open = \"1s\"\n",
+            Scenario::Brownout => "timeout = \"2s\"\n",
+            Scenario::RateLimited => {
+                "[upstreams.chaos.retry]\nretry_on = [\"connect-failure\", \"reset\", \"timeout\", \"429\", \"502\", \"503\", \"504\"]\nmax_retry_after = \"2s\"\n"
+            }
+            Scenario::PostTimeouts => "timeout = \"2s\"\nper_try_timeout = \"250ms\"\n",
+        }
+    }
+}
+
+/// How to run a scenario.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub requests: Option<usize>,
+    pub rate: Option<f64>,
+    pub seed: u64,
+    /// Use this file's `[defaults]` policy instead of the scenario's.
+    pub config: Option<PathBuf>,
+    /// Run only the weir column (for tests that check weir's own figures).
+    pub weir_only: bool,
+}
+
+/// One column of the report.
+#[derive(Debug, Clone)]
+pub struct Column {
+    pub name: &'static str,
+    pub observed: Observed,
+    pub upstream_attempts: u64,
+    pub duplicates: u64,
+    /// weir only: breaker transitions by state entered.
+    pub transitions: Option<BTreeMap<String, f64>>,
+    /// weir only: retry stops by reason.
+    pub stops: Option<BTreeMap<String, f64>>,
+}
+
+impl Column {
+    pub fn amplification(&self) -> f64 {
+        if self.observed.requests == 0 {
+            return 0.0;
+        }
+        self.upstream_attempts as f64 / self.observed.requests as f64
+    }
+
+    pub fn success(&self) -> f64 {
+        if self.observed.requests == 0 {
+            return 0.0;
+        }
+        self.observed.successes as f64 * 100.0 / self.observed.requests as f64
+    }
+}
+
+/// How weir's breaker behaved, sampled every few milliseconds (weir column).
+#[derive(Debug, Clone, Default)]
+pub struct BreakerTrace {
+    /// Upstream attempts weir made while its breaker was open throughout.
+    pub attempts_while_open: u64,
+    /// Times the breaker went half-open.
+    pub half_opens: u64,
+    /// Upstream attempts made while it was half-open.
+    pub attempts_while_half_open: u64,
+    /// From the end of the outage to the breaker closing, if it did.
+    pub recovery: Option<Duration>,
+    /// The open interval in force when the outage ended.
+    pub last_open_interval: Option<Duration>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub scenario: Scenario,
+    pub seed: u64,
+    /// weir's request deadline (`timeout`) in this scenario.
+    pub deadline: Duration,
+    pub columns: Vec<Column>,
+    pub breaker: BreakerTrace,
+}
+
+/// The weir config for a scenario: its upstream pointed at `addr`.
+fn weir_config(
+    scenario: Scenario,
+    addr: std::net::SocketAddr,
+    user: Option<&Path>,
+) -> Result<Config, String> {
+    let mut src = String::from("[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n");
+    let mut overrides = scenario.overrides().to_string();
+    if let Some(p) = user {
+        let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let table: toml::Table =
+            toml::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+        if let Some(d) = table.get("defaults") {
+            let mut t = toml::Table::new();
+            t.insert("defaults".into(), d.clone());
+            src.push_str(&toml::to_string(&t).map_err(|e| e.to_string())?);
+        }
+        overrides.clear();
+    }
+    src.push_str(&format!(
+        "\n[upstreams.chaos]\nurl = \"http://{addr}\"\nhosts = [\"chaos\"]\n{overrides}"
+    ));
+    let path = user
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(format!("<chaos {}>", scenario.name())));
+    Config::parse(&path, &src).map_err(|e| e.to_string())
+}
+
+/// Runs one scenario: three columns, one after the other.
+pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
+    let load = scenario.load(opts.requests, opts.rate);
+    let probe = weir_config(
+        scenario,
+        "127.0.0.1:9".parse().map_err(|_| "addr")?,
+        opts.config.as_deref(),
+    )?;
+    let up_cfg = probe.upstreams.first().ok_or("no upstream")?.clone();
+    let deadline = up_cfg.timeout;
+    let per_try = up_cfg.per_try_timeout.unwrap_or(Duration::from_secs(1));
+    let mut columns = Vec::new();
+
+    if !opts.weir_only {
+        // 1. No weir.
+        let up = start_upstream(scenario, opts.seed).await?;
+        let observed = drive(Target::Direct(up.addr), load.clone()).await;
+        columns.push(column("no weir", observed, &up));
+        drop(up);
+
+        // 2. The naive loop: 3 attempts, 100 ms apart, no budget, no breaker.
+        let up = start_upstream(scenario, opts.seed).await?;
+        let naive = Target::Naive {
+            addr: up.addr,
+            attempts: 3,
+            backoff: Duration::from_millis(100),
+            per_try,
+        };
+        let observed = drive(naive, load.clone()).await;
+        columns.push(column("naive retries", observed, &up));
+        drop(up);
+    }
+
+    // 3. weir.
+    let up = start_upstream(scenario, opts.seed).await?;
+    let config = weir_config(scenario, up.addr, opts.config.as_deref())?;
+    let metrics = Arc::new(Metrics::new());
+    let proxy = Proxy::start_with(config, metrics.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    let target = Target::Weir {
+        addr: proxy.listen_addr(),
+        host: "chaos".into(),
+    };
+    let snap = proxy.snapshot();
+    let state = snap
+        .upstreams
+        .first()
+        .map(|u| u.state.clone())
+        .ok_or("no upstream state")?;
+    let outage_end = scenario.profile().outages.first().map(|(s, l)| *s + *l);
+    let started = Instant::now();
+    let trace = Arc::new(std::sync::Mutex::new(BreakerTrace::default()));
+    let sampler = tokio::spawn(trace_breaker(
+        state,
+        metrics.clone(),
+        started,
+        outage_end,
+        trace.clone(),
+    ));
+    let observed = drive(target, load.clone()).await;
+    sampler.abort();
+    let _ = sampler.await;
+    let trace = trace.lock().map(|t| t.clone()).unwrap_or_default();
+    let mut col = column("weir", observed, &up);
+    col.transitions = Some(metrics.values("weir_breaker_transitions_total", "chaos", "to"));
+    col.stops = Some(metrics.values("weir_retry_stops_total", "chaos", "reason"));
+    columns.push(col);
+    proxy.shutdown(Duration::from_secs(1)).await;
+
+    Ok(Report {
+        scenario,
+        seed: opts.seed,
+        deadline,
+        columns,
+        breaker: trace,
+    })
+}
+
+async fn start_upstream(scenario: Scenario, seed: u64) -> Result<ChaosUpstream, String> {
+    ChaosUpstream::start(
+        "127.0.0.1:0".parse().map_err(|_| "addr")?,
+        scenario.profile(),
+        seed,
+    )
+    .await
+    .map_err(|e| format!("cannot start the chaos upstream: {e}"))
+}
+
+fn column(name: &'static str, observed: Observed, up: &ChaosUpstream) -> Column {
+    Column {
+        name,
+        observed,
+        upstream_attempts: up.counters.received(),
+        duplicates: up.counters.duplicates(),
+        transitions: None,
+        stops: None,
+    }
+}
+
+/// Samples the breaker state and weir's attempt counter every 2 ms into
+/// `out` until aborted.
+async fn trace_breaker(
+    state: Arc<crate::state::UpstreamState>,
+    metrics: Arc<Metrics>,
+    started: Instant,
+    outage_end: Option<Duration>,
+    out: Arc<std::sync::Mutex<BreakerTrace>>,
+) {
+    let attempts = || {
+        metrics
+            .values("weir_upstream_attempts_total", "chaos", "result")
+            .values()
+            .sum::<f64>() as u64
+    };
+    let half_opens = || {
+        metrics
+            .values("weir_breaker_transitions_total", "chaos", "to")
+            .get("half_open")
+            .copied()
+            .unwrap_or(0.0) as u64
+    };
+    let mut prev_state = StateKind::Closed;
+    let mut prev_attempts = attempts();
+    let mut prev_half_opens = half_opens();
+    loop {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let (view, open_for) = {
+            let now = state.now();
+            let live = state.live();
+            (live.breaker.state(now), live.breaker.open_interval(0.5))
+        };
+        let a = attempts();
+        let h = half_opens();
+        let delta = a.saturating_sub(prev_attempts);
+        let mut t = out.lock().expect("trace lock poisoned");
+        // An interval in which the breaker went half-open holds probes, even
+        // if it was open again by the time of the sample.
+        let probed = h > prev_half_opens;
+        match (prev_state, view.state) {
+            (StateKind::Open, StateKind::Open) if !probed => t.attempts_while_open += delta,
+            (StateKind::HalfOpen, _) | (StateKind::Open, _) => t.attempts_while_half_open += delta,
+            _ => {}
+        }
+        t.half_opens = h;
+        prev_half_opens = h;
+        if let Some(end) = outage_end {
+            let elapsed = started.elapsed();
+            if elapsed >= end {
+                if t.last_open_interval.is_none() && view.state != StateKind::Closed {
+                    t.last_open_interval = Some(open_for);
+                }
+                if t.recovery.is_none()
+                    && view.state == StateKind::Closed
+                    && prev_state != StateKind::Closed
+                {
+                    t.recovery = Some(elapsed - end);
+                }
+            }
+        }
+        prev_state = view.state;
+        prev_attempts = a;
+    }
+}
