@@ -38,3 +38,4 @@ pub mod policy;
 pub mod proxy;
 pub mod runtime;
 pub mod state;
+pub mod tls;

@@ -9,7 +9,7 @@ use crate::clock::{fresh_seed, Clock};
 use crate::config::{Config, UpstreamConfig};
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::policy::{Breaker, KeyedLimiter, RetryBudget, SeededRandom, Transition};
-use crate::proxy::client::{ClientKey, UpstreamClient};
+use crate::proxy::client::UpstreamClient;
 use crate::proxy::gate::Gate;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -34,10 +34,12 @@ pub struct UpstreamState {
     pub gate: Gate,
     pub metrics: UpstreamMetrics,
     client: Mutex<UpstreamClient>,
+    /// TLS failures already logged, so each cause is logged once, not per request.
+    tls_logged: Mutex<std::collections::HashSet<String>>,
 }
 
 impl UpstreamState {
-    fn new(u: &UpstreamConfig, clock: Clock, metrics: &Metrics) -> Self {
+    fn new(u: &UpstreamConfig, clock: Clock, metrics: &Metrics, client: UpstreamClient) -> Self {
         let now = clock.now();
         let metrics = metrics.upstream(&u.name);
         metrics.set_breaker(crate::policy::StateKind::Closed);
@@ -52,12 +54,14 @@ impl UpstreamState {
             }),
             gate: Gate::new(u.concurrency.max_in_flight, u.concurrency.max_queue),
             metrics,
-            client: Mutex::new(UpstreamClient::new(u)),
+            client: Mutex::new(client),
+            tls_logged: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
-    /// Applies a reloaded config's parameters in place.
-    fn update(&self, u: &UpstreamConfig) {
+    /// Applies a reloaded config's parameters in place (and a new pool, when
+    /// how the upstream is reached changed).
+    fn update(&self, u: &UpstreamConfig, client: Option<UpstreamClient>) {
         let now = self.clock.now();
         {
             let mut live = self.live();
@@ -75,9 +79,8 @@ impl UpstreamState {
         }
         self.gate
             .set_limits(u.concurrency.max_in_flight, u.concurrency.max_queue);
-        let mut client = self.client.lock().expect("client lock poisoned");
-        if client.key != ClientKey::of(u) {
-            *client = UpstreamClient::new(u);
+        if let Some(c) = client {
+            *self.client.lock().expect("client lock poisoned") = c;
         }
     }
 
@@ -107,6 +110,14 @@ impl UpstreamState {
     /// Policy-core time for this upstream.
     pub fn now(&self) -> Duration {
         self.clock.now()
+    }
+
+    /// Logs a TLS failure the first time its cause is seen for this upstream.
+    pub fn log_tls_failure_once(&self, cause: &str) {
+        let mut seen = self.tls_logged.lock().expect("tls log lock poisoned");
+        if seen.len() < 64 && seen.insert(cause.to_string()) {
+            tracing::warn!(upstream = %self.name, cause, "TLS to the upstream failed (logged once per cause)");
+        }
     }
 
     /// Logs and counts a breaker transition.
@@ -147,17 +158,35 @@ impl StateRegistry {
         &self.metrics
     }
 
-    pub fn sync(&self, config: &Config) -> Vec<Arc<UpstreamState>> {
+    ///
+    /// Everything that can fail (reading TLS files) happens before anything
+    /// changes: on error nothing is touched and the reload is refused.
+    pub fn sync(&self, config: &Config) -> Result<Vec<Arc<UpstreamState>>, String> {
         let mut map = self.by_name.lock().expect("state registry lock poisoned");
+        enum Plan {
+            Keep(Arc<UpstreamState>, Option<UpstreamClient>),
+            New(UpstreamClient),
+        }
+        let mut plans = Vec::with_capacity(config.upstreams.len());
+        for u in &config.upstreams {
+            plans.push(match map.get(&u.name) {
+                Some(s) if s.client().key == UpstreamClient::key_of(u)? => {
+                    Plan::Keep(s.clone(), None)
+                }
+                Some(s) => Plan::Keep(s.clone(), Some(UpstreamClient::new(u)?)),
+                None => Plan::New(UpstreamClient::new(u)?),
+            });
+        }
         let out: Vec<Arc<UpstreamState>> = config
             .upstreams
             .iter()
-            .map(|u| match map.get(&u.name) {
-                Some(s) => {
-                    s.update(u);
-                    s.clone()
+            .zip(plans)
+            .map(|(u, plan)| match plan {
+                Plan::Keep(s, pool) => {
+                    s.update(u, pool);
+                    s
                 }
-                None => Arc::new(UpstreamState::new(u, self.clock, &self.metrics)),
+                Plan::New(pool) => Arc::new(UpstreamState::new(u, self.clock, &self.metrics, pool)),
             })
             .collect();
         for gone in map.keys().filter(|n| config.upstream(n).is_none()) {
@@ -168,6 +197,6 @@ impl StateRegistry {
         for s in &out {
             map.insert(s.name.clone(), s.clone());
         }
-        out
+        Ok(out)
     }
 }

@@ -147,6 +147,8 @@ pub struct UpstreamConfig {
     pub strip_prefix: bool,
     pub preserve_host: bool,
     pub listen: Option<SocketAddr>,
+    /// Inbound TLS on the dedicated listener.
+    pub listen_tls: Option<ListenerTls>,
     pub protocol: Protocol,
     pub tls: Option<UpstreamTls>,
     pub timeout: Duration,

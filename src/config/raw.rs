@@ -341,6 +341,9 @@ pub struct RawUpstream {
     pub preserve_host: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<String>,
+    /// Inbound TLS on the dedicated listener.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen_tls: Option<RawListenerTls>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

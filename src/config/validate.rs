@@ -299,6 +299,16 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
             Protocol::Auto
         }
     };
+    let listen_tls = up.listen_tls.as_ref().map(|t| ListenerTls {
+        cert: PathBuf::from(&t.cert),
+        key: PathBuf::from(&t.key),
+    });
+    if listen_tls.is_some() && up.listen.is_none() {
+        cx.err(
+            format!("upstreams.{q}.listen_tls"),
+            "listen_tls needs a dedicated `listen` address (the shared listener's TLS is [server] tls)",
+        );
+    }
     let tls = up.tls.as_ref().map(|t| UpstreamTls {
         ca_file: t.ca_file.as_ref().map(PathBuf::from),
         server_name: t.server_name.clone(),
@@ -398,6 +408,7 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
         strip_prefix: up.strip_prefix.unwrap_or(false),
         preserve_host: up.preserve_host.unwrap_or(false),
         listen,
+        listen_tls,
         protocol,
         tls,
         timeout,

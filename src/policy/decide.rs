@@ -101,6 +101,11 @@ impl RetryOn {
     }
 
     /// Whether gRPC code `code` is listed.
+    /// Whether any gRPC code is listed.
+    pub fn any_grpc(&self) -> bool {
+        self.grpc != 0
+    }
+
     pub fn grpc(&self, code: u8) -> bool {
         code < 32 && self.grpc & (1 << code) != 0
     }

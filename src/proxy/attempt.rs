@@ -13,6 +13,7 @@
 //! future, which drops the sleep or the attempt in flight, and the breaker
 //! [`Ticket`] releases its slot without a verdict.
 
+use super::body::{boxed, Body};
 use super::client::Failure;
 use super::error::ProxyError;
 use super::replay::RequestBody;
@@ -193,12 +194,14 @@ pub struct Plan<'a> {
     pub lowered: bool,
     /// A connection upgrade: one attempt, never retried.
     pub upgrade: bool,
+    /// Hold a gRPC response (up to the replay limit) to read its trailers.
+    pub grpc_trailers: bool,
 }
 
 /// How the attempt loop ended: the last outcome, and the annotations.
 #[derive(Debug)]
 pub struct Finished {
-    pub result: Result<Response<Incoming>, ProxyError>,
+    pub result: Result<Response<Body>, ProxyError>,
     pub attempts: u32,
     pub stop: Option<StopReason>,
 }
@@ -359,15 +362,30 @@ async fn send(
         .unwrap_or(deadline);
     let sent = tokio::time::timeout_at(try_deadline, up.client.send(req)).await;
     let (outcome, result) = match sent {
-        Ok(Ok(resp)) => (
-            Outcome::Response {
-                status: resp.status().as_u16(),
-                retry_after: retry_after(resp.headers(), state),
-                grpc_status: grpc_status(resp.headers()),
-            },
-            Ok(resp),
-        ),
+        Ok(Ok(resp)) => {
+            let mut grpc = grpc_status(resp.headers());
+            let resp =
+                if plan.grpc_trailers && grpc.is_none() && resp.status() == http::StatusCode::OK {
+                    let limit = up.config.retry.max_replay_body_bytes;
+                    let (resp, trailer_status) = hold_for_trailers(resp, limit, try_deadline).await;
+                    grpc = trailer_status;
+                    resp
+                } else {
+                    resp.map(boxed)
+                };
+            (
+                Outcome::Response {
+                    status: resp.status().as_u16(),
+                    retry_after: retry_after(resp.headers(), state),
+                    grpc_status: grpc,
+                },
+                Ok(resp),
+            )
+        }
         Ok(Err(e)) => {
+            if e.tls {
+                state.log_tls_failure_once(&e.message);
+            }
             let outcome = match e.kind {
                 Failure::Connect => Outcome::ConnectFailure,
                 Failure::NotSent => Outcome::Reset {
@@ -397,7 +415,7 @@ async fn send(
 
 struct Attempted {
     outcome: Outcome,
-    result: Result<Response<Incoming>, ProxyError>,
+    result: Result<Response<Body>, ProxyError>,
     /// The breaker's verdict: `Some(failure)`, or `None` to release the slot.
     blame: Option<bool>,
 }
@@ -405,6 +423,50 @@ struct Attempted {
 fn retry_after(h: &HeaderMap, state: &UpstreamState) -> Option<Duration> {
     let v = h.get(http::header::RETRY_AFTER)?.to_str().ok()?;
     parse_retry_after(v, state.clock.wall())
+}
+
+/// Reads a gRPC response's body while it fits in `limit` bytes, to find the
+/// `grpc-status` in its trailers. Whatever happens, the client gets the same
+/// body: the frames held, then (if it was larger) the rest, streamed.
+async fn hold_for_trailers(
+    resp: Response<Incoming>,
+    limit: u64,
+    until: Instant,
+) -> (Response<Body>, Option<u8>) {
+    use http_body_util::BodyExt;
+    let (parts, mut body) = resp.into_parts();
+    let mut held: Vec<http_body::Frame<bytes::Bytes>> = Vec::new();
+    let mut size = 0u64;
+    let mut status = None;
+    let mut rest = true;
+    loop {
+        let frame = match tokio::time::timeout_at(until, body.frame()).await {
+            Ok(Some(Ok(f))) => f,
+            Ok(None) => {
+                rest = false;
+                break;
+            }
+            // An error or the deadline: hand the rest (and the error) on as it comes.
+            Ok(Some(Err(_))) | Err(_) => break,
+        };
+        if let Some(t) = frame.trailers_ref() {
+            status = grpc_status(t);
+        }
+        if let Some(d) = frame.data_ref() {
+            size += d.len() as u64;
+        }
+        let is_trailers = frame.is_trailers();
+        held.push(frame);
+        if is_trailers {
+            rest = false;
+            break;
+        }
+        if size > limit {
+            break;
+        }
+    }
+    let body = super::body::Held::new(held, if rest { Some(body) } else { None });
+    (Response::from_parts(parts, boxed(body)), status)
 }
 
 /// `grpc-status` of a trailers-only response.

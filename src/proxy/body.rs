@@ -101,3 +101,50 @@ where
         self.inner.size_hint()
     }
 }
+
+pin_project! {
+    /// Frames read ahead (to look at trailers), then the rest of the body.
+    pub struct Held<B> {
+        frames: std::collections::VecDeque<Frame<Bytes>>,
+        #[pin]
+        rest: Option<B>,
+    }
+}
+
+impl<B> Held<B> {
+    pub fn new(frames: Vec<Frame<Bytes>>, rest: Option<B>) -> Self {
+        Held {
+            frames: frames.into(),
+            rest,
+        }
+    }
+}
+
+impl<B> HttpBody for Held<B>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        if let Some(f) = this.frames.pop_front() {
+            return Poll::Ready(Some(Ok(f)));
+        }
+        match this.rest.as_pin_mut() {
+            Some(rest) => rest
+                .poll_frame(cx)
+                .map(|f| f.map(|r| r.map_err(Into::into))),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty() && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
+    }
+}

@@ -1,9 +1,13 @@
 //! The upstream client: pooled connections to one upstream, with its
-//! `connect_timeout` and protocol. One per upstream, owned by its live state.
+//! `connect_timeout`, its protocol and, for `https://`, its TLS
+//! configuration (ALPN offers h2 and http/1.1 unless the protocol pins one;
+//! hyper uses h2 when the upstream picks it). One per upstream, owned by its
+//! live state and rebuilt only when how the upstream is reached changes.
 
 use super::body::Body;
 use super::error::ProxyError;
 use crate::config::{Protocol, Scheme, UpstreamConfig};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::time::Duration;
@@ -15,29 +19,44 @@ pub struct ClientKey {
     scheme: Scheme,
     protocol: Protocol,
     connect_timeout: Duration,
-}
-
-impl ClientKey {
-    pub fn of(u: &UpstreamConfig) -> Self {
-        ClientKey {
-            scheme: u.url.scheme,
-            protocol: u.protocol,
-            connect_timeout: u.connect_timeout,
-        }
-    }
+    server_name: Option<String>,
+    /// The bytes of the CA, client certificate and key files.
+    tls_files: u64,
 }
 
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
     pub key: ClientKey,
-    inner: Client<HttpConnector, Body>,
+    inner: Client<HttpsConnector<HttpConnector>, Body>,
 }
 
 impl UpstreamClient {
-    pub fn new(u: &UpstreamConfig) -> Self {
+    /// Builds the pool; reads the upstream's TLS files.
+    pub fn new(u: &UpstreamConfig) -> Result<Self, String> {
+        let tls =
+            crate::tls::client_config(u).map_err(|e| format!("upstream {:?}: {e}", u.name))?;
+        let server_name = u.tls.as_ref().and_then(|t| t.server_name.clone());
         let mut http = HttpConnector::new();
         http.set_connect_timeout(Some(u.connect_timeout));
         http.set_nodelay(true);
+        http.enforce_http(false);
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config((*tls.config).clone())
+            .https_or_http();
+        let builder = match &server_name {
+            Some(n) => {
+                let name = rustls::pki_types::ServerName::try_from(n.clone())
+                    .map_err(|e| format!("upstream {:?}: tls.server_name {n:?}: {e}", u.name))?;
+                builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
+            }
+            None => builder,
+        };
+        // ALPN by protocol: both (h2 preferred), http/1.1 only, or h2 only.
+        let connector = match u.protocol {
+            Protocol::Auto => builder.enable_http1().enable_http2().wrap_connector(http),
+            Protocol::Http1 => builder.enable_http1().wrap_connector(http),
+            Protocol::H2c | Protocol::Grpc => builder.enable_http2().wrap_connector(http),
+        };
         let mut b = Client::builder(TokioExecutor::new());
         b.timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
@@ -48,10 +67,27 @@ impl UpstreamClient {
         if matches!(u.protocol, Protocol::H2c | Protocol::Grpc) {
             b.http2_only(true);
         }
-        UpstreamClient {
-            key: ClientKey::of(u),
-            inner: b.build(http),
-        }
+        Ok(UpstreamClient {
+            key: ClientKey {
+                scheme: u.url.scheme,
+                protocol: u.protocol,
+                connect_timeout: u.connect_timeout,
+                server_name,
+                tls_files: tls.fingerprint,
+            },
+            inner: b.build(connector),
+        })
+    }
+
+    /// The key a config would give, without building anything but the TLS files' fingerprint.
+    pub fn key_of(u: &UpstreamConfig) -> Result<ClientKey, String> {
+        Ok(ClientKey {
+            scheme: u.url.scheme,
+            protocol: u.protocol,
+            connect_timeout: u.connect_timeout,
+            server_name: u.tls.as_ref().and_then(|t| t.server_name.clone()),
+            tls_files: crate::tls::client_config(u)?.fingerprint,
+        })
     }
 
     /// Sends one attempt. Errors are classified here, once, by type — never by
@@ -74,9 +110,11 @@ impl UpstreamClient {
             } else {
                 Failure::Reset
             };
+            let tls = crate::tls::describe_failure(&e);
             SendError {
                 kind,
-                message: root_cause(&e),
+                message: tls.clone().unwrap_or_else(|| root_cause(&e)),
+                tls: tls.is_some(),
             }
         })
     }
@@ -85,7 +123,7 @@ impl UpstreamClient {
 /// How an attempt failed before response headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
-    /// Refused, unreachable, DNS, connect timeout.
+    /// Refused, unreachable, DNS, connect timeout, TLS handshake.
     Connect,
     /// The connection closed before any of the request was written.
     NotSent,
@@ -99,6 +137,8 @@ pub enum Failure {
 pub struct SendError {
     pub kind: Failure,
     pub message: String,
+    /// A TLS handshake or certificate failure.
+    pub tls: bool,
 }
 
 impl SendError {

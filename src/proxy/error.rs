@@ -67,6 +67,49 @@ impl ProxyError {
         }
     }
 
+    /// The gRPC status a gRPC client gets for this error.
+    pub fn grpc_status(&self) -> u8 {
+        match self {
+            ProxyError::NoRoute => 12,           // UNIMPLEMENTED
+            ProxyError::BadRequest(_) => 3,      // INVALID_ARGUMENT
+            ProxyError::RateLimited { .. } => 8, // RESOURCE_EXHAUSTED
+            ProxyError::UpstreamTimeout | ProxyError::DeadlineExceeded => 4, // DEADLINE_EXCEEDED
+            ProxyError::Overloaded
+            | ProxyError::CircuitOpen { .. }
+            | ProxyError::ConnectFailed(_)
+            | ProxyError::UpstreamReset(_) => 14, // UNAVAILABLE
+        }
+    }
+
+    /// The response weir sends for this error: gRPC-shaped for a gRPC
+    /// request (HTTP 200, trailers-only, `grpc-status`, `grpc-message`),
+    /// JSON otherwise.
+    pub fn respond(&self, upstream: Option<&str>, grpc: bool) -> Response<Body> {
+        if !grpc {
+            return self.to_response(upstream);
+        }
+        let mut resp = Response::new(super::body::empty());
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        h.insert(
+            "grpc-status",
+            HeaderValue::from(u16::from(self.grpc_status())),
+        );
+        let msg = format!("weir {}: {}", self.code(), self);
+        if let Ok(v) = HeaderValue::from_str(&grpc_percent_encode(&msg)) {
+            h.insert("grpc-message", v);
+        }
+        h.insert("x-weir-error", HeaderValue::from_static(self.code()));
+        if let Some(ra) = self.retry_after() {
+            let secs = ra.as_millis().div_ceil(1000).max(1);
+            h.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
+        }
+        resp
+    }
+
     /// The response weir sends for this error.
     pub fn to_response(&self, upstream: Option<&str>) -> Response<Body> {
         let mut body = serde_json::json!({
@@ -98,4 +141,17 @@ impl ProxyError {
         }
         resp
     }
+}
+
+/// gRPC's percent-encoding of `grpc-message`: printable ASCII except `%` as is.
+fn grpc_percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

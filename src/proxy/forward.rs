@@ -33,18 +33,19 @@ pub async fn handle(
             .and_then(|i| snap.upstreams.get(i)),
         ListenerRole::Dedicated(name) => snap.upstreams.iter().find(|u| &u.config.name == name),
     };
+    let grpc = is_grpc(&parts.headers);
     let Some(up) = upstream else {
         snap.metrics.no_route();
         tracing::debug!(method = %parts.method, path = parts.uri.path(), "no route");
-        return ProxyError::NoRoute.to_response(None);
+        return ProxyError::NoRoute.respond(None, grpc);
     };
     let start = Instant::now();
     let method = parts.method.clone();
-    let resp = match forward(up, parts, body, start).await {
+    let resp = match forward(up, parts, body, start, grpc).await {
         Ok(resp) => resp,
         Err(e) => {
             up.state.metrics.error(e.code(), start.elapsed());
-            e.to_response(Some(&up.config.name))
+            e.respond(Some(&up.config.name), grpc)
         }
     };
     tracing::debug!(
@@ -63,6 +64,7 @@ async fn forward(
     mut parts: http::request::Parts,
     body: Incoming,
     start: Instant,
+    is_grpc_request: bool,
 ) -> Result<Response<Body>, ProxyError> {
     let cfg = &up.config;
     let lowered = headers::weir_timeout(&parts.headers).map_err(ProxyError::BadRequest)?;
@@ -121,7 +123,7 @@ async fn forward(
 
     // An upgrade is one attempt: its body is the connection itself.
     let single = cfg.retry.max_attempts <= 1 || on_upgrade.is_some();
-    let stream_unknown = up.h2 || parts.version == Version::HTTP_2 || is_grpc(&parts.headers);
+    let stream_unknown = up.h2 || parts.version == Version::HTTP_2 || is_grpc_request;
     let body = match tokio::time::timeout_at(
         deadline,
         RequestBody::prepare(
@@ -152,6 +154,9 @@ async fn forward(
         single,
         lowered: budget < cfg.timeout,
         upgrade: on_upgrade.is_some(),
+        // gRPC codes in trailers can only be acted on when the whole response
+        // is held until they arrive.
+        grpc_trailers: is_grpc_request && !single && cfg.retry.retry_on.any_grpc(),
     };
     let done = attempt::run(up, plan, ticket).await;
     match done.result {
@@ -192,7 +197,7 @@ async fn forward(
         }
         Err(e) => {
             up.state.metrics.error(e.code(), start.elapsed());
-            let mut resp = e.to_response(Some(&cfg.name));
+            let mut resp = e.respond(Some(&cfg.name), is_grpc_request);
             if cfg.annotate {
                 attempt::annotate(resp.headers_mut(), done.attempts, done.stop);
             }

@@ -49,6 +49,8 @@ pub struct Upstream {
 #[derive(Debug)]
 pub struct Snapshot {
     pub config: Arc<Config>,
+    /// Inbound TLS per listener that has it.
+    pub acceptors: std::collections::BTreeMap<ListenerRole, Arc<rustls::ServerConfig>>,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub routes: route::RouteTable,
     /// Same order as `config.upstreams`.
@@ -56,11 +58,24 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn new(
+    /// Builds a snapshot; reads inbound TLS certificates and keys.
+    pub fn build(
         config: Arc<Config>,
         states: Vec<Arc<UpstreamState>>,
         metrics: Arc<crate::metrics::Metrics>,
-    ) -> Self {
+    ) -> Result<Self, String> {
+        let mut acceptors = std::collections::BTreeMap::new();
+        if let Some(t) = &config.server.tls {
+            let c = crate::tls::server_config(t).map_err(|e| format!("[server] tls: {e}"))?;
+            acceptors.insert(ListenerRole::Shared, c);
+        }
+        for u in &config.upstreams {
+            if let Some(t) = &u.listen_tls {
+                let c = crate::tls::server_config(t)
+                    .map_err(|e| format!("upstream {:?} listen_tls: {e}", u.name))?;
+                acceptors.insert(ListenerRole::Dedicated(u.name.clone()), c);
+            }
+        }
         let upstreams = config
             .upstreams
             .iter()
@@ -76,11 +91,12 @@ impl Snapshot {
                 state: s,
             })
             .collect();
-        Snapshot {
+        Ok(Snapshot {
             metrics,
+            acceptors,
             routes: route::RouteTable::new(&config),
             config,
             upstreams,
-        }
+        })
     }
 }

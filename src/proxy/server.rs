@@ -68,7 +68,8 @@ impl Proxy {
     pub async fn start_with(config: Config, metrics: Arc<Metrics>) -> io::Result<ProxyHandle> {
         let config = Arc::new(config);
         let states = StateRegistry::new(metrics.clone());
-        let snap = Snapshot::new(config.clone(), states.sync(&config), metrics);
+        let upstreams = states.sync(&config).map_err(io::Error::other)?;
+        let snap = Snapshot::build(config.clone(), upstreams, metrics).map_err(io::Error::other)?;
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snap),
             states,
@@ -142,13 +143,28 @@ impl ProxyHandle {
     /// connections finish. Requests in flight keep the snapshot they started with.
     pub async fn reload(&self, config: Config) -> io::Result<()> {
         let _one_at_a_time = self.reloading.lock().await;
-        let added = self.bind_missing(&config).await?;
         let config = Arc::new(config);
-        let states = self.shared.states.sync(&config);
+        // Inbound TLS files first: nothing changes if one cannot be read.
+        let probe = Snapshot::build(
+            config.clone(),
+            Vec::new(),
+            self.shared.states.metrics().clone(),
+        )
+        .map_err(io::Error::other)?;
+        drop(probe);
+        let added = self.bind_missing(&config).await?;
+        let states = match self.shared.states.sync(&config) {
+            Ok(s) => s,
+            Err(e) => {
+                for (_, l) in added {
+                    let _ = l.stop.send(true);
+                }
+                return Err(io::Error::other(e));
+            }
+        };
         let metrics = self.shared.states.metrics().clone();
-        self.shared
-            .snapshot
-            .store(Arc::new(Snapshot::new(config.clone(), states, metrics)));
+        let snap = Snapshot::build(config.clone(), states, metrics).map_err(io::Error::other)?;
+        self.shared.snapshot.store(Arc::new(snap));
         let keep = wanted(&config);
         let mut table = self.listeners();
         table.extend(added);
@@ -297,24 +313,76 @@ async fn serve_connection(
     peer: SocketAddr,
     role: ListenerRole,
     shared: Arc<Shared>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (builder, max_head, head_timeout) = {
+    let (builder, max_head, head_timeout, tls) = {
         let snap = shared.snapshot.load();
         let s = &snap.config.server;
         (
             builder(&snap.config),
             s.max_header_bytes,
             s.header_read_timeout,
+            snap.acceptors.get(&role).cloned(),
         )
     };
+    match tls {
+        None => {
+            serve_io(
+                stream,
+                peer,
+                role,
+                shared,
+                stop,
+                builder,
+                max_head,
+                head_timeout,
+            )
+            .await
+        }
+        Some(config) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(config);
+            // The handshake gets the same bound as a request head.
+            match tokio::time::timeout(head_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => {
+                    serve_io(
+                        tls,
+                        peer,
+                        role,
+                        shared,
+                        stop,
+                        builder,
+                        max_head,
+                        head_timeout,
+                    )
+                    .await
+                }
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "inbound TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "inbound TLS handshake timed out"),
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // one connection's whole context, passed once
+async fn serve_io<I>(
+    io: I,
+    peer: SocketAddr,
+    role: ListenerRole,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+    builder: auto::Builder<TokioExecutor>,
+    max_head: usize,
+    head_timeout: Duration,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let svc = service_fn(move |req| {
         let snap = shared.snapshot.load_full();
         let role = role.clone();
         async move { Ok::<_, Infallible>(forward::handle(&snap, &role, req).await) }
     });
-    let io = TokioIo::new(FramingGuard::new(stream, max_head, head_timeout));
+    let io = TokioIo::new(FramingGuard::new(io, max_head, head_timeout));
     let conn = builder.serve_connection_with_upgrades(io, svc);
     tokio::pin!(conn);
     tokio::select! {
