@@ -98,7 +98,11 @@ impl UpstreamClient {
     ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
         self.inner.request(req).await.map_err(|e| {
             let hyper_err = find::<hyper::Error>(&e);
-            let kind = if e.is_connect() {
+            let tls = crate::tls::describe_failure(&e);
+            // A TLS failure means the upstream never processed the request,
+            // even when (TLS 1.3, a missing client certificate) its alert
+            // only arrives after the request was written.
+            let kind = if e.is_connect() || tls.is_some() {
                 Failure::Connect
             } else if hyper_err.is_some_and(|h| h.is_canceled()) {
                 // hyper handed the request back unsent (the pooled connection
@@ -110,7 +114,6 @@ impl UpstreamClient {
             } else {
                 Failure::Reset
             };
-            let tls = crate::tls::describe_failure(&e);
             SendError {
                 kind,
                 message: tls.clone().unwrap_or_else(|| root_cause(&e)),

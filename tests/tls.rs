@@ -1,0 +1,366 @@
+//! TLS origination against real TLS upstreams with certificates made here
+//! (rcgen): private CAs, name checks, mTLS, ALPN, rotation through a reload,
+//! and inbound TLS.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+type Issuer = CertifiedIssuer<'static, KeyPair>;
+
+fn ca(name: &str) -> Issuer {
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(rcgen::DnType::CommonName, name);
+    CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap()
+}
+
+/// A leaf certificate for `names`, signed by `issuer`: (cert PEM, key PEM).
+fn leaf(issuer: &Issuer, names: &[&str]) -> (String, String) {
+    let p =
+        CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn server_config(
+    cert: &str,
+    key: &str,
+    alpn: &[&str],
+    client_ca: Option<&Issuer>,
+) -> Arc<rustls::ServerConfig> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .map(|c| c.unwrap())
+        .collect();
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+    let b = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap();
+    let b = match client_ca {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(ca.der().clone()).unwrap();
+            let v = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider(),
+            )
+            .build()
+            .unwrap();
+            b.with_client_cert_verifier(v)
+        }
+        None => b.with_no_client_auth(),
+    };
+    let mut c = b.with_single_cert(certs, key).unwrap();
+    c.alpn_protocols = alpn.iter().map(|a| a.as_bytes().to_vec()).collect();
+    Arc::new(c)
+}
+
+/// A TLS upstream whose certificate can be swapped; records the HTTP version
+/// of each request and closes every connection after one response.
+struct TlsUpstream {
+    addr: SocketAddr,
+    hits: Arc<AtomicUsize>,
+    versions: Arc<Mutex<Vec<http::Version>>>,
+    config: Arc<Mutex<Arc<rustls::ServerConfig>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TlsUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn tls_upstream(config: Arc<rustls::ServerConfig>) -> TlsUpstream {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let versions = Arc::new(Mutex::new(Vec::new()));
+    let config = Arc::new(Mutex::new(config));
+    let (h, v, c) = (hits.clone(), versions.clone(), config.clone());
+    let task = tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = tokio_rustls::TlsAcceptor::from(c.lock().unwrap().clone());
+            let (h, v) = (h.clone(), v.clone());
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    h.fetch_add(1, Ordering::SeqCst);
+                    v.lock().unwrap().push(req.version());
+                    async move {
+                        Ok::<_, std::convert::Infallible>(
+                            Response::builder()
+                                .header("connection", "close")
+                                .body(body("secure"))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let _ = b.serve_connection(TokioIo::new(tls), svc).await;
+            });
+        }
+    });
+    TlsUpstream {
+        addr,
+        hits,
+        versions,
+        config,
+        task,
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+async fn through(weir: &Weir) -> (u16, String, String) {
+    let (parts, b) = read_body(get(&client(), &weir.url("/"), "svc").await).await;
+    (
+        parts.status.as_u16(),
+        header(&parts, "x-weir-error"),
+        String::from_utf8_lossy(&b).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn private_ca_via_ca_file_and_alpn_h2() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ca("private");
+    let (cert, key) = leaf(&ca, &["localhost"]);
+    let up = tls_upstream(server_config(&cert, &key, &["h2", "http/1.1"], None)).await;
+    let ca_file = write(dir.path(), "ca.pem", &ca.pem());
+    let weir = Weir::single(
+        &format!("https://localhost:{}", up.addr.port()),
+        &format!(
+            "[upstreams.svc.tls]\nca_file = {:?}\n",
+            ca_file.display().to_string()
+        ),
+    )
+    .await;
+    assert_eq!(through(&weir).await, (200, String::new(), "secure".into()));
+    assert_eq!(
+        up.versions.lock().unwrap().clone(),
+        vec![http::Version::HTTP_2]
+    );
+}
+
+#[tokio::test]
+async fn alpn_without_h2_gives_http1() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ca("private");
+    let (cert, key) = leaf(&ca, &["localhost"]);
+    let up = tls_upstream(server_config(&cert, &key, &["http/1.1"], None)).await;
+    let ca_file = write(dir.path(), "ca.pem", &ca.pem());
+    let weir = Weir::single(
+        &format!("https://localhost:{}", up.addr.port()),
+        &format!(
+            "[upstreams.svc.tls]\nca_file = {:?}\n",
+            ca_file.display().to_string()
+        ),
+    )
+    .await;
+    assert_eq!(through(&weir).await.0, 200);
+    assert_eq!(
+        up.versions.lock().unwrap().clone(),
+        vec![http::Version::HTTP_11]
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_issuer_is_502_naming_the_cause_and_nothing_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (real, other) = (ca("real"), ca("other"));
+    let (cert, key) = leaf(&real, &["localhost"]);
+    let up = tls_upstream(server_config(&cert, &key, &["h2", "http/1.1"], None)).await;
+    let ca_file = write(dir.path(), "ca.pem", &other.pem());
+    let weir = Weir::single(
+        &format!("https://localhost:{}", up.addr.port()),
+        &format!(
+            "[upstreams.svc.tls]\nca_file = {:?}\n",
+            ca_file.display().to_string()
+        ),
+    )
+    .await;
+    let (status, code, json) = json_error(get(&client(), &weir.url("/"), "svc").await).await;
+    assert_eq!((status, code.as_str()), (502, "connect_failed"));
+    assert!(
+        json["message"].as_str().unwrap().contains("unknown issuer"),
+        "{json}"
+    );
+    assert_eq!(
+        up.hits.load(Ordering::SeqCst),
+        0,
+        "the upstream handler ran"
+    );
+}
+
+#[tokio::test]
+async fn a_name_mismatch_is_refused_unless_server_name_says_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ca("private");
+    let (cert, key) = leaf(&ca, &["api.internal.example"]);
+    let up = tls_upstream(server_config(&cert, &key, &["http/1.1"], None)).await;
+    let ca_file = write(dir.path(), "ca.pem", &ca.pem());
+    let url = format!("https://localhost:{}", up.addr.port());
+    let tls = format!(
+        "[upstreams.svc.tls]\nca_file = {:?}\n",
+        ca_file.display().to_string()
+    );
+    let weir = Weir::single(&url, &tls).await;
+    let (status, code, json) = json_error(get(&client(), &weir.url("/"), "svc").await).await;
+    assert_eq!((status, code.as_str()), (502, "connect_failed"));
+    assert!(
+        json["message"].as_str().unwrap().contains("name mismatch"),
+        "{json}"
+    );
+    assert_eq!(up.hits.load(Ordering::SeqCst), 0);
+
+    let weir = Weir::single(
+        &url,
+        &format!("{tls}server_name = \"api.internal.example\"\n"),
+    )
+    .await;
+    assert_eq!(through(&weir).await.0, 200);
+}
+
+#[tokio::test]
+async fn mtls_works_with_a_client_certificate_and_is_refused_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server_ca, client_ca) = (ca("servers"), ca("clients"));
+    let (cert, key) = leaf(&server_ca, &["localhost"]);
+    let up = tls_upstream(server_config(&cert, &key, &["http/1.1"], Some(&client_ca))).await;
+    let ca_file = write(dir.path(), "ca.pem", &server_ca.pem());
+    let (ccert, ckey) = leaf(&client_ca, &["weir.client"]);
+    let cc = write(dir.path(), "client.pem", &ccert);
+    let ck = write(dir.path(), "client.key", &ckey);
+    let url = format!("https://localhost:{}", up.addr.port());
+    let tls = format!(
+        "[upstreams.svc.tls]\nca_file = {:?}\n",
+        ca_file.display().to_string()
+    );
+
+    let without = Weir::single(
+        &url,
+        &format!("{tls}[upstreams.svc.retry]\nmax_attempts = 1\n"),
+    )
+    .await;
+    let (status, code, _) = through(&without).await;
+    assert_eq!((status, code.as_str()), (502, "connect_failed"));
+    assert_eq!(up.hits.load(Ordering::SeqCst), 0);
+
+    let with = Weir::single(
+        &url,
+        &format!(
+            "{tls}client_cert = {:?}\nclient_key = {:?}\n",
+            cc.display().to_string(),
+            ck.display().to_string()
+        ),
+    )
+    .await;
+    assert_eq!(through(&with).await, (200, String::new(), "secure".into()));
+    assert_eq!(up.hits.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_new_ca_file_takes_effect_on_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = (ca("old"), ca("new"));
+    let (cert, key) = leaf(&old, &["localhost"]);
+    let up = tls_upstream(server_config(&cert, &key, &["http/1.1"], None)).await;
+    let ca_file = write(dir.path(), "ca.pem", &old.pem());
+    let cfg = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n[upstreams.svc]\nurl = \"https://localhost:{}\"\nhosts = [\"svc\"]\n[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.tls]\nca_file = {:?}\n",
+        up.addr.port(),
+        ca_file.display().to_string()
+    );
+    let path = write(dir.path(), "weir.toml", &cfg);
+    let rt = weir::runtime::Runtime::start(
+        weir::config::Config::load(&path).unwrap(),
+        weir::runtime::Options {
+            watch: false,
+            sighup: false,
+        },
+    )
+    .await
+    .unwrap();
+    let url = format!("http://{}/", rt.proxy.listen_addr());
+    let status = || async { get(&client(), &url, "svc").await.status().as_u16() };
+    assert_eq!(status().await, 200);
+
+    // The upstream rotates to a certificate from the new CA: weir refuses it...
+    let (cert, key) = leaf(&new, &["localhost"]);
+    *up.config.lock().unwrap() = server_config(&cert, &key, &["http/1.1"], None);
+    assert_eq!(status().await, 502);
+    // ...until the new CA is in ca_file and the config is reloaded.
+    std::fs::write(&ca_file, new.pem()).unwrap();
+    rt.reloader.reload("test").await.unwrap();
+    assert_eq!(status().await, 200);
+    rt.shutdown(std::time::Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn inbound_tls_on_the_shared_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ca("inbound");
+    let (cert, key) = leaf(&ca, &["localhost"]);
+    let c = write(dir.path(), "weir.pem", &cert);
+    let k = write(dir.path(), "weir.key", &key);
+    let up = TestUpstream::text("plain upstream").await;
+    let weir = Weir::with_server(
+        &format!(
+            "tls = {{ cert = {:?}, key = {:?} }}",
+            c.display().to_string(),
+            k.display().to_string()
+        ),
+        &format!(
+            "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"localhost\"]\n",
+            up.url()
+        ),
+    )
+    .await;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).unwrap();
+    let tls = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .enable_http2()
+        .build();
+    let c: hyper_util::client::legacy::Client<_, TestBody> =
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
+    let req = Request::get(format!("https://localhost:{}/", weir.addr.port()))
+        .body(body(""))
+        .unwrap();
+    let resp = c.request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2, "ALPN should pick h2");
+    let (parts, b) = read_body(resp).await;
+    assert_eq!(
+        (parts.status.as_u16(), &b[..]),
+        (200, &b"plain upstream"[..])
+    );
+}
