@@ -1,0 +1,250 @@
+//! gRPC over h2c through weir: status codes from trailers-only responses and
+//! from trailers, grpc-timeout rewriting, gRPC-shaped errors; and a real
+//! third-party HTTP/2 client (h2load) against weir.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use hyper::{Request, Response};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+type Chunk = Result<Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>>;
+
+/// A gRPC-style response: a 5-byte-framed message, then trailers.
+fn grpc_reply(status: u8) -> Response<TestBody> {
+    let frames: Vec<Chunk> = vec![
+        Ok(Frame::data(Bytes::from_static(b"\x00\x00\x00\x00\x02hi"))),
+        Ok(Frame::trailers({
+            let mut t = http::HeaderMap::new();
+            t.insert("grpc-status", status.to_string().parse().unwrap());
+            t
+        })),
+    ];
+    Response::builder()
+        .header("content-type", "application/grpc")
+        .body(BodyExt::boxed(StreamBody::new(futures_util::stream::iter(
+            frames,
+        ))))
+        .unwrap()
+}
+
+/// A trailers-only response: the status in the headers, no body.
+fn trailers_only(status: u8) -> Response<TestBody> {
+    Response::builder()
+        .header("content-type", "application/grpc")
+        .header("grpc-status", status.to_string())
+        .body(body(""))
+        .unwrap()
+}
+
+fn grpc_request(path: &str, timeout: Option<&str>) -> Request<TestBody> {
+    // gRPC calls are POSTs: a call is replayable when the client marks it
+    // idempotent with the idempotency-key metadata (SEMANTICS §2.1).
+    let mut b = Request::post(format!("http://svc{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("idempotency-key", "call-1");
+    if let Some(t) = timeout {
+        b = b.header("grpc-timeout", t);
+    }
+    b.body(body(Bytes::from_static(b"\x00\x00\x00\x00\x00")))
+        .unwrap()
+}
+
+/// (headers' grpc-status, trailers' grpc-status, x-weir-attempts, x-weir-error)
+async fn call(
+    weir: &Weir,
+    req: Request<TestBody>,
+) -> (Option<String>, Option<String>, String, String) {
+    let resp = h2_request(weir.addr, req).await;
+    assert_eq!(resp.status(), 200, "gRPC answers are HTTP 200");
+    let (parts, b) = resp.into_parts();
+    let collected = b.collect().await.unwrap();
+    let trailers = collected.trailers().cloned();
+    (
+        parts
+            .headers
+            .get("grpc-status")
+            .map(|v| v.to_str().unwrap().to_string()),
+        trailers.and_then(|t| {
+            t.get("grpc-status")
+                .map(|v| v.to_str().unwrap().to_string())
+        }),
+        header_of(&parts, "x-weir-attempts"),
+        header_of(&parts, "x-weir-error"),
+    )
+}
+
+fn header_of(parts: &http::response::Parts, name: &str) -> String {
+    parts
+        .headers
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+/// Answers `first` for the first request, OK after that.
+async fn first_then_ok(first: fn(u8) -> Response<TestBody>, code: u8) -> TestUpstream {
+    let n = Arc::new(AtomicUsize::new(0));
+    TestUpstream::start(move |_r| {
+        let i = n.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if i == 0 {
+                first(code)
+            } else {
+                grpc_reply(0)
+            }
+        }
+    })
+    .await
+}
+
+const GRPC: &str = "protocol = \"grpc\"\n[upstreams.svc.retry]\nretry_on = [\"unavailable\", \"connect-failure\"]\n[upstreams.svc.retry.backoff]\nbase = \"5ms\"\n";
+
+#[tokio::test]
+async fn unavailable_trailers_only_is_retried() {
+    let up = first_then_ok(trailers_only, 14).await;
+    let weir = Weir::single(&up.url(), GRPC).await;
+    let (_, trailer, attempts, _) = call(&weir, grpc_request("/pkg.Svc/Get", None)).await;
+    assert_eq!(trailer.as_deref(), Some("0"));
+    assert_eq!(attempts, "2");
+    assert_eq!(up.requests(), 2);
+}
+
+#[tokio::test]
+async fn unavailable_in_trailers_after_a_small_body_is_retried() {
+    let up = first_then_ok(grpc_reply, 14).await;
+    let weir = Weir::single(&up.url(), GRPC).await;
+    let (_, trailer, attempts, _) = call(&weir, grpc_request("/pkg.Svc/Get", None)).await;
+    assert_eq!(trailer.as_deref(), Some("0"));
+    assert_eq!(attempts, "2");
+    assert_eq!(up.requests(), 2);
+}
+
+#[tokio::test]
+async fn an_unmarked_call_is_not_replayed() {
+    let up = first_then_ok(trailers_only, 14).await;
+    let weir = Weir::single(&up.url(), GRPC).await;
+    let mut req = grpc_request("/pkg.Svc/Charge", None);
+    req.headers_mut().remove("idempotency-key");
+    let resp = h2_request(weir.addr, req).await;
+    assert_eq!(resp.headers()["grpc-status"], "14");
+    assert_eq!(resp.headers()["x-weir-retry-stop"], "unsafe");
+    assert_eq!(up.requests(), 1);
+}
+
+#[tokio::test]
+async fn ok_is_not_retried_and_other_codes_pass_through() {
+    let up = TestUpstream::start(|_r| async move { grpc_reply(0) }).await;
+    let weir = Weir::single(&up.url(), GRPC).await;
+    let (_, trailer, attempts, _) = call(&weir, grpc_request("/pkg.Svc/Get", None)).await;
+    assert_eq!((trailer.as_deref(), attempts.as_str()), (Some("0"), "1"));
+    assert_eq!(up.requests(), 1);
+
+    // NOT_FOUND is not in retry_on: returned as it came.
+    let up = TestUpstream::start(|_r| async move { grpc_reply(5) }).await;
+    let weir = Weir::single(&up.url(), GRPC).await;
+    let (_, trailer, attempts, _) = call(&weir, grpc_request("/pkg.Svc/Get", None)).await;
+    assert_eq!((trailer.as_deref(), attempts.as_str()), (Some("5"), "1"));
+}
+
+#[tokio::test]
+async fn grpc_timeout_is_rewritten_to_the_time_left() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        let t = req
+            .headers()
+            .get("grpc-timeout")
+            .map(|v| v.to_str().unwrap().to_string());
+        s.lock().unwrap().push(t);
+        async move { grpc_reply(0) }
+    })
+    .await;
+    let weir = Weir::single(&up.url(), GRPC).await;
+    call(&weir, grpc_request("/pkg.Svc/Get", Some("1S"))).await;
+    let t = seen.lock().unwrap()[0].clone().unwrap();
+    let ms: u64 = t.trim_end_matches('m').parse().unwrap();
+    assert!(
+        t.ends_with('m') && ms <= 1000 && ms > 500,
+        "grpc-timeout forwarded as {t}"
+    );
+}
+
+#[tokio::test]
+async fn weir_errors_reach_grpc_clients_as_grpc_statuses() {
+    let up =
+        TestUpstream::start(
+            |_r| async move { Response::builder().status(503).body(body("")).unwrap() },
+        )
+        .await;
+    let weir = Weir::single(
+        &up.url(),
+        "protocol = \"grpc\"\n[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 1\n",
+    )
+    .await;
+    // The 503 opens the breaker; the next call is refused by weir itself.
+    let resp = h2_request(weir.addr, grpc_request("/pkg.Svc/Get", None)).await;
+    assert_eq!(resp.status(), 503);
+    let (status, _, _, error) = call(&weir, grpc_request("/pkg.Svc/Get", None)).await;
+    assert_eq!(
+        (status.as_deref(), error.as_str()),
+        (Some("14"), "circuit_open")
+    );
+    assert_eq!(up.requests(), 1);
+
+    // No route: UNIMPLEMENTED; a deadline: DEADLINE_EXCEEDED.
+    let req = Request::post("http://nowhere/pkg.Svc/Get")
+        .header("content-type", "application/grpc")
+        .body(body(""))
+        .unwrap();
+    let (status, _, _, error) = call(&weir, req).await;
+    assert_eq!(
+        (status.as_deref(), error.as_str()),
+        (Some("12"), "no_route")
+    );
+}
+
+/// Interoperability beyond hyper talking to hyper: nghttp2's h2load drives
+/// weir over HTTP/2 prior knowledge. `.ci/run` installs it and sets
+/// WEIR_REQUIRE_H2LOAD=1; elsewhere the test says it was skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2load_drives_weir_over_h2c() {
+    if std::process::Command::new("h2load")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("WEIR_REQUIRE_H2LOAD").is_none(),
+            "h2load is required here (apt-get install nghttp2-client)"
+        );
+        eprintln!("SKIPPED: h2load not installed (apt-get install nghttp2-client)");
+        return;
+    }
+    let up = TestUpstream::text("ok").await;
+    let weir = Weir::start(&format!(
+        "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"127.0.0.1\"]\n",
+        up.url()
+    ))
+    .await;
+    let url = format!("http://127.0.0.1:{}/", weir.addr.port());
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("h2load")
+            .args(["-n", "400", "-c", "4", "-m", "8", &url])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("400 succeeded"), "{text}");
+    assert!(text.contains("status codes: 400 2xx"), "{text}");
+    assert_eq!(up.requests(), 400);
+}
