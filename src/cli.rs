@@ -442,11 +442,6 @@ async fn serve(config: Config) -> ExitCode {
     let grace = config.server.shutdown_timeout;
     let path = config.path.clone();
     let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
-    for u in &config.upstreams {
-        if u.url.scheme == crate::config::Scheme::Https {
-            tracing::warn!(upstream = %u.name, "https upstreams need TLS origination, which this build does not have yet: requests to it get 502 connect_failed");
-        }
-    }
     let opts = crate::runtime::Options {
         watch: true,
         sighup: true,
