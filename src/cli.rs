@@ -121,6 +121,10 @@ pub enum Command {
     Run {
         #[command(flatten)]
         config: ConfigArg,
+        /// Worker threads serving traffic, each with its own event loop and its own
+        /// SO_REUSEPORT listening sockets (default: the CPUs available to the process).
+        #[arg(long, env = "WEIR_WORKERS")]
+        workers: Option<usize>,
     },
     /// Validate a config file and print the effective config (every default filled in).
     ///
@@ -171,7 +175,7 @@ pub fn main() -> ExitCode {
     init_logging(&cli.log_level, cli.log_format);
     match cli.command {
         Command::Check { config } => check(&config.config),
-        Command::Run { config } => run(&config.config),
+        Command::Run { config, workers } => run(&config.config, workers),
         Command::Schedule { config, upstream } => schedule(&config.config, upstream.as_deref()),
         Command::Decide { input } => decide(input.as_deref()),
         Command::Chaos(args) => chaos(args),
@@ -417,7 +421,7 @@ fn chaos(args: ChaosArgs) -> ExitCode {
     })
 }
 
-fn run(path: &std::path::Path) -> ExitCode {
+fn run(path: &std::path::Path, workers: Option<usize>) -> ExitCode {
     let config = match Config::load(path) {
         Ok(c) => c,
         Err(errors) => {
@@ -425,7 +429,12 @@ fn run(path: &std::path::Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
+    let workers = workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    // The control runtime (admin, signals, reloads) is one thread; traffic
+    // runs on the workers.
+    let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
@@ -435,16 +444,17 @@ fn run(path: &std::path::Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    rt.block_on(serve(config))
+    rt.block_on(serve(config, workers))
 }
 
-async fn serve(config: Config) -> ExitCode {
+async fn serve(config: Config, workers: usize) -> ExitCode {
     let grace = config.server.shutdown_timeout;
     let path = config.path.clone();
     let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
     let opts = crate::runtime::Options {
         watch: true,
         sighup: true,
+        workers,
     };
     let rt = match crate::runtime::Runtime::start(config, opts).await {
         Ok(r) => r,
@@ -459,6 +469,7 @@ async fn serve(config: Config) -> ExitCode {
         admin = %rt.admin_addr,
         dedicated = ?rt.proxy.upstream_addrs(),
         upstreams = ?names,
+        workers,
         "weir is serving"
     );
     shutdown_signal().await;

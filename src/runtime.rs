@@ -92,6 +92,56 @@ pub struct Options {
     pub watch: bool,
     /// Reload on SIGHUP.
     pub sighup: bool,
+    /// Worker threads, each with a current-thread runtime and its own
+    /// SO_REUSEPORT sockets; 0 runs the proxy on the calling runtime.
+    pub workers: usize,
+}
+
+/// The worker threads: one current-thread runtime each. A connection lives
+/// on one worker from accept to close, so nothing it touches crosses threads
+/// (measured: a multi-thread runtime cost more CPU per request, see README
+/// "Performance").
+#[derive(Debug)]
+struct Workers {
+    handles: Vec<tokio::runtime::Handle>,
+    done: Vec<tokio::sync::oneshot::Sender<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Workers {
+    fn start(n: usize) -> io::Result<Workers> {
+        let mut w = Workers {
+            handles: Vec::new(),
+            done: Vec::new(),
+            threads: Vec::new(),
+        };
+        for i in 0..n {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let (done, wait) = tokio::sync::oneshot::channel::<()>();
+            w.handles.push(rt.handle().clone());
+            w.done.push(done);
+            w.threads.push(
+                std::thread::Builder::new()
+                    .name(format!("weir-worker-{i}"))
+                    .spawn(move || {
+                        rt.block_on(async {
+                            let _ = wait.await;
+                        });
+                        // Dropping the runtime cancels what is left.
+                    })?,
+            );
+        }
+        Ok(w)
+    }
+
+    fn stop(self) {
+        drop(self.done);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
 }
 
 /// A running weir.
@@ -101,6 +151,7 @@ pub struct Runtime {
     pub reloader: Arc<Reloader>,
     pub admin_addr: SocketAddr,
     stop: watch::Sender<bool>,
+    workers: Mutex<Option<Workers>>,
     // Kept alive for as long as the runtime runs.
     _watcher: Option<notify::RecommendedWatcher>,
 }
@@ -115,7 +166,9 @@ impl Runtime {
             io::Error::new(e.kind(), format!("cannot listen on {admin} (admin): {e}"))
         })?;
         let admin_addr = admin_listener.local_addr()?;
-        let proxy = Arc::new(Proxy::start_with(config, metrics.clone()).await?);
+        let workers = Workers::start(opts.workers)?;
+        let proxy =
+            Arc::new(Proxy::start_on(config, metrics.clone(), workers.handles.clone()).await?);
         metrics.reload(true);
         let src = std::fs::read_to_string(&path).ok();
         let reloader = Arc::new(Reloader {
@@ -149,6 +202,7 @@ impl Runtime {
             reloader,
             admin_addr,
             stop,
+            workers: Mutex::new(Some(workers)),
             _watcher: watcher,
         })
     }
@@ -159,6 +213,10 @@ impl Runtime {
     pub async fn shutdown(&self, grace: Duration) {
         self.proxy.shutdown(grace).await;
         let _ = self.stop.send(true);
+        let workers = self.workers.lock().expect("workers lock poisoned").take();
+        if let Some(w) = workers {
+            let _ = tokio::task::spawn_blocking(move || w.stop()).await;
+        }
     }
 }
 

@@ -1043,6 +1043,7 @@ async fn weir_with_traffic() -> (Runtime, TestUpstream, tempfile::TempDir) {
         Options {
             watch: false,
             sighup: false,
+            workers: 0,
         },
     )
     .await

@@ -17,6 +17,7 @@ use weir::runtime::{Options, Runtime};
 const NO_WATCH: Options = Options {
     watch: false,
     sighup: false,
+    workers: 0,
 };
 
 async fn start(dir: &Path, toml: &str, opts: Options) -> (Runtime, PathBuf) {
@@ -493,6 +494,7 @@ async fn the_file_watch_sees_a_configmap_symlink_swap() {
         Options {
             watch: true,
             sighup: false,
+            workers: 0,
         },
     )
     .await

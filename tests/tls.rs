@@ -299,6 +299,7 @@ async fn a_new_ca_file_takes_effect_on_reload() {
         weir::runtime::Options {
             watch: false,
             sighup: false,
+            workers: 0,
         },
     )
     .await

@@ -42,7 +42,8 @@ type ListenerKey = (SocketAddr, ListenerRole);
 struct Listening {
     bound: SocketAddr,
     stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    /// One accept loop per worker (each on its own SO_REUSEPORT socket).
+    tasks: Vec<JoinHandle<()>>,
 }
 
 /// The proxy, before it is started.
@@ -53,6 +54,9 @@ pub struct Proxy;
 #[derive(Debug)]
 pub struct ProxyHandle {
     shared: Arc<Shared>,
+    /// Worker runtimes that run the accept loops and connections; empty:
+    /// the runtime that started the proxy does.
+    workers: Vec<tokio::runtime::Handle>,
     listeners: Mutex<BTreeMap<ListenerKey, Listening>>,
     /// Serialises reloads: binding, publishing and closing happen as one step.
     reloading: tokio::sync::Mutex<()>,
@@ -66,6 +70,17 @@ impl Proxy {
 
     /// [`Proxy::start`] recording into `metrics`.
     pub async fn start_with(config: Config, metrics: Arc<Metrics>) -> io::Result<ProxyHandle> {
+        Proxy::start_on(config, metrics, Vec::new()).await
+    }
+
+    /// Starts the proxy with its listeners and connections on `workers`:
+    /// one SO_REUSEPORT socket per listener per worker, so the kernel spreads
+    /// connections and each connection lives on one thread, start to end.
+    pub async fn start_on(
+        config: Config,
+        metrics: Arc<Metrics>,
+        workers: Vec<tokio::runtime::Handle>,
+    ) -> io::Result<ProxyHandle> {
         let config = Arc::new(config);
         let states = StateRegistry::new(metrics.clone());
         let upstreams = states.sync(&config).map_err(io::Error::other)?;
@@ -78,6 +93,7 @@ impl Proxy {
         });
         let handle = ProxyHandle {
             shared,
+            workers,
             listeners: Mutex::new(BTreeMap::new()),
             reloading: tokio::sync::Mutex::new(()),
         };
@@ -114,23 +130,29 @@ impl ProxyHandle {
         };
         let mut bound = Vec::new();
         for (addr, role) in missing {
-            let l = TcpListener::bind(addr)
-                .await
+            let sockets = bind(addr, self.workers.len().max(1))
                 .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
-            bound.push(((addr, role), l));
+            bound.push(((addr, role), sockets));
         }
         let mut out = Vec::new();
-        for ((addr, role), l) in bound {
-            let local = l.local_addr()?;
+        for ((addr, role), sockets) in bound {
+            let local = sockets[0].local_addr()?;
             let (stop, stop_rx) = watch::channel(false);
-            let task = tokio::spawn(accept_loop(l, role.clone(), self.shared.clone(), stop_rx));
-            tracing::info!(listen = %local, role = ?role, "listening");
+            let mut tasks = Vec::new();
+            for (i, socket) in sockets.into_iter().enumerate() {
+                let fut = serve_socket(socket, role.clone(), self.shared.clone(), stop_rx.clone());
+                tasks.push(match self.workers.get(i) {
+                    Some(worker) => worker.spawn(fut),
+                    None => tokio::spawn(fut),
+                });
+            }
+            tracing::info!(listen = %local, role = ?role, workers = tasks.len(), "listening");
             out.push((
                 (addr, role),
                 Listening {
                     bound: local,
                     stop,
-                    task,
+                    tasks,
                 },
             ));
         }
@@ -232,7 +254,7 @@ impl ProxyHandle {
             let mut table = self.listeners();
             std::mem::take(&mut *table)
                 .into_values()
-                .map(|l| l.task)
+                .flat_map(|l| l.tasks)
                 .collect()
         };
         let aborts: Vec<_> = tasks.iter().map(|t| t.abort_handle()).collect();
@@ -250,6 +272,43 @@ impl ProxyHandle {
                 a.abort();
             }
         }
+    }
+}
+
+/// `n` listening sockets on `addr` (SO_REUSEPORT when more than one; port 0
+/// picks one port for all of them).
+fn bind(addr: SocketAddr, n: usize) -> io::Result<Vec<std::net::TcpListener>> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let mut out: Vec<std::net::TcpListener> = Vec::with_capacity(n);
+    let mut at = addr;
+    for _ in 0..n {
+        let s = Socket::new(Domain::for_address(at), Type::STREAM, Some(Protocol::TCP))?;
+        s.set_reuse_address(true)?;
+        #[cfg(unix)]
+        if n > 1 {
+            s.set_reuse_port(true)?;
+        }
+        s.set_nonblocking(true)?;
+        s.bind(&at.into())?;
+        s.listen(4096)?;
+        let l: std::net::TcpListener = s.into();
+        at = l.local_addr()?;
+        out.push(l);
+    }
+    Ok(out)
+}
+
+/// Turns a bound socket into a tokio listener on the runtime running this
+/// future (a worker's), then accepts on it.
+async fn serve_socket(
+    socket: std::net::TcpListener,
+    role: ListenerRole,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+) {
+    match TcpListener::from_std(socket) {
+        Ok(l) => accept_loop(l, role, shared, stop).await,
+        Err(e) => tracing::error!(error = %e, "cannot register a listening socket"),
     }
 }
 

@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# weir against nginx and HAProxy as the reverse proxy in front of one upstream.
+#
+#   bench/compare.sh                      # 5 alternating rounds of 10 s each
+#   ROUNDS=3 DURATION=5 CONNS=32 bench/compare.sh
+#
+# Needs wrk; nginx and HAProxy are compared when installed:
+#   apt-get install -y wrk nginx-light haproxy
+#
+# The upstream is nginx answering `return 200 "ok"` (or, without nginx,
+# `weir chaos upstream` with no faults). wrk runs pinned to CPU 0; the proxy
+# under test and the upstream share CPU 1, so requests/s ≈ 1 / (proxy +
+# upstream CPU per request). weir runs with retries, the retry budget, the
+# breaker, a rate limit too high to trigger, and metrics all on; a second
+# weir run ("weir, policy off") turns every policy off. For each target the
+# script prints the medians over the rounds of: requests/s, p50 and p99
+# latency (wrk), peak RSS (VmHWM) and proxy CPU µs per request (utime+stime
+# from /proc/PID/stat, master and workers summed). Everything it starts it
+# stops by PID.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${ROUNDS:-5}
+DURATION=${DURATION:-10}
+CONNS=${CONNS:-32}
+WORKERS=${WORKERS:-1}
+UP_PORT=18080
+WEIR_PORT=18001
+WEIR_ADMIN=18000
+NGINX_PORT=18002
+HAPROXY_PORT=18003
+WEIR_OFF_PORT=18004
+WEIR_OFF_ADMIN=18005
+
+command -v wrk >/dev/null || { echo "wrk is required: apt-get install -y wrk nginx-light haproxy" >&2; exit 1; }
+have_nginx=0; command -v nginx >/dev/null && have_nginx=1
+have_haproxy=0; command -v haproxy >/dev/null && have_haproxy=1
+pin_load="taskset -c 0"
+pin_proxy="taskset -c 1"
+if [ "$(nproc)" -lt 2 ] || ! command -v taskset >/dev/null; then
+    pin_load=""; pin_proxy=""
+    echo "note: fewer than 2 CPUs or no taskset: running unpinned" >&2
+fi
+
+cargo build --release --locked -q
+WEIR=target/release/weir
+
+T="$(mktemp -d)"
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]:-}"; do
+        [ -n "$p" ] && kill "$p" 2>/dev/null || true
+    done
+    sleep 0.3
+    for p in "${PIDS[@]:-}"; do
+        [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true
+    done
+    rm -rf "$T"
+}
+trap cleanup EXIT
+
+wait_port() {
+    for _ in $(seq 1 100); do
+        (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "port $1 did not open" >&2
+    return 1
+}
+
+# ---- the upstream -----------------------------------------------------------
+if [ $have_nginx = 1 ]; then
+    mkdir -p "$T/up/logs"
+    cat > "$T/up/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $T/up/nginx.pid;
+error_log $T/up/logs/error.log crit;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    client_body_temp_path $T/up; proxy_temp_path $T/up; fastcgi_temp_path $T/up;
+    uwsgi_temp_path $T/up; scgi_temp_path $T/up;
+    keepalive_requests 1000000;
+    server { listen 127.0.0.1:$UP_PORT; location / { return 200 "ok"; } }
+}
+CONF
+    $pin_proxy nginx -p "$T/up" -c "$T/up/nginx.conf" -e "$T/up/logs/error.log" &
+    PIDS+=($!)
+else
+    $pin_proxy "$WEIR" --log-level error chaos upstream --listen 127.0.0.1:$UP_PORT --profile transient-5 --fail-rate 0 --latency none &
+    PIDS+=($!)
+fi
+wait_port $UP_PORT
+
+# ---- the proxies ------------------------------------------------------------
+weir_config() { # port admin policy(on|off)
+    cat <<CONF
+[server]
+listen = "127.0.0.1:$1"
+admin = "127.0.0.1:$2"
+max_connections = 20000
+
+[upstreams.bench]
+url = "http://127.0.0.1:$UP_PORT"
+hosts = ["127.0.0.1", "localhost"]
+CONF
+    if [ "$3" = on ]; then
+        cat <<CONF
+[upstreams.bench.retry]
+max_attempts = 3
+[upstreams.bench.rate_limit]
+rps = 10000000.0
+burst = 10000000
+CONF
+    else
+        cat <<CONF
+[upstreams.bench.retry]
+max_attempts = 1
+[upstreams.bench.breaker]
+enabled = false
+[upstreams.bench.concurrency]
+max_in_flight = 1000000
+CONF
+    fi
+}
+
+declare -A PID_OF PORT_OF
+targets=()
+
+start_weir() { # name port admin policy
+    weir_config "$2" "$3" "$4" > "$T/$1.toml"
+    $pin_proxy "$WEIR" --log-level error run --workers "$WORKERS" --config "$T/$1.toml" &
+    PID_OF[$1]=$!; PORT_OF[$1]=$2; PIDS+=($!)
+    wait_port "$2"
+    targets+=("$1")
+}
+start_weir weir $WEIR_PORT $WEIR_ADMIN on
+start_weir weir-policy-off $WEIR_OFF_PORT $WEIR_OFF_ADMIN off
+
+if [ $have_nginx = 1 ]; then
+    mkdir -p "$T/nx/logs"
+    cat > "$T/nx/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $T/nx/nginx.pid;
+error_log $T/nx/logs/error.log crit;
+events { worker_connections 20000; }
+http {
+    access_log off;
+    client_body_temp_path $T/nx; proxy_temp_path $T/nx; fastcgi_temp_path $T/nx;
+    uwsgi_temp_path $T/nx; scgi_temp_path $T/nx;
+    keepalive_requests 1000000;
+    upstream up { server 127.0.0.1:$UP_PORT; keepalive 64; keepalive_requests 1000000; }
+    server {
+        listen 127.0.0.1:$NGINX_PORT;
+        location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; }
+    }
+}
+CONF
+    $pin_proxy nginx -p "$T/nx" -c "$T/nx/nginx.conf" -e "$T/nx/logs/error.log" &
+    PID_OF[nginx]=$!; PORT_OF[nginx]=$NGINX_PORT; PIDS+=($!)
+    wait_port $NGINX_PORT
+    targets+=(nginx)
+fi
+
+if [ $have_haproxy = 1 ]; then
+    cat > "$T/haproxy.cfg" <<CONF
+global
+    nbthread 1
+    maxconn 5000
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    option http-keep-alive
+frontend f
+    bind 127.0.0.1:$HAPROXY_PORT
+    default_backend b
+backend b
+    http-reuse always
+    server s1 127.0.0.1:$UP_PORT
+CONF
+    $pin_proxy haproxy -db -f "$T/haproxy.cfg" &
+    PID_OF[haproxy]=$!; PORT_OF[haproxy]=$HAPROXY_PORT; PIDS+=($!)
+    wait_port $HAPROXY_PORT
+    targets+=(haproxy)
+fi
+
+# ---- measuring -------------------------------------------------------------
+tck=$(getconf CLK_TCK)
+family() { # pid and its children
+    echo "$1"; pgrep -P "$1" 2>/dev/null || true
+}
+cpu_ticks() { # summed utime+stime of a process and its children
+    local sum=0
+    for p in $(family "$1"); do
+        [ -r /proc/$p/stat ] || continue
+        # fields after the ")" of the command name: utime is 12th, stime 13th
+        local f; f=$(sed 's/^.*) //' /proc/$p/stat)
+        set -- $f
+        sum=$((sum + ${12} + ${13}))
+    done
+    echo $sum
+}
+peak_rss_kib() {
+    local sum=0
+    for p in $(family "$1"); do
+        local v; v=$(awk '/^VmHWM/ {print $2}' /proc/$p/status 2>/dev/null || echo 0)
+        sum=$((sum + ${v:-0}))
+    done
+    echo $sum
+}
+to_ms() { # wrk latency (e.g. 412.00us, 1.20ms, 2.00s) → ms
+    awk -v v="$1" 'BEGIN {
+        if (v ~ /us$/) { sub(/us$/, "", v); printf "%.3f", v / 1000 }
+        else if (v ~ /ms$/) { sub(/ms$/, "", v); printf "%.3f", v }
+        else if (v ~ /s$/) { sub(/s$/, "", v); printf "%.3f", v * 1000 }
+        else printf "%s", v }'
+}
+
+echo "warming up…" >&2
+for t in "${targets[@]}"; do
+    $pin_load wrk -t1 -c"$CONNS" -d2s "http://127.0.0.1:${PORT_OF[$t]}/" >/dev/null
+done
+
+for r in $(seq 1 "$ROUNDS"); do
+    for t in "${targets[@]}"; do
+        pid=${PID_OF[$t]}
+        before=$(cpu_ticks "$pid")
+        out=$($pin_load wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency "http://127.0.0.1:${PORT_OF[$t]}/")
+        after=$(cpu_ticks "$pid")
+        reqs=$(echo "$out" | awk '/requests in/ {print $1}')
+        rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+        p50=$(to_ms "$(echo "$out" | awk '$1 == "50%" {print $2}')")
+        p99=$(to_ms "$(echo "$out" | awk '$1 == "99%" {print $2}')")
+        errors=$(echo "$out" | awk '/Non-2xx|Socket errors/ {print}' | tr '\n' ' ')
+        cpu_us=$(awk -v t=$((after - before)) -v hz="$tck" -v n="$reqs" 'BEGIN { printf "%.2f", t / hz * 1e6 / n }')
+        echo "$rps $p50 $p99 $cpu_us" >> "$T/$t.samples"
+        printf 'round %d %-16s %10s req/s  p50 %7s ms  p99 %7s ms  cpu %6s µs/req %s\n' \
+            "$r" "$t" "$rps" "$p50" "$p99" "$cpu_us" "$errors" >&2
+    done
+done
+
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else printf "%.3f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+
+echo
+echo "$(date -u +%Y-%m-%d), $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), wrk -t1 -c$CONNS -d${DURATION}s × $ROUNDS rounds, medians"
+echo
+echo "| target | requests/s | p50 ms | p99 ms | peak RSS MiB | proxy CPU µs/request |"
+echo "|---|---|---|---|---|---|"
+for t in "${targets[@]}"; do
+    f="$T/$t.samples"
+    rps=$(awk '{print $1}' "$f" | median)
+    p50=$(awk '{print $2}' "$f" | median)
+    p99=$(awk '{print $3}' "$f" | median)
+    cpu=$(awk '{print $4}' "$f" | median)
+    rss=$(awk -v k="$(peak_rss_kib "${PID_OF[$t]}")" 'BEGIN { printf "%.1f", k / 1024 }')
+    echo "| $t | $rps | $p50 | $p99 | $rss | $cpu |"
+done
