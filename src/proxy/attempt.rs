@@ -207,7 +207,12 @@ pub struct Finished {
 }
 
 /// Runs attempts until one is returned.
-pub async fn run<'a>(up: &'a Upstream, mut plan: Plan<'a>, mut ticket: Ticket<'a>) -> Finished {
+pub async fn run<'a>(
+    up: &'a Upstream,
+    conn: &super::sticky::ConnCtx,
+    mut plan: Plan<'a>,
+    mut ticket: Ticket<'a>,
+) -> Finished {
     let state = &up.state;
     let policy = &up.config.retry;
     {
@@ -234,7 +239,7 @@ pub async fn run<'a>(up: &'a Upstream, mut plan: Plan<'a>, mut ticket: Ticket<'a
             outcome,
             result,
             blame,
-        } = send(up, req, &plan, state).await;
+        } = send(up, conn, req, &plan, state).await;
         ticket.record(blame);
         if plan.upgrade {
             return Finished {
@@ -349,6 +354,7 @@ fn build(plan: &mut Plan<'_>) -> Request<super::body::Body> {
 /// Sends one attempt under its per-try timeout and the deadline.
 async fn send(
     up: &Upstream,
+    conn: &super::sticky::ConnCtx,
     req: Request<super::body::Body>,
     plan: &Plan<'_>,
     state: &UpstreamState,
@@ -360,7 +366,7 @@ async fn send(
         .per_try_timeout
         .map(|p| (started + p).min(deadline))
         .unwrap_or(deadline);
-    let sent = tokio::time::timeout_at(try_deadline, up.client.send(req)).await;
+    let sent = tokio::time::timeout_at(try_deadline, dispatch(up, conn, req)).await;
     let (outcome, result) = match sent {
         Ok(Ok(resp)) => {
             let mut grpc = grpc_status(resp.headers());
@@ -411,6 +417,29 @@ async fn send(
         result,
         blame,
     }
+}
+
+/// Sends on the client connection's own upstream connection when the fast
+/// path applies (see [`super::sticky`]), else through the shared pool.
+async fn dispatch(
+    up: &Upstream,
+    conn: &super::sticky::ConnCtx,
+    mut req: Request<Body>,
+) -> Result<Response<Incoming>, super::client::SendError> {
+    let Some(addr) = up.direct else {
+        return up.client.send(req).await;
+    };
+    let mut sender = match conn.take(&up.state) {
+        Some(s) => s,
+        None => super::sticky::connect(addr, up.config.connect_timeout).await?,
+    };
+    // A connection of our own takes the origin form of the target.
+    if let Some(pq) = req.uri().path_and_query().cloned() {
+        *req.uri_mut() = http::Uri::from(pq);
+    }
+    let resp = super::sticky::send(&mut sender, req).await?;
+    conn.keep(&up.state, sender);
+    Ok(resp)
 }
 
 struct Attempted {

@@ -50,6 +50,7 @@ pin_project! {
         idle: Duration,
         // Held until the body ends: the request's concurrency slot.
         hold: Option<super::gate::Slot>,
+        progressed: bool,
     }
 }
 
@@ -60,6 +61,7 @@ impl<B> IdleTimeout<B> {
             sleep: tokio::time::sleep(idle),
             idle,
             hold,
+            progressed: false,
         }
     }
 }
@@ -82,11 +84,16 @@ where
                 if f.is_none() {
                     this.hold.take();
                 }
-                let deadline = tokio::time::Instant::now() + *this.idle;
-                this.sleep.as_mut().reset(deadline);
+                // The clock is read (and the timer moved) only when the body
+                // has to wait: a body that arrives whole never touches either.
+                *this.progressed = true;
                 Poll::Ready(f.map(|r| r.map_err(Into::into)))
             }
             Poll::Pending => {
+                if std::mem::take(this.progressed) {
+                    let deadline = tokio::time::Instant::now() + *this.idle;
+                    this.sleep.as_mut().reset(deadline);
+                }
                 ready!(this.sleep.as_mut().poll(cx));
                 Poll::Ready(Some(Err(Box::new(IdleTimeoutError(*this.idle)))))
             }

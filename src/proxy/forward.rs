@@ -17,6 +17,7 @@ use tokio::time::Instant;
 pub async fn handle(
     snap: &Snapshot,
     role: &ListenerRole,
+    conn: &super::sticky::ConnCtx,
     req: Request<Incoming>,
 ) -> Response<Body> {
     let (parts, body) = req.into_parts();
@@ -41,7 +42,7 @@ pub async fn handle(
     };
     let start = Instant::now();
     let method = parts.method.clone();
-    let resp = match forward(up, parts, body, start, grpc).await {
+    let resp = match forward(up, conn, parts, body, start, grpc).await {
         Ok(resp) => resp,
         Err(e) => {
             up.state.metrics.error(e.code(), start.elapsed());
@@ -61,6 +62,7 @@ pub async fn handle(
 
 async fn forward(
     up: &Upstream,
+    conn: &super::sticky::ConnCtx,
     mut parts: http::request::Parts,
     body: Incoming,
     start: Instant,
@@ -158,7 +160,7 @@ async fn forward(
         // is held until they arrive.
         grpc_trailers: is_grpc_request && !single && cfg.retry.retry_on.any_grpc(),
     };
-    let done = attempt::run(up, plan, ticket).await;
+    let done = attempt::run(up, conn, plan, ticket).await;
     match done.result {
         Ok(mut resp) => {
             let switching = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;

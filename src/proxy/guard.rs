@@ -221,6 +221,57 @@ fn process(state: &mut State, stash: &mut Vec<u8>, ready: &mut usize, max_head: 
     }
 }
 
+/// What [`scan_slice`] found in bytes read straight into hyper's buffer.
+enum Scan {
+    /// Every byte belongs to a complete head or a body.
+    All,
+    /// A head starting at this offset is not complete yet.
+    Partial(usize),
+    /// A conflicting head starts at this offset.
+    Conflict(usize),
+}
+
+/// [`process`] without a stash: follows framing through `data` in place.
+fn scan_slice(state: &mut State, data: &[u8], max_head: usize) -> Scan {
+    let mut i = 0;
+    loop {
+        match *state {
+            State::Rejected | State::Passthrough => return Scan::All,
+            State::Head => {
+                while i < data.len() && (data[i] == b'\r' || data[i] == b'\n') {
+                    i += 1;
+                }
+                if i == data.len() {
+                    return Scan::All;
+                }
+                let head = &data[i..];
+                match find_head_end(head) {
+                    None => {
+                        if head.len() > max_head || head.starts_with(b"PRI * HTTP/2.0") {
+                            *state = State::Passthrough;
+                            return Scan::All;
+                        }
+                        return Scan::Partial(i);
+                    }
+                    Some(end) => match judge(&head[..end]) {
+                        Judged::Conflict => return Scan::Conflict(i),
+                        Judged::Next(next) => {
+                            *state = next;
+                            i += end;
+                        }
+                    },
+                }
+            }
+            _ => {
+                i += advance_body(state, &data[i..]);
+                if i == data.len() {
+                    return Scan::All;
+                }
+            }
+        }
+    }
+}
+
 fn find_head_end(b: &[u8]) -> Option<usize> {
     b.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
 }
@@ -310,6 +361,45 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                 State::Passthrough if this.stash.is_empty() => {
                     return this.inner.poll_read(cx, buf)
                 }
+                // The common case, a keep-alive connection between requests:
+                // read straight into hyper's buffer and look at it there.
+                State::Head if this.stash.is_empty() && *this.seen_request => {
+                    let before = buf.filled().len();
+                    ready!(this.inner.as_mut().poll_read(cx, buf))?;
+                    let end = buf.filled().len();
+                    if end == before {
+                        return Poll::Ready(Ok(())); // EOF
+                    }
+                    match scan_slice(this.state, &buf.filled()[before..], *this.max_head) {
+                        Scan::All => return Poll::Ready(Ok(())),
+                        Scan::Partial(h) => {
+                            // Hold the unfinished head back (slow path from here).
+                            this.stash.extend_from_slice(&buf.filled()[before + h..end]);
+                            buf.set_filled(before + h);
+                            if h == 0 {
+                                continue;
+                            }
+                            return Poll::Ready(Ok(()));
+                        }
+                        Scan::Conflict(h) => {
+                            *this.state = State::Rejected;
+                            let at = before + h;
+                            if end - at >= CONFLICT_MARKER.len() {
+                                buf.filled_mut()[at..at + CONFLICT_MARKER.len()]
+                                    .copy_from_slice(CONFLICT_MARKER);
+                                buf.set_filled(at + CONFLICT_MARKER.len());
+                            } else {
+                                buf.set_filled(at);
+                                this.stash.extend_from_slice(CONFLICT_MARKER);
+                                *this.ready = this.stash.len();
+                                if h == 0 {
+                                    continue;
+                                }
+                            }
+                            return Poll::Ready(Ok(()));
+                        }
+                    }
+                }
                 State::Head | State::Passthrough => {}
                 _ if this.stash.is_empty() => {
                     // Body bytes: straight into hyper's buffer.
@@ -331,8 +421,8 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                 }
                 _ => {}
             }
-            let mut tmp = [0u8; 8192];
-            let mut rb = ReadBuf::new(&mut tmp);
+            let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
+            let mut rb = ReadBuf::uninit(&mut tmp);
             if this.inner.as_mut().poll_read(cx, &mut rb)?.is_pending() {
                 let waiting_for_head = *this.state == State::Head
                     && (*this.ready < this.stash.len() || !*this.seen_request);
@@ -462,6 +552,26 @@ mod tests {
         assert_eq!(run(&[up]).0, State::Passthrough);
         let big = vec![b'a'; 70_000];
         assert_eq!(run(&[b"GET / HTTP/1.1\r\nx: ", &big]).0, State::Passthrough);
+    }
+
+    #[test]
+    fn the_in_place_scan_agrees_with_the_stash() {
+        let ok = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nPOST /b HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /c HTTP/1.1\r\n";
+        let mut st = State::Head;
+        let last = ok.windows(6).position(|w| w == b"GET /c").unwrap_or(0);
+        assert!(matches!(scan_slice(&mut st, ok, 65536), Scan::Partial(p) if p == last));
+        let bad = b"GET / HTTP/1.1\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let mut st = State::Head;
+        assert!(matches!(
+            scan_slice(&mut st, bad, 65536),
+            Scan::Conflict(18)
+        ));
+        let mut st = State::Head;
+        assert!(matches!(
+            scan_slice(&mut st, b"GET / HTTP/1.1\r\n\r\n", 65536),
+            Scan::All
+        ));
+        assert_eq!(st, State::Head);
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod headers;
 pub mod replay;
 pub mod route;
 mod server;
+pub mod sticky;
 pub mod upgrade;
 
 pub use server::{Proxy, ProxyHandle};
@@ -38,6 +39,9 @@ pub enum ListenerRole {
 pub struct Upstream {
     pub config: Arc<UpstreamConfig>,
     pub state: Arc<UpstreamState>,
+    /// The upstream's address when the sticky HTTP/1.1 fast path applies
+    /// (cleartext, HTTP/1.1, an IP literal).
+    pub direct: Option<std::net::SocketAddr>,
     /// The connection pool, copied from the state when the snapshot is made.
     pub client: client::UpstreamClient,
     /// Precomputed per snapshot so the hot path does no string work.
@@ -86,6 +90,17 @@ impl Snapshot {
                     Scheme::Https => http::uri::Scheme::HTTPS,
                 },
                 h2: matches!(c.protocol, Protocol::H2c | Protocol::Grpc),
+                direct: match (c.url.scheme, c.protocol) {
+                    (Scheme::Http, Protocol::Auto | Protocol::Http1) => c
+                        .url
+                        .host
+                        .trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .parse::<std::net::IpAddr>()
+                        .ok()
+                        .map(|ip| std::net::SocketAddr::new(ip, c.url.port)),
+                    _ => None,
+                },
                 config: c.clone(),
                 client: s.client(),
                 state: s,

@@ -436,10 +436,12 @@ async fn serve_io<I>(
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let ctx = Arc::new(super::sticky::ConnCtx::default());
     let svc = service_fn(move |req| {
         let snap = shared.snapshot.load_full();
         let role = role.clone();
-        async move { Ok::<_, Infallible>(forward::handle(&snap, &role, req).await) }
+        let ctx = ctx.clone();
+        async move { Ok::<_, Infallible>(forward::handle(&snap, &role, &ctx, req).await) }
     });
     let io = TokioIo::new(FramingGuard::new(io, max_head, head_timeout));
     let conn = builder.serve_connection_with_upgrades(io, svc);

@@ -1,0 +1,121 @@
+//! The fast path to a cleartext HTTP/1.1 upstream: each client connection
+//! keeps the upstream connection it used last and sends its next request on
+//! it, without a shared pool in between.
+//!
+//! An HTTP/1.1 client connection carries one request at a time, so the
+//! upstream connection it holds is free again by the time the next request
+//! arrives. Measured (README "Performance"), the shared pool's checkout —
+//! hashing its key, locking, a spawned task per response — was a large share
+//! of weir's CPU per request. Anything else — TLS, HTTP/2, a host name to
+//! resolve, or a held connection still busy (an HTTP/2 client's concurrent
+//! streams) — takes the shared pool in [`super::client`].
+
+use super::body::Body;
+use super::client::{Failure, SendError};
+use crate::state::UpstreamState;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What one client connection holds.
+#[derive(Debug, Default)]
+pub struct ConnCtx {
+    held: Mutex<Option<Held>>,
+}
+
+#[derive(Debug)]
+struct Held {
+    /// Which upstream (by identity of its live state) the connection goes to.
+    upstream: usize,
+    sender: SendRequest<Body>,
+}
+
+fn id(state: &Arc<UpstreamState>) -> usize {
+    Arc::as_ptr(state) as usize
+}
+
+impl ConnCtx {
+    /// The held connection to `state`'s upstream, if it is there and free.
+    pub fn take(&self, state: &Arc<UpstreamState>) -> Option<SendRequest<Body>> {
+        let mut held = self.held.lock().ok()?;
+        match held.take() {
+            Some(h) if h.upstream == id(state) && h.sender.is_ready() => Some(h.sender),
+            Some(h) if h.upstream == id(state) && !h.sender.is_closed() => {
+                // Still busy: leave it for later, use the shared pool now.
+                *held = Some(h);
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// Keeps `sender` for this client connection's next request.
+    pub fn keep(&self, state: &Arc<UpstreamState>, sender: SendRequest<Body>) {
+        if let Ok(mut held) = self.held.lock() {
+            *held = Some(Held {
+                upstream: id(state),
+                sender,
+            });
+        }
+    }
+}
+
+/// Opens a new HTTP/1.1 connection to `addr`.
+pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<SendRequest<Body>, SendError> {
+    let fail = |kind, message: String| SendError {
+        kind,
+        message,
+        tls: false,
+    };
+    let stream = match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(fail(Failure::Connect, e.to_string())),
+        Err(_) => {
+            return Err(fail(
+                Failure::Connect,
+                format!("connect timed out after {timeout:?}"),
+            ))
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let (sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| fail(Failure::Connect, e.to_string()))?;
+    tokio::spawn(async move {
+        // with_upgrades: a WebSocket handshake may take this connection over.
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "upstream connection ended with an error");
+        }
+    });
+    Ok(sender)
+}
+
+/// Sends on `sender`; classifies a failure as the shared pool's client does.
+pub async fn send(
+    sender: &mut SendRequest<Body>,
+    req: http::Request<Body>,
+) -> Result<http::Response<hyper::body::Incoming>, SendError> {
+    sender.send_request(req).await.map_err(|e| {
+        let kind = if e.is_canceled() {
+            Failure::NotSent
+        } else if e.is_user() {
+            Failure::ClientBody
+        } else {
+            Failure::Reset
+        };
+        let mut msg = e.to_string();
+        let mut cur: &dyn std::error::Error = &e;
+        while let Some(next) = cur.source() {
+            cur = next;
+            msg = cur.to_string();
+        }
+        SendError {
+            kind,
+            message: msg,
+            tls: false,
+        }
+    })
+}
