@@ -33,6 +33,8 @@ pub struct UpstreamState {
     live: Mutex<Live>,
     pub gate: Gate,
     pub metrics: UpstreamMetrics,
+    /// Upstream connections held by client connections (proxy::sticky).
+    pub sticky_conns: Arc<std::sync::atomic::AtomicUsize>,
     client: Mutex<UpstreamClient>,
     /// TLS failures already logged, so each cause is logged once, not per request.
     tls_logged: Mutex<std::collections::HashSet<String>>,
@@ -54,6 +56,7 @@ impl UpstreamState {
             }),
             gate: Gate::new(u.concurrency.max_in_flight, u.concurrency.max_queue),
             metrics,
+            sticky_conns: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             client: Mutex::new(client),
             tls_logged: Mutex::new(std::collections::HashSet::new()),
         }

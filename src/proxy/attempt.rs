@@ -431,7 +431,20 @@ async fn dispatch(
     };
     let mut sender = match conn.take(&up.state) {
         Some(s) => s,
-        None => super::sticky::connect(addr, up.config.connect_timeout).await?,
+        None if up
+            .state
+            .sticky_conns
+            .load(std::sync::atomic::Ordering::Relaxed)
+            < super::sticky::MAX_HELD =>
+        {
+            super::sticky::connect(
+                addr,
+                up.config.connect_timeout,
+                up.state.sticky_conns.clone(),
+            )
+            .await?
+        }
+        None => return up.client.send(req).await,
     };
     // A connection of our own takes the origin form of the target.
     if let Some(pq) = req.uri().path_and_query().cloned() {
