@@ -3,17 +3,20 @@
 //! # How a request flows
 //!
 //! ```text
-//! client ──► proxy::server (listener, connection, hyper)
+//! client ──► proxy::server (worker, listener, connection) ─ proxy::guard ─ hyper
 //!              │ loads the current Snapshot (arc-swap)
 //!              ▼
 //!            proxy::forward ── route (Host + path) ──► Upstream { config, state }
 //!              │ deadline from `timeout`, lowered by x-weir-timeout-ms / grpc-timeout
 //!              │ request hygiene (hop-by-hop, x-weir-*, Host, base path)
 //!              ▼
-//!            attempt ── state.client (pooled hyper connections) ──► upstream
-//!              │ per-try timeout; errors classified by type (proxy::error)
+//!            proxy::attempt: admit (rate limit, concurrency gate, breaker)
+//!              │ loop { send (sticky connection or shared pool, per-try timeout)
+//!              │        → breaker verdict → policy::decide (budget, breaker,
+//!              │        limiter asked lazily) → backoff sleep }
 //!              ▼
-//!            response hygiene, x-weir-attempts, idle-timeout body ──► client
+//!            response hygiene, x-weir-attempts / x-weir-retry-stop, idle-timeout
+//!            body ──► client                       (metrics written at each step)
 //! ```
 //!
 //! # Who owns what
@@ -22,8 +25,19 @@
 //!   errors with file:line:col and field path.
 //! - [`policy`]: PURE state machines and the retry decision; time and
 //!   randomness are arguments.
-//! - [`proxy`]: the data plane; enforces what `policy` decides.
+//! - [`proxy`]: the data plane; enforces what `policy` decides. `server`
+//!   (listeners, workers, connections), `guard` (request-smuggling guard),
+//!   `forward` (one request), `attempt` (admission and the attempt loop),
+//!   `replay` (bodies kept for a retry), `sticky` and `client` (upstream
+//!   connections), `gate` (concurrency), `upgrade` (WebSocket pass-through),
+//!   `error` (weir's own responses), `headers`, `route`, `body`.
 //! - [`state`]: live per-upstream state keyed by name, surviving reloads.
+//! - [`tls`]: certificates, keys and TLS configurations; failures in words.
+//! - [`metrics`]: every metric family, handles resolved once per upstream.
+//! - [`admin`]: the admin endpoints; [`runtime`]: a running weir — worker
+//!   threads, reload triggers (SIGHUP, file watch, POST /reload).
+//! - [`chaos`]: the fault-injecting upstream, load driver and scenarios
+//!   behind `weir chaos` (never used by the data plane).
 //! - [`clock`]: the only module that reads clocks or seeds randomness.
 //! - [`cli`]: the command line; `main.rs` only calls it.
 #![forbid(unsafe_code)]
