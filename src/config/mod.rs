@@ -1,5 +1,5 @@
 //! Configuration: the raw serde model ([`raw`]) is merged (`[upstreams.NAME]`
-//! over `[defaults]` over the built-in defaults) and validated ([`validate`])
+//! over `[defaults]` over the built-in defaults) and validated (`validate`)
 //! into a typed [`Config`] snapshot. Only validated snapshots are ever handed
 //! to the data plane; a file that fails leaves the running config in place.
 //!

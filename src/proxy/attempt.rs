@@ -6,7 +6,7 @@
 //! concurrency gate (503 `overloaded`), the breaker (503 `circuit_open`). Then each attempt: build the
 //! request, send it under the per-try timeout, record the breaker's verdict,
 //! and ask `policy::decide` — which checks §2.2 in order and asks the budget,
-//! breaker and limiter lazily through [`LiveGates`]. A retry sleeps its delay;
+//! breaker and limiter lazily through `LiveGates`. A retry sleeps its delay;
 //! everything else returns the last outcome unchanged.
 //!
 //! Cancellation is structural: when the client goes away hyper drops this
