@@ -385,37 +385,22 @@ async fn serve_connection(
             snap.acceptors.get(&role).cloned(),
         )
     };
+    let conn = Conn {
+        peer,
+        role,
+        shared,
+        stop,
+        builder,
+        max_head,
+        head_timeout,
+    };
     match tls {
-        None => {
-            serve_io(
-                stream,
-                peer,
-                role,
-                shared,
-                stop,
-                builder,
-                max_head,
-                head_timeout,
-            )
-            .await
-        }
+        None => serve_io(stream, conn).await,
         Some(config) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(config);
             // The handshake gets the same bound as a request head.
             match tokio::time::timeout(head_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => {
-                    serve_io(
-                        tls,
-                        peer,
-                        role,
-                        shared,
-                        stop,
-                        builder,
-                        max_head,
-                        head_timeout,
-                    )
-                    .await
-                }
+                Ok(Ok(tls)) => serve_io(tls, conn).await,
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "inbound TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "inbound TLS handshake timed out"),
             }
@@ -423,19 +408,30 @@ async fn serve_connection(
     }
 }
 
-#[allow(clippy::too_many_arguments)] // one connection's whole context, passed once
-async fn serve_io<I>(
-    io: I,
+/// One client connection's context, however its bytes arrive (plain or TLS).
+struct Conn {
     peer: SocketAddr,
     role: ListenerRole,
     shared: Arc<Shared>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     builder: auto::Builder<TokioExecutor>,
     max_head: usize,
     head_timeout: Duration,
-) where
+}
+
+async fn serve_io<I>(io: I, conn: Conn)
+where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
+    let Conn {
+        peer,
+        role,
+        shared,
+        mut stop,
+        builder,
+        max_head,
+        head_timeout,
+    } = conn;
     let ctx = Arc::new(super::sticky::ConnCtx::default());
     let svc = service_fn(move |req| {
         let snap = shared.snapshot.load_full();
