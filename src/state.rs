@@ -110,6 +110,11 @@ impl UpstreamState {
         self.metrics.set_in_flight(self.gate.in_flight());
     }
 
+    /// Policy-core time of an instant already read.
+    pub fn now_at(&self, i: tokio::time::Instant) -> Duration {
+        self.clock.at(i)
+    }
+
     /// Policy-core time for this upstream.
     pub fn now(&self) -> Duration {
         self.clock.now()

@@ -13,7 +13,7 @@
 //! future, which drops the sleep or the attempt in flight, and the breaker
 //! [`Ticket`] releases its slot without a verdict.
 
-use super::body::{boxed, Body};
+use super::body::{Body, UpstreamBody};
 use super::client::Failure;
 use super::error::ProxyError;
 use super::replay::RequestBody;
@@ -47,12 +47,12 @@ impl<'a> Ticket<'a> {
         }
     }
 
-    /// Records the attempt's verdict (`None`: no verdict, release the slot).
-    fn record(&mut self, failure: Option<bool>) {
+    /// Records the attempt's verdict (`None`: no verdict, release the slot)
+    /// at policy time `now`.
+    fn record(&mut self, failure: Option<bool>, now: Duration) {
         let Some(a) = self.admission.take() else {
             return;
         };
-        let now = self.state.now();
         let mut guard = self.state.live();
         let live = &mut *guard;
         let t = match failure {
@@ -201,9 +201,11 @@ pub struct Plan<'a> {
 /// How the attempt loop ended: the last outcome, and the annotations.
 #[derive(Debug)]
 pub struct Finished {
-    pub result: Result<Response<Body>, ProxyError>,
+    pub result: Result<Response<UpstreamBody>, ProxyError>,
     pub attempts: u32,
     pub stop: Option<StopReason>,
+    /// When the last attempt ended (one clock read shared by what follows).
+    pub ended: Instant,
 }
 
 /// Runs attempts until one is returned.
@@ -215,22 +217,19 @@ pub async fn run<'a>(
 ) -> Finished {
     let state = &up.state;
     let policy = &up.config.retry;
-    {
-        let now = state.now();
-        state.live().budget.deposit(now);
-    }
+    let t0 = Instant::now();
+    state.live().budget.deposit(state.now_at(t0));
     let mut attempts = 0;
     let mut prev_delay = Duration::ZERO;
     loop {
         // An attempt needs at least `min_attempt_time`: one started with less
         // could only time out, and would be blamed on the upstream.
-        if attempts == 0
-            && plan.deadline.saturating_duration_since(Instant::now()) < policy.min_attempt_time
-        {
+        if attempts == 0 && plan.deadline.saturating_duration_since(t0) < policy.min_attempt_time {
             return Finished {
                 result: Err(ProxyError::DeadlineExceeded),
                 attempts: 0,
                 stop: None,
+                ended: t0,
             };
         }
         attempts += 1;
@@ -239,13 +238,16 @@ pub async fn run<'a>(
             outcome,
             result,
             blame,
+            ended,
         } = send(up, conn, req, &plan, state).await;
-        ticket.record(blame);
+        let now = state.now_at(ended);
+        ticket.record(blame, now);
         if plan.upgrade {
             return Finished {
                 result,
                 attempts,
                 stop: None,
+                ended,
             };
         }
 
@@ -254,9 +256,8 @@ pub async fn run<'a>(
             plan.has_idempotency_key,
             plan.body.facts(),
         );
-        let time_left = plan.deadline.saturating_duration_since(Instant::now());
+        let time_left = plan.deadline.saturating_duration_since(ended);
         let (verdict, admission) = {
-            let now = state.now();
             let mut guard = state.live();
             let Live {
                 breaker,
@@ -302,6 +303,7 @@ pub async fn run<'a>(
                         result,
                         attempts,
                         stop: Some(StopReason::CircuitOpen),
+                        ended: Instant::now(),
                     };
                 }
                 drop(result);
@@ -317,6 +319,7 @@ pub async fn run<'a>(
                     result,
                     attempts,
                     stop: Some(reason),
+                    ended,
                 };
             }
             Verdict::NotRetryable | Verdict::Cancelled => {
@@ -324,6 +327,7 @@ pub async fn run<'a>(
                     result,
                     attempts,
                     stop: None,
+                    ended,
                 };
             }
         }
@@ -377,7 +381,7 @@ async fn send(
                     grpc = trailer_status;
                     resp
                 } else {
-                    resp.map(boxed)
+                    resp.map(UpstreamBody::Left)
                 };
             (
                 Outcome::Response {
@@ -405,7 +409,10 @@ async fn send(
         Err(_) if try_deadline < deadline => (Outcome::Timeout, Err(ProxyError::UpstreamTimeout)),
         Err(_) => (Outcome::Timeout, Err(ProxyError::DeadlineExceeded)),
     };
-    state.metrics.attempt(&outcome, started.elapsed());
+    let ended = Instant::now();
+    state
+        .metrics
+        .attempt(&outcome, ended.saturating_duration_since(started));
     // A deadline the client lowered itself is the client's doing, not the
     // upstream's: no verdict for the breaker.
     let blame = match (&result, plan.lowered) {
@@ -416,6 +423,7 @@ async fn send(
         outcome,
         result,
         blame,
+        ended,
     }
 }
 
@@ -457,9 +465,10 @@ async fn dispatch(
 
 struct Attempted {
     outcome: Outcome,
-    result: Result<Response<Body>, ProxyError>,
+    result: Result<Response<UpstreamBody>, ProxyError>,
     /// The breaker's verdict: `Some(failure)`, or `None` to release the slot.
     blame: Option<bool>,
+    ended: Instant,
 }
 
 fn retry_after(h: &HeaderMap, state: &UpstreamState) -> Option<Duration> {
@@ -474,7 +483,7 @@ async fn hold_for_trailers(
     resp: Response<Incoming>,
     limit: u64,
     until: Instant,
-) -> (Response<Body>, Option<u8>) {
+) -> (Response<UpstreamBody>, Option<u8>) {
     use http_body_util::BodyExt;
     let (parts, mut body) = resp.into_parts();
     let mut held: Vec<http_body::Frame<bytes::Bytes>> = Vec::new();
@@ -508,7 +517,10 @@ async fn hold_for_trailers(
         }
     }
     let body = super::body::Held::new(held, if rest { Some(body) } else { None });
-    (Response::from_parts(parts, boxed(body)), status)
+    (
+        Response::from_parts(parts, UpstreamBody::Right(body)),
+        status,
+    )
 }
 
 /// `grpc-status` of a trailers-only response.

@@ -15,6 +15,10 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body type weir hands to hyper, in both directions.
 pub type Body = BoxBody<Bytes, BoxError>;
 
+/// An upstream response body: as it comes (no allocation), or with frames
+/// read ahead for a gRPC status in its trailers.
+pub type UpstreamBody = http_body_util::Either<hyper::body::Incoming, Held<hyper::body::Incoming>>;
+
 pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
         .map_err(|never| match never {})
@@ -55,10 +59,17 @@ pin_project! {
 }
 
 impl<B> IdleTimeout<B> {
-    pub fn new(inner: B, idle: Duration, hold: Option<super::gate::Slot>) -> Self {
+    /// `first` is when the first gap would run out (the caller's clock
+    /// reading plus `idle`: no clock read here).
+    pub fn new(
+        inner: B,
+        first: tokio::time::Instant,
+        idle: Duration,
+        hold: Option<super::gate::Slot>,
+    ) -> Self {
         IdleTimeout {
             inner,
-            sleep: tokio::time::sleep(idle),
+            sleep: tokio::time::sleep_until(first),
             idle,
             hold,
             progressed: false,
@@ -111,6 +122,7 @@ where
 
 pin_project! {
     /// Frames read ahead (to look at trailers), then the rest of the body.
+    #[derive(Debug)]
     pub struct Held<B> {
         frames: std::collections::VecDeque<Frame<Bytes>>,
         #[pin]

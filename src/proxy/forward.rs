@@ -191,14 +191,18 @@ async fn forward(
             if cfg.annotate {
                 attempt::annotate(&mut rparts.headers, done.attempts, done.stop);
             }
-            up.state
-                .metrics
-                .status(rparts.status.as_u16(), start.elapsed());
-            let body = IdleTimeout::new(rbody, cfg.idle_timeout, Some(slot));
+            up.state.metrics.status(
+                rparts.status.as_u16(),
+                done.ended.saturating_duration_since(start),
+            );
+            let first = done.ended + cfg.idle_timeout;
+            let body = IdleTimeout::new(rbody, first, cfg.idle_timeout, Some(slot));
             Ok(Response::from_parts(rparts, boxed(body)))
         }
         Err(e) => {
-            up.state.metrics.error(e.code(), start.elapsed());
+            up.state
+                .metrics
+                .error(e.code(), done.ended.saturating_duration_since(start));
             let mut resp = e.respond(Some(&cfg.name), is_grpc_request);
             if cfg.annotate {
                 attempt::annotate(resp.headers_mut(), done.attempts, done.stop);
