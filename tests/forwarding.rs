@@ -242,3 +242,61 @@ async fn websocket_upgrades_pass_through() {
     assert_eq!(&echoed, b"HELLO OVER THE TUNNEL");
     assert_eq!(up.connections(), 1);
 }
+
+#[tokio::test]
+async fn the_client_connection_is_kept_alive_too() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let up = TestUpstream::text("ok").await;
+    let weir = Weir::single(&up.url(), "").await;
+    let mut s = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    for i in 0..10 {
+        s.write_all(b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n")
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        while !got.ends_with(b"ok") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(
+                n > 0,
+                "weir closed the client connection after {i} requests"
+            );
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got.starts_with(b"HTTP/1.1 200"));
+    }
+    assert_eq!(up.connections(), 1);
+}
+
+#[tokio::test]
+async fn request_trailers_pass_through() {
+    let up = TestUpstream::start(|req: hyper::Request<hyper::body::Incoming>| async move {
+        let collected = req.into_body().collect().await.unwrap();
+        let t = collected
+            .trailers()
+            .and_then(|t| t.get("x-digest"))
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        Response::new(body(t))
+    })
+    .await;
+    let weir = Weir::single(&up.url(), "").await;
+    let frames: Vec<Result<Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>>> = vec![
+        Ok(Frame::data(Bytes::from_static(b"payload"))),
+        Ok(Frame::trailers({
+            let mut t = http::HeaderMap::new();
+            t.insert("x-digest", "sha-256=abc".parse().unwrap());
+            t
+        })),
+    ];
+    // HTTP/1.1 only sends trailer fields the head announces.
+    let req = Request::post("http://svc/upload")
+        .header("trailer", "x-digest")
+        .body(BodyExt::boxed(StreamBody::new(futures_util::stream::iter(
+            frames,
+        ))))
+        .unwrap();
+    let (parts, b) = read_body(h2_request(weir.addr, req).await).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(b, "sha-256=abc");
+}

@@ -198,7 +198,7 @@ async fn weir_errors_reach_grpc_clients_as_grpc_statuses() {
     );
     assert_eq!(up.requests(), 1);
 
-    // No route: UNIMPLEMENTED; a deadline: DEADLINE_EXCEEDED.
+    // No route: UNIMPLEMENTED.
     let req = Request::post("http://nowhere/pkg.Svc/Get")
         .header("content-type", "application/grpc")
         .body(body(""))
@@ -247,4 +247,113 @@ async fn h2load_drives_weir_over_h2c() {
     assert!(text.contains("400 succeeded"), "{text}");
     assert!(text.contains("status codes: 400 2xx"), "{text}");
     assert_eq!(up.requests(), 400);
+}
+
+/// A gRPC request as real clients send it over HTTP/2: no content-length,
+/// the message in a data frame, then the end of the stream.
+fn streamed_grpc_request(path: &str) -> Request<TestBody> {
+    let frames: Vec<Chunk> = vec![Ok(Frame::data(Bytes::from_static(b"\x00\x00\x00\x00\x00")))];
+    Request::post(format!("http://svc{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("idempotency-key", "call-2")
+        .body(BodyExt::boxed(StreamBody::new(futures_util::stream::iter(
+            frames,
+        ))))
+        .unwrap()
+}
+
+/// Regression (gap review): a unary call without content-length was streamed,
+/// so its UNAVAILABLE could never be retried.
+#[tokio::test]
+async fn a_unary_call_without_content_length_is_retried_over_one_h2_connection() {
+    let versions = Arc::new(Mutex::new(Vec::new()));
+    let n = Arc::new(AtomicUsize::new(0));
+    let (v, n2) = (versions.clone(), n.clone());
+    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        v.lock().unwrap().push(req.version());
+        let i = n2.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if i == 0 {
+                trailers_only(14)
+            } else {
+                grpc_reply(0)
+            }
+        }
+    })
+    .await;
+    let weir = Weir::single(&up.url(), GRPC).await;
+    let (_, trailer, attempts, _) = call(&weir, streamed_grpc_request("/pkg.Svc/Get")).await;
+    assert_eq!((trailer.as_deref(), attempts.as_str()), (Some("0"), "2"));
+    // Concurrent calls share the one HTTP/2 connection.
+    let mut calls = Vec::new();
+    for _ in 0..8 {
+        let addr = weir.addr;
+        calls.push(tokio::spawn(async move {
+            h2_request(addr, streamed_grpc_request("/pkg.Svc/Get"))
+                .await
+                .status()
+        }));
+    }
+    for c in calls {
+        assert_eq!(c.await.unwrap(), 200);
+    }
+    assert!(versions
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|v| *v == http::Version::HTTP_2));
+    assert_eq!(
+        up.connections(),
+        1,
+        "h2c calls should be multiplexed on one connection"
+    );
+}
+
+/// A streaming call that pauses is forwarded as it comes: the upstream answers
+/// before the client has finished sending.
+#[tokio::test]
+async fn a_streaming_call_is_not_held_back() {
+    let up = TestUpstream::start(|req: Request<hyper::body::Incoming>| async move {
+        // Answer as soon as the first message arrives, without waiting for the end.
+        let mut body = req.into_body();
+        let _ = body.frame().await;
+        tokio::spawn(async move { while body.frame().await.is_some() {} });
+        grpc_reply(0)
+    })
+    .await;
+    let weir = Weir::single(&up.url(), GRPC).await;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Chunk>(4);
+    let stream =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let req = Request::post("http://svc/pkg.Svc/Chat")
+        .header("content-type", "application/grpc")
+        .body(BodyExt::boxed(StreamBody::new(stream)))
+        .unwrap();
+    tx.send(Ok(Frame::data(Bytes::from_static(b"\x00\x00\x00\x00\x00"))))
+        .await
+        .unwrap();
+    let resp = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        h2_request(weir.addr, req),
+    )
+    .await
+    .expect("the response waited for the client's stream to end");
+    assert_eq!(resp.status(), 200);
+    drop(tx);
+}
+
+#[tokio::test]
+async fn a_deadline_reaches_a_grpc_client_as_deadline_exceeded() {
+    let up = TestUpstream::start(|_r| async move {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        grpc_reply(0)
+    })
+    .await;
+    let weir = Weir::single(&up.url(), GRPC).await;
+    let (status, _, _, error) = call(&weir, grpc_request("/pkg.Svc/Get", Some("100m"))).await;
+    assert_eq!(
+        (status.as_deref(), error.as_str()),
+        (Some("4"), "deadline_exceeded")
+    );
 }

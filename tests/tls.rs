@@ -365,3 +365,54 @@ async fn inbound_tls_on_the_shared_listener() {
         (200, &b"plain upstream"[..])
     );
 }
+
+#[tokio::test]
+async fn inbound_tls_on_a_dedicated_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ca("inbound");
+    let (cert, key) = leaf(&ca, &["localhost"]);
+    let c = write(dir.path(), "weir.pem", &cert);
+    let k = write(dir.path(), "weir.key", &key);
+    let up = TestUpstream::text("dedicated").await;
+    let weir = Weir::start(&format!(
+        "[upstreams.svc]\nurl = \"{}\"\nlisten = \"127.0.0.1:0\"\nlisten_tls = {{ cert = {:?}, key = {:?} }}\n",
+        up.url(),
+        c.display().to_string(),
+        k.display().to_string()
+    ))
+    .await;
+    let port = weir.dedicated("svc").port();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).unwrap();
+    let tls = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .build();
+    let c: hyper_util::client::legacy::Client<_, TestBody> =
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
+    let req = Request::get(format!("https://localhost:{port}/"))
+        .body(body(""))
+        .unwrap();
+    let (parts, b) = read_body(c.request(req).await.unwrap()).await;
+    assert_eq!((parts.status.as_u16(), &b[..]), (200, &b"dedicated"[..]));
+    // Plain HTTP on the TLS port gets no answer.
+    let plain = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        client().request(
+            Request::get(format!("http://127.0.0.1:{port}/"))
+                .body(body(""))
+                .unwrap(),
+        ),
+    )
+    .await;
+    assert!(
+        !matches!(plain, Ok(Ok(ref r)) if r.status() == 200),
+        "plain HTTP was served on a TLS listener"
+    );
+}

@@ -37,6 +37,12 @@ pub enum RequestBody {
     },
 }
 
+/// How long a body of unknown length may pause before it is treated as a
+/// stream (see [`RequestBody::prepare`]). Above Linux's 40 ms delayed ACK, so
+/// a client whose socket still uses Nagle's algorithm is not mistaken for a
+/// stream; a streaming call that opens with a pause waits this long once.
+const READ_AHEAD_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
+
 impl RequestBody {
     /// Reads up to `limit` bytes of `body` when a retry is possible. A body
     /// of unknown length is streamed rather than read ahead when
@@ -57,9 +63,11 @@ impl RequestBody {
             };
             return Ok(RequestBody::Direct(Some(boxed(body)), len));
         }
-        if hint.exact().is_none() && stream_unknown {
-            return Ok(RequestBody::streamed(boxed(body), None));
-        }
+        // A body of unknown length on HTTP/2 or gRPC may be a stream the
+        // client keeps open while it waits for answers: read ahead only what
+        // arrives without a pause (a unary call's message and end of stream
+        // come together), then stream the rest.
+        let grace = (hint.exact().is_none() && stream_unknown).then_some(READ_AHEAD_GRACE);
         if hint.exact() == Some(0) && body.is_end_stream() {
             return Ok(RequestBody::Buffered {
                 data: Bytes::new(),
@@ -73,7 +81,21 @@ impl RequestBody {
         let mut body = body;
         let mut chunks: VecDeque<Bytes> = VecDeque::new();
         let mut total: u64 = 0;
-        while let Some(frame) = body.frame().await {
+        loop {
+            let next = match grace {
+                Some(g) => match tokio::time::timeout(g, body.frame()).await {
+                    Ok(f) => f,
+                    Err(_) => {
+                        let rest = Prefixed {
+                            prefix: chunks,
+                            rest: body,
+                        };
+                        return Ok(RequestBody::streamed(boxed(rest), None));
+                    }
+                },
+                None => body.frame().await,
+            };
+            let Some(frame) = next else { break };
             let frame = frame?;
             match frame.into_data() {
                 Ok(data) => {
@@ -180,7 +202,15 @@ impl HttpBody for Replay {
         self.data.is_none() && self.trailers.is_none()
     }
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+        let len = self.data.as_ref().map_or(0, |d| d.len() as u64);
+        if self.trailers.is_some() {
+            // Trailers need chunked framing on HTTP/1.1: no exact length.
+            let mut h = SizeHint::new();
+            h.set_lower(len);
+            h
+        } else {
+            SizeHint::with_exact(len)
+        }
     }
 }
 

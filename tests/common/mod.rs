@@ -204,6 +204,7 @@ pub async fn refused_addr() -> SocketAddr {
 /// with the request's own URI (and so its `:authority`) untouched.
 pub async fn h2_request(addr: SocketAddr, req: Request<TestBody>) -> Response<Incoming> {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.set_nodelay(true).unwrap();
     let (mut send, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
             .await
