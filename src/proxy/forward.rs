@@ -87,7 +87,7 @@ async fn forward(
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
             .or_else(|| parts.headers.get(header::HOST).cloned())
     } else {
-        HeaderValue::from_str(cfg.url.authority.as_str()).ok()
+        Some(up.host.clone())
     };
     let key: Option<String> = cfg.rate_limit.as_ref().and_then(|r| match &r.key {
         Some(crate::policy::limiter::KeySource::Header(h)) => parts
@@ -217,6 +217,26 @@ async fn forward(
 fn upstream_uri(up: &Upstream, original: &Uri) -> Result<Uri, ProxyError> {
     let cfg = &up.config;
     let path = original.path();
+    // The common case, nothing to rewrite: reuse the target as it came
+    // (shared bytes, no allocation). A connection of weir's own (the sticky
+    // HTTP/1.1 path) takes it in origin form; the shared pool wants it absolute.
+    if cfg.url.base_path.is_empty() && !cfg.strip_prefix && path.starts_with('/') {
+        if let Some(pq) = original.path_and_query() {
+            if up.direct.is_some() {
+                return Ok(Uri::from(pq.clone()));
+            }
+            return Uri::builder()
+                .scheme(up.scheme.clone())
+                .authority(cfg.url.authority.clone())
+                .path_and_query(pq.clone())
+                .build()
+                .map_err(|e| {
+                    ProxyError::BadRequest(format!(
+                        "cannot map the request target onto the upstream: {e}"
+                    ))
+                });
+        }
+    }
     let mut rest = path;
     if cfg.strip_prefix && cfg.path_prefix != "/" && prefix_matches(&cfg.path_prefix, path) {
         rest = &path[cfg.path_prefix.len()..];

@@ -46,6 +46,8 @@ pub struct Upstream {
     pub client: client::UpstreamClient,
     /// Precomputed per snapshot so the hot path does no string work.
     pub scheme: http::uri::Scheme,
+    /// The `Host` sent upstream (unless `preserve_host`).
+    pub host: http::HeaderValue,
     pub h2: bool,
 }
 
@@ -90,6 +92,8 @@ impl Snapshot {
                     Scheme::Https => http::uri::Scheme::HTTPS,
                 },
                 h2: matches!(c.protocol, Protocol::H2c | Protocol::Grpc),
+                host: http::HeaderValue::from_str(c.url.authority.as_str())
+                    .unwrap_or_else(|_| http::HeaderValue::from_static("localhost")),
                 direct: match (c.url.scheme, c.protocol) {
                     (Scheme::Http, Protocol::Auto | Protocol::Http1) => c
                         .url
