@@ -300,3 +300,30 @@ async fn request_trailers_pass_through() {
     assert_eq!(parts.status, 200);
     assert_eq!(b, "sha-256=abc");
 }
+
+/// More concurrent client connections than weir holds upstream connections
+/// for (128 per upstream): the rest go through the shared pool and succeed.
+/// Real time: 140 simultaneous connects on a paused clock would trip the
+/// connect timeout when the clock jumps ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_connections_beyond_the_held_cap_share_the_pool() {
+    let up = TestUpstream::start(|_r| async move {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        Response::new(body("ok"))
+    })
+    .await;
+    let weir = Weir::single(&up.url(), "").await;
+    let mut calls = Vec::new();
+    for _ in 0..140 {
+        let url = weir.url("/");
+        // A client per task: a connection each.
+        calls.push(tokio::spawn(async move {
+            read_body(get(&client(), &url, "svc").await).await
+        }));
+    }
+    for c in calls {
+        let (parts, b) = c.await.unwrap();
+        assert_eq!((parts.status.as_u16(), &b[..]), (200, &b"ok"[..]));
+    }
+    assert_eq!(up.requests(), 140);
+}

@@ -439,12 +439,7 @@ async fn dispatch(
     };
     let mut sender = match conn.take(&up.state) {
         Some(s) => s,
-        None if up
-            .state
-            .sticky_conns
-            .load(std::sync::atomic::Ordering::Relaxed)
-            < super::sticky::MAX_HELD =>
-        {
+        None if super::sticky::reserve(&up.state.sticky_conns) => {
             super::sticky::connect(
                 addr,
                 up.config.connect_timeout,

@@ -68,8 +68,32 @@ impl ConnCtx {
 /// ~70 KiB of memory each, and an upstream that did not ask for them).
 pub const MAX_HELD: usize = 128;
 
-/// Opens a new HTTP/1.1 connection to `addr`, counted in `live` until it closes.
+/// Opens a new HTTP/1.1 connection to `addr` in a place [`reserve`]d in
+/// `live`; the place is given back when the connection closes (or fails).
 pub async fn connect(
+    addr: SocketAddr,
+    timeout: Duration,
+    live: Arc<std::sync::atomic::AtomicUsize>,
+) -> Result<SendRequest<Body>, SendError> {
+    let r = open(addr, timeout, live.clone()).await;
+    if r.is_err() {
+        live.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+    r
+}
+
+/// Takes one of the [`MAX_HELD`] places in `live`, if one is free.
+pub fn reserve(live: &std::sync::atomic::AtomicUsize) -> bool {
+    use std::sync::atomic::Ordering;
+    if live.fetch_add(1, Ordering::AcqRel) < MAX_HELD {
+        true
+    } else {
+        live.fetch_sub(1, Ordering::AcqRel);
+        false
+    }
+}
+
+async fn open(
     addr: SocketAddr,
     timeout: Duration,
     live: Arc<std::sync::atomic::AtomicUsize>,
@@ -94,13 +118,12 @@ pub async fn connect(
         .handshake(TokioIo::new(stream))
         .await
         .map_err(|e| fail(Failure::Connect, e.to_string()))?;
-    live.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     tokio::spawn(async move {
         // with_upgrades: a WebSocket handshake may take this connection over.
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!(error = %e, "upstream connection ended with an error");
         }
-        live.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        live.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     });
     Ok(sender)
 }
