@@ -447,28 +447,12 @@ async fn dispatch(
             )
             .await?
         }
-        None => {
-            // Over the cap: the shared pool, which wants the absolute form.
-            if req.uri().scheme().is_none() {
-                let pq = req.uri().path_and_query().cloned();
-                let mut b = http::Uri::builder()
-                    .scheme(up.scheme.clone())
-                    .authority(up.config.url.authority.clone());
-                if let Some(pq) = pq {
-                    b = b.path_and_query(pq);
-                }
-                if let Ok(uri) = b.build() {
-                    *req.uri_mut() = uri;
-                }
-            }
-            return up.client.send(req).await;
-        }
+        // Over the cap: the shared pool.
+        None => return up.client.send(req).await,
     };
     // A connection of our own takes the origin form of the target.
-    if req.uri().scheme().is_some() {
-        if let Some(pq) = req.uri().path_and_query().cloned() {
-            *req.uri_mut() = http::Uri::from(pq);
-        }
+    if let Some(pq) = req.uri().path_and_query().cloned() {
+        *req.uri_mut() = http::Uri::from(pq);
     }
     let resp = super::sticky::send(&mut sender, req).await?;
     conn.keep(&up.state, sender);

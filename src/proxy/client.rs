@@ -97,22 +97,14 @@ impl UpstreamClient {
         req: http::Request<Body>,
     ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
         self.inner.request(req).await.map_err(|e| {
-            let hyper_err = find::<hyper::Error>(&e);
             let tls = crate::tls::describe_failure(&e);
             // A TLS failure means the upstream never processed the request,
             // even when (TLS 1.3, a missing client certificate) its alert
             // only arrives after the request was written.
             let kind = if e.is_connect() || tls.is_some() {
                 Failure::Connect
-            } else if hyper_err.is_some_and(|h| h.is_canceled()) {
-                // hyper handed the request back unsent (the pooled connection
-                // closed first): nothing reached the upstream.
-                Failure::NotSent
-            } else if hyper_err.is_some_and(|h| h.is_user()) {
-                // Our side failed: the client's request body broke off.
-                Failure::ClientBody
             } else {
-                Failure::Reset
+                find::<hyper::Error>(&e).map_or(Failure::Reset, Failure::of)
             };
             SendError {
                 kind,
@@ -134,6 +126,22 @@ pub enum Failure {
     ClientBody,
     /// The connection reset or closed after the request was (partly) written.
     Reset,
+}
+
+impl Failure {
+    /// The failure a hyper error stands for, once the connection is up.
+    pub fn of(e: &hyper::Error) -> Failure {
+        if e.is_canceled() {
+            // hyper handed the request back unsent (the connection closed
+            // first): nothing reached the upstream.
+            Failure::NotSent
+        } else if e.is_user() {
+            // Our side failed: the client's request body broke off.
+            Failure::ClientBody
+        } else {
+            Failure::Reset
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -172,7 +180,7 @@ fn find<'a, T: std::error::Error + 'static>(
 
 /// The innermost error's message: "Connection refused (os error 111)" rather
 /// than "client error (Connect)".
-fn root_cause(e: &hyper_util::client::legacy::Error) -> String {
+pub fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cur: &dyn std::error::Error = e;
     while let Some(next) = cur.source() {
         cur = next;

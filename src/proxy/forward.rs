@@ -218,13 +218,9 @@ fn upstream_uri(up: &Upstream, original: &Uri) -> Result<Uri, ProxyError> {
     let cfg = &up.config;
     let path = original.path();
     // The common case, nothing to rewrite: reuse the target as it came
-    // (shared bytes, no allocation). A connection of weir's own (the sticky
-    // HTTP/1.1 path) takes it in origin form; the shared pool wants it absolute.
+    // (shared bytes, no allocation).
     if cfg.url.base_path.is_empty() && !cfg.strip_prefix && path.starts_with('/') {
         if let Some(pq) = original.path_and_query() {
-            if up.direct.is_some() {
-                return Ok(Uri::from(pq.clone()));
-            }
             return Uri::builder()
                 .scheme(up.scheme.clone())
                 .authority(cfg.url.authority.clone())

@@ -170,53 +170,17 @@ fn advance_body(state: &mut State, data: &[u8]) -> usize {
 /// Moves `ready` forward through the stash as far as framing allows, judging
 /// each complete head; replaces a conflicting head with [`CONFLICT_MARKER`].
 fn process(state: &mut State, stash: &mut Vec<u8>, ready: &mut usize, max_head: usize) {
-    loop {
-        match *state {
-            State::Rejected => return,
-            State::Passthrough => {
-                *ready = stash.len();
-                return;
-            }
-            State::Head => {
-                // Blank lines before a request are tolerated by hyper.
-                while stash
-                    .get(*ready)
-                    .is_some_and(|b| *b == b'\r' || *b == b'\n')
-                {
-                    *ready += 1;
-                }
-                let head = &stash[*ready..];
-                if head.is_empty() {
-                    return;
-                }
-                let Some(end) = find_head_end(head) else {
-                    if head.len() > max_head || head.starts_with(b"PRI * HTTP/2.0") {
-                        *state = State::Passthrough; // hyper answers 431 / speaks h2
-                        continue;
-                    }
-                    return; // hold until the head is complete
-                };
-                match judge(&head[..end]) {
-                    Judged::Conflict => {
-                        stash.truncate(*ready);
-                        stash.extend_from_slice(CONFLICT_MARKER);
-                        *ready = stash.len();
-                        *state = State::Rejected;
-                        return;
-                    }
-                    Judged::Next(next) => {
-                        *ready += end;
-                        *state = next;
-                    }
-                }
-            }
-            _ => {
-                let used = advance_body(state, &stash[*ready..]);
-                *ready += used;
-                if *ready == stash.len() {
-                    return;
-                }
-            }
+    if *state == State::Rejected {
+        return;
+    }
+    match scan_slice(state, &stash[*ready..], max_head) {
+        Scan::All => *ready = stash.len(),
+        Scan::Partial(h) => *ready += h, // hold until the head is complete
+        Scan::Conflict(h) => {
+            stash.truncate(*ready + h);
+            stash.extend_from_slice(CONFLICT_MARKER);
+            *ready = stash.len();
+            *state = State::Rejected;
         }
     }
 }
@@ -231,7 +195,8 @@ enum Scan {
     Conflict(usize),
 }
 
-/// [`process`] without a stash: follows framing through `data` in place.
+/// Follows framing through `data` in place (also what [`process`] runs on
+/// the stash).
 fn scan_slice(state: &mut State, data: &[u8], max_head: usize) -> Scan {
     let mut i = 0;
     loop {

@@ -133,24 +133,9 @@ pub async fn send(
     sender: &mut SendRequest<Body>,
     req: http::Request<Body>,
 ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
-    sender.send_request(req).await.map_err(|e| {
-        let kind = if e.is_canceled() {
-            Failure::NotSent
-        } else if e.is_user() {
-            Failure::ClientBody
-        } else {
-            Failure::Reset
-        };
-        let mut msg = e.to_string();
-        let mut cur: &dyn std::error::Error = &e;
-        while let Some(next) = cur.source() {
-            cur = next;
-            msg = cur.to_string();
-        }
-        SendError {
-            kind,
-            message: msg,
-            tls: false,
-        }
+    sender.send_request(req).await.map_err(|e| SendError {
+        kind: Failure::of(&e),
+        message: super::client::root_cause(&e),
+        tls: false,
     })
 }
