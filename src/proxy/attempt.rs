@@ -208,55 +208,120 @@ pub struct Finished {
     pub ended: Instant,
 }
 
-/// Runs attempts until one is returned.
-pub async fn run<'a>(
+/// One request's attempts, as both data paths run them: the budget deposit,
+/// the breaker ticket, each attempt's metrics and verdict, and the retry
+/// decision with its backoff. The hyper path ([`run`]) and the HTTP/1 fast
+/// path (`super::fast`) differ only in how an attempt is sent.
+#[derive(Debug)]
+pub struct Attempts<'a> {
     up: &'a Upstream,
-    conn: &super::sticky::ConnCtx,
-    mut plan: Plan<'a>,
-    mut ticket: Ticket<'a>,
-) -> Finished {
-    let state = &up.state;
-    let policy = &up.config.retry;
-    let t0 = Instant::now();
-    state.live().budget.deposit(state.now_at(t0));
-    let mut attempts = 0;
-    let mut prev_delay = Duration::ZERO;
-    loop {
-        // An attempt needs at least `min_attempt_time`: one started with less
-        // could only time out, and would be blamed on the upstream.
-        if attempts == 0 && plan.deadline.saturating_duration_since(t0) < policy.min_attempt_time {
-            return Finished {
-                result: Err(ProxyError::DeadlineExceeded),
-                attempts: 0,
-                stop: None,
-                ended: t0,
-            };
-        }
-        attempts += 1;
-        let req = build(&mut plan);
-        let Attempted {
-            outcome,
-            result,
-            blame,
-            ended,
-        } = send(up, conn, req, &plan, state).await;
-        let now = state.now_at(ended);
-        ticket.record(blame, now);
-        if plan.upgrade {
-            return Finished {
-                result,
-                attempts,
-                stop: None,
-                ended,
-            };
-        }
+    ticket: Ticket<'a>,
+    facts: RequestFacts,
+    key: Option<&'a str>,
+    deadline: Instant,
+    /// The client lowered its deadline below the upstream's `timeout`.
+    lowered: bool,
+    made: u32,
+    prev_delay: Duration,
+}
 
-        let facts = RequestFacts::new(
-            plan.parts.method.as_str(),
-            plan.has_idempotency_key,
-            plan.body.facts(),
-        );
-        let time_left = plan.deadline.saturating_duration_since(ended);
+/// What follows an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Sleep this long ([`Attempts::backoff`]), then attempt again.
+    Retry(Duration),
+    /// Return this attempt's outcome, with the stop reason when a retryable
+    /// outcome was not retried.
+    Done(Option<StopReason>),
+}
+
+impl<'a> Attempts<'a> {
+    /// Deposits the first attempt into the retry budget. `Err(now)`: less
+    /// than `min_attempt_time` is left, and an attempt started now could only
+    /// time out and be blamed on the upstream (504 `deadline_exceeded`).
+    pub fn begin(
+        up: &'a Upstream,
+        ticket: Ticket<'a>,
+        facts: RequestFacts,
+        key: Option<&'a str>,
+        deadline: Instant,
+        lowered: bool,
+    ) -> Result<Self, Instant> {
+        let state = &up.state;
+        let t0 = Instant::now();
+        state.live().budget.deposit(state.now_at(t0));
+        if deadline.saturating_duration_since(t0) < up.config.retry.min_attempt_time {
+            return Err(t0);
+        }
+        Ok(Attempts {
+            up,
+            ticket,
+            facts,
+            key,
+            deadline,
+            lowered,
+            made: 0,
+            prev_delay: Duration::ZERO,
+        })
+    }
+
+    /// Attempts made so far.
+    pub fn made(&self) -> u32 {
+        self.made
+    }
+
+    /// The request's deadline.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Starts an attempt: counts it, and returns when it must give up (the
+    /// per-try timeout, never past the deadline).
+    pub fn start(&mut self, started: Instant) -> Instant {
+        self.made += 1;
+        self.up
+            .config
+            .per_try_timeout
+            .map(|p| (started + p).min(self.deadline))
+            .unwrap_or(self.deadline)
+    }
+
+    /// Records an attempt's outcome (metrics, the breaker's verdict) without
+    /// deciding anything: for an upgrade, which is never retried.
+    /// `error` is weir's error for a failed attempt.
+    pub fn record(
+        &mut self,
+        outcome: &Outcome,
+        error: Option<&ProxyError>,
+        started: Instant,
+        ended: Instant,
+    ) -> Duration {
+        let state = &self.up.state;
+        state
+            .metrics
+            .attempt(outcome, ended.saturating_duration_since(started));
+        // A deadline the client lowered itself is the client's doing, not the
+        // upstream's: no verdict for the breaker.
+        let blame = match error {
+            Some(ProxyError::DeadlineExceeded) if self.lowered => None,
+            _ => outcome.breaker_failure(&self.up.config.breaker),
+        };
+        let now = state.now_at(ended);
+        self.ticket.record(blame, now);
+        now
+    }
+
+    /// Records an attempt and decides (SEMANTICS §2.2) what follows it.
+    pub fn judge(
+        &mut self,
+        outcome: &Outcome,
+        error: Option<&ProxyError>,
+        started: Instant,
+        ended: Instant,
+    ) -> Step {
+        let now = self.record(outcome, error, started, ended);
+        let state = &self.up.state;
+        let time_left = self.deadline.saturating_duration_since(ended);
         let (verdict, admission) = {
             let mut guard = state.live();
             let Live {
@@ -270,65 +335,118 @@ pub async fn run<'a>(
                 budget,
                 limiter: limiter.as_mut(),
                 now,
-                key: plan.key,
+                key: self.key,
                 admission: None,
             };
             let input = DecideInput {
-                policy,
-                facts: &facts,
-                outcome: &outcome,
-                attempts_made: attempts,
+                policy: &self.up.config.retry,
+                facts: &self.facts,
+                outcome,
+                attempts_made: self.made,
                 time_left: Some(time_left),
-                prev_delay,
+                prev_delay: self.prev_delay,
             };
             let v = decide(&input, rng, &mut gates);
             (v, gates.admission.take())
         };
+        let name = &self.up.config.name;
         match verdict {
             Verdict::Retry { delay, cause } => {
-                tracing::debug!(upstream = %up.config.name, attempt = attempts, %cause, ?delay, "retrying");
+                tracing::debug!(upstream = %name, attempt = self.made, %cause, ?delay, "retrying");
                 state.metrics.retry(cause);
                 if let Some(a) = admission {
-                    ticket = Ticket::new(state, a);
+                    self.ticket = Ticket::new(state, a);
                 }
-                tokio::time::sleep(delay).await;
-                prev_delay = delay;
-                // The breaker may have tripped while we slept: ask again, so
-                // an open breaker sees nothing and half-open admits only its
-                // probes. If it now refuses, the last outcome goes back.
-                if let Err(refused) = ticket.renew() {
-                    let _ = refused;
-                    state.metrics.stop(StopReason::CircuitOpen);
-                    return Finished {
-                        result,
-                        attempts,
-                        stop: Some(StopReason::CircuitOpen),
-                        ended: Instant::now(),
-                    };
-                }
-                drop(result);
+                Step::Retry(delay)
             }
             Verdict::Stop { reason, cause } => {
-                tracing::debug!(upstream = %up.config.name, attempts, %cause, reason = reason.as_str(), "not retrying");
+                tracing::debug!(upstream = %name, attempts = self.made, %cause, reason = reason.as_str(), "not retrying");
                 state.metrics.stop(reason);
                 if let Some(a) = admission {
                     // Granted by the breaker gate, then refused by a later one.
                     drop(Ticket::new(state, a));
                 }
-                return Finished {
-                    result,
-                    attempts,
-                    stop: Some(reason),
-                    ended,
-                };
+                Step::Done(Some(reason))
             }
-            Verdict::NotRetryable | Verdict::Cancelled => {
+            Verdict::NotRetryable | Verdict::Cancelled => Step::Done(None),
+        }
+    }
+
+    /// Sleeps a retry's delay, then asks the breaker again: it may have
+    /// tripped meanwhile, and an open breaker sees nothing while half-open
+    /// admits only its probes. `Err(reason)`: it refused, and the last
+    /// outcome goes back to the client.
+    pub async fn backoff(&mut self, delay: Duration) -> Result<(), StopReason> {
+        tokio::time::sleep(delay).await;
+        self.prev_delay = delay;
+        if self.ticket.renew().is_err() {
+            self.up.state.metrics.stop(StopReason::CircuitOpen);
+            return Err(StopReason::CircuitOpen);
+        }
+        Ok(())
+    }
+}
+
+/// Runs attempts until one is returned.
+pub async fn run<'a>(
+    up: &'a Upstream,
+    conn: &super::sticky::ConnCtx,
+    mut plan: Plan<'a>,
+    ticket: Ticket<'a>,
+) -> Finished {
+    let facts = RequestFacts::new(
+        plan.parts.method.as_str(),
+        plan.has_idempotency_key,
+        plan.body.facts(),
+    );
+    let mut attempts =
+        match Attempts::begin(up, ticket, facts, plan.key, plan.deadline, plan.lowered) {
+            Ok(a) => a,
+            Err(t0) => {
+                return Finished {
+                    result: Err(ProxyError::DeadlineExceeded),
+                    attempts: 0,
+                    stop: None,
+                    ended: t0,
+                }
+            }
+        };
+    loop {
+        let started = Instant::now();
+        let try_deadline = attempts.start(started);
+        let req = build(&mut plan);
+        let (outcome, result) = send(up, conn, req, &plan, try_deadline).await;
+        let ended = Instant::now();
+        let error = result.as_ref().err();
+        // The body facts change once a streamed body has been read.
+        attempts.facts.body = plan.body.facts();
+        if plan.upgrade {
+            attempts.record(&outcome, error, started, ended);
+            return Finished {
+                result,
+                attempts: attempts.made(),
+                stop: None,
+                ended,
+            };
+        }
+        match attempts.judge(&outcome, error, started, ended) {
+            Step::Retry(delay) => {
+                if let Err(stop) = attempts.backoff(delay).await {
+                    return Finished {
+                        result,
+                        attempts: attempts.made(),
+                        stop: Some(stop),
+                        ended: Instant::now(),
+                    };
+                }
+            }
+            Step::Done(stop) => {
                 return Finished {
                     result,
-                    attempts,
-                    stop: None,
+                    attempts: attempts.made(),
+                    stop,
                     ended,
-                };
+                }
             }
         }
     }
@@ -355,23 +473,17 @@ fn build(plan: &mut Plan<'_>) -> Request<super::body::Body> {
     req
 }
 
-/// Sends one attempt under its per-try timeout and the deadline.
+/// Sends one attempt; gives up at `try_deadline`.
 async fn send(
     up: &Upstream,
     conn: &super::sticky::ConnCtx,
     req: Request<super::body::Body>,
     plan: &Plan<'_>,
-    state: &UpstreamState,
-) -> Attempted {
-    let started = Instant::now();
-    let deadline = plan.deadline;
-    let try_deadline = up
-        .config
-        .per_try_timeout
-        .map(|p| (started + p).min(deadline))
-        .unwrap_or(deadline);
+    try_deadline: Instant,
+) -> (Outcome, Result<Response<UpstreamBody>, ProxyError>) {
+    let state = &up.state;
     let sent = tokio::time::timeout_at(try_deadline, dispatch(up, conn, req)).await;
-    let (outcome, result) = match sent {
+    match sent {
         Ok(Ok(resp)) => {
             let mut grpc = grpc_status(resp.headers());
             let resp =
@@ -406,24 +518,17 @@ async fn send(
             };
             (outcome, Err(e.into_proxy_error()))
         }
-        Err(_) if try_deadline < deadline => (Outcome::Timeout, Err(ProxyError::UpstreamTimeout)),
-        Err(_) => (Outcome::Timeout, Err(ProxyError::DeadlineExceeded)),
-    };
-    let ended = Instant::now();
-    state
-        .metrics
-        .attempt(&outcome, ended.saturating_duration_since(started));
-    // A deadline the client lowered itself is the client's doing, not the
-    // upstream's: no verdict for the breaker.
-    let blame = match (&result, plan.lowered) {
-        (Err(ProxyError::DeadlineExceeded), true) => None,
-        _ => outcome.breaker_failure(&up.config.breaker),
-    };
-    Attempted {
-        outcome,
-        result,
-        blame,
-        ended,
+        Err(_) => timed_out(try_deadline, plan.deadline),
+    }
+}
+
+/// The outcome of an attempt that reached `try_deadline` without response
+/// headers: the per-try timeout, or the request's deadline.
+pub fn timed_out<T>(try_deadline: Instant, deadline: Instant) -> (Outcome, Result<T, ProxyError>) {
+    if try_deadline < deadline {
+        (Outcome::Timeout, Err(ProxyError::UpstreamTimeout))
+    } else {
+        (Outcome::Timeout, Err(ProxyError::DeadlineExceeded))
     }
 }
 
@@ -459,15 +564,7 @@ async fn dispatch(
     Ok(resp)
 }
 
-struct Attempted {
-    outcome: Outcome,
-    result: Result<Response<UpstreamBody>, ProxyError>,
-    /// The breaker's verdict: `Some(failure)`, or `None` to release the slot.
-    blame: Option<bool>,
-    ended: Instant,
-}
-
-fn retry_after(h: &HeaderMap, state: &UpstreamState) -> Option<Duration> {
+pub fn retry_after(h: &HeaderMap, state: &UpstreamState) -> Option<Duration> {
     let v = h.get(http::header::RETRY_AFTER)?.to_str().ok()?;
     parse_retry_after(v, state.clock.wall())
 }
