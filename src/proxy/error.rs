@@ -103,26 +103,37 @@ impl ProxyError {
             h.insert("grpc-message", v);
         }
         h.insert("x-weir-error", HeaderValue::from_static(self.code()));
-        if let Some(ra) = self.retry_after() {
-            let secs = ra.as_millis().div_ceil(1000).max(1);
-            h.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
+        if let Some(secs) = self.retry_after_secs() {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         resp
     }
 
     /// The response weir sends for this error.
-    pub fn to_response(&self, upstream: Option<&str>) -> Response<Body> {
+    /// The JSON body of weir's own error response (SEMANTICS §7).
+    pub fn json_body(&self, upstream: Option<&str>) -> Vec<u8> {
         let mut body = serde_json::json!({
             "error": self.code(),
             "upstream": upstream,
             "message": self.to_string(),
         });
-        let retry_after = self.retry_after();
-        if let Some(ra) = retry_after {
+        if let Some(ra) = self.retry_after() {
             body["retry_after_ms"] = serde_json::json!(ra.as_millis() as u64);
         }
         let mut bytes = serde_json::to_vec(&body).unwrap_or_default();
         bytes.push(b'\n');
+        bytes
+    }
+
+    /// `Retry-After` in whole seconds, rounded up: a client waiting that
+    /// long finds capacity.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after()
+            .map(|ra| ra.as_millis().div_ceil(1000).max(1) as u64)
+    }
+
+    pub fn to_response(&self, upstream: Option<&str>) -> Response<Body> {
+        let bytes = self.json_body(upstream);
         let mut resp = Response::new(full(bytes));
         *resp.status_mut() = self.status();
         let h = resp.headers_mut();
@@ -131,10 +142,8 @@ impl ProxyError {
             HeaderValue::from_static("application/json"),
         );
         h.insert("x-weir-error", HeaderValue::from_static(self.code()));
-        if let Some(ra) = retry_after {
-            // Whole seconds, rounded up: a client waiting that long finds capacity.
-            let secs = ra.as_millis().div_ceil(1000).max(1);
-            h.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
+        if let Some(secs) = self.retry_after_secs() {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         if matches!(self, ProxyError::BadRequest(_)) {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));

@@ -9,6 +9,7 @@ pub mod attempt;
 pub mod body;
 pub mod client;
 pub mod error;
+pub mod fast;
 pub mod forward;
 pub mod gate;
 pub mod guard;

@@ -27,8 +27,8 @@ use tokio::task::{JoinHandle, JoinSet};
 
 /// State shared by every listener and connection.
 #[derive(Debug)]
-struct Shared {
-    snapshot: ArcSwap<Snapshot>,
+pub(super) struct Shared {
+    pub(super) snapshot: ArcSwap<Snapshot>,
     states: StateRegistry,
     connections: Arc<Semaphore>,
     draining: AtomicBool,
@@ -332,6 +332,9 @@ async fn accept_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut conns = JoinSet::new();
+    // Idle upstream connections of the fast path: one pool per accept loop,
+    // so per worker runtime.
+    let pool = Arc::new(super::fast::Pool::default());
     loop {
         let permit = tokio::select! {
             p = shared.connections.clone().acquire_owned() => match p {
@@ -357,8 +360,9 @@ async fn accept_loop(
         let shared = shared.clone();
         let role = role.clone();
         let stop = stop.clone();
+        let pool = pool.clone();
         conns.spawn(async move {
-            serve_connection(stream, peer, role, shared, stop).await;
+            serve_connection(stream, peer, role, shared, stop, pool).await;
             drop(permit);
         });
     }
@@ -373,6 +377,7 @@ async fn serve_connection(
     role: ListenerRole,
     shared: Arc<Shared>,
     stop: watch::Receiver<bool>,
+    pool: Arc<super::fast::Pool>,
 ) {
     let _ = stream.set_nodelay(true);
     let (builder, max_head, head_timeout, tls) = {
@@ -395,7 +400,7 @@ async fn serve_connection(
         head_timeout,
     };
     match tls {
-        None => serve_io(stream, conn).await,
+        None => super::fast::serve(stream, conn, pool).await,
         Some(config) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(config);
             // The handshake gets the same bound as a request head.
@@ -409,17 +414,17 @@ async fn serve_connection(
 }
 
 /// One client connection's context, however its bytes arrive (plain or TLS).
-struct Conn {
-    peer: SocketAddr,
-    role: ListenerRole,
-    shared: Arc<Shared>,
-    stop: watch::Receiver<bool>,
+pub(super) struct Conn {
+    pub(super) peer: SocketAddr,
+    pub(super) role: ListenerRole,
+    pub(super) shared: Arc<Shared>,
+    pub(super) stop: watch::Receiver<bool>,
     builder: auto::Builder<TokioExecutor>,
-    max_head: usize,
-    head_timeout: Duration,
+    pub(super) max_head: usize,
+    pub(super) head_timeout: Duration,
 }
 
-async fn serve_io<I>(io: I, conn: Conn)
+pub(super) async fn serve_io<I>(io: I, conn: Conn)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {

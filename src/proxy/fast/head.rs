@@ -1,0 +1,742 @@
+//! HTTP/1.1 heads on the fast path: the client's request head is parsed,
+//! routed and written out for the upstream in one pass; the upstream's
+//! response head is parsed for its framing and its outcome, then written out
+//! for the client. Nothing here does I/O or keeps a header map: header names
+//! and values are copied from the buffer they arrived in to the buffer that
+//! leaves, with the same hygiene as the general path (SEMANTICS §1, §7).
+//!
+//! Anything this path does not handle itself — another HTTP version, a body
+//! that is chunked, too large to hold for a replay or announced with
+//! `Expect`, an upgrade, gRPC, a target or route it cannot map — makes
+//! [`plan`] answer [`Parse::Fallback`], and the connection goes on through
+//! hyper (`super::super::server`), which sees the same bytes.
+
+use crate::policy::{RequestFacts, StopReason};
+use crate::proxy::route::prefix_matches;
+use crate::proxy::{ListenerRole, Snapshot, Upstream};
+use std::time::Duration;
+
+/// The most header fields a head may have on the fast path; a head with more
+/// goes to hyper, whose own limit answers it.
+pub const MAX_HEADERS: usize = 100;
+
+/// The most names a `Connection` field may list on the fast path.
+const MAX_CONNECTION_NAMES: usize = 8;
+
+/// The largest request body the fast path holds (it is always held, so a
+/// retry can replay it); a larger one is streamed by the general path.
+pub const MAX_BODY: u64 = 1 << 20;
+
+/// A parse that may need more bytes or another path.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parse<T> {
+    /// The head is not complete yet.
+    Partial,
+    /// Not for the fast path; the reason is for debug logs.
+    Fallback(&'static str),
+    /// Parsed.
+    Done(T),
+}
+
+/// A request the fast path takes, after its head was written for the upstream.
+#[derive(Debug)]
+pub struct Planned {
+    /// Index of the upstream in the snapshot.
+    pub upstream: usize,
+    /// Length of the client's head in the buffer.
+    pub head_len: usize,
+    /// Length of the body that follows it (`Content-Length`, or 0).
+    pub body_len: usize,
+    /// The method and idempotency key, for the retry decision.
+    pub facts: RequestFacts,
+    /// A HEAD request: the response has no body, whatever it announces.
+    pub head_method: bool,
+    /// The client asked to close the connection after this response.
+    pub close: bool,
+    /// `x-weir-timeout-ms`: the client's own, lower, deadline.
+    pub lowered: Option<Duration>,
+    /// The rate limiter's key, when the upstream keys its limiter.
+    pub key: Option<String>,
+}
+
+fn eq(a: &str, b: &str) -> bool {
+    a.eq_ignore_ascii_case(b)
+}
+
+fn tokens(v: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
+    v.split(|b| *b == b',').map(|t| t.trim_ascii())
+}
+
+/// Fields weir never forwards in either direction (besides those a
+/// `Connection` field names): RFC 9110 §7.6.1, plus the proxy credentials
+/// meant for weir itself, as on the general path (`headers::strip_hop_by_hop`).
+fn hop_by_hop(name: &str) -> bool {
+    const HOP: [&str; 8] = [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "upgrade",
+        "transfer-encoding",
+    ];
+    HOP.iter().any(|h| eq(h, name))
+        || (name.len() >= 7 && name.as_bytes()[..7].eq_ignore_ascii_case(b"x-weir-"))
+}
+
+/// Names listed in `Connection` fields, and whether `close` was one of them.
+#[derive(Default)]
+struct ConnectionField<'b> {
+    names: [&'b [u8]; MAX_CONNECTION_NAMES],
+    count: usize,
+    close: bool,
+    keep_alive: bool,
+    upgrade: bool,
+    overflow: bool,
+}
+
+impl<'b> ConnectionField<'b> {
+    fn add(&mut self, value: &'b [u8]) {
+        for t in tokens(value) {
+            if t.eq_ignore_ascii_case(b"close") {
+                self.close = true;
+            } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                self.keep_alive = true;
+            } else if t.eq_ignore_ascii_case(b"upgrade") {
+                self.upgrade = true;
+            } else if !t.is_empty() {
+                if self.count == MAX_CONNECTION_NAMES {
+                    self.overflow = true;
+                    return;
+                }
+                self.names[self.count] = t;
+                self.count += 1;
+            }
+        }
+    }
+
+    fn names(&self, name: &str) -> bool {
+        self.names[..self.count]
+            .iter()
+            .any(|n| n.eq_ignore_ascii_case(name.as_bytes()))
+    }
+}
+
+/// Host and port of a request target's authority: userinfo and port dropped,
+/// IPv6 brackets removed (as `route::request_host` does).
+fn host_of(authority: &str) -> &str {
+    let a = authority.rsplit('@').next().unwrap_or(authority);
+    if let Some(rest) = a.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    a.split(':').next().unwrap_or(a)
+}
+
+/// Parses the client's request head at the start of `buf`, routes it and,
+/// when the fast path takes it, writes the upstream's request head to `out`.
+pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>) -> Parse<Planned> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Parse::Partial,
+        Err(_) => return Parse::Fallback("the head does not parse"),
+    };
+    let (Some(method), Some(target), Some(1)) = (req.method, req.path, req.version) else {
+        return Parse::Fallback("not HTTP/1.1");
+    };
+    if method == "CONNECT" {
+        return Parse::Fallback("CONNECT");
+    }
+    // The target: origin form, or the absolute form an HTTP_PROXY client sends.
+    let (authority, path_and_query) = if target.starts_with('/') {
+        (None, target)
+    } else if target.len() > 7 && target.as_bytes()[..7].eq_ignore_ascii_case(b"http://") {
+        let rest = &target[7..];
+        match rest.find('/') {
+            Some(i) => (Some(&rest[..i]), &rest[i..]),
+            None => return Parse::Fallback("an absolute target without a path"),
+        }
+    } else {
+        return Parse::Fallback("a target in neither origin nor absolute form");
+    };
+    if authority.is_some_and(|a| a.is_empty() || a.contains(['?', '#'])) {
+        return Parse::Fallback("an unusual authority");
+    }
+    let path = path_and_query
+        .split_once('?')
+        .map_or(path_and_query, |(p, _)| p);
+
+    // First pass: framing, and what routing and hygiene need.
+    let mut host: Option<&str> = None;
+    let mut content_length: Option<u64> = None;
+    let mut connection = ConnectionField::default();
+    let mut lowered = None;
+    let mut te_trailers = false;
+    for h in req.headers.iter() {
+        let n = h.name;
+        if eq(n, "content-length") {
+            let Some(len) = std::str::from_utf8(h.value)
+                .ok()
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<u64>().ok())
+            else {
+                return Parse::Fallback("an invalid Content-Length");
+            };
+            if content_length.is_some() {
+                return Parse::Fallback("more than one Content-Length");
+            }
+            content_length = Some(len);
+        } else if eq(n, "host") {
+            if host.is_some() {
+                return Parse::Fallback("more than one Host");
+            }
+            match std::str::from_utf8(h.value) {
+                Ok(v) => host = Some(v.trim()),
+                Err(_) => return Parse::Fallback("a Host that is not text"),
+            }
+        } else if eq(n, "connection") {
+            connection.add(h.value);
+        } else if eq(n, "transfer-encoding") {
+            return Parse::Fallback("Transfer-Encoding");
+        } else if eq(n, "upgrade") {
+            return Parse::Fallback("an upgrade");
+        } else if eq(n, "expect") {
+            return Parse::Fallback("Expect");
+        } else if eq(n, "te") {
+            te_trailers |= tokens(h.value).any(|t| t.eq_ignore_ascii_case(b"trailers"));
+        } else if eq(n, "grpc-timeout")
+            || (eq(n, "content-type") && h.value.starts_with(b"application/grpc"))
+        {
+            return Parse::Fallback("gRPC");
+        } else if eq(n, "x-weir-timeout-ms") {
+            match std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+            {
+                Some(ms) => lowered = Some(Duration::from_millis(ms)),
+                None => return Parse::Fallback("an invalid x-weir-timeout-ms"),
+            }
+        }
+    }
+    if connection.upgrade || connection.overflow {
+        return Parse::Fallback("an unusual Connection field");
+    }
+
+    // Route.
+    let up_index = match role {
+        ListenerRole::Shared => {
+            let Some(h) = authority.or(host) else {
+                return Parse::Fallback("no host");
+            };
+            match snap.routes.lookup(host_of(h), path) {
+                Some(i) => i,
+                None => return Parse::Fallback("no route"),
+            }
+        }
+        ListenerRole::Dedicated(name) => {
+            match snap.upstreams.iter().position(|u| &u.config.name == name) {
+                Some(i) => i,
+                None => return Parse::Fallback("no upstream"),
+            }
+        }
+    };
+    let Some(up) = snap.upstreams.get(up_index) else {
+        return Parse::Fallback("no upstream");
+    };
+    if up.direct.is_none() || up.h2 {
+        return Parse::Fallback("an upstream the fast path does not speak to");
+    }
+    let cfg = &up.config;
+    let body_len = content_length.unwrap_or(0);
+    if body_len > cfg.retry.max_replay_body_bytes || body_len > MAX_BODY {
+        return Parse::Fallback("a body too large to hold");
+    }
+
+    // Second pass: the upstream's head.
+    out.clear();
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    if !write_target(up, path, path_and_query, out) {
+        return Parse::Fallback("a target that cannot be mapped");
+    }
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let idem = cfg.idempotency_header.as_str();
+    let key_header = cfg
+        .rate_limit
+        .as_ref()
+        .and_then(|r| r.key.as_ref())
+        .map(|crate::policy::limiter::KeySource::Header(h)| h.as_str());
+    let mut key = None;
+    let mut has_key = false;
+    for h in req.headers.iter() {
+        let n = h.name;
+        if key.is_none() && key_header.is_some_and(|k| eq(k, n)) {
+            key = std::str::from_utf8(h.value).ok().map(str::to_owned);
+        }
+        if eq(n, "host") || eq(n, "content-length") || hop_by_hop(n) || connection.names(n) {
+            continue;
+        }
+        has_key |= eq(n, idem);
+        header(out, n.as_bytes(), h.value);
+    }
+    let host_value = if cfg.preserve_host {
+        authority.or(host).map(str::as_bytes)
+    } else {
+        Some(up.host.as_bytes())
+    };
+    if let Some(v) = host_value {
+        header(out, b"host", v);
+    }
+    if let Some(len) = content_length {
+        out.extend_from_slice(b"content-length: ");
+        push_u64(out, len);
+        out.extend_from_slice(b"\r\n");
+    }
+    if te_trailers {
+        out.extend_from_slice(b"te: trailers\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+
+    let body = if body_len == 0 {
+        crate::policy::BodyFacts::Empty
+    } else {
+        crate::policy::BodyFacts::Buffered { len: body_len }
+    };
+    Parse::Done(Planned {
+        upstream: up_index,
+        head_len,
+        body_len: body_len as usize,
+        facts: RequestFacts::new(method, has_key, body),
+        head_method: method == "HEAD",
+        close: connection.close,
+        lowered,
+        key,
+    })
+}
+
+/// Writes the upstream's request target (origin form): `strip_prefix`, then
+/// the upstream URL's base path; the query as sent.
+fn write_target(up: &Upstream, path: &str, path_and_query: &str, out: &mut Vec<u8>) -> bool {
+    let cfg = &up.config;
+    if cfg.url.base_path.is_empty() && !cfg.strip_prefix {
+        out.extend_from_slice(path_and_query.as_bytes());
+        return true;
+    }
+    let mut rest = path;
+    if cfg.strip_prefix && cfg.path_prefix != "/" && prefix_matches(&cfg.path_prefix, path) {
+        rest = &path[cfg.path_prefix.len()..];
+    }
+    out.extend_from_slice(cfg.url.base_path.as_bytes());
+    if !rest.starts_with('/') {
+        out.push(b'/');
+    }
+    out.extend_from_slice(rest.as_bytes());
+    if let Some((_, q)) = path_and_query.split_once('?') {
+        out.push(b'?');
+        out.extend_from_slice(q.as_bytes());
+    }
+    true
+}
+
+fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+fn push_u64(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// How a response body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body: HEAD, 204, 304.
+    Empty,
+    /// `Content-Length`.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`, passed through as it comes.
+    Chunked,
+    /// Until the upstream closes the connection.
+    Close,
+}
+
+/// What the fast path needs from an upstream's response head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Response<'b> {
+    pub status: u16,
+    pub head_len: usize,
+    pub framing: Framing,
+    /// The upstream connection may carry another request after this body.
+    pub reusable: bool,
+    /// `Retry-After`, as sent.
+    pub retry_after: Option<&'b str>,
+}
+
+/// A parsed response head.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Head<'b> {
+    /// An interim (1xx) response of this many bytes: dropped, as hyper does.
+    Interim(usize),
+    /// The final response.
+    Final(Response<'b>),
+}
+
+/// Parses the upstream's response head at the start of `buf`. `Err`: the
+/// upstream sent something that is not an HTTP/1.1 response weir can pass on.
+pub fn parse_response(buf: &[u8], head_method: bool) -> Result<Option<Head<'_>>, &'static str> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    let head_len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) => return Err("the upstream's response head does not parse"),
+    };
+    let (Some(status), Some(version)) = (resp.code, resp.version) else {
+        return Err("the upstream's response head does not parse");
+    };
+    if status == 101 {
+        return Err("the upstream switched protocols without a matching upgrade request");
+    }
+    if (100..200).contains(&status) {
+        return Ok(Some(Head::Interim(head_len)));
+    }
+    let mut length: Option<u64> = None;
+    let mut chunked = None;
+    let mut close = version == 0;
+    let mut retry_after = None;
+    for h in resp.headers.iter() {
+        let n = h.name;
+        if eq(n, "content-length") {
+            let v = std::str::from_utf8(h.value)
+                .ok()
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or("the upstream sent an invalid Content-Length")?;
+            if length.is_some_and(|l| l != v) {
+                return Err("the upstream sent conflicting Content-Lengths");
+            }
+            length = Some(v);
+        } else if eq(n, "transfer-encoding") {
+            chunked = Some(
+                tokens(h.value)
+                    .next_back()
+                    .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")),
+            );
+        } else if eq(n, "connection") {
+            let mut c = ConnectionField::default();
+            c.add(h.value);
+            if version == 0 {
+                close = !c.keep_alive;
+            } else {
+                close |= c.close;
+            }
+        } else if eq(n, "retry-after") {
+            retry_after = std::str::from_utf8(h.value).ok().map(str::trim);
+        }
+    }
+    let framing = if head_method || status == 204 || status == 304 {
+        Framing::Empty
+    } else {
+        match (chunked, length) {
+            (Some(true), _) => Framing::Chunked,
+            (Some(false), _) => Framing::Close,
+            (None, Some(n)) => Framing::Length(n),
+            (None, None) => Framing::Close,
+        }
+    };
+    // A message framed two ways is not reused: the next response could be
+    // read from the wrong place.
+    let reusable = !close && framing != Framing::Close && !(chunked.is_some() && length.is_some());
+    Ok(Some(Head::Final(Response {
+        status,
+        head_len,
+        framing,
+        reusable,
+        retry_after,
+    })))
+}
+
+/// What weir adds to a proxied response (SEMANTICS §7).
+#[derive(Debug, Clone, Copy)]
+pub struct Annotations {
+    pub attempts: u32,
+    pub stop: Option<StopReason>,
+}
+
+/// Writes the client's response head from the upstream's `head` (already
+/// parsed as `resp`): hop-by-hop and `x-weir-*` fields removed, the framing
+/// restated, the annotations added and, when `close`, `Connection: close`.
+pub fn write_response(
+    head: &[u8],
+    resp: &Response<'_>,
+    annotations: Option<Annotations>,
+    close: bool,
+    out: &mut Vec<u8>,
+) {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut headers);
+    // The head parsed before; it parses the same way again.
+    let _ = parsed.parse(head);
+    let mut connection = ConnectionField::default();
+    for h in parsed.headers.iter() {
+        if eq(h.name, "connection") {
+            connection.add(h.value);
+        }
+    }
+    out.extend_from_slice(b"HTTP/1.1 ");
+    push_u64(out, u64::from(resp.status));
+    out.push(b' ');
+    out.extend_from_slice(parsed.reason.unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for h in parsed.headers.iter() {
+        let n = h.name;
+        // A body-less response keeps its Content-Length: it describes the
+        // representation (HEAD, 304), not this message.
+        let framing_field = eq(n, "transfer-encoding")
+            || (eq(n, "content-length") && resp.framing != Framing::Empty);
+        if framing_field || hop_by_hop(n) || connection.names(n) {
+            continue;
+        }
+        header(out, n.as_bytes(), h.value);
+    }
+    match resp.framing {
+        Framing::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            push_u64(out, n);
+            out.extend_from_slice(b"\r\n");
+        }
+        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Framing::Empty | Framing::Close => {}
+    }
+    if let Some(a) = annotations {
+        out.extend_from_slice(b"x-weir-attempts: ");
+        push_u64(out, u64::from(a.attempts));
+        out.extend_from_slice(b"\r\n");
+        if let Some(r) = a.stop {
+            header(out, b"x-weir-retry-stop", r.as_str().as_bytes());
+        }
+    }
+    if close || resp.framing == Framing::Close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Follows a chunked body as it passes through, to find where it ends.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Chunked {
+    state: ChunkState,
+    size: u64,
+    digits: u8,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum ChunkState {
+    #[default]
+    Size,
+    Extension,
+    SizeLf,
+    Data,
+    DataCr,
+    DataLf,
+    TrailerStart,
+    Trailer,
+    EndLf,
+    Done,
+}
+
+impl Chunked {
+    /// Consumes `bytes`. `Ok(Some(n))`: the body ended after the first `n`
+    /// of them; `Ok(None)`: it goes on; `Err`: it is not valid chunked coding.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<Option<usize>, &'static str> {
+        use ChunkState::*;
+        const BAD: &str = "the upstream sent an invalid chunked body";
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.state == Data {
+                let take = (self.size.min((bytes.len() - i) as u64)) as usize;
+                self.size -= take as u64;
+                i += take;
+                if self.size == 0 {
+                    self.state = DataCr;
+                }
+                continue;
+            }
+            let b = bytes[i];
+            i += 1;
+            self.state = match (self.state, b) {
+                (Size, b) if b.is_ascii_hexdigit() => {
+                    if self.digits == 15 {
+                        return Err(BAD);
+                    }
+                    self.digits += 1;
+                    let d = (b as char).to_digit(16).unwrap_or(0);
+                    self.size = self.size * 16 + u64::from(d);
+                    Size
+                }
+                (Size, b';' | b' ' | b'\t') if self.digits > 0 => Extension,
+                (Size, b'\r') if self.digits > 0 => SizeLf,
+                (Extension, b'\r') => SizeLf,
+                (Extension, b'\n') => return Err(BAD),
+                (Extension, _) => Extension,
+                (SizeLf, b'\n') => {
+                    self.digits = 0;
+                    if self.size == 0 {
+                        TrailerStart
+                    } else {
+                        Data
+                    }
+                }
+                (DataCr, b'\r') => DataLf,
+                (DataLf, b'\n') => Size,
+                (TrailerStart, b'\r') => EndLf,
+                (TrailerStart, b'\n') => return Err(BAD),
+                (Trailer, b'\n') => TrailerStart,
+                (TrailerStart | Trailer, _) => Trailer,
+                (EndLf, b'\n') => {
+                    self.state = Done;
+                    return Ok(Some(i));
+                }
+                _ => return Err(BAD),
+            };
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_bodies_end_where_they_end() {
+        let body = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nx-t: 1\r\n\r\nNEXT";
+        // Whole, and one byte at a time.
+        let mut c = Chunked::default();
+        assert_eq!(c.feed(body), Ok(Some(body.len() - 4)));
+        let mut c = Chunked::default();
+        let mut end = None;
+        for (i, b) in body.iter().enumerate() {
+            if let Some(n) = c.feed(std::slice::from_ref(b)).unwrap() {
+                end = Some(i + n);
+                break;
+            }
+        }
+        assert_eq!(end, Some(body.len() - 4));
+        let mut c = Chunked::default();
+        assert_eq!(c.feed(b"0\r\n\r\n"), Ok(Some(5)));
+        assert!(Chunked::default().feed(b"zz\r\n").is_err());
+        assert!(Chunked::default().feed(b"5\r\nhelloXX").is_err());
+        assert!(Chunked::default().feed(b"ffffffffffffffff1\r\n").is_err());
+    }
+
+    #[test]
+    fn response_framing_follows_rfc_9112() {
+        let p = |s: &str, head: bool| match parse_response(s.as_bytes(), head) {
+            Ok(Some(Head::Final(r))) => (r.framing, r.reusable),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            p("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", false),
+            (Framing::Length(2), true)
+        );
+        assert_eq!(
+            p("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n", true),
+            (Framing::Empty, true)
+        );
+        assert_eq!(
+            p(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+                false
+            ),
+            (Framing::Chunked, true)
+        );
+        assert_eq!(
+            p("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n", false),
+            (Framing::Close, false)
+        );
+        assert_eq!(
+            p("HTTP/1.1 204 No Content\r\n\r\n", false),
+            (Framing::Empty, true)
+        );
+        assert_eq!(
+            p(
+                "HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 0\r\n\r\n",
+                false
+            ),
+            (Framing::Length(0), false)
+        );
+        assert_eq!(
+            p("HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n", false),
+            (Framing::Length(0), false)
+        );
+        assert_eq!(
+            p(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n",
+                false
+            ),
+            (Framing::Chunked, false)
+        );
+        assert_eq!(
+            parse_response(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200", false),
+            Ok(Some(Head::Interim(25)))
+        );
+        assert_eq!(parse_response(b"HTTP/1.1 200 OK\r\n", false), Ok(None));
+        assert!(parse_response(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+            false
+        )
+        .is_err());
+        assert!(parse_response(b"HTTP/1.1 101 Switching\r\n\r\n", false).is_err());
+        assert!(parse_response(b"garbage\r\n\r\n", false).is_err());
+    }
+
+    #[test]
+    fn the_client_head_is_clean_and_annotated() {
+        let raw = "HTTP/1.1 503 Busy\r\nconnection: x-private\r\nx-private: 1\r\n\
+                   x-weir-attempts: 99\r\ntransfer-encoding: chunked\r\nretry-after: 1\r\n\
+                   keep-alive: timeout=5\r\nx-app: yes\r\n\r\n";
+        let Ok(Some(Head::Final(r))) = parse_response(raw.as_bytes(), false) else {
+            panic!()
+        };
+        assert_eq!(r.retry_after, Some("1"));
+        let mut out = Vec::new();
+        let a = Annotations {
+            attempts: 2,
+            stop: Some(StopReason::Budget),
+        };
+        write_response(&raw.as_bytes()[..r.head_len], &r, Some(a), true, &mut out);
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(
+            out,
+            "HTTP/1.1 503 Busy\r\nretry-after: 1\r\nx-app: yes\r\n\
+             transfer-encoding: chunked\r\nx-weir-attempts: 2\r\n\
+             x-weir-retry-stop: budget\r\nconnection: close\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn numbers_are_written_in_decimal() {
+        for n in [0u64, 7, 10, 65536, u64::MAX] {
+            let mut out = Vec::new();
+            push_u64(&mut out, n);
+            assert_eq!(out, n.to_string().into_bytes());
+        }
+    }
+}

@@ -1,0 +1,623 @@
+//! The HTTP/1.1 fast path: one task per client connection reads each request
+//! head, routes it, applies the upstream's policy through the same
+//! [`Attempts`] core as the general path, exchanges it with a cleartext
+//! HTTP/1.1 upstream over a pooled connection, and relays the response —
+//! without a header map, a channel, a second task or a timer per request.
+//!
+//! Measured (README "Performance"), hyper on both sides of the proxy cost
+//! more user-space CPU per request than the kernel's loopback work; nginx
+//! and HAProxy do what this module does: copy heads from buffer to buffer.
+//!
+//! The fast path takes the requests that make up nearly all of a sidecar's
+//! traffic: HTTP/1.1, a body of known length small enough to hold for a
+//! replay, to an upstream reached over cleartext HTTP/1.1. Anything else (see
+//! [`head::plan`]) hands the connection, with every byte read so far, to the
+//! general hyper path in `super::server`, which serves it from then on. The
+//! behaviour a client sees is the same on both paths; the integration tests
+//! run against whichever path a request takes.
+
+pub mod head;
+pub mod pool;
+mod rewind;
+
+use super::attempt::{self, Attempts, Step};
+use super::error::ProxyError;
+use super::server::{serve_io, Conn};
+use super::Upstream;
+use crate::policy::{parse_retry_after, Outcome};
+use head::{Annotations, Framing, Head, Parse, Planned};
+pub use pool::Pool;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
+
+/// The largest upstream response head the fast path reads.
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+
+/// Buffers kept larger than this between requests are given back.
+const KEEP_CAPACITY: usize = 64 * 1024;
+
+/// One connection's buffers, reused by every request on it.
+struct Bufs {
+    /// Bytes from the client: the current request, and any pipelined after it.
+    client: Vec<u8>,
+    /// The upstream request: head and body, written as one.
+    request: Vec<u8>,
+    /// Bytes from the upstream.
+    upstream: Vec<u8>,
+    /// Bytes for the client.
+    out: Vec<u8>,
+}
+
+impl Bufs {
+    fn new() -> Self {
+        Bufs {
+            client: Vec::with_capacity(4096),
+            request: Vec::with_capacity(1024),
+            upstream: Vec::with_capacity(8192),
+            out: Vec::with_capacity(1024),
+        }
+    }
+
+    /// Drops the request just served; shrinks what one large message grew.
+    fn next_request(&mut self, consumed: usize) {
+        self.client.drain(..consumed.min(self.client.len()));
+        for b in [
+            &mut self.client,
+            &mut self.request,
+            &mut self.upstream,
+            &mut self.out,
+        ] {
+            if b.capacity() > KEEP_CAPACITY && b.len() < 4096 {
+                b.shrink_to(8192);
+            }
+        }
+    }
+}
+
+/// One timer per connection, armed lazily: it is moved only when a wait
+/// needs it earlier than it is set. Deadlines on a keep-alive connection
+/// (head, request, idle body) mostly lie later than the last one armed, so
+/// a request usually touches no timer at all; when an early arming fires,
+/// the wait re-arms it for its own deadline.
+struct Timer {
+    sleep: Pin<Box<Sleep>>,
+}
+
+impl Timer {
+    fn new(now: Instant) -> Self {
+        // Never registered at this deadline: the first wait moves it earlier.
+        Timer {
+            sleep: Box::pin(tokio::time::sleep_until(now + Duration::from_secs(86_400))),
+        }
+    }
+
+    /// Completes once `at` has passed.
+    async fn at(&mut self, at: Instant) {
+        if self.sleep.deadline() > at {
+            self.sleep.as_mut().reset(at);
+        }
+        loop {
+            self.sleep.as_mut().await;
+            if Instant::now() >= at {
+                return;
+            }
+            self.sleep.as_mut().reset(at);
+        }
+    }
+}
+
+async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+    if buf.capacity() - buf.len() < 1024 {
+        buf.reserve(4096);
+    }
+    s.read_buf(buf).await
+}
+
+/// Completes when the client closes its connection (or it fails); bytes it
+/// pipelines meanwhile are kept, up to `cap`.
+async fn client_gone(s: &mut TcpStream, buf: &mut Vec<u8>, cap: usize) {
+    loop {
+        if buf.len() >= cap {
+            std::future::pending::<()>().await;
+        }
+        match read_more(s, buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Serves a cleartext client connection.
+pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
+    let mut bufs = Bufs::new();
+    let mut waiting = Instant::now();
+    let mut timer = Timer::new(waiting);
+    let mut stop = conn.stop.clone();
+    let stopping = crate::runtime::stopped(&mut stop);
+    tokio::pin!(stopping);
+    loop {
+        // A whole request head, planned.
+        let (snap, planned) = loop {
+            if !bufs.client.is_empty() {
+                let snap = conn.shared.snapshot.load_full();
+                match head::plan(&snap, &conn.role, &bufs.client, &mut bufs.request) {
+                    Parse::Done(p) => break (snap, Some(p)),
+                    Parse::Fallback(why) => {
+                        tracing::trace!(peer = %conn.peer, why, "to the general path");
+                        break (snap, None);
+                    }
+                    Parse::Partial if bufs.client.len() >= conn.max_head => break (snap, None),
+                    Parse::Partial => {}
+                }
+            }
+            let deadline = waiting + conn.head_timeout;
+            tokio::select! {
+                biased;
+                r = read_more(&mut stream, &mut bufs.client) => match r {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                },
+                () = timer.at(deadline) => return,
+                () = &mut stopping, if bufs.client.is_empty() => return,
+            }
+        };
+        let Some(planned) = planned else {
+            drop(snap);
+            let io = rewind::Rewind::new(std::mem::take(&mut bufs.client), stream);
+            return serve_io(io, conn).await;
+        };
+        let Some(up) = snap.upstreams.get(planned.upstream) else {
+            return;
+        };
+        let consumed = planned.head_len + planned.body_len;
+        let mut ctx = Ctx {
+            stream: &mut stream,
+            bufs: &mut bufs,
+            timer: &mut timer,
+            pool: &pool,
+        };
+        let open = ctx.serve(up, planned).await;
+        if !open || *conn.stop.borrow() {
+            let _ = stream.shutdown().await;
+            return;
+        }
+        bufs.next_request(consumed);
+        waiting = Instant::now();
+    }
+}
+
+/// What one request works with.
+struct Ctx<'c> {
+    stream: &'c mut TcpStream,
+    bufs: &'c mut Bufs,
+    timer: &'c mut Timer,
+    pool: &'c Pool,
+}
+
+/// A response head from the upstream, and the connection it came on.
+struct Exchange {
+    upstream: TcpStream,
+    status: u16,
+    head_len: usize,
+    framing: Framing,
+    reusable: bool,
+    retry_after: Option<Duration>,
+}
+
+type Failed = (Outcome, ProxyError);
+
+impl Ctx<'_> {
+    /// Serves one planned request; returns whether the client connection
+    /// stays open for the next one.
+    async fn serve(&mut self, up: &Upstream, p: Planned) -> bool {
+        let start = Instant::now();
+        let cfg = &up.config;
+        let budget = p.lowered.map_or(cfg.timeout, |l| l.min(cfg.timeout));
+        let deadline = start + budget;
+        let need = p.head_len + p.body_len;
+        let fail = |e: ProxyError| Failure {
+            error: e,
+            attempts: None,
+        };
+
+        // Admission in SEMANTICS §2's order: rate limit, concurrency; the body
+        // is read before the breaker is asked, so a slow upload never holds a
+        // half-open probe slot.
+        if let Err(e) = attempt::admit_rate(up, p.key.as_deref(), deadline).await {
+            return self.fail(up, start, need, p.close, fail(e)).await;
+        }
+        let _slot = match up.state.gate.enter(deadline).await {
+            Ok(s) => s,
+            Err(e) => return self.fail(up, start, need, p.close, fail(e)).await,
+        };
+        while self.bufs.client.len() < need {
+            tokio::select! {
+                biased;
+                r = read_more(self.stream, &mut self.bufs.client) => match r {
+                    Ok(0) | Err(_) => return false,
+                    Ok(_) => {}
+                },
+                () = self.timer.at(deadline) => {
+                    return self.fail(up, start, need, true, fail(ProxyError::DeadlineExceeded)).await
+                }
+            }
+        }
+        let body = &self.bufs.client[p.head_len..need];
+        self.bufs.request.extend_from_slice(body);
+        let ticket = match attempt::admit_breaker(&up.state) {
+            Ok(t) => t,
+            Err(e) => return self.fail(up, start, need, p.close, fail(e)).await,
+        };
+        let lowered = budget < cfg.timeout;
+        let key = p.key.as_deref();
+        let Ok(mut attempts) = Attempts::begin(up, ticket, p.facts, key, deadline, lowered) else {
+            return self
+                .fail(up, start, need, p.close, fail(ProxyError::DeadlineExceeded))
+                .await;
+        };
+        let Some(addr) = up.direct else {
+            return false;
+        };
+        let cap = need + 64 * 1024;
+        let (result, stop, ended) = loop {
+            let started = Instant::now();
+            let try_deadline = attempts.start(started);
+            let sent = tokio::select! {
+                biased;
+                r = exchange(self.pool, addr, up, started, &self.bufs.request, &mut self.bufs.upstream, p.head_method) => r,
+                () = self.timer.at(try_deadline) => Err(timed_out(try_deadline, deadline)),
+                // The client went away: the attempt is dropped, the breaker
+                // slot released without a verdict.
+                () = client_gone(self.stream, &mut self.bufs.client, cap) => return false,
+            };
+            let ended = Instant::now();
+            let (outcome, result) = match sent {
+                Ok(x) => (
+                    Outcome::Response {
+                        status: x.status,
+                        retry_after: x.retry_after,
+                        grpc_status: None,
+                    },
+                    Ok(x),
+                ),
+                Err((outcome, e)) => (outcome, Err(e)),
+            };
+            match attempts.judge(&outcome, result.as_ref().err(), started, ended) {
+                Step::Retry(delay) => {
+                    // The last outcome is kept through the backoff: if the
+                    // breaker then refuses, it is what the client gets.
+                    let again = tokio::select! {
+                        biased;
+                        r = attempts.backoff(delay) => r,
+                        () = client_gone(self.stream, &mut self.bufs.client, cap) => return false,
+                    };
+                    match again {
+                        Ok(()) => self.discard(addr, result),
+                        Err(stop) => break (result, Some(stop), Instant::now()),
+                    }
+                }
+                Step::Done(stop) => break (result, stop, ended),
+            }
+        };
+        let annotations = cfg.annotate.then_some(Annotations {
+            attempts: attempts.made(),
+            stop,
+        });
+        drop(attempts);
+        let took = ended.saturating_duration_since(start);
+        match result {
+            Ok(x) => {
+                up.state.metrics.status(x.status, took);
+                let open = self.relay(up, addr, x, annotations, p.close).await;
+                tracing::debug!(upstream = %cfg.name, took = ?start.elapsed(), "request");
+                open && !p.close
+            }
+            Err(error) => {
+                let f = Failure {
+                    error,
+                    attempts: annotations,
+                };
+                self.fail(up, start, need, p.close, f).await
+            }
+        }
+    }
+
+    /// Answers with weir's own error. Returns whether the connection stays
+    /// open: not when the request's body is still unread, nor after a 400.
+    async fn fail(
+        &mut self,
+        up: &Upstream,
+        start: Instant,
+        need: usize,
+        close: bool,
+        f: Failure,
+    ) -> bool {
+        let took = start.elapsed();
+        up.state.metrics.error(f.error.code(), took);
+        tracing::debug!(upstream = %up.config.name, error = f.error.code(), ?took, "request");
+        let close = close || self.bufs.client.len() < need;
+        self.bufs.out.clear();
+        write_error(
+            &f.error,
+            &up.config.name,
+            f.attempts,
+            close,
+            &mut self.bufs.out,
+        );
+        let ok = self.stream.write_all(&self.bufs.out).await.is_ok();
+        ok && !close && !matches!(f.error, ProxyError::BadRequest(_))
+    }
+
+    /// Lets go of an attempt's response that is being retried: its connection
+    /// goes back to the pool when its whole body has already arrived.
+    fn discard(&mut self, addr: SocketAddr, result: Result<Exchange, ProxyError>) {
+        let Ok(x) = result else { return };
+        let tail = self.bufs.upstream.len() - x.head_len;
+        let whole = match x.framing {
+            Framing::Empty => tail == 0,
+            Framing::Length(n) => tail as u64 == n,
+            Framing::Chunked | Framing::Close => false,
+        };
+        if x.reusable && whole {
+            self.pool.put(addr, x.upstream, Instant::now());
+        }
+    }
+
+    /// Writes the response head and relays the body as it comes, each wait
+    /// for the upstream bounded by `idle_timeout`. Returns whether the client
+    /// connection can carry another request.
+    async fn relay(
+        &mut self,
+        up: &Upstream,
+        addr: SocketAddr,
+        x: Exchange,
+        annotations: Option<Annotations>,
+        close: bool,
+    ) -> bool {
+        let Exchange {
+            mut upstream,
+            status,
+            head_len,
+            framing,
+            mut reusable,
+            ..
+        } = x;
+        let idle = up.config.idle_timeout;
+        let bufs = &mut *self.bufs;
+        let resp = head::Response {
+            status,
+            head_len,
+            framing,
+            reusable,
+            retry_after: None,
+        };
+        bufs.out.clear();
+        head::write_response(
+            &bufs.upstream[..head_len],
+            &resp,
+            annotations,
+            close,
+            &mut bufs.out,
+        );
+        let tail = &bufs.upstream[head_len..];
+        // How much of the body is still to come, and what of `tail` is body.
+        let mut chunked = head::Chunked::default();
+        let (mut left, body_now) = match framing {
+            Framing::Empty => (Some(0), 0),
+            Framing::Length(n) => {
+                let have = (tail.len() as u64).min(n);
+                (Some(n - have), have as usize)
+            }
+            Framing::Chunked => match chunked.feed(tail) {
+                Ok(Some(end)) => (Some(0), end),
+                Ok(None) => (None, tail.len()),
+                Err(_) => return false,
+            },
+            Framing::Close => (None, tail.len()),
+        };
+        if body_now < tail.len() {
+            // Bytes past the end of the response: the connection is not reused.
+            reusable = false;
+        }
+        bufs.out.extend_from_slice(&tail[..body_now]);
+        if self.stream.write_all(&bufs.out).await.is_err() {
+            return false;
+        }
+        while left != Some(0) {
+            bufs.upstream.clear();
+            let until = Instant::now() + idle;
+            let n = tokio::select! {
+                biased;
+                r = read_more(&mut upstream, &mut bufs.upstream) => match r {
+                    Ok(n) => n,
+                    Err(_) => return false,
+                },
+                () = self.timer.at(until) => {
+                    tracing::debug!(upstream = %up.config.name, ?idle, "response body idle; cut");
+                    return false;
+                }
+            };
+            if n == 0 {
+                // Closed: the end of a close-delimited body, or a cut one;
+                // either way the client connection ends here too.
+                return false;
+            }
+            let got = &bufs.upstream[..n];
+            let pass = match (framing, left) {
+                (Framing::Length(_), Some(l)) => {
+                    let take = (n as u64).min(l);
+                    left = Some(l - take);
+                    take as usize
+                }
+                (Framing::Chunked, _) => match chunked.feed(got) {
+                    Ok(Some(end)) => {
+                        left = Some(0);
+                        end
+                    }
+                    Ok(None) => n,
+                    Err(_) => return false,
+                },
+                _ => n,
+            };
+            if pass < n {
+                reusable = false;
+            }
+            if self.stream.write_all(&got[..pass]).await.is_err() {
+                return false;
+            }
+        }
+        if reusable {
+            self.pool.put(addr, upstream, Instant::now());
+        }
+        framing != Framing::Close
+    }
+}
+
+/// weir's error for the client, with what the attempts added.
+struct Failure {
+    error: ProxyError,
+    attempts: Option<Annotations>,
+}
+
+/// The outcome of an attempt that reached `try_deadline` without a response.
+fn timed_out(try_deadline: Instant, deadline: Instant) -> Failed {
+    let (outcome, r) = attempt::timed_out::<()>(try_deadline, deadline);
+    match r {
+        Err(e) => (outcome, e),
+        Ok(()) => (outcome, ProxyError::DeadlineExceeded),
+    }
+}
+
+/// One attempt: a pooled (or new) connection, the request written, the
+/// response head read.
+async fn exchange(
+    pool: &Pool,
+    addr: SocketAddr,
+    up: &Upstream,
+    now: Instant,
+    request: &[u8],
+    buf: &mut Vec<u8>,
+    head_method: bool,
+) -> Result<Exchange, Failed> {
+    let mut s = match pool.take(addr, now) {
+        Some(s) => s,
+        None => connect(addr, up.config.connect_timeout).await?,
+    };
+    let mut written = 0;
+    while written < request.len() {
+        match s.write(&request[written..]).await {
+            Ok(n) if n > 0 => written += n,
+            r => {
+                let why = match r {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "the connection closed".to_string(),
+                };
+                // Nothing written: nothing reached the upstream (a pooled
+                // connection found closed), which any method may retry.
+                return Err(if written == 0 {
+                    (
+                        Outcome::Reset {
+                            request_sent: false,
+                        },
+                        ProxyError::ConnectFailed(why),
+                    )
+                } else {
+                    reset(why)
+                });
+            }
+        }
+    }
+    buf.clear();
+    loop {
+        match read_more(&mut s, buf).await {
+            Ok(0) => return Err(reset("the connection closed before a response".into())),
+            Err(e) => return Err(reset(e.to_string())),
+            Ok(_) => {}
+        }
+        loop {
+            match head::parse_response(buf, head_method) {
+                Ok(None) if buf.len() > MAX_RESPONSE_HEAD => {
+                    return Err(reset("the response head is too large".into()))
+                }
+                Ok(None) => break,
+                Ok(Some(Head::Interim(n))) => {
+                    buf.drain(..n);
+                }
+                Ok(Some(Head::Final(r))) => {
+                    let retry_after = r
+                        .retry_after
+                        .and_then(|v| parse_retry_after(v, up.state.clock.wall()));
+                    return Ok(Exchange {
+                        upstream: s,
+                        status: r.status,
+                        head_len: r.head_len,
+                        framing: r.framing,
+                        reusable: r.reusable,
+                        retry_after,
+                    });
+                }
+                Err(why) => return Err(reset(why.into())),
+            }
+        }
+    }
+}
+
+fn reset(why: String) -> Failed {
+    (
+        Outcome::Reset { request_sent: true },
+        ProxyError::UpstreamReset(why),
+    )
+}
+
+async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, Failed> {
+    let failed = |why: String| (Outcome::ConnectFailure, ProxyError::ConnectFailed(why));
+    match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => {
+            let _ = s.set_nodelay(true);
+            Ok(s)
+        }
+        Ok(Err(e)) => Err(failed(e.to_string())),
+        Err(_) => Err(failed(format!("connect timed out after {timeout:?}"))),
+    }
+}
+
+/// Writes weir's own error response (SEMANTICS §7).
+fn write_error(
+    e: &ProxyError,
+    upstream: &str,
+    annotations: Option<Annotations>,
+    close: bool,
+    out: &mut Vec<u8>,
+) {
+    use std::io::Write;
+    let body = e.json_body(Some(upstream));
+    let status = e.status();
+    let _ = write!(
+        out,
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\nx-weir-error: {}\r\ncontent-length: {}\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        e.code(),
+        body.len()
+    );
+    if let Some(secs) = e.retry_after_secs() {
+        let _ = write!(out, "retry-after: {secs}\r\n");
+    }
+    if let Some(a) = annotations {
+        let _ = write!(out, "x-weir-attempts: {}\r\n", a.attempts);
+        if let Some(r) = a.stop {
+            let _ = write!(out, "x-weir-retry-stop: {}\r\n", r.as_str());
+        }
+    }
+    if close || matches!(e, ProxyError::BadRequest(_)) {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(&body);
+}

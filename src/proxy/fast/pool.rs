@@ -1,0 +1,90 @@
+//! Idle upstream connections of the fast path, one pool per accept loop (so
+//! per worker runtime: a socket is only ever used on the runtime whose I/O
+//! driver it is registered with).
+//!
+//! A request takes a connection for its exchange and gives it back when the
+//! response body has been read to its end, so the number of upstream
+//! connections follows the number of requests in flight, not the number of
+//! client connections. The newest idle connection is taken first, which
+//! keeps few connections warm and lets the rest age out.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Idle connections kept per pool; more are closed.
+pub const MAX_IDLE: usize = 256;
+
+/// An idle connection older than this is closed rather than used: the
+/// upstream may be about to close it (hyper's pool uses the same figure).
+pub const IDLE_FOR: Duration = Duration::from_secs(90);
+
+#[derive(Debug)]
+struct Idle {
+    addr: SocketAddr,
+    stream: TcpStream,
+    since: Instant,
+}
+
+/// A pool of idle HTTP/1.1 connections to cleartext upstreams.
+#[derive(Debug, Default)]
+pub struct Pool {
+    idle: Mutex<Vec<Idle>>,
+}
+
+impl Pool {
+    /// The newest idle connection to `addr` that is still open.
+    pub fn take(&self, addr: SocketAddr, now: Instant) -> Option<TcpStream> {
+        let mut idle = self.idle.lock().ok()?;
+        while let Some(at) = idle.iter().rposition(|i| i.addr == addr) {
+            let i = idle.remove(at);
+            if now.saturating_duration_since(i.since) < IDLE_FOR && still_open(&i.stream) {
+                return Some(i.stream);
+            }
+        }
+        None
+    }
+
+    /// Keeps `stream` for the next request to `addr`.
+    pub fn put(&self, addr: SocketAddr, stream: TcpStream, now: Instant) {
+        if let Ok(mut idle) = self.idle.lock() {
+            if idle.len() < MAX_IDLE {
+                idle.push(Idle {
+                    addr,
+                    stream,
+                    since: now,
+                });
+            }
+        }
+    }
+
+    /// Idle connections held now.
+    pub fn len(&self) -> usize {
+        self.idle.lock().map(|i| i.len()).unwrap_or(0)
+    }
+
+    /// Whether no connection is idle.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Whether an idle connection is still open, without a system call in the
+/// common case: nothing has been seen on it since its last read, so the
+/// runtime reports it not readable. When it is readable, a read tells: the
+/// upstream closed it, or sent bytes nobody asked for — either way it is
+/// not used again.
+fn still_open(stream: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    match stream.poll_read_ready(&mut cx) {
+        Poll::Pending => true,
+        Poll::Ready(Err(_)) => false,
+        Poll::Ready(Ok(())) => {
+            let mut byte = [0u8; 1];
+            matches!(stream.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        }
+    }
+}
