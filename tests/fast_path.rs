@@ -1,0 +1,241 @@
+//! The HTTP/1.1 fast path (`proxy::fast`): what it does with framing,
+//! pipelining, pooled upstream connections and the hand-over to the general
+//! path. Everything else a client sees is covered by the other suites, which
+//! run against whichever path a request takes.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use http_body_util::BodyExt;
+use hyper::{Request, Response};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Writes `bytes` at once and reads until weir closes the connection.
+async fn exchange_raw(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Echoes "METHOD PATH BODY" in the body.
+async fn echo() -> TestUpstream {
+    TestUpstream::start(|req: Request<hyper::body::Incoming>| async move {
+        let line = format!("{} {} ", req.method(), req.uri().path());
+        let b = req.into_body().collect().await.unwrap().to_bytes();
+        let mut text = line.into_bytes();
+        text.extend_from_slice(&b);
+        Response::new(body(text))
+    })
+    .await
+}
+
+/// Serves each connection with `reply` for every request head it reads.
+async fn raw_upstream(reply: &'static str, close_after: bool) -> RawUpstream {
+    RawUpstream::start(move |_, mut s| async move {
+        loop {
+            let mut head = Vec::new();
+            let mut b = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut b).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&b[..n]),
+                }
+            }
+            if s.write_all(reply.as_bytes()).await.is_err() || close_after {
+                return;
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order() {
+    let up = echo().await;
+    let weir = Weir::single(&up.url(), "").await;
+    let out = exchange_raw(
+        weir.addr,
+        b"GET /a HTTP/1.1\r\nHost: svc\r\n\r\n\
+          POST /b HTTP/1.1\r\nHost: svc\r\nContent-Length: 3\r\n\r\nxyz\
+          GET /c HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let a = out.find("GET /a ").unwrap();
+    let b = out.find("POST /b xyz").unwrap();
+    let c = out.find("GET /c ").unwrap();
+    assert!(a < b && b < c, "{out}");
+    assert_eq!(out.matches("HTTP/1.1 200").count(), 3, "{out}");
+    assert_eq!(up.requests(), 3);
+}
+
+#[tokio::test]
+async fn a_connection_moves_to_the_general_path_without_losing_a_byte() {
+    let up = echo().await;
+    let weir = Weir::single(&up.url(), "").await;
+    // The chunked body is not the fast path's: the connection is handed to
+    // hyper with everything read so far, the second and third request included.
+    let out = exchange_raw(
+        weir.addr,
+        b"GET /one HTTP/1.1\r\nHost: svc\r\n\r\n\
+          POST /two HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\n\r\n\
+          5\r\nhello\r\n0\r\n\r\n\
+          GET /three HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let one = out.find("GET /one ").unwrap();
+    let two = out.find("POST /two hello").unwrap();
+    let three = out.find("GET /three ").unwrap();
+    assert!(one < two && two < three, "{out}");
+    assert_eq!(up.requests(), 3);
+}
+
+#[tokio::test]
+async fn upstream_connections_follow_requests_in_flight_not_client_connections() {
+    let up = TestUpstream::text("ok").await;
+    let weir = Weir::single(&up.url(), "").await;
+    for _ in 0..10 {
+        let out = exchange_raw(
+            weir.addr,
+            b"GET / HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        assert!(out.contains("x-weir-attempts: 1\r\n"), "{out}");
+    }
+    assert_eq!(up.requests(), 10);
+    assert_eq!(
+        up.connections(),
+        1,
+        "one pooled upstream connection serves all"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_upstream_connection_the_upstream_closed_is_not_used() {
+    // Answers one request per connection, then closes it without saying so.
+    let up = raw_upstream("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", true).await;
+    let weir = Weir::single(&up.url(), "").await;
+    let c = client();
+    let r = get(&c, &weir.url("/"), "svc").await;
+    assert_eq!(r.status(), 200);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A POST is never replayed after it was written: had weir sent it on the
+    // closed connection, it would get 502 upstream_reset.
+    let req = Request::post(weir.url("/"))
+        .header("host", "svc")
+        .body(body("payload"))
+        .unwrap();
+    let (parts, b) = read_body(c.request(req).await.unwrap()).await;
+    assert_eq!(parts.status, 200, "{b:?}");
+    assert_eq!(header(&parts, "x-weir-attempts"), "1");
+    assert_eq!(up.connections(), 2);
+}
+
+#[tokio::test]
+async fn chunked_responses_and_trailers_pass_through_on_a_reused_connection() {
+    let up = raw_upstream(
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n\r\n\
+         5\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 11\r\n\r\n",
+        false,
+    )
+    .await;
+    let weir = Weir::single(&up.url(), "").await;
+    let c = client();
+    for _ in 0..3 {
+        let resp = get(&c, &weir.url("/"), "svc").await;
+        assert_eq!(resp.status(), 200);
+        let collected = resp.into_body().collect().await.unwrap();
+        let trailers = collected.trailers().cloned().unwrap();
+        assert_eq!(trailers.get("x-sum").unwrap(), "11");
+        assert_eq!(collected.to_bytes(), "hello world");
+    }
+    assert_eq!(up.connections(), 1);
+}
+
+#[tokio::test]
+async fn a_close_delimited_response_is_relayed_then_the_connection_closes() {
+    let up = raw_upstream(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil the end",
+        true,
+    )
+    .await;
+    let weir = Weir::single(&up.url(), "").await;
+    let out = exchange_raw(weir.addr, b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n").await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.contains("connection: close\r\n"), "{out}");
+    assert!(out.ends_with("\r\n\r\nuntil the end"), "{out}");
+}
+
+#[tokio::test]
+async fn head_responses_keep_their_length_and_carry_no_body() {
+    let up = raw_upstream("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n", false).await;
+    let weir = Weir::single(&up.url(), "").await;
+    let out = exchange_raw(
+        weir.addr,
+        b"HEAD / HTTP/1.1\r\nHost: svc\r\n\r\nHEAD / HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(out.matches("HTTP/1.1 200").count(), 2, "{out}");
+    assert_eq!(out.matches("content-length: 5\r\n").count(), 2, "{out}");
+    assert!(out.ends_with("\r\n\r\n"), "{out}");
+    assert_eq!(up.connections(), 1);
+}
+
+#[tokio::test]
+async fn interim_responses_from_the_upstream_are_dropped() {
+    let up = raw_upstream(
+        "HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\n\
+         HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        false,
+    )
+    .await;
+    let weir = Weir::single(&up.url(), "").await;
+    let (parts, b) = read_body(get(&client(), &weir.url("/"), "svc").await).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(b, "ok");
+}
+
+#[tokio::test]
+async fn a_large_response_streams_through_intact() {
+    let big: Vec<u8> = (0..(3 << 20)).map(|i: u32| (i % 251) as u8).collect();
+    let expected = big.clone();
+    let up = TestUpstream::start(move |_| {
+        let big = big.clone();
+        async move { Response::new(body(big)) }
+    })
+    .await;
+    let weir = Weir::single(&up.url(), "").await;
+    let (parts, b) = read_body(get(&client(), &weir.url("/"), "svc").await).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(b.len(), expected.len());
+    assert!(b == expected, "the body arrived altered");
+}
+
+#[tokio::test]
+async fn a_response_head_that_does_not_parse_is_502_upstream_reset() {
+    let up = raw_upstream("NOT HTTP AT ALL\r\n\r\n", true).await;
+    let weir = Weir::single(&up.url(), "[upstreams.svc.retry]\nmax_attempts = 1\n").await;
+    let (status, code, _) = json_error(get(&client(), &weir.url("/"), "svc").await).await;
+    assert_eq!((status, code.as_str()), (502, "upstream_reset"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_announced_but_not_sent_in_time_is_504_and_closes() {
+    let up = TestUpstream::text("ok").await;
+    let weir = Weir::single(&up.url(), "timeout = \"1s\"").await;
+    let mut s = TcpStream::connect(weir.addr).await.unwrap();
+    s.write_all(b"POST / HTTP/1.1\r\nHost: svc\r\nContent-Length: 10\r\n\r\nabc")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 504"), "{out}");
+    assert!(out.contains("deadline_exceeded"), "{out}");
+    assert_eq!(up.requests(), 0);
+}
