@@ -239,3 +239,83 @@ async fn a_body_announced_but_not_sent_in_time_is_504_and_closes() {
     assert!(out.contains("deadline_exceeded"), "{out}");
     assert_eq!(up.requests(), 0);
 }
+
+#[tokio::test]
+async fn weir_errors_to_head_requests_announce_their_body_without_sending_it() {
+    let gone = refused_addr().await;
+    let weir = Weir::single(
+        &format!("http://{gone}"),
+        "[upstreams.svc.retry]\nmax_attempts = 1\n",
+    )
+    .await;
+    let out = exchange_raw(
+        weir.addr,
+        b"HEAD / HTTP/1.1\r\nHost: svc\r\n\r\nGET / HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(out.matches("HTTP/1.1 502").count(), 2, "{out}");
+    assert_eq!(
+        out.matches("x-weir-error: connect_failed").count(),
+        2,
+        "{out}"
+    );
+    // Only the GET carries the JSON body; the HEAD's would be read as the
+    // start of the next response.
+    assert_eq!(out.matches("{\"error\"").count(), 1, "{out}");
+    assert!(out.contains("\r\n\r\nHTTP/1.1 502"), "{out}");
+    assert!(out.starts_with("HTTP/1.1 502"), "{out}");
+}
+
+#[tokio::test]
+async fn pipelined_requests_before_a_half_close_are_all_answered() {
+    let up = echo().await;
+    let weir = Weir::single(&up.url(), "").await;
+    let mut s = TcpStream::connect(weir.addr).await.unwrap();
+    s.write_all(b"GET /a HTTP/1.1\r\nHost: svc\r\n\r\nGET /b HTTP/1.1\r\nHost: svc\r\n\r\n")
+        .await
+        .unwrap();
+    s.shutdown().await.unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let out = String::from_utf8_lossy(&out);
+    assert_eq!(out.matches("HTTP/1.1 200").count(), 2, "{out}");
+    assert!(out.contains("GET /a ") && out.contains("GET /b "), "{out}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_leaves_while_queued_is_never_sent_upstream() {
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let r = release.clone();
+    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        let r = r.clone();
+        async move {
+            if req.uri().path() == "/slow" {
+                r.notified().await;
+            }
+            Response::new(body("done"))
+        }
+    })
+    .await;
+    let weir = Weir::single(
+        &up.url(),
+        "[upstreams.svc.concurrency]\nmax_in_flight = 1\nmax_queue = 1\n",
+    )
+    .await;
+    let slow = tokio::spawn({
+        let url = weir.url("/slow");
+        async move { read_body(get(&client(), &url, "svc").await).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut b = TcpStream::connect(weir.addr).await.unwrap();
+    b.write_all(b"POST /queued HTTP/1.1\r\nHost: svc\r\nContent-Length: 2\r\n\r\nhi")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(b);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    release.notify_one();
+    let (parts, _) = slow.await.unwrap();
+    assert_eq!(parts.status, 200);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(up.requests(), 1, "the abandoned POST reached the upstream");
+}

@@ -20,9 +20,6 @@ use std::time::Duration;
 /// goes to hyper, whose own limit answers it.
 pub const MAX_HEADERS: usize = 100;
 
-/// The most names a `Connection` field may list on the fast path.
-const MAX_CONNECTION_NAMES: usize = 8;
-
 /// The largest request body the fast path holds (it is always held, so a
 /// retry can replay it); a larger one is streamed by the general path.
 pub const MAX_BODY: u64 = 1 << 20;
@@ -85,41 +82,66 @@ fn hop_by_hop(name: &str) -> bool {
         || (name.len() >= 7 && name.as_bytes()[..7].eq_ignore_ascii_case(b"x-weir-"))
 }
 
-/// Names listed in `Connection` fields, and whether `close` was one of them.
+/// The most `Connection` fields a head may have on the fast path.
+const MAX_CONNECTION_FIELDS: usize = 4;
+
+/// What the `Connection` fields of a head say: the options weir acts on,
+/// and the values themselves, whose other names are hop-by-hop fields.
 #[derive(Default)]
 struct ConnectionField<'b> {
-    names: [&'b [u8]; MAX_CONNECTION_NAMES],
+    values: [&'b [u8]; MAX_CONNECTION_FIELDS],
     count: usize,
     close: bool,
     keep_alive: bool,
     upgrade: bool,
+    /// More fields than are kept: the head is not the fast path's.
     overflow: bool,
 }
 
 impl<'b> ConnectionField<'b> {
     fn add(&mut self, value: &'b [u8]) {
         for t in tokens(value) {
-            if t.eq_ignore_ascii_case(b"close") {
-                self.close = true;
-            } else if t.eq_ignore_ascii_case(b"keep-alive") {
-                self.keep_alive = true;
-            } else if t.eq_ignore_ascii_case(b"upgrade") {
-                self.upgrade = true;
-            } else if !t.is_empty() {
-                if self.count == MAX_CONNECTION_NAMES {
-                    self.overflow = true;
-                    return;
-                }
-                self.names[self.count] = t;
-                self.count += 1;
-            }
+            self.close |= t.eq_ignore_ascii_case(b"close");
+            self.keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
+            self.upgrade |= t.eq_ignore_ascii_case(b"upgrade");
         }
+        if self.count == MAX_CONNECTION_FIELDS {
+            self.overflow = true;
+            return;
+        }
+        self.values[self.count] = value;
+        self.count += 1;
     }
 
+    /// Whether a `Connection` field names `name`.
     fn names(&self, name: &str) -> bool {
-        self.names[..self.count]
+        self.values[..self.count]
             .iter()
-            .any(|n| n.eq_ignore_ascii_case(name.as_bytes()))
+            .any(|v| tokens(v).any(|t| t.eq_ignore_ascii_case(name.as_bytes())))
+    }
+}
+
+/// Bytes a request target may carry on the fast path (RFC 3986's unreserved,
+/// sub-delims, `:`, `@`, `/`, `?` and `%`). Anything else — a space, `<`,
+/// `"`, a fragment — goes to hyper, which rejects or normalises it.
+const TARGET: [bool; 256] = {
+    let mut t = [false; 256];
+    let ok =
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:@/?%[]";
+    let mut i = 0;
+    while i < ok.len() {
+        t[ok[i] as usize] = true;
+        i += 1;
+    }
+    t
+};
+
+/// A header value as `http::HeaderValue::to_str` would accept it.
+fn visible(v: &[u8]) -> Option<&str> {
+    if v.iter().all(|b| *b == b'\t' || (0x20..0x7f).contains(b)) {
+        std::str::from_utf8(v).ok()
+    } else {
+        None
     }
 }
 
@@ -148,6 +170,9 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     };
     if method == "CONNECT" {
         return Parse::Fallback("CONNECT");
+    }
+    if !target.bytes().all(|b| TARGET[b as usize]) {
+        return Parse::Fallback("a target with bytes the fast path does not pass");
     }
     // The target: origin form, or the absolute form an HTTP_PROXY client sends.
     let (authority, path_and_query) = if target.starts_with('/') {
@@ -210,7 +235,8 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
             || (eq(n, "content-type") && h.value.starts_with(b"application/grpc"))
         {
             return Parse::Fallback("gRPC");
-        } else if eq(n, "x-weir-timeout-ms") {
+        } else if eq(n, "x-weir-timeout-ms") && lowered.is_none() {
+            // The first one counts, as on the general path.
             match std::str::from_utf8(h.value)
                 .ok()
                 .and_then(|v| v.trim().parse::<u64>().ok())
@@ -273,7 +299,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     for h in req.headers.iter() {
         let n = h.name;
         if key.is_none() && key_header.is_some_and(|k| eq(k, n)) {
-            key = std::str::from_utf8(h.value).ok().map(str::to_owned);
+            key = visible(h.value).map(str::to_owned);
         }
         if eq(n, "host") || eq(n, "content-length") || hop_by_hop(n) || connection.names(n) {
             continue;
@@ -409,6 +435,9 @@ pub fn parse_response(buf: &[u8], head_method: bool) -> Result<Option<Head<'_>>,
     let (Some(status), Some(version)) = (resp.code, resp.version) else {
         return Err("the upstream's response head does not parse");
     };
+    if status < 100 {
+        return Err("the upstream sent a status code below 100");
+    }
     if status == 101 {
         return Err("the upstream switched protocols without a matching upgrade request");
     }
@@ -419,6 +448,7 @@ pub fn parse_response(buf: &[u8], head_method: bool) -> Result<Option<Head<'_>>,
     let mut chunked = None;
     let mut close = version == 0;
     let mut retry_after = None;
+    let mut connection = ConnectionField::default();
     for h in resp.headers.iter() {
         let n = h.name;
         if eq(n, "content-length") {
@@ -438,17 +468,18 @@ pub fn parse_response(buf: &[u8], head_method: bool) -> Result<Option<Head<'_>>,
                     .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")),
             );
         } else if eq(n, "connection") {
-            let mut c = ConnectionField::default();
-            c.add(h.value);
-            if version == 0 {
-                close = !c.keep_alive;
-            } else {
-                close |= c.close;
-            }
+            connection.add(h.value);
         } else if eq(n, "retry-after") {
             retry_after = std::str::from_utf8(h.value).ok().map(str::trim);
         }
     }
+    if connection.overflow {
+        return Err("the upstream sent too many Connection fields");
+    }
+    if version == 0 {
+        close = !connection.keep_alive;
+    }
+    close |= connection.close;
     let framing = if head_method || status == 204 || status == 304 {
         Framing::Empty
     } else {

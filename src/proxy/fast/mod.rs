@@ -52,15 +52,21 @@ struct Bufs {
     upstream: Vec<u8>,
     /// Bytes for the client.
     out: Vec<u8>,
+    /// The client closed its side after pipelining requests: they are
+    /// served, then the connection closes.
+    eof: bool,
 }
 
 impl Bufs {
+    /// Nothing is allocated until a request needs it: an idle connection
+    /// costs its task and socket only.
     fn new() -> Self {
         Bufs {
-            client: Vec::with_capacity(4096),
-            request: Vec::with_capacity(1024),
-            upstream: Vec::with_capacity(8192),
-            out: Vec::with_capacity(1024),
+            client: Vec::new(),
+            request: Vec::new(),
+            upstream: Vec::new(),
+            out: Vec::new(),
+            eof: false,
         }
     }
 
@@ -112,21 +118,37 @@ impl Timer {
     }
 }
 
+/// Reads what has arrived onto the end of `buf`. The room it reads into
+/// starts at 4 KiB and doubles (to 64 KiB) while reads fill it, so a small
+/// exchange keeps small buffers and a large body moves in large reads.
 async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
-    if buf.capacity() - buf.len() < 1024 {
-        buf.reserve(4096);
+    let spare = buf.capacity() - buf.len();
+    if spare < 1024 {
+        buf.reserve(4096.max(buf.capacity().min(KEEP_CAPACITY)));
     }
-    s.read_buf(buf).await
+    let room = buf.capacity() - buf.len();
+    let n = s.read_buf(buf).await?;
+    if n == room && buf.capacity() < KEEP_CAPACITY {
+        buf.reserve(buf.capacity());
+    }
+    Ok(n)
 }
 
-/// Completes when the client closes its connection (or it fails); bytes it
-/// pipelines meanwhile are kept, up to `cap`.
-async fn client_gone(s: &mut TcpStream, buf: &mut Vec<u8>, cap: usize) {
+/// How far past the request being served a client may pipeline before weir
+/// stops reading from it.
+const PIPELINE_CAP: usize = 64 * 1024;
+
+/// Completes when the client goes away while the request in the first
+/// `keep` bytes of `buf` is served. Bytes it pipelines meanwhile are kept;
+/// a client that closes its side after pipelining whole requests is not
+/// gone (`eof` records it): what it sent is served first, as hyper does.
+async fn client_gone(s: &mut TcpStream, buf: &mut Vec<u8>, keep: usize, eof: &mut bool) {
     loop {
-        if buf.len() >= cap {
+        if *eof || buf.len() >= keep + PIPELINE_CAP {
             std::future::pending::<()>().await;
         }
         match read_more(s, buf).await {
+            Ok(0) if buf.len() > keep => *eof = true,
             Ok(0) | Err(_) => return,
             Ok(_) => {}
         }
@@ -147,6 +169,8 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
             if !bufs.client.is_empty() {
                 let snap = conn.shared.snapshot.load_full();
                 match head::plan(&snap, &conn.role, &bufs.client, &mut bufs.request) {
+                    // A head over the limit is hyper's to answer (431).
+                    Parse::Done(p) if p.head_len > conn.max_head => break (snap, None),
                     Parse::Done(p) => break (snap, Some(p)),
                     Parse::Fallback(why) => {
                         tracing::trace!(peer = %conn.peer, why, "to the general path");
@@ -155,6 +179,11 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
                     Parse::Partial if bufs.client.len() >= conn.max_head => break (snap, None),
                     Parse::Partial => {}
                 }
+            }
+            if bufs.eof {
+                // Everything the client sent before closing has been served.
+                let _ = stream.shutdown().await;
+                return;
             }
             let deadline = waiting + conn.head_timeout;
             tokio::select! {
@@ -229,22 +258,38 @@ impl Ctx<'_> {
         // Admission in SEMANTICS §2's order: rate limit, concurrency; the body
         // is read before the breaker is asked, so a slow upload never holds a
         // half-open probe slot.
-        if let Err(e) = attempt::admit_rate(up, p.key.as_deref(), deadline).await {
-            return self.fail(up, start, need, p.close, fail(e)).await;
+        // A client that goes away while it waits is let go at once.
+        let rate = tokio::select! {
+            biased;
+            () = client_gone(self.stream, &mut self.bufs.client, need, &mut self.bufs.eof) => return false,
+            r = attempt::admit_rate(up, p.key.as_deref(), deadline) => r,
+        };
+        if let Err(e) = rate {
+            return self.fail(up, start, &p, fail(e)).await;
         }
-        let _slot = match up.state.gate.enter(deadline).await {
+        let gate = tokio::select! {
+            biased;
+            () = client_gone(self.stream, &mut self.bufs.client, need, &mut self.bufs.eof) => return false,
+            r = up.state.gate.enter(deadline) => r,
+        };
+        let _slot = match gate {
             Ok(s) => s,
-            Err(e) => return self.fail(up, start, need, p.close, fail(e)).await,
+            Err(e) => return self.fail(up, start, &p, fail(e)).await,
         };
         while self.bufs.client.len() < need {
             tokio::select! {
                 biased;
                 r = read_more(self.stream, &mut self.bufs.client) => match r {
-                    Ok(0) | Err(_) => return false,
+                    Ok(0) | Err(_) => {
+                        // The body broke off: as on the general path, a bad request.
+                        up.state.metrics.error("bad_request", start.elapsed());
+                        return false;
+                    }
                     Ok(_) => {}
                 },
                 () = self.timer.at(deadline) => {
-                    return self.fail(up, start, need, true, fail(ProxyError::DeadlineExceeded)).await
+                    let f = fail(ProxyError::DeadlineExceeded);
+                    return self.fail(up, start, &p, f).await;
                 }
             }
         }
@@ -252,29 +297,33 @@ impl Ctx<'_> {
         self.bufs.request.extend_from_slice(body);
         let ticket = match attempt::admit_breaker(&up.state) {
             Ok(t) => t,
-            Err(e) => return self.fail(up, start, need, p.close, fail(e)).await,
+            Err(e) => return self.fail(up, start, &p, fail(e)).await,
         };
         let lowered = budget < cfg.timeout;
         let key = p.key.as_deref();
         let Ok(mut attempts) = Attempts::begin(up, ticket, p.facts, key, deadline, lowered) else {
-            return self
-                .fail(up, start, need, p.close, fail(ProxyError::DeadlineExceeded))
-                .await;
+            let f = Failure {
+                error: ProxyError::DeadlineExceeded,
+                attempts: cfg.annotate.then_some(Annotations {
+                    attempts: 0,
+                    stop: None,
+                }),
+            };
+            return self.fail(up, start, &p, f).await;
         };
         let Some(addr) = up.direct else {
             return false;
         };
-        let cap = need + 64 * 1024;
         let (result, stop, ended) = loop {
             let started = Instant::now();
             let try_deadline = attempts.start(started);
             let sent = tokio::select! {
                 biased;
-                r = exchange(self.pool, addr, up, started, &self.bufs.request, &mut self.bufs.upstream, p.head_method) => r,
-                () = self.timer.at(try_deadline) => Err(timed_out(try_deadline, deadline)),
                 // The client went away: the attempt is dropped, the breaker
                 // slot released without a verdict.
-                () = client_gone(self.stream, &mut self.bufs.client, cap) => return false,
+                () = client_gone(self.stream, &mut self.bufs.client, need, &mut self.bufs.eof) => return false,
+                r = exchange(self.pool, addr, up, started, &self.bufs.request, &mut self.bufs.upstream, p.head_method) => r,
+                () = self.timer.at(try_deadline) => Err(timed_out(try_deadline, deadline)),
             };
             let ended = Instant::now();
             let (outcome, result) = match sent {
@@ -294,8 +343,8 @@ impl Ctx<'_> {
                     // breaker then refuses, it is what the client gets.
                     let again = tokio::select! {
                         biased;
+                        () = client_gone(self.stream, &mut self.bufs.client, need, &mut self.bufs.eof) => return false,
                         r = attempts.backoff(delay) => r,
-                        () = client_gone(self.stream, &mut self.bufs.client, cap) => return false,
                     };
                     match again {
                         Ok(()) => self.discard(addr, result),
@@ -314,7 +363,7 @@ impl Ctx<'_> {
         match result {
             Ok(x) => {
                 up.state.metrics.status(x.status, took);
-                let open = self.relay(up, addr, x, annotations, p.close).await;
+                let open = self.relay(up, addr, x, annotations, &p).await;
                 tracing::debug!(upstream = %cfg.name, took = ?start.elapsed(), "request");
                 open && !p.close
             }
@@ -323,33 +372,28 @@ impl Ctx<'_> {
                     error,
                     attempts: annotations,
                 };
-                self.fail(up, start, need, p.close, f).await
+                self.fail(up, start, &p, f).await
             }
         }
     }
 
     /// Answers with weir's own error. Returns whether the connection stays
     /// open: not when the request's body is still unread, nor after a 400.
-    async fn fail(
-        &mut self,
-        up: &Upstream,
-        start: Instant,
-        need: usize,
-        close: bool,
-        f: Failure,
-    ) -> bool {
+    async fn fail(&mut self, up: &Upstream, start: Instant, p: &Planned, f: Failure) -> bool {
         let took = start.elapsed();
         up.state.metrics.error(f.error.code(), took);
         tracing::debug!(upstream = %up.config.name, error = f.error.code(), ?took, "request");
-        let close = close || self.bufs.client.len() < need;
+        let close = p.close || self.bufs.client.len() < p.head_len + p.body_len;
         self.bufs.out.clear();
-        write_error(
-            &f.error,
-            &up.config.name,
-            f.attempts,
+        let e = ErrorResponse {
+            error: &f.error,
+            upstream: &up.config.name,
+            annotations: f.attempts,
             close,
-            &mut self.bufs.out,
-        );
+            head_method: p.head_method,
+            date: up.state.clock.wall(),
+        };
+        e.write(&mut self.bufs.out);
         let ok = self.stream.write_all(&self.bufs.out).await.is_ok();
         ok && !close && !matches!(f.error, ProxyError::BadRequest(_))
     }
@@ -378,8 +422,10 @@ impl Ctx<'_> {
         addr: SocketAddr,
         x: Exchange,
         annotations: Option<Annotations>,
-        close: bool,
+        p: &Planned,
     ) -> bool {
+        let close = p.close;
+        let need = p.head_len + p.body_len;
         let Exchange {
             mut upstream,
             status,
@@ -417,7 +463,11 @@ impl Ctx<'_> {
             Framing::Chunked => match chunked.feed(tail) {
                 Ok(Some(end)) => (Some(0), end),
                 Ok(None) => (None, tail.len()),
-                Err(_) => return false,
+                Err(_) => {
+                    // The head goes out; the broken body ends the connection.
+                    let _ = self.stream.write_all(&bufs.out).await;
+                    return false;
+                }
             },
             Framing::Close => (None, tail.len()),
         };
@@ -434,6 +484,7 @@ impl Ctx<'_> {
             let until = Instant::now() + idle;
             let n = tokio::select! {
                 biased;
+                () = client_gone(self.stream, &mut bufs.client, need, &mut bufs.eof) => return false,
                 r = read_more(&mut upstream, &mut bufs.upstream) => match r {
                     Ok(n) => n,
                     Err(_) => return false,
@@ -587,37 +638,47 @@ async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, Faile
     }
 }
 
-/// Writes weir's own error response (SEMANTICS §7).
-fn write_error(
-    e: &ProxyError,
-    upstream: &str,
+/// weir's own error response (SEMANTICS §7), as the fast path writes it.
+struct ErrorResponse<'a> {
+    error: &'a ProxyError,
+    upstream: &'a str,
     annotations: Option<Annotations>,
     close: bool,
-    out: &mut Vec<u8>,
-) {
-    use std::io::Write;
-    let body = e.json_body(Some(upstream));
-    let status = e.status();
-    let _ = write!(
-        out,
-        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\nx-weir-error: {}\r\ncontent-length: {}\r\n",
-        status.as_u16(),
-        status.canonical_reason().unwrap_or(""),
-        e.code(),
-        body.len()
-    );
-    if let Some(secs) = e.retry_after_secs() {
-        let _ = write!(out, "retry-after: {secs}\r\n");
-    }
-    if let Some(a) = annotations {
-        let _ = write!(out, "x-weir-attempts: {}\r\n", a.attempts);
-        if let Some(r) = a.stop {
-            let _ = write!(out, "x-weir-retry-stop: {}\r\n", r.as_str());
+    /// A response to HEAD announces its body and does not send it.
+    head_method: bool,
+    date: std::time::SystemTime,
+}
+
+impl ErrorResponse<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        use std::io::Write;
+        let e = self.error;
+        let body = e.json_body(Some(self.upstream));
+        let status = e.status();
+        let _ = write!(
+            out,
+            "HTTP/1.1 {} {}\r\ndate: {}\r\ncontent-type: application/json\r\nx-weir-error: {}\r\ncontent-length: {}\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            httpdate::fmt_http_date(self.date),
+            e.code(),
+            body.len()
+        );
+        if let Some(secs) = e.retry_after_secs() {
+            let _ = write!(out, "retry-after: {secs}\r\n");
+        }
+        if let Some(a) = self.annotations {
+            let _ = write!(out, "x-weir-attempts: {}\r\n", a.attempts);
+            if let Some(r) = a.stop {
+                let _ = write!(out, "x-weir-retry-stop: {}\r\n", r.as_str());
+            }
+        }
+        if self.close || matches!(e, ProxyError::BadRequest(_)) {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        if !self.head_method {
+            out.extend_from_slice(&body);
         }
     }
-    if close || matches!(e, ProxyError::BadRequest(_)) {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(&body);
 }

@@ -48,17 +48,26 @@ impl Pool {
         None
     }
 
-    /// Keeps `stream` for the next request to `addr`.
+    /// Keeps `stream` for the next request to `addr`. Connections idle
+    /// for [`IDLE_FOR`] are closed on the way, and when [`MAX_IDLE`] are
+    /// held the oldest makes room: connections to an upstream nobody asks
+    /// for any more cannot crowd out those of one in use.
     pub fn put(&self, addr: SocketAddr, stream: TcpStream, now: Instant) {
-        if let Ok(mut idle) = self.idle.lock() {
-            if idle.len() < MAX_IDLE {
-                idle.push(Idle {
-                    addr,
-                    stream,
-                    since: now,
-                });
-            }
-        }
+        let Ok(mut idle) = self.idle.lock() else {
+            return;
+        };
+        // Oldest first: connections are pushed as they become idle.
+        let stale = idle
+            .iter()
+            .take_while(|i| now.saturating_duration_since(i.since) >= IDLE_FOR)
+            .count();
+        let over = (idle.len() - stale + 1).saturating_sub(MAX_IDLE);
+        idle.drain(..stale + over);
+        idle.push(Idle {
+            addr,
+            stream,
+            since: now,
+        });
     }
 
     /// Idle connections held now.
