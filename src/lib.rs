@@ -3,7 +3,16 @@
 //! # How a request flows
 //!
 //! ```text
-//! client ──► proxy::server (worker, listener, connection) ─ proxy::guard ─ hyper
+//! client ──► proxy::server (worker, listener, connection)
+//!              │
+//!              ├─ cleartext HTTP/1.1 to an HTTP/1.1 upstream, body held:
+//!              │  proxy::fast — one task per connection: head parsed, routed
+//!              │  and rewritten buffer to buffer, proxy::attempt's Attempts
+//!              │  core, a pooled upstream connection, the response relayed
+//!              │
+//!              └─ anything else (h2c, TLS, chunked or large bodies, upgrades,
+//!                 gRPC, errors to answer): handed over with the bytes read
+//!                 so far to ─ proxy::guard ─ hyper
 //!              │ loads the current Snapshot (arc-swap)
 //!              ▼
 //!            proxy::forward ── route (Host + path) ──► Upstream { config, state }
@@ -26,7 +35,8 @@
 //! - [`policy`]: PURE state machines and the retry decision; time and
 //!   randomness are arguments.
 //! - [`proxy`]: the data plane; enforces what `policy` decides. `server`
-//!   (listeners, workers, connections), `guard` (request-smuggling guard),
+//!   (listeners, workers, connections), `fast` (the HTTP/1.1 fast path and
+//!   its upstream pool), `guard` (request-smuggling guard),
 //!   `forward` (one request), `attempt` (admission and the attempt loop),
 //!   `replay` (bodies kept for a retry), `sticky` and `client` (upstream
 //!   connections), `gate` (concurrency), `upgrade` (WebSocket pass-through),

@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Idle connections kept per pool; more are closed.
-pub const MAX_IDLE: usize = 256;
+pub const MAX_IDLE: usize = 1024;
 
 /// An idle connection older than this is closed rather than used: the
 /// upstream may be about to close it (hyper's pool uses the same figure).
