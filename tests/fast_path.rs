@@ -37,15 +37,7 @@ async fn echo() -> TestUpstream {
 /// Serves each connection with `reply` for every request head it reads.
 async fn raw_upstream(reply: &'static str, close_after: bool) -> RawUpstream {
     RawUpstream::start(move |_, mut s| async move {
-        loop {
-            let mut head = Vec::new();
-            let mut b = [0u8; 1024];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                match s.read(&mut b).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => head.extend_from_slice(&b[..n]),
-                }
-            }
+        while read_head(&mut s).await {
             if s.write_all(reply.as_bytes()).await.is_err() || close_after {
                 return;
             }

@@ -268,17 +268,19 @@ impl RawUpstream {
     }
 }
 
-/// Reads one request head (and discards it).
-pub async fn read_head(s: &mut tokio::net::TcpStream) {
+/// Reads one request head (and discards it); false when the connection
+/// ended first.
+pub async fn read_head(s: &mut tokio::net::TcpStream) -> bool {
     use tokio::io::AsyncReadExt;
     let mut buf = Vec::new();
     let mut b = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
         match s.read(&mut b).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return false,
             Ok(n) => buf.extend_from_slice(&b[..n]),
         }
     }
+    true
 }
 
 /// Closes with a TCP reset.
