@@ -161,6 +161,8 @@ async fn a_close_delimited_response_is_relayed_then_the_connection_closes() {
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     assert!(out.contains("connection: close\r\n"), "{out}");
     assert!(out.ends_with("\r\n\r\nuntil the end"), "{out}");
+    // The upstream sent no Date; weir, forwarding it, adds one.
+    assert_eq!(out.matches("\r\ndate: ").count(), 1, "{out}");
 }
 
 #[tokio::test]

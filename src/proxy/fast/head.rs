@@ -512,11 +512,14 @@ pub struct Annotations {
 /// Writes the client's response head from the upstream's `head` (already
 /// parsed as `resp`): hop-by-hop and `x-weir-*` fields removed, the framing
 /// restated, the annotations added and, when `close`, `Connection: close`.
+/// A response without `Date` gets one from `now` (RFC 9110 §6.6.1: a
+/// forwarding recipient with a clock adds it), read only then.
 pub fn write_response(
     head: &[u8],
     resp: &Response<'_>,
     annotations: Option<Annotations>,
     close: bool,
+    now: impl FnOnce() -> std::time::SystemTime,
     out: &mut Vec<u8>,
 ) {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -534,8 +537,10 @@ pub fn write_response(
     out.push(b' ');
     out.extend_from_slice(parsed.reason.unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
+    let mut dated = false;
     for h in parsed.headers.iter() {
         let n = h.name;
+        dated |= eq(n, "date");
         // A body-less response keeps its Content-Length: it describes the
         // representation (HEAD, 304), not this message.
         let framing_field = eq(n, "transfer-encoding")
@@ -544,6 +549,9 @@ pub fn write_response(
             continue;
         }
         header(out, n.as_bytes(), h.value);
+    }
+    if !dated {
+        header(out, b"date", httpdate::fmt_http_date(now()).as_bytes());
     }
     match resp.framing {
         Framing::Length(n) => {
@@ -740,7 +748,7 @@ mod tests {
 
     #[test]
     fn the_client_head_is_clean_and_annotated() {
-        let raw = "HTTP/1.1 503 Busy\r\nconnection: x-private\r\nx-private: 1\r\n\
+        let raw = "HTTP/1.1 503 Busy\r\ndate: Sun, 29 Nov 2026 19:00:00 GMT\r\nconnection: x-private\r\nx-private: 1\r\n\
                    x-weir-attempts: 99\r\ntransfer-encoding: chunked\r\nretry-after: 1\r\n\
                    keep-alive: timeout=5\r\nx-app: yes\r\n\r\n";
         let Ok(Some(Head::Final(r))) = parse_response(raw.as_bytes(), false) else {
@@ -752,11 +760,19 @@ mod tests {
             attempts: 2,
             stop: Some(StopReason::Budget),
         };
-        write_response(&raw.as_bytes()[..r.head_len], &r, Some(a), true, &mut out);
+        let later = || std::time::UNIX_EPOCH;
+        write_response(
+            &raw.as_bytes()[..r.head_len],
+            &r,
+            Some(a),
+            true,
+            later,
+            &mut out,
+        );
         let out = String::from_utf8(out).unwrap();
         assert_eq!(
             out,
-            "HTTP/1.1 503 Busy\r\nretry-after: 1\r\nx-app: yes\r\n\
+            "HTTP/1.1 503 Busy\r\ndate: Sun, 29 Nov 2026 19:00:00 GMT\r\nretry-after: 1\r\nx-app: yes\r\n\
              transfer-encoding: chunked\r\nx-weir-attempts: 2\r\n\
              x-weir-retry-stop: budget\r\nconnection: close\r\n\r\n"
         );

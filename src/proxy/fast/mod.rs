@@ -444,11 +444,13 @@ impl Ctx<'_> {
             retry_after: None,
         };
         bufs.out.clear();
+        let clock = up.state.clock;
         head::write_response(
             &bufs.upstream[..head_len],
             &resp,
             annotations,
             close,
+            || clock.wall(),
             &mut bufs.out,
         );
         let tail = &bufs.upstream[head_len..];
