@@ -132,7 +132,7 @@ async fn an_idle_upstream_connection_the_upstream_closed_is_not_used() {
 async fn chunked_responses_and_trailers_pass_through_on_a_reused_connection() {
     let up = raw_upstream(
         "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n\r\n\
-         5\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 11\r\n\r\n",
+         5\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 11\r\nx-weir-retry-stop: forged\r\n\r\n",
         false,
     )
     .await;
@@ -144,6 +144,10 @@ async fn chunked_responses_and_trailers_pass_through_on_a_reused_connection() {
         let collected = resp.into_body().collect().await.unwrap();
         let trailers = collected.trailers().cloned().unwrap();
         assert_eq!(trailers.get("x-sum").unwrap(), "11");
+        assert!(
+            trailers.get("x-weir-retry-stop").is_none(),
+            "a forged trailer passed"
+        );
         assert_eq!(collected.to_bytes(), "hello world");
     }
     assert_eq!(up.connections(), 1);
@@ -312,4 +316,63 @@ async fn a_client_that_leaves_while_queued_is_never_sent_upstream() {
     assert_eq!(parts.status, 200);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(up.requests(), 1, "the abandoned POST reached the upstream");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upstream_that_answers_before_reading_the_body_is_heard() {
+    // Reads the head, refuses the body with 413 and stops reading. (On
+    // loopback the kernel's buffers take all of a 1 MiB body, so weir's
+    // write does not block here as it can across a network; what this shows
+    // is that the early answer reaches the client unchanged.)
+    let up = RawUpstream::start(|_, mut s| async move {
+        read_head(&mut s).await;
+        let _ = s
+            .write_all(
+                b"HTTP/1.1 413 Too Large\r\ncontent-length: 8\r\nconnection: close\r\n\r\ntoo much",
+            )
+            .await;
+        std::future::pending::<()>().await;
+    })
+    .await;
+    let weir = Weir::single(
+        &up.url(),
+        "[upstreams.svc.retry]\nmax_replay_body_bytes = 1048576\n",
+    )
+    .await;
+    let req = Request::put(weir.url("/upload"))
+        .header("host", "svc")
+        .body(body(vec![b'x'; 1_000_000]))
+        .unwrap();
+    let (parts, b) = read_body(client().request(req).await.unwrap()).await;
+    assert_eq!(parts.status, 413, "{b:?}");
+    assert_eq!(b, "too much");
+    assert_eq!(header(&parts, "x-weir-attempts"), "1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_response_written_while_draining_says_the_connection_closes() {
+    let release = std::sync::Arc::new(tokio::sync::Notify::new());
+    let r = release.clone();
+    let up = TestUpstream::start(move |_| {
+        let r = r.clone();
+        async move {
+            r.notified().await;
+            Response::new(body("late"))
+        }
+    })
+    .await;
+    let weir = Weir::single(&up.url(), "").await;
+    let mut s = TcpStream::connect(weir.addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    weir.handle.as_ref().unwrap().stop_accepting();
+    release.notify_one();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.contains("connection: close\r\n"), "{out}");
+    assert!(out.ends_with("late"), "{out}");
 }

@@ -335,6 +335,7 @@ async fn accept_loop(
     // Idle upstream connections of the fast path: one pool per accept loop,
     // so per worker runtime.
     let pool = Arc::new(super::fast::Pool::default());
+    let reaper = tokio::spawn(super::fast::Pool::reaper(Arc::downgrade(&pool)));
     loop {
         let permit = tokio::select! {
             p = shared.connections.clone().acquire_owned() => match p {
@@ -369,6 +370,7 @@ async fn accept_loop(
     drop(listener);
     // Draining: every connection finishes its in-flight requests.
     while conns.join_next().await.is_some() {}
+    reaper.abort();
 }
 
 async fn serve_connection(
@@ -447,7 +449,11 @@ where
     let io = TokioIo::new(FramingGuard::new(io, max_head, head_timeout));
     let conn = builder.serve_connection_with_upgrades(io, svc);
     tokio::pin!(conn);
+    // The connection first: a request the fast path handed over with its
+    // bytes is parsed in this first poll and so counts as in flight when
+    // a drain begins.
     tokio::select! {
+        biased;
         r = conn.as_mut() => {
             if let Err(e) = r {
                 tracing::debug!(%peer, error = %e, "client connection ended with an error");

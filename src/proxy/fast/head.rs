@@ -576,7 +576,9 @@ pub fn write_response(
     out.extend_from_slice(b"\r\n");
 }
 
-/// Follows a chunked body as it passes through, to find where it ends.
+/// Follows a chunked body as it passes through, to find where its chunks
+/// end: just after the last chunk's line (`0\r\n`); the trailer section
+/// follows ([`trailer_section`]).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Chunked {
     state: ChunkState,
@@ -593,15 +595,13 @@ enum ChunkState {
     Data,
     DataCr,
     DataLf,
-    TrailerStart,
-    Trailer,
-    EndLf,
     Done,
 }
 
 impl Chunked {
-    /// Consumes `bytes`. `Ok(Some(n))`: the body ended after the first `n`
-    /// of them; `Ok(None)`: it goes on; `Err`: it is not valid chunked coding.
+    /// Consumes `bytes`. `Ok(Some(n))`: the last chunk's line ended after the
+    /// first `n` of them; `Ok(None)`: it goes on; `Err`: it is not valid
+    /// chunked coding.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Option<usize>, &'static str> {
         use ChunkState::*;
         const BAD: &str = "the upstream sent an invalid chunked body";
@@ -633,28 +633,96 @@ impl Chunked {
                 (Extension, b'\r') => SizeLf,
                 (Extension, b'\n') => return Err(BAD),
                 (Extension, _) => Extension,
-                (SizeLf, b'\n') => {
-                    self.digits = 0;
-                    if self.size == 0 {
-                        TrailerStart
-                    } else {
-                        Data
-                    }
-                }
-                (DataCr, b'\r') => DataLf,
-                (DataLf, b'\n') => Size,
-                (TrailerStart, b'\r') => EndLf,
-                (TrailerStart, b'\n') => return Err(BAD),
-                (Trailer, b'\n') => TrailerStart,
-                (TrailerStart | Trailer, _) => Trailer,
-                (EndLf, b'\n') => {
+                (SizeLf, b'\n') if self.size == 0 => {
                     self.state = Done;
                     return Ok(Some(i));
                 }
+                (SizeLf, b'\n') => {
+                    self.digits = 0;
+                    Data
+                }
+                (DataCr, b'\r') => DataLf,
+                (DataLf, b'\n') => Size,
                 _ => return Err(BAD),
             };
         }
         Ok(None)
+    }
+}
+
+/// The largest trailer section relayed.
+const MAX_TRAILERS: usize = 16 * 1024;
+
+/// The trailer section at the start of `buf`, as it goes to the client:
+/// `Ok(Some(n))` when it ends within `buf` after `n` bytes, with the fields
+/// a client may get (no `x-weir-*`, hop-by-hop or framing fields) and the
+/// final CRLF written to `out`; `Ok(None)` when more is to come.
+pub fn trailer_section(buf: &[u8], out: &mut Vec<u8>) -> Result<Option<usize>, &'static str> {
+    const BAD: &str = "the upstream sent an invalid trailer section";
+    if buf.starts_with(b"\r\n") {
+        out.extend_from_slice(b"\r\n");
+        return Ok(Some(2));
+    }
+    let mut fields = [httparse::EMPTY_HEADER; 32];
+    match httparse::parse_headers(buf, &mut fields) {
+        Ok(httparse::Status::Complete((n, fields))) => {
+            for f in fields.iter() {
+                let name = f.name;
+                if !(hop_by_hop(name) || eq(name, "content-length") || eq(name, "host")) {
+                    header(out, name.as_bytes(), f.value);
+                }
+            }
+            out.extend_from_slice(b"\r\n");
+            Ok(Some(n))
+        }
+        Ok(httparse::Status::Partial) if buf.len() <= MAX_TRAILERS => Ok(None),
+        Ok(httparse::Status::Partial) | Err(_) => Err(BAD),
+    }
+}
+
+/// A chunked response body on its way to the client: the chunks pass as
+/// they come; the trailer section is held until whole and filtered.
+#[derive(Debug, Default)]
+pub struct ChunkedRelay {
+    chunks: Chunked,
+    /// Once the chunks have ended: the trailer section so far.
+    trailers: Option<Vec<u8>>,
+}
+
+impl ChunkedRelay {
+    /// Takes `got` from the upstream and appends what goes to the client to
+    /// `out`. `Ok(Some(n))`: the body ended after the first `n` bytes.
+    pub fn feed(&mut self, got: &[u8], out: &mut Vec<u8>) -> Result<Option<usize>, &'static str> {
+        let mut used = 0;
+        if self.trailers.is_none() {
+            match self.chunks.feed(got)? {
+                None => {
+                    out.extend_from_slice(got);
+                    return Ok(None);
+                }
+                Some(end) => {
+                    out.extend_from_slice(&got[..end]);
+                    used = end;
+                    self.trailers = Some(Vec::new());
+                }
+            }
+        }
+        let rest = &got[used..];
+        let held = self.trailers.get_or_insert_with(Vec::new);
+        if held.is_empty() {
+            // Usually the whole section is here: nothing is copied.
+            if let Some(n) = trailer_section(rest, out)? {
+                return Ok(Some(used + n));
+            }
+            held.extend_from_slice(rest);
+            return Ok(None);
+        }
+        let before = held.len();
+        held.extend_from_slice(rest);
+        match trailer_section(held, out)? {
+            Some(n) => Ok(Some(used + n.saturating_sub(before))),
+            None => Ok(None),
+        }
     }
 }
 
@@ -665,21 +733,33 @@ mod tests {
 
     #[test]
     fn chunked_bodies_end_where_they_end() {
-        let body = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nx-t: 1\r\n\r\nNEXT";
-        // Whole, and one byte at a time.
-        let mut c = Chunked::default();
-        assert_eq!(c.feed(body), Ok(Some(body.len() - 4)));
-        let mut c = Chunked::default();
+        let body =
+            b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nx-t: 1\r\nx-weir-attempts: 9\r\n\r\nNEXT";
+        let relayed = b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nx-t: 1\r\n\r\n";
+        // Whole, and one byte at a time: the same end, the same bytes out,
+        // without the forged trailer.
+        let mut r = ChunkedRelay::default();
+        let mut out = Vec::new();
+        assert_eq!(r.feed(body, &mut out), Ok(Some(body.len() - 4)));
+        assert_eq!(out, relayed);
+        let mut r = ChunkedRelay::default();
+        let mut out = Vec::new();
         let mut end = None;
         for (i, b) in body.iter().enumerate() {
-            if let Some(n) = c.feed(std::slice::from_ref(b)).unwrap() {
+            if let Some(n) = r.feed(std::slice::from_ref(b), &mut out).unwrap() {
                 end = Some(i + n);
                 break;
             }
         }
         assert_eq!(end, Some(body.len() - 4));
+        assert_eq!(out, relayed);
         let mut c = Chunked::default();
-        assert_eq!(c.feed(b"0\r\n\r\n"), Ok(Some(5)));
+        assert_eq!(c.feed(b"0\r\n\r\n"), Ok(Some(3)));
+        let mut out = Vec::new();
+        assert_eq!(
+            ChunkedRelay::default().feed(b"0\r\n\r\n", &mut out),
+            Ok(Some(5))
+        );
         assert!(Chunked::default().feed(b"zz\r\n").is_err());
         assert!(Chunked::default().feed(b"5\r\nhelloXX").is_err());
         assert!(Chunked::default().feed(b"ffffffffffffffff1\r\n").is_err());

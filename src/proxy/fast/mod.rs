@@ -210,6 +210,7 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
             bufs: &mut bufs,
             timer: &mut timer,
             pool: &pool,
+            stop: &conn.stop,
         };
         let open = ctx.serve(up, planned).await;
         if !open || *conn.stop.borrow() {
@@ -227,6 +228,8 @@ struct Ctx<'c> {
     bufs: &'c mut Bufs,
     timer: &'c mut Timer,
     pool: &'c Pool,
+    /// Set when weir drains: a response then says `Connection: close`.
+    stop: &'c tokio::sync::watch::Receiver<bool>,
 }
 
 /// A response head from the upstream, and the connection it came on.
@@ -362,9 +365,10 @@ impl Ctx<'_> {
         let took = ended.saturating_duration_since(start);
         match result {
             Ok(x) => {
-                up.state.metrics.status(x.status, took);
+                let status = x.status;
+                up.state.metrics.status(status, took);
                 let open = self.relay(up, addr, x, annotations, &p).await;
-                tracing::debug!(upstream = %cfg.name, took = ?start.elapsed(), "request");
+                tracing::debug!(upstream = %cfg.name, status, took = ?start.elapsed(), "request");
                 open && !p.close
             }
             Err(error) => {
@@ -383,7 +387,8 @@ impl Ctx<'_> {
         let took = start.elapsed();
         up.state.metrics.error(f.error.code(), took);
         tracing::debug!(upstream = %up.config.name, error = f.error.code(), ?took, "request");
-        let close = p.close || self.bufs.client.len() < p.head_len + p.body_len;
+        let close =
+            p.close || *self.stop.borrow() || self.bufs.client.len() < p.head_len + p.body_len;
         self.bufs.out.clear();
         let e = ErrorResponse {
             error: &f.error,
@@ -424,7 +429,7 @@ impl Ctx<'_> {
         annotations: Option<Annotations>,
         p: &Planned,
     ) -> bool {
-        let close = p.close;
+        let close = p.close || *self.stop.borrow();
         let need = p.head_len + p.body_len;
         let Exchange {
             mut upstream,
@@ -455,14 +460,14 @@ impl Ctx<'_> {
         );
         let tail = &bufs.upstream[head_len..];
         // How much of the body is still to come, and what of `tail` is body.
-        let mut chunked = head::Chunked::default();
+        let mut chunked = head::ChunkedRelay::default();
         let (mut left, body_now) = match framing {
             Framing::Empty => (Some(0), 0),
             Framing::Length(n) => {
                 let have = (tail.len() as u64).min(n);
                 (Some(n - have), have as usize)
             }
-            Framing::Chunked => match chunked.feed(tail) {
+            Framing::Chunked => match chunked.feed(tail, &mut bufs.out) {
                 Ok(Some(end)) => (Some(0), end),
                 Ok(None) => (None, tail.len()),
                 Err(_) => {
@@ -477,7 +482,9 @@ impl Ctx<'_> {
             // Bytes past the end of the response: the connection is not reused.
             reusable = false;
         }
-        bufs.out.extend_from_slice(&tail[..body_now]);
+        if framing != Framing::Chunked {
+            bufs.out.extend_from_slice(&tail[..body_now]);
+        }
         if self.stream.write_all(&bufs.out).await.is_err() {
             return false;
         }
@@ -502,26 +509,29 @@ impl Ctx<'_> {
                 return false;
             }
             let got = &bufs.upstream[..n];
-            let pass = match (framing, left) {
+            let (pass, send) = match (framing, left) {
                 (Framing::Length(_), Some(l)) => {
                     let take = (n as u64).min(l);
                     left = Some(l - take);
-                    take as usize
+                    (take as usize, &got[..take as usize])
                 }
-                (Framing::Chunked, _) => match chunked.feed(got) {
-                    Ok(Some(end)) => {
-                        left = Some(0);
-                        end
+                (Framing::Chunked, _) => {
+                    bufs.out.clear();
+                    match chunked.feed(got, &mut bufs.out) {
+                        Ok(Some(end)) => {
+                            left = Some(0);
+                            (end, &bufs.out[..])
+                        }
+                        Ok(None) => (n, &bufs.out[..]),
+                        Err(_) => return false,
                     }
-                    Ok(None) => n,
-                    Err(_) => return false,
-                },
-                _ => n,
+                }
+                _ => (n, got),
             };
             if pass < n {
                 reusable = false;
             }
-            if self.stream.write_all(&got[..pass]).await.is_err() {
+            if self.stream.write_all(send).await.is_err() {
                 return false;
             }
         }
@@ -564,31 +574,51 @@ async fn exchange(
     };
     let mut written = 0;
     while written < request.len() {
-        match s.write(&request[written..]).await {
-            Ok(n) if n > 0 => written += n,
-            r => {
-                let why = match r {
-                    Err(e) => e.to_string(),
-                    Ok(_) => "the connection closed".to_string(),
-                };
-                // Nothing written: nothing reached the upstream (a pooled
-                // connection found closed), which any method may retry.
-                return Err(if written == 0 {
-                    (
-                        Outcome::Reset {
-                            request_sent: false,
-                        },
-                        ProxyError::ConnectFailed(why),
-                    )
-                } else {
-                    reset(why)
-                });
+        let why = match s.try_write(&request[written..]) {
+            Ok(n) if n > 0 => {
+                written += n;
+                continue;
             }
-        }
+            Ok(_) => "the connection closed".to_string(),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // The upstream is not reading. It may have answered early
+                // (413, 401) without reading the rest: then its answer is
+                // what the client gets, and the connection is not reused.
+                tokio::select! {
+                    biased;
+                    _ = s.readable() => break,
+                    r = s.writable() => match r {
+                        Ok(()) => continue,
+                        Err(e) => e.to_string(),
+                    },
+                }
+            }
+            Err(e) => e.to_string(),
+        };
+        // Nothing written: nothing reached the upstream (a pooled connection
+        // found closed), which any method may retry.
+        return Err(if written == 0 {
+            (
+                Outcome::Reset {
+                    request_sent: false,
+                },
+                ProxyError::ConnectFailed(why),
+            )
+        } else {
+            reset(why)
+        });
     }
+    let whole = written == request.len();
     buf.clear();
     loop {
         match read_more(&mut s, buf).await {
+            Ok(0) if written == 0 => {
+                let why = "the connection closed before the request was written".to_string();
+                let not_sent = Outcome::Reset {
+                    request_sent: false,
+                };
+                return Err((not_sent, ProxyError::ConnectFailed(why)));
+            }
             Ok(0) => return Err(reset("the connection closed before a response".into())),
             Err(e) => return Err(reset(e.to_string())),
             Ok(_) => {}
@@ -611,7 +641,7 @@ async fn exchange(
                         status: r.status,
                         head_len: r.head_len,
                         framing: r.framing,
-                        reusable: r.reusable,
+                        reusable: r.reusable && whole,
                         retry_after,
                     });
                 }

@@ -70,6 +70,30 @@ impl Pool {
         });
     }
 
+    /// Closes idle connections that aged past [`IDLE_FOR`] or that the
+    /// upstream closed, so a burst's leftovers do not linger (half-closed)
+    /// after the traffic that needed them is gone.
+    pub fn reap(&self, now: Instant) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.retain(|i| {
+                now.saturating_duration_since(i.since) < IDLE_FOR && still_open(&i.stream)
+            });
+        }
+    }
+
+    /// Reaps `pool` every [`IDLE_FOR`] / 3 for as long as it exists.
+    pub async fn reaper(pool: std::sync::Weak<Pool>) {
+        let mut tick = tokio::time::interval(IDLE_FOR / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match pool.upgrade() {
+                Some(p) => p.reap(Instant::now()),
+                None => return,
+            }
+        }
+    }
+
     /// Idle connections held now.
     pub fn len(&self) -> usize {
         self.idle.lock().map(|i| i.len()).unwrap_or(0)
