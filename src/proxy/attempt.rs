@@ -99,13 +99,31 @@ impl Drop for Ticket<'_> {
 
 /// Asks the breaker to admit a first attempt.
 pub fn admit_breaker(state: &UpstreamState) -> Result<Ticket<'_>, ProxyError> {
-    let now = state.now();
+    admit_breaker_at(state, Instant::now())
+}
+
+/// [`admit_breaker`] at `at` (a clock reading the caller already has).
+pub fn admit_breaker_at(state: &UpstreamState, at: Instant) -> Result<Ticket<'_>, ProxyError> {
+    let now = state.now_at(at);
     let r = state.live().breaker.try_acquire(now);
     match r {
         Ok(a) => Ok(Ticket::new(state, a)),
         Err(refused) => Err(ProxyError::CircuitOpen {
             retry_after: Some(refused.retry_after),
         }),
+    }
+}
+
+/// Takes a rate-limit token for a first attempt if one is there at `at`
+/// (or the upstream has no limit); `false`: [`admit_rate`] decides.
+pub fn try_rate(up: &Upstream, key: Option<&str>, at: Instant) -> bool {
+    if up.config.rate_limit.is_none() {
+        return true;
+    }
+    let now = up.state.now_at(at);
+    match up.state.live().limiter.as_mut() {
+        Some(l) => l.try_acquire(key, now),
+        None => true,
     }
 }
 
@@ -247,8 +265,20 @@ impl<'a> Attempts<'a> {
         deadline: Instant,
         lowered: bool,
     ) -> Result<Self, Instant> {
+        Attempts::begin_at(up, ticket, facts, key, deadline, lowered, Instant::now())
+    }
+
+    /// [`Attempts::begin`] at `t0` (a clock reading the caller already has).
+    pub fn begin_at(
+        up: &'a Upstream,
+        ticket: Ticket<'a>,
+        facts: RequestFacts,
+        key: Option<&'a str>,
+        deadline: Instant,
+        lowered: bool,
+        t0: Instant,
+    ) -> Result<Self, Instant> {
         let state = &up.state;
-        let t0 = Instant::now();
         state.live().budget.deposit(state.now_at(t0));
         if deadline.saturating_duration_since(t0) < up.config.retry.min_attempt_time {
             return Err(t0);

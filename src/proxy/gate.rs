@@ -41,6 +41,15 @@ impl Gate {
     }
 
     /// A slot for one request, held until its response body ends.
+    /// A slot, if one is free now.
+    pub fn try_enter(&self) -> Option<Slot> {
+        self.sem
+            .clone()
+            .try_acquire_owned()
+            .ok()
+            .map(|p| self.slot(p))
+    }
+
     pub async fn enter(&self, deadline: Instant) -> Result<Slot, ProxyError> {
         if let Ok(p) = self.sem.clone().try_acquire_owned() {
             return Ok(self.slot(p));

@@ -261,24 +261,37 @@ impl Ctx<'_> {
         // Admission in SEMANTICS §2's order: rate limit, concurrency; the body
         // is read before the breaker is asked, so a slow upload never holds a
         // half-open probe slot.
-        // A client that goes away while it waits is let go at once.
-        let rate = tokio::select! {
-            biased;
-            () = client_gone(self.stream, &mut self.bufs.client, need, &mut self.bufs.eof) => return false,
-            r = attempt::admit_rate(up, p.key.as_deref(), deadline) => r,
-        };
-        if let Err(e) = rate {
-            return self.fail(up, start, &p, fail(e)).await;
+        // Usually a token and a slot are there at once; when weir has to
+        // wait for them, a client that goes away meanwhile is let go.
+        let mut waited = false;
+        if !attempt::try_rate(up, p.key.as_deref(), start) {
+            waited = true;
+            let rate = tokio::select! {
+                biased;
+                () = client_gone(self.stream, &mut self.bufs.client, need, &mut self.bufs.eof) => return false,
+                r = attempt::admit_rate(up, p.key.as_deref(), deadline) => r,
+            };
+            if let Err(e) = rate {
+                return self.fail(up, start, &p, fail(e)).await;
+            }
         }
-        let gate = tokio::select! {
-            biased;
-            () = client_gone(self.stream, &mut self.bufs.client, need, &mut self.bufs.eof) => return false,
-            r = up.state.gate.enter(deadline) => r,
+        let _slot = match up.state.gate.try_enter() {
+            Some(s) => s,
+            None => {
+                waited = true;
+                let gate = tokio::select! {
+                    biased;
+                    () = client_gone(self.stream, &mut self.bufs.client, need, &mut self.bufs.eof) => return false,
+                    r = up.state.gate.enter(deadline) => r,
+                };
+                match gate {
+                    Ok(s) => s,
+                    Err(e) => return self.fail(up, start, &p, fail(e)).await,
+                }
+            }
         };
-        let _slot = match gate {
-            Ok(s) => s,
-            Err(e) => return self.fail(up, start, &p, fail(e)).await,
-        };
+        // Nothing waited for (admission, the body): `start` still tells the time.
+        let mut now = Some(start).filter(|_| !waited && self.bufs.client.len() >= need);
         while self.bufs.client.len() < need {
             tokio::select! {
                 biased;
@@ -298,13 +311,15 @@ impl Ctx<'_> {
         }
         let body = &self.bufs.client[p.head_len..need];
         self.bufs.request.extend_from_slice(body);
-        let ticket = match attempt::admit_breaker(&up.state) {
+        let t0 = now.unwrap_or_else(Instant::now);
+        let ticket = match attempt::admit_breaker_at(&up.state, t0) {
             Ok(t) => t,
             Err(e) => return self.fail(up, start, &p, fail(e)).await,
         };
         let lowered = budget < cfg.timeout;
         let key = p.key.as_deref();
-        let Ok(mut attempts) = Attempts::begin(up, ticket, p.facts, key, deadline, lowered) else {
+        let begun = Attempts::begin_at(up, ticket, p.facts, key, deadline, lowered, t0);
+        let Ok(mut attempts) = begun else {
             let f = Failure {
                 error: ProxyError::DeadlineExceeded,
                 attempts: cfg.annotate.then_some(Annotations {
@@ -317,8 +332,9 @@ impl Ctx<'_> {
         let Some(addr) = up.direct else {
             return false;
         };
+        now = Some(t0);
         let (result, stop, ended) = loop {
-            let started = Instant::now();
+            let started = now.take().unwrap_or_else(Instant::now);
             let try_deadline = attempts.start(started);
             let sent = tokio::select! {
                 biased;
@@ -367,7 +383,7 @@ impl Ctx<'_> {
             Ok(x) => {
                 let status = x.status;
                 up.state.metrics.status(status, took);
-                let open = self.relay(up, addr, x, annotations, &p).await;
+                let open = self.relay(up, addr, x, annotations, &p, ended).await;
                 tracing::debug!(upstream = %cfg.name, status, took = ?start.elapsed(), "request");
                 open && !p.close
             }
@@ -428,6 +444,7 @@ impl Ctx<'_> {
         x: Exchange,
         annotations: Option<Annotations>,
         p: &Planned,
+        ended: Instant,
     ) -> bool {
         let close = p.close || *self.stop.borrow();
         let need = p.head_len + p.body_len;
@@ -488,9 +505,12 @@ impl Ctx<'_> {
         if self.stream.write_all(&bufs.out).await.is_err() {
             return false;
         }
+        // The last clock reading: when the connection goes back to the pool.
+        let mut last = ended;
         while left != Some(0) {
             bufs.upstream.clear();
-            let until = Instant::now() + idle;
+            last = Instant::now();
+            let until = last + idle;
             let n = tokio::select! {
                 biased;
                 () = client_gone(self.stream, &mut bufs.client, need, &mut bufs.eof) => return false,
@@ -536,7 +556,7 @@ impl Ctx<'_> {
             }
         }
         if reusable {
-            self.pool.put(addr, upstream, Instant::now());
+            self.pool.put(addr, upstream, last);
         }
         framing != Framing::Close
     }
