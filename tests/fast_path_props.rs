@@ -120,7 +120,7 @@ proptest! {
         bytes in proptest::collection::vec(any::<u8>(), 0..300),
         head_method in any::<bool>(),
     ) {
-        let _ = head::parse_response(&bytes, head_method);
+        let _ = head::parse_response(&bytes, head_method, || std::time::UNIX_EPOCH, &mut Vec::new());
         let _ = ChunkedRelay::default().feed(&bytes, &mut Vec::new());
     }
 
@@ -232,15 +232,15 @@ proptest! {
             raw.push_str(&format!("{n}: {}\r\n", v.trim()));
         }
         raw.push_str(&format!("content-length: {len}\r\n\r\n"));
-        let Ok(Some(Head::Final(r))) = head::parse_response(raw.as_bytes(), false) else {
+        let now = || std::time::UNIX_EPOCH;
+        let mut out = Vec::new();
+        let Ok(Some(Head::Final(r))) = head::parse_response(raw.as_bytes(), false, now, &mut out) else {
             panic!("{raw}");
         };
         let framing = if status == 204 || status == 304 { Framing::Empty } else { Framing::Length(len) };
         prop_assert_eq!(r.framing, framing);
-        let mut out = Vec::new();
         let a = head::Annotations { attempts, stop: None };
-        let now = || std::time::UNIX_EPOCH;
-        head::write_response(&raw.as_bytes()[..r.head_len], &r, Some(a), false, now, &mut out);
+        head::finish_response(&mut out, Some(a), false);
         let mut hs = [httparse::EMPTY_HEADER; 64];
         let mut resp = httparse::Response::new(&mut hs);
         prop_assert!(matches!(resp.parse(&out), Ok(httparse::Status::Complete(n)) if n == out.len()));

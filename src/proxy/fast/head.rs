@@ -424,7 +424,19 @@ pub enum Head<'b> {
 
 /// Parses the upstream's response head at the start of `buf`. `Err`: the
 /// upstream sent something that is not an HTTP/1.1 response weir can pass on.
-pub fn parse_response(buf: &[u8], head_method: bool) -> Result<Option<Head<'_>>, &'static str> {
+///
+/// For a final response it also writes the client's head to `out` (which it
+/// clears first), all but its end ([`finish_response`]): the status line;
+/// the fields without hop-by-hop and `x-weir-*` ones; the framing restated;
+/// and `Date` from `now` when the upstream sent none (RFC 9110 §6.6.1: a
+/// forwarding recipient with a clock adds it; the clock is read only then).
+/// Parsing once for both keeps the head's bytes in the cache they arrived in.
+pub fn parse_response<'b>(
+    buf: &'b [u8],
+    head_method: bool,
+    now: impl FnOnce() -> std::time::SystemTime,
+    out: &mut Vec<u8>,
+) -> Result<Option<Head<'b>>, &'static str> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut headers);
     let head_len = match resp.parse(buf) {
@@ -449,8 +461,10 @@ pub fn parse_response(buf: &[u8], head_method: bool) -> Result<Option<Head<'_>>,
     let mut close = version == 0;
     let mut retry_after = None;
     let mut connection = ConnectionField::default();
+    let mut dated = false;
     for h in resp.headers.iter() {
         let n = h.name;
+        dated |= eq(n, "date");
         if eq(n, "content-length") {
             let v = std::str::from_utf8(h.value)
                 .ok()
@@ -493,6 +507,36 @@ pub fn parse_response(buf: &[u8], head_method: bool) -> Result<Option<Head<'_>>,
     // A message framed two ways is not reused: the next response could be
     // read from the wrong place.
     let reusable = !close && framing != Framing::Close && !(chunked.is_some() && length.is_some());
+
+    out.clear();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    push_u64(out, u64::from(status));
+    out.push(b' ');
+    out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for h in resp.headers.iter() {
+        let n = h.name;
+        // A body-less response keeps its Content-Length: it describes the
+        // representation (HEAD, 304), not this message.
+        let framing_field =
+            eq(n, "transfer-encoding") || (eq(n, "content-length") && framing != Framing::Empty);
+        if framing_field || hop_by_hop(n) || connection.names(n) {
+            continue;
+        }
+        header(out, n.as_bytes(), h.value);
+    }
+    if !dated {
+        header(out, b"date", httpdate::fmt_http_date(now()).as_bytes());
+    }
+    match framing {
+        Framing::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            push_u64(out, n);
+            out.extend_from_slice(b"\r\n");
+        }
+        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        Framing::Empty | Framing::Close => {}
+    }
     Ok(Some(Head::Final(Response {
         status,
         head_len,
@@ -509,59 +553,9 @@ pub struct Annotations {
     pub stop: Option<StopReason>,
 }
 
-/// Writes the client's response head from the upstream's `head` (already
-/// parsed as `resp`): hop-by-hop and `x-weir-*` fields removed, the framing
-/// restated, the annotations added and, when `close`, `Connection: close`.
-/// A response without `Date` gets one from `now` (RFC 9110 §6.6.1: a
-/// forwarding recipient with a clock adds it), read only then.
-pub fn write_response(
-    head: &[u8],
-    resp: &Response<'_>,
-    annotations: Option<Annotations>,
-    close: bool,
-    now: impl FnOnce() -> std::time::SystemTime,
-    out: &mut Vec<u8>,
-) {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut headers);
-    // The head parsed before; it parses the same way again.
-    let _ = parsed.parse(head);
-    let mut connection = ConnectionField::default();
-    for h in parsed.headers.iter() {
-        if eq(h.name, "connection") {
-            connection.add(h.value);
-        }
-    }
-    out.extend_from_slice(b"HTTP/1.1 ");
-    push_u64(out, u64::from(resp.status));
-    out.push(b' ');
-    out.extend_from_slice(parsed.reason.unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\n");
-    let mut dated = false;
-    for h in parsed.headers.iter() {
-        let n = h.name;
-        dated |= eq(n, "date");
-        // A body-less response keeps its Content-Length: it describes the
-        // representation (HEAD, 304), not this message.
-        let framing_field = eq(n, "transfer-encoding")
-            || (eq(n, "content-length") && resp.framing != Framing::Empty);
-        if framing_field || hop_by_hop(n) || connection.names(n) {
-            continue;
-        }
-        header(out, n.as_bytes(), h.value);
-    }
-    if !dated {
-        header(out, b"date", httpdate::fmt_http_date(now()).as_bytes());
-    }
-    match resp.framing {
-        Framing::Length(n) => {
-            out.extend_from_slice(b"content-length: ");
-            push_u64(out, n);
-            out.extend_from_slice(b"\r\n");
-        }
-        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
-        Framing::Empty | Framing::Close => {}
-    }
+/// Ends the client's response head [`parse_response`] began in `out`: the
+/// annotations and, when `close`, `Connection: close`.
+pub fn finish_response(out: &mut Vec<u8>, annotations: Option<Annotations>, close: bool) {
     if let Some(a) = annotations {
         out.extend_from_slice(b"x-weir-attempts: ");
         push_u64(out, u64::from(a.attempts));
@@ -570,7 +564,7 @@ pub fn write_response(
             header(out, b"x-weir-retry-stop", r.as_str().as_bytes());
         }
     }
-    if close || resp.framing == Framing::Close {
+    if close {
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
@@ -765,9 +759,13 @@ mod tests {
         assert!(Chunked::default().feed(b"ffffffffffffffff1\r\n").is_err());
     }
 
+    fn parse(b: &[u8], head_method: bool) -> Result<Option<Head<'_>>, &'static str> {
+        parse_response(b, head_method, || std::time::UNIX_EPOCH, &mut Vec::new())
+    }
+
     #[test]
     fn response_framing_follows_rfc_9112() {
-        let p = |s: &str, head: bool| match parse_response(s.as_bytes(), head) {
+        let p = |s: &str, head: bool| match parse(s.as_bytes(), head) {
             Ok(Some(Head::Final(r))) => (r.framing, r.reusable),
             other => panic!("{other:?}"),
         };
@@ -813,17 +811,17 @@ mod tests {
             (Framing::Chunked, false)
         );
         assert_eq!(
-            parse_response(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200", false),
+            parse(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200", false),
             Ok(Some(Head::Interim(25)))
         );
-        assert_eq!(parse_response(b"HTTP/1.1 200 OK\r\n", false), Ok(None));
-        assert!(parse_response(
+        assert_eq!(parse(b"HTTP/1.1 200 OK\r\n", false), Ok(None));
+        assert!(parse(
             b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
             false
         )
         .is_err());
-        assert!(parse_response(b"HTTP/1.1 101 Switching\r\n\r\n", false).is_err());
-        assert!(parse_response(b"garbage\r\n\r\n", false).is_err());
+        assert!(parse(b"HTTP/1.1 101 Switching\r\n\r\n", false).is_err());
+        assert!(parse(b"garbage\r\n\r\n", false).is_err());
     }
 
     #[test]
@@ -831,24 +829,18 @@ mod tests {
         let raw = "HTTP/1.1 503 Busy\r\ndate: Sun, 29 Nov 2026 19:00:00 GMT\r\nconnection: x-private\r\nx-private: 1\r\n\
                    x-weir-attempts: 99\r\ntransfer-encoding: chunked\r\nretry-after: 1\r\n\
                    keep-alive: timeout=5\r\nx-app: yes\r\n\r\n";
-        let Ok(Some(Head::Final(r))) = parse_response(raw.as_bytes(), false) else {
+        let mut out = b"left over".to_vec();
+        let later = || std::time::UNIX_EPOCH;
+        let Ok(Some(Head::Final(r))) = parse_response(raw.as_bytes(), false, later, &mut out)
+        else {
             panic!()
         };
         assert_eq!(r.retry_after, Some("1"));
-        let mut out = Vec::new();
         let a = Annotations {
             attempts: 2,
             stop: Some(StopReason::Budget),
         };
-        let later = || std::time::UNIX_EPOCH;
-        write_response(
-            &raw.as_bytes()[..r.head_len],
-            &r,
-            Some(a),
-            true,
-            later,
-            &mut out,
-        );
+        finish_response(&mut out, Some(a), true);
         let out = String::from_utf8(out).unwrap();
         assert_eq!(
             out,

@@ -341,7 +341,7 @@ impl Ctx<'_> {
                 // The client went away: the attempt is dropped, the breaker
                 // slot released without a verdict.
                 () = client_gone(self.stream, &mut self.bufs.client, need, &mut self.bufs.eof) => return false,
-                r = exchange(self.pool, addr, up, started, &self.bufs.request, &mut self.bufs.upstream, p.head_method) => r,
+                r = exchange(self.pool, up, started, &self.bufs.request, &mut self.bufs.upstream, &mut self.bufs.out, p.head_method) => r,
                 () = self.timer.at(try_deadline) => Err(timed_out(try_deadline, deadline)),
             };
             let ended = Instant::now();
@@ -450,7 +450,6 @@ impl Ctx<'_> {
         let need = p.head_len + p.body_len;
         let Exchange {
             mut upstream,
-            status,
             head_len,
             framing,
             mut reusable,
@@ -458,22 +457,11 @@ impl Ctx<'_> {
         } = x;
         let idle = up.config.idle_timeout;
         let bufs = &mut *self.bufs;
-        let resp = head::Response {
-            status,
-            head_len,
-            framing,
-            reusable,
-            retry_after: None,
-        };
-        bufs.out.clear();
-        let clock = up.state.clock;
-        head::write_response(
-            &bufs.upstream[..head_len],
-            &resp,
-            annotations,
-            close,
-            || clock.wall(),
+        // The head was begun when the upstream's was parsed.
+        head::finish_response(
             &mut bufs.out,
+            annotations,
+            close || framing == Framing::Close,
         );
         let tail = &bufs.upstream[head_len..];
         // How much of the body is still to come, and what of `tail` is body.
@@ -581,13 +569,17 @@ fn timed_out(try_deadline: Instant, deadline: Instant) -> Failed {
 /// response head read.
 async fn exchange(
     pool: &Pool,
-    addr: SocketAddr,
     up: &Upstream,
     now: Instant,
     request: &[u8],
     buf: &mut Vec<u8>,
+    out: &mut Vec<u8>,
     head_method: bool,
 ) -> Result<Exchange, Failed> {
+    let Some(addr) = up.direct else {
+        let why = "the upstream has no address of its own".to_string();
+        return Err((Outcome::ConnectFailure, ProxyError::ConnectFailed(why)));
+    };
     let mut s = match pool.take(addr, now) {
         Some(s) => s,
         None => connect(addr, up.config.connect_timeout).await?,
@@ -644,7 +636,7 @@ async fn exchange(
             Ok(_) => {}
         }
         loop {
-            match head::parse_response(buf, head_method) {
+            match head::parse_response(buf, head_method, || up.state.clock.wall(), out) {
                 Ok(None) if buf.len() > MAX_RESPONSE_HEAD => {
                     return Err(reset("the response head is too large".into()))
                 }
