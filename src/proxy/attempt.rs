@@ -254,22 +254,11 @@ pub enum Step {
 }
 
 impl<'a> Attempts<'a> {
-    /// Deposits the first attempt into the retry budget. `Err(now)`: less
-    /// than `min_attempt_time` is left, and an attempt started now could only
+    /// Deposits the first attempt into the retry budget at `t0` (a clock
+    /// reading the caller already has). `Err(t0)`: less than
+    /// `min_attempt_time` is left, and an attempt started now could only
     /// time out and be blamed on the upstream (504 `deadline_exceeded`).
     pub fn begin(
-        up: &'a Upstream,
-        ticket: Ticket<'a>,
-        facts: RequestFacts,
-        key: Option<&'a str>,
-        deadline: Instant,
-        lowered: bool,
-    ) -> Result<Self, Instant> {
-        Attempts::begin_at(up, ticket, facts, key, deadline, lowered, Instant::now())
-    }
-
-    /// [`Attempts::begin`] at `t0` (a clock reading the caller already has).
-    pub fn begin_at(
         up: &'a Upstream,
         ticket: Ticket<'a>,
         facts: RequestFacts,
@@ -429,18 +418,25 @@ pub async fn run<'a>(
         plan.has_idempotency_key,
         plan.body.facts(),
     );
-    let mut attempts =
-        match Attempts::begin(up, ticket, facts, plan.key, plan.deadline, plan.lowered) {
-            Ok(a) => a,
-            Err(t0) => {
-                return Finished {
-                    result: Err(ProxyError::DeadlineExceeded),
-                    attempts: 0,
-                    stop: None,
-                    ended: t0,
-                }
+    let mut attempts = match Attempts::begin(
+        up,
+        ticket,
+        facts,
+        plan.key,
+        plan.deadline,
+        plan.lowered,
+        Instant::now(),
+    ) {
+        Ok(a) => a,
+        Err(t0) => {
+            return Finished {
+                result: Err(ProxyError::DeadlineExceeded),
+                attempts: 0,
+                stop: None,
+                ended: t0,
             }
-        };
+        }
+    };
     loop {
         let started = Instant::now();
         let try_deadline = attempts.start(started);

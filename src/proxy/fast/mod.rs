@@ -318,7 +318,7 @@ impl Ctx<'_> {
         };
         let lowered = budget < cfg.timeout;
         let key = p.key.as_deref();
-        let begun = Attempts::begin_at(up, ticket, p.facts, key, deadline, lowered, t0);
+        let begun = Attempts::begin(up, ticket, p.facts, key, deadline, lowered, t0);
         let Ok(mut attempts) = begun else {
             let f = Failure {
                 error: ProxyError::DeadlineExceeded,
