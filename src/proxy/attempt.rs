@@ -544,17 +544,20 @@ async fn send(
             };
             (outcome, Err(e.into_proxy_error()))
         }
-        Err(_) => timed_out(try_deadline, plan.deadline),
+        Err(_) => {
+            let (outcome, e) = timed_out(try_deadline, plan.deadline);
+            (outcome, Err(e))
+        }
     }
 }
 
 /// The outcome of an attempt that reached `try_deadline` without response
 /// headers: the per-try timeout, or the request's deadline.
-pub fn timed_out<T>(try_deadline: Instant, deadline: Instant) -> (Outcome, Result<T, ProxyError>) {
+pub fn timed_out(try_deadline: Instant, deadline: Instant) -> (Outcome, ProxyError) {
     if try_deadline < deadline {
-        (Outcome::Timeout, Err(ProxyError::UpstreamTimeout))
+        (Outcome::Timeout, ProxyError::UpstreamTimeout)
     } else {
-        (Outcome::Timeout, Err(ProxyError::DeadlineExceeded))
+        (Outcome::Timeout, ProxyError::DeadlineExceeded)
     }
 }
 

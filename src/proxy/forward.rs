@@ -6,7 +6,7 @@ use super::body::{boxed, Body, IdleTimeout};
 use super::error::ProxyError;
 use super::headers;
 use super::replay::RequestBody;
-use super::route::{prefix_matches, request_host};
+use super::route::{request_host, upstream_path};
 use super::{ListenerRole, Snapshot, Upstream};
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri, Version};
@@ -233,15 +233,10 @@ fn upstream_uri(up: &Upstream, original: &Uri) -> Result<Uri, ProxyError> {
                 });
         }
     }
-    let mut rest = path;
-    if cfg.strip_prefix && cfg.path_prefix != "/" && prefix_matches(&cfg.path_prefix, path) {
-        rest = &path[cfg.path_prefix.len()..];
-    }
-    let mut pq = String::with_capacity(cfg.url.base_path.len() + rest.len() + 16);
-    pq.push_str(&cfg.url.base_path);
-    if !rest.starts_with('/') {
-        pq.push('/');
-    }
+    let (base, slash, rest) = upstream_path(cfg, path);
+    let mut pq = String::with_capacity(base.len() + rest.len() + 16);
+    pq.push_str(base);
+    pq.push_str(slash);
     pq.push_str(rest);
     if let Some(q) = original.query() {
         pq.push('?');

@@ -7,14 +7,18 @@ use std::time::Duration;
 /// Hop-by-hop headers (RFC 9110 §7.6.1) plus the legacy ones proxies drop.
 /// `Trailer` is end to end (RFC 9110 §6.6.2) and stays: hyper only sends the
 /// trailer fields it announces.
-const HOP_BY_HOP: [HeaderName; 7] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::UPGRADE,
+/// Fields never forwarded as they came, in either direction (besides those
+/// a `Connection` field names, and `Transfer-Encoding`, which each side
+/// frames itself): RFC 9110 §7.6.1, plus the proxy credentials meant for
+/// weir itself. The fast path (`fast::head`) strips the same list.
+pub const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "upgrade",
 ];
 
 /// Removes hop-by-hop headers, every header the `Connection` header names, and
@@ -40,7 +44,7 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_te_trailers: bool) {
     for n in named {
         h.remove(n);
     }
-    for n in &HOP_BY_HOP {
+    for n in HOP_BY_HOP {
         h.remove(n);
     }
     h.remove(header::TRANSFER_ENCODING);

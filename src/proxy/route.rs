@@ -3,7 +3,7 @@
 //! `path_prefix`. Built once per config snapshot; lookups allocate only to
 //! lower-case a mixed-case host.
 
-use crate::config::{Config, HostPattern};
+use crate::config::{Config, HostPattern, UpstreamConfig};
 use http::request::Parts;
 
 #[derive(Debug)]
@@ -79,12 +79,33 @@ pub fn request_host(parts: &Parts) -> Option<&str> {
         Some(a) => a.as_str(),
         None => parts.headers.get(http::header::HOST)?.to_str().ok()?,
     };
-    // Strip userinfo and port; keep IPv6 literals whole.
-    let raw = raw.rsplit('@').next().unwrap_or(raw);
-    if let Some(rest) = raw.strip_prefix('[') {
-        return rest.split(']').next();
+    Some(host_of(raw))
+}
+
+/// The host of an authority or `Host` value: userinfo and port dropped, an
+/// IPv6 literal kept whole (without its brackets).
+pub fn host_of(authority: &str) -> &str {
+    let a = authority.rsplit('@').next().unwrap_or(authority);
+    if let Some(rest) = a.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
     }
-    Some(raw.split(':').next().unwrap_or(raw))
+    a.split(':').next().unwrap_or(a)
+}
+
+/// Where a request path goes on the upstream (SEMANTICS §1): the matched
+/// `path_prefix` removed when `strip_prefix`, then the URL's base path in
+/// front, joined by a `/` when the rest does not start with one. The three
+/// pieces, in order; both data paths write them out.
+pub fn upstream_path<'a>(
+    cfg: &'a UpstreamConfig,
+    path: &'a str,
+) -> (&'a str, &'static str, &'a str) {
+    let mut rest = path;
+    if cfg.strip_prefix && cfg.path_prefix != "/" && prefix_matches(&cfg.path_prefix, path) {
+        rest = &path[cfg.path_prefix.len()..];
+    }
+    let slash = if rest.starts_with('/') { "" } else { "/" };
+    (&cfg.url.base_path, slash, rest)
 }
 
 #[cfg(test)]

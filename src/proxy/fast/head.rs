@@ -12,7 +12,8 @@
 //! hyper (`super::super::server`), which sees the same bytes.
 
 use crate::policy::{RequestFacts, StopReason};
-use crate::proxy::route::prefix_matches;
+use crate::proxy::headers::HOP_BY_HOP;
+use crate::proxy::route::{host_of, upstream_path};
 use crate::proxy::{ListenerRole, Snapshot, Upstream};
 use std::time::Duration;
 
@@ -64,21 +65,12 @@ fn tokens(v: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
     v.split(|b| *b == b',').map(|t| t.trim_ascii())
 }
 
-/// Fields weir never forwards in either direction (besides those a
-/// `Connection` field names): RFC 9110 §7.6.1, plus the proxy credentials
-/// meant for weir itself, as on the general path (`headers::strip_hop_by_hop`).
+/// Fields weir never forwards as they came, as on the general path
+/// (`headers::strip_hop_by_hop`): its hop-by-hop list, `Transfer-Encoding`
+/// (the framing is restated) and `x-weir-*`.
 fn hop_by_hop(name: &str) -> bool {
-    const HOP: [&str; 8] = [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "upgrade",
-        "transfer-encoding",
-    ];
-    HOP.iter().any(|h| eq(h, name))
+    HOP_BY_HOP.iter().any(|h| eq(h, name))
+        || eq(name, "transfer-encoding")
         || (name.len() >= 7 && name.as_bytes()[..7].eq_ignore_ascii_case(b"x-weir-"))
 }
 
@@ -145,16 +137,6 @@ fn visible(v: &[u8]) -> Option<&str> {
     }
 }
 
-/// Host and port of a request target's authority: userinfo and port dropped,
-/// IPv6 brackets removed (as `route::request_host` does).
-fn host_of(authority: &str) -> &str {
-    let a = authority.rsplit('@').next().unwrap_or(authority);
-    if let Some(rest) = a.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
-    }
-    a.split(':').next().unwrap_or(a)
-}
-
 /// Parses the client's request head at the start of `buf`, routes it and,
 /// when the fast path takes it, writes the upstream's request head to `out`.
 pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>) -> Parse<Planned> {
@@ -202,11 +184,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     for h in req.headers.iter() {
         let n = h.name;
         if eq(n, "content-length") {
-            let Some(len) = std::str::from_utf8(h.value)
-                .ok()
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|v| v.parse::<u64>().ok())
-            else {
+            let Some(len) = parse_length(h.value) else {
                 return Parse::Fallback("an invalid Content-Length");
             };
             if content_length.is_some() {
@@ -342,28 +320,31 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     })
 }
 
-/// Writes the upstream's request target (origin form): `strip_prefix`, then
-/// the upstream URL's base path; the query as sent.
+/// Writes the upstream's request target (origin form), mapped as
+/// [`upstream_path`] maps it; the query as sent.
 fn write_target(up: &Upstream, path: &str, path_and_query: &str, out: &mut Vec<u8>) -> bool {
     let cfg = &up.config;
     if cfg.url.base_path.is_empty() && !cfg.strip_prefix {
         out.extend_from_slice(path_and_query.as_bytes());
         return true;
     }
-    let mut rest = path;
-    if cfg.strip_prefix && cfg.path_prefix != "/" && prefix_matches(&cfg.path_prefix, path) {
-        rest = &path[cfg.path_prefix.len()..];
-    }
-    out.extend_from_slice(cfg.url.base_path.as_bytes());
-    if !rest.starts_with('/') {
-        out.push(b'/');
-    }
+    let (base, slash, rest) = upstream_path(cfg, path);
+    out.extend_from_slice(base.as_bytes());
+    out.extend_from_slice(slash.as_bytes());
     out.extend_from_slice(rest.as_bytes());
     if let Some((_, q)) = path_and_query.split_once('?') {
         out.push(b'?');
         out.extend_from_slice(q.as_bytes());
     }
     true
+}
+
+/// A `Content-Length` value: digits only, no sign, no spaces, no list.
+fn parse_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
 }
 
 fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
@@ -466,11 +447,7 @@ pub fn parse_response<'b>(
         let n = h.name;
         dated |= eq(n, "date");
         if eq(n, "content-length") {
-            let v = std::str::from_utf8(h.value)
-                .ok()
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|v| v.parse::<u64>().ok())
-                .ok_or("the upstream sent an invalid Content-Length")?;
+            let v = parse_length(h.value).ok_or("the upstream sent an invalid Content-Length")?;
             if length.is_some_and(|l| l != v) {
                 return Err("the upstream sent conflicting Content-Lengths");
             }

@@ -342,7 +342,7 @@ impl Ctx<'_> {
                 // slot released without a verdict.
                 () = client_gone(self.stream, &mut self.bufs.client, need, &mut self.bufs.eof) => return false,
                 r = exchange(self.pool, up, started, &self.bufs.request, &mut self.bufs.upstream, &mut self.bufs.out, p.head_method) => r,
-                () = self.timer.at(try_deadline) => Err(timed_out(try_deadline, deadline)),
+                () = self.timer.at(try_deadline) => Err(attempt::timed_out(try_deadline, deadline)),
             };
             let ended = Instant::now();
             let (outcome, result) = match sent {
@@ -554,15 +554,6 @@ impl Ctx<'_> {
 struct Failure {
     error: ProxyError,
     attempts: Option<Annotations>,
-}
-
-/// The outcome of an attempt that reached `try_deadline` without a response.
-fn timed_out(try_deadline: Instant, deadline: Instant) -> Failed {
-    let (outcome, r) = attempt::timed_out::<()>(try_deadline, deadline);
-    match r {
-        Err(e) => (outcome, e),
-        Ok(()) => (outcome, ProxyError::DeadlineExceeded),
-    }
 }
 
 /// One attempt: a pooled (or new) connection, the request written, the
