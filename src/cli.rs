@@ -58,7 +58,7 @@ pub struct ChaosArgs {
     /// Seed of the upstream's fault draws.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Take weir's policy from this file's `[defaults]` instead of the scenario's.
+    /// Merge this file's `[defaults]` over the scenario's settings (the file wins, field by field).
     #[arg(long, short)]
     pub config: Option<PathBuf>,
     /// Print JSON instead of the table.
@@ -148,10 +148,12 @@ pub enum Command {
     },
     /// Measure what weir does for a client of a misbehaving upstream.
     ///
-    /// Starts a fault-injecting upstream, weir (in-process, its default policy or the
-    /// `[defaults]` of `--config`) and a load driver, and prints one table with three
-    /// columns: no weir, a naive retry loop (3 attempts, fixed backoff, no budget, no
-    /// breaker), and weir. Without a SCENARIO every scenario runs in turn.
+    /// Starts a fault-injecting upstream, weir (in-process, on its default policy plus the
+    /// few settings the scenario's story needs, which the table prints) and a load driver,
+    /// and prints one table with three columns: no weir, a naive retry loop (3 attempts,
+    /// fixed backoff, no budget, no breaker), and weir. `--config FILE` merges that
+    /// file's `[defaults]` over the scenario's settings. Without a SCENARIO every scenario
+    /// runs in turn.
     /// `weir chaos upstream` runs the fault-injecting upstream alone, to rehearse your own
     /// policy against it.
     #[command(args_conflicts_with_subcommands = true)]

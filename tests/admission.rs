@@ -48,7 +48,7 @@ async fn breaker_opens_probes_once_closes_and_reopens_for_twice_as_long() {
     let (up, mode) = switchable().await;
     let weir = Weir::single(
         &up.url(),
-        "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nopen = \"10s\"\nopen_jitter = 0.0\n",
+        "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 5\nopen = \"10s\"\nopen_jitter = 0.0\n",
     )
     .await;
     // Five consecutive failures open it.

@@ -147,7 +147,12 @@ fn defaults_merge_field_by_field() {
     assert_eq!(a.retry.backoff.max.as_millis(), 1000);
     assert_eq!(a.retry.backoff.multiplier, 2.0);
     assert_eq!(a.retry.budget.ratio, 0.1);
-    assert_eq!(a.breaker.consecutive_failures, 5);
+    assert_eq!(a.breaker.consecutive_failures, 20);
+    assert_eq!(a.breaker.window, 100);
+    assert_eq!(a.breaker.min_samples, 50);
+    assert_eq!(a.breaker.failure_rate, 0.8);
+    assert_eq!(a.breaker.open.as_secs(), 1);
+    assert_eq!(a.breaker.max_open.as_secs(), 30);
     assert_eq!(a.concurrency.max_in_flight, 1024);
     assert!(a.rate_limit.is_none());
 }
@@ -195,4 +200,21 @@ fn weir_check_exits_1_and_names_the_place() {
         )),
         "{err}"
     );
+}
+
+/// Regression: with the 30 s default `max_open`, a config written for the
+/// earlier defaults (`open = "1m"`, no `max_open`) must still load.
+#[test]
+fn breaker_open_above_the_default_max_open_raises_it() {
+    let src = format!("{UP}[upstreams.api.breaker]\nopen = \"1m\"\n");
+    let c = Config::parse(Path::new("weir.toml"), &src).unwrap();
+    assert_eq!(c.upstreams[0].breaker.open.as_secs(), 60);
+    assert_eq!(c.upstreams[0].breaker.max_open.as_secs(), 60);
+    // Set in [defaults] too.
+    let src = format!("[defaults.breaker]\nopen = \"2m\"\n{UP}");
+    let c = Config::parse(Path::new("weir.toml"), &src).unwrap();
+    assert_eq!(c.upstreams[0].breaker.max_open.as_secs(), 120);
+    // A max_open the user wrote below open is still an error.
+    let src = format!("{UP}[upstreams.api.breaker]\nopen = \"1m\"\nmax_open = \"30s\"\n");
+    expect_one(&src, 6, "upstreams.api.breaker.max_open", "must be ≥ open");
 }

@@ -52,6 +52,17 @@ pub enum Target {
     Weir { addr: SocketAddr, host: String },
 }
 
+/// One client request as the driver saw it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Record {
+    /// When it was sent, from the start of the run.
+    pub start: Duration,
+    /// How long until its whole response arrived (or it failed).
+    pub latency: Duration,
+    /// A 2xx arrived in full.
+    pub ok: bool,
+}
+
 /// What the client saw.
 #[derive(Debug, Default, Clone)]
 pub struct Observed {
@@ -59,6 +70,13 @@ pub struct Observed {
     pub successes: u64,
     /// Every request's latency, sorted.
     pub latencies: Vec<Duration>,
+    /// Every request, by start time.
+    pub records: Vec<Record>,
+    /// When the run started: `records` are offsets from it.
+    pub started: Option<Instant>,
+    /// Connections the driver itself tried to open to the upstream and that
+    /// were refused (only for targets that call the upstream directly).
+    pub refused: u64,
 }
 
 impl Observed {
@@ -86,18 +104,26 @@ pub async fn drive(target: Target, load: Load) -> Observed {
         .pool_max_idle_per_host(1024)
         .build(http);
     let next_id = Arc::new(AtomicU64::new(0));
+    let refused = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    let mut results: Vec<(bool, Duration)> = Vec::with_capacity(load.requests);
-    let one = |client: HttpClient, target: Target, load: Load, id: u64| async move {
-        let t0 = Instant::now();
-        let ok = tokio::time::timeout(
-            load.client_timeout,
-            request(&client, &target, &load.method, id),
-        )
-        .await
-        .unwrap_or(false);
-        (ok, t0.elapsed())
+    let mut results: Vec<Record> = Vec::with_capacity(load.requests);
+    let one = |client: HttpClient, target: Target, load: Load, id: u64| {
+        let refused = refused.clone();
+        async move {
+            let t0 = Instant::now();
+            let ok = tokio::time::timeout(
+                load.client_timeout,
+                request(&client, &target, &load.method, id, &refused),
+            )
+            .await
+            .unwrap_or(false);
+            Record {
+                start: t0.duration_since(started),
+                latency: t0.elapsed(),
+                ok,
+            }
+        }
     };
     match load.mode {
         Mode::Closed(n) => {
@@ -141,24 +167,41 @@ pub async fn drive(target: Target, load: Load) -> Observed {
             }
         }
     }
-    let mut o = Observed {
+    results.sort_by_key(|r| r.start);
+    let mut latencies: Vec<Duration> = results.iter().map(|r| r.latency).collect();
+    latencies.sort();
+    Observed {
         requests: results.len() as u64,
-        successes: results.iter().filter(|(ok, _)| *ok).count() as u64,
-        latencies: results.into_iter().map(|(_, d)| d).collect(),
-    };
-    o.latencies.sort();
-    o
+        successes: results.iter().filter(|r| r.ok).count() as u64,
+        latencies,
+        records: results,
+        started: Some(started),
+        refused: refused.load(Ordering::Relaxed),
+    }
 }
 
-/// One client request; `true` for a 2xx.
-async fn request(client: &HttpClient, target: &Target, method: &Method, id: u64) -> bool {
+/// One client request; `true` for a 2xx. Connections refused by the upstream
+/// are counted in `refused`.
+async fn request(
+    client: &HttpClient,
+    target: &Target,
+    method: &Method,
+    id: u64,
+    refused: &AtomicU64,
+) -> bool {
+    let counted = |s: Sent| {
+        if s == Sent::Refused {
+            refused.fetch_add(1, Ordering::Relaxed);
+        }
+        s
+    };
     match target {
-        Target::Direct(addr) => send(client, *addr, None, method, id)
-            .await
-            .is_some_and(|s| s < 300),
-        Target::Weir { addr, host } => send(client, *addr, Some(host), method, id)
-            .await
-            .is_some_and(|s| s < 300),
+        Target::Direct(addr) => {
+            counted(send(client, *addr, None, method, id).await) == Sent::Status(true)
+        }
+        Target::Weir { addr, host } => {
+            send(client, *addr, Some(host), method, id).await == Sent::Status(true)
+        }
         Target::Naive {
             addr,
             attempts,
@@ -167,9 +210,9 @@ async fn request(client: &HttpClient, target: &Target, method: &Method, id: u64)
         } => {
             for i in 0..*attempts {
                 let r = tokio::time::timeout(*per_try, send(client, *addr, None, method, id)).await;
-                match r {
-                    Ok(Some(s)) if s < 300 => return true,
-                    Ok(Some(s)) if s < 500 && s != 429 => return false,
+                match r.map(counted) {
+                    Ok(Sent::Status(true)) => return true,
+                    Ok(Sent::Final) => return false,
                     _ => {}
                 }
                 if i + 1 < *attempts {
@@ -181,14 +224,27 @@ async fn request(client: &HttpClient, target: &Target, method: &Method, id: u64)
     }
 }
 
-/// Sends one attempt; the status, or `None` for a transport failure.
+/// How one attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// A response arrived in full: `true` for a 2xx; `false` for a 5xx or 429.
+    Status(bool),
+    /// A response a retry would not change (any other 4xx, 3xx).
+    Final,
+    /// The connection was refused: the upstream never saw the request.
+    Refused,
+    /// Any other transport failure.
+    Failed,
+}
+
+/// Sends one attempt.
 async fn send(
     client: &HttpClient,
     addr: SocketAddr,
     host: Option<&str>,
     method: &Method,
     id: u64,
-) -> Option<u16> {
+) -> Sent {
     let body = if *method == Method::POST {
         Bytes::from_static(b"{\"amount\":100}")
     } else {
@@ -201,10 +257,22 @@ async fn send(
     if let Some(h) = host {
         b = b.header(http::header::HOST, h);
     }
-    let req = b.body(Full::new(body)).ok()?;
-    let resp = client.request(req).await.ok()?;
+    let Ok(req) = b.body(Full::new(body)) else {
+        return Sent::Failed;
+    };
+    let resp = match client.request(req).await {
+        Ok(r) => r,
+        Err(e) if e.is_connect() => return Sent::Refused,
+        Err(_) => return Sent::Failed,
+    };
     let status = resp.status().as_u16();
     // Read the whole body: a response counts when it has fully arrived.
-    resp.into_body().collect().await.ok()?;
-    Some(status)
+    if resp.into_body().collect().await.is_err() {
+        return Sent::Failed;
+    }
+    match status {
+        200..=299 => Sent::Status(true),
+        429 | 500.. => Sent::Status(false),
+        _ => Sent::Final,
+    }
 }

@@ -8,6 +8,7 @@
 
 pub mod driver;
 pub mod report;
+pub mod timeline;
 pub mod upstream;
 
 use crate::config::Config;
@@ -32,8 +33,12 @@ pub enum Scenario {
     /// 30 % of requests answered 503 at random, open loop at 1000 requests/s.
     #[value(name = "transient-30")]
     Transient30,
-    /// Connections refused for 3 s, then healthy again.
+    /// Connections refused for 2 s, then healthy again.
     Outage,
+    /// 100 requests/s for 20 s; connections refused from 5 s to 10 s.
+    Recovery,
+    /// 5 requests/s; the upstream is down for 2 s, as a local app restarting.
+    Restart,
     /// Latency ×20 and 50 % 503.
     Brownout,
     /// 429 with `Retry-After: 1` above 200 requests/s.
@@ -45,10 +50,12 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 8] = [
         Scenario::Transient5,
         Scenario::Transient30,
         Scenario::Outage,
+        Scenario::Recovery,
+        Scenario::Restart,
         Scenario::Brownout,
         Scenario::RateLimited,
         Scenario::PostTimeouts,
@@ -59,6 +66,8 @@ impl Scenario {
             Scenario::Transient5 => "transient-5",
             Scenario::Transient30 => "transient-30",
             Scenario::Outage => "outage",
+            Scenario::Recovery => "recovery",
+            Scenario::Restart => "restart",
             Scenario::Brownout => "brownout",
             Scenario::RateLimited => "rate-limited",
             Scenario::PostTimeouts => "post-timeouts",
@@ -72,6 +81,8 @@ impl Scenario {
             latency: normal,
             ..Profile::default()
         };
+        let down =
+            |from: u64, secs: u64| vec![(Duration::from_secs(from), Duration::from_secs(secs))];
         match self {
             Scenario::Transient5 => Profile {
                 fail_rate: 0.05,
@@ -82,7 +93,15 @@ impl Scenario {
                 ..base
             },
             Scenario::Outage => Profile {
-                outages: vec![(Duration::from_secs(1), Duration::from_secs(2))],
+                outages: down(1, 2),
+                ..base
+            },
+            Scenario::Recovery => Profile {
+                outages: down(5, 5),
+                ..base
+            },
+            Scenario::Restart => Profile {
+                outages: down(3, 2),
                 ..base
             },
             Scenario::Brownout => Profile {
@@ -112,7 +131,9 @@ impl Scenario {
             Scenario::Transient5 => (2000, Mode::Closed(32), Method::GET),
             Scenario::Transient30 => (3000, Mode::Open(1000.0), Method::GET),
             Scenario::Outage => (1250, Mode::Open(250.0), Method::GET),
-            Scenario::Brownout => (1000, Mode::Closed(32), Method::GET),
+            Scenario::Recovery => (2000, Mode::Open(100.0), Method::GET),
+            Scenario::Restart => (50, Mode::Open(5.0), Method::GET),
+            Scenario::Brownout => (2000, Mode::Closed(32), Method::GET),
             Scenario::RateLimited => (2000, Mode::Open(400.0), Method::GET),
             Scenario::PostTimeouts => (1000, Mode::Closed(32), Method::POST),
         };
@@ -125,17 +146,21 @@ impl Scenario {
         }
     }
 
-    /// Policy overrides for this scenario's upstream on top of weir's defaults.
-    pub fn overrides(self) -> &'static str {
+    /// What this scenario's story sets on top of weir's default policy, as
+    /// TOML: a deadline, a per-try timeout, `"429"` in `retry_on`. Never the
+    /// breaker or the budget: every figure is the default policy's.
+    pub fn settings(self) -> &'static str {
         match self {
-            Scenario::Transient5 | Scenario::Transient30 => "",
-            // A 500 ms open interval (default 30 s) so a 5 s run sees recovery.
-            Scenario::Outage => "[upstreams.chaos.breaker]\nopen = \"500ms\"\nmax_open = \"1s\"\n",
-            Scenario::Brownout => "timeout = \"2s\"\n",
+            Scenario::Transient5
+            | Scenario::Transient30
+            | Scenario::Outage
+            | Scenario::Recovery
+            | Scenario::Restart => "",
+            Scenario::Brownout => "[defaults]\ntimeout = \"2s\"\n",
             Scenario::RateLimited => {
-                "[upstreams.chaos.retry]\nretry_on = [\"connect-failure\", \"reset\", \"timeout\", \"429\", \"502\", \"503\", \"504\"]\nmax_retry_after = \"2s\"\n"
+                "[defaults.retry]\nretry_on = [\"connect-failure\", \"reset\", \"timeout\", \"429\", \"502\", \"503\", \"504\"]\nmax_retry_after = \"2s\"\n"
             }
-            Scenario::PostTimeouts => "timeout = \"2s\"\nper_try_timeout = \"250ms\"\n",
+            Scenario::PostTimeouts => "[defaults]\ntimeout = \"2s\"\nper_try_timeout = \"250ms\"\n",
         }
     }
 }
@@ -146,7 +171,8 @@ pub struct Options {
     pub requests: Option<usize>,
     pub rate: Option<f64>,
     pub seed: u64,
-    /// Use this file's `[defaults]` policy instead of the scenario's.
+    /// Merge this file's `[defaults]` table over the scenario's settings
+    /// (the file wins, field by field).
     pub config: Option<PathBuf>,
     /// Run only the weir column (for tests that check weir's own figures).
     pub weir_only: bool,
@@ -157,7 +183,13 @@ pub struct Options {
 pub struct Column {
     pub name: &'static str,
     pub observed: Observed,
+    /// Requests that reached the upstream.
     pub upstream_attempts: u64,
+    /// Attempts whose connection the upstream refused (they never reached it).
+    pub refused: u64,
+    /// When the upstream came back from its (last) outage, on this column's
+    /// timeline (`observed.records`' clock).
+    pub back: Option<Duration>,
     pub duplicates: u64,
     /// weir only: breaker transitions by state entered.
     pub transitions: Option<BTreeMap<String, f64>>,
@@ -166,11 +198,13 @@ pub struct Column {
 }
 
 impl Column {
+    /// Upstream attempts per client request, counting those refused at
+    /// connect: the load put on the upstream's address.
     pub fn amplification(&self) -> f64 {
         if self.observed.requests == 0 {
             return 0.0;
         }
-        self.upstream_attempts as f64 / self.observed.requests as f64
+        (self.upstream_attempts + self.refused) as f64 / self.observed.requests as f64
     }
 
     pub fn success(&self) -> f64 {
@@ -202,18 +236,25 @@ pub struct Report {
     pub seed: u64,
     /// weir's request deadline (`timeout`) in this scenario.
     pub deadline: Duration,
+    /// The scenario's own settings over the default policy (TOML).
+    pub settings: &'static str,
+    /// The file whose `[defaults]` was merged over them, if any.
+    pub merged: Option<PathBuf>,
+    /// The breaker's `half_open_probes` in force.
+    pub half_open_probes: u32,
     pub columns: Vec<Column>,
     pub breaker: BreakerTrace,
 }
 
-/// The weir config for a scenario: its upstream pointed at `addr`.
+/// The weir config for a scenario: weir's defaults, the scenario's settings,
+/// `user`'s `[defaults]` merged over those, and one upstream pointed at `addr`.
 fn weir_config(
     scenario: Scenario,
     addr: std::net::SocketAddr,
     user: Option<&Path>,
 ) -> Result<Config, String> {
-    let mut src = String::from("[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n");
-    let mut overrides = scenario.overrides().to_string();
+    let mut policy: toml::Table =
+        toml::from_str(scenario.settings()).map_err(|e| format!("scenario settings: {e}"))?;
     if let Some(p) = user {
         let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
         let table: toml::Table =
@@ -221,17 +262,35 @@ fn weir_config(
         if let Some(d) = table.get("defaults") {
             let mut t = toml::Table::new();
             t.insert("defaults".into(), d.clone());
-            src.push_str(&toml::to_string(&t).map_err(|e| e.to_string())?);
+            merge(&mut policy, t);
         }
-        overrides.clear();
     }
+    let mut src = String::from("[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\n");
+    src.push_str(&toml::to_string(&policy).map_err(|e| e.to_string())?);
     src.push_str(&format!(
-        "\n[upstreams.chaos]\nurl = \"http://{addr}\"\nhosts = [\"chaos\"]\n{overrides}"
+        "\n[upstreams.chaos]\nurl = \"http://{addr}\"\nhosts = [\"chaos\"]\n"
     ));
-    let path = user
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from(format!("<chaos {}>", scenario.name())));
+    let path = match user {
+        Some(p) => PathBuf::from(format!(
+            "<chaos {} merged with {}>",
+            scenario.name(),
+            p.display()
+        )),
+        None => PathBuf::from(format!("<chaos {}>", scenario.name())),
+    };
     Config::parse(&path, &src).map_err(|e| e.to_string())
+}
+
+/// Merges `over` into `base`: tables field by field, anything else replaced.
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
 }
 
 /// Runs one scenario: three columns, one after the other.
@@ -251,7 +310,7 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
         // 1. No weir.
         let up = start_upstream(scenario, opts.seed).await?;
         let observed = drive(Target::Direct(up.addr), load.clone()).await;
-        columns.push(column("no weir", observed, &up));
+        columns.push(column(scenario, "no weir", observed, &up));
         drop(up);
 
         // 2. The naive loop: 3 attempts, 100 ms apart, no budget, no breaker.
@@ -263,7 +322,7 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
             per_try,
         };
         let observed = drive(naive, load.clone()).await;
-        columns.push(column("naive retries", observed, &up));
+        columns.push(column(scenario, "naive retries", observed, &up));
         drop(up);
     }
 
@@ -284,8 +343,8 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
         .first()
         .map(|u| u.state.clone())
         .ok_or("no upstream state")?;
-    let outage_end = scenario.profile().outages.first().map(|(s, l)| *s + *l);
-    let started = Instant::now();
+    let outage_end = outage_end(scenario);
+    let started = up.started;
     let trace = Arc::new(std::sync::Mutex::new(BreakerTrace::default()));
     let sampler = tokio::spawn(trace_breaker(
         state,
@@ -298,7 +357,13 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
     sampler.abort();
     let _ = sampler.await;
     let trace = trace.lock().map(|t| t.clone()).unwrap_or_default();
-    let mut col = column("weir", observed, &up);
+    let mut col = column(scenario, "weir", observed, &up);
+    // weir's connect failures are the attempts the upstream refused.
+    col.refused = metrics
+        .values("weir_upstream_attempts_total", "chaos", "result")
+        .get("connect_failure")
+        .copied()
+        .unwrap_or(0.0) as u64;
     col.transitions = Some(metrics.values("weir_breaker_transitions_total", "chaos", "to"));
     col.stops = Some(metrics.values("weir_retry_stops_total", "chaos", "reason"));
     columns.push(col);
@@ -308,6 +373,9 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
         scenario,
         seed: opts.seed,
         deadline,
+        settings: scenario.settings(),
+        merged: opts.config.clone(),
+        half_open_probes: up_cfg.breaker.half_open_probes,
         columns,
         breaker: trace,
     })
@@ -323,9 +391,34 @@ async fn start_upstream(scenario: Scenario, seed: u64) -> Result<ChaosUpstream, 
     .map_err(|e| format!("cannot start the chaos upstream: {e}"))
 }
 
-fn column(name: &'static str, observed: Observed, up: &ChaosUpstream) -> Column {
+/// When the scenario's last outage ends, from the upstream's start.
+fn outage_end(scenario: Scenario) -> Option<Duration> {
+    scenario
+        .profile()
+        .outages
+        .iter()
+        .map(|(s, l)| *s + *l)
+        .max()
+}
+
+fn column(
+    scenario: Scenario,
+    name: &'static str,
+    observed: Observed,
+    up: &ChaosUpstream,
+) -> Column {
+    // The driver's clock starts a little after the upstream's.
+    let back = outage_end(scenario).map(|end| {
+        let skew = observed
+            .started
+            .map(|s| s.saturating_duration_since(up.started))
+            .unwrap_or_default();
+        end.saturating_sub(skew)
+    });
     Column {
         name,
+        refused: observed.refused,
+        back,
         observed,
         upstream_attempts: up.counters.received(),
         duplicates: up.counters.duplicates(),

@@ -1,6 +1,7 @@
 //! The `weir chaos` report: one table, three columns side by side, or the
 //! same as JSON.
 
+use super::timeline::{first_success_after, per_second, to_success};
 use super::{Column, Report};
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -36,7 +37,7 @@ fn map(m: &Option<std::collections::BTreeMap<String, f64>>) -> String {
 pub fn rows(r: &Report) -> Vec<(String, Vec<String>)> {
     let late = r.deadline + Duration::from_millis(50);
     let cell = |f: &dyn Fn(&Column) -> String| r.columns.iter().map(f).collect::<Vec<_>>();
-    vec![
+    let mut rows = vec![
         (
             "client requests".into(),
             cell(&|c| c.observed.requests.to_string()),
@@ -48,6 +49,10 @@ pub fn rows(r: &Report) -> Vec<(String, Vec<String>)> {
         (
             "upstream attempts".into(),
             cell(&|c| c.upstream_attempts.to_string()),
+        ),
+        (
+            "attempts refused at connect".into(),
+            cell(&|c| c.refused.to_string()),
         ),
         (
             "amplification".into(),
@@ -75,7 +80,75 @@ pub fn rows(r: &Report) -> Vec<(String, Vec<String>)> {
         ),
         ("breaker transitions".into(), cell(&|c| map(&c.transitions))),
         ("retry stops".into(), cell(&|c| map(&c.stops))),
-    ]
+    ];
+    if r.columns.iter().any(|c| c.back.is_some()) {
+        let after =
+            |d: Option<Duration>| d.map(secs).unwrap_or_else(|| "not within the run".into());
+        rows.push((
+            "upstream recovery to ≥ 95 % success".into(),
+            cell(&|c| {
+                after(
+                    c.back
+                        .and_then(|b| to_success(&c.observed.records, b, 95.0)),
+                )
+            }),
+        ));
+        rows.push((
+            "first success after the upstream is back".into(),
+            cell(&|c| {
+                after(
+                    c.back
+                        .and_then(|b| first_success_after(&c.observed.records, b)),
+                )
+            }),
+        ));
+    }
+    rows
+}
+
+/// `1 time`, `3 times`.
+fn count(n: u64, what: &str) -> String {
+    if n == 1 {
+        format!("{n} {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+/// Success per second of the run, one line per column (scenarios with an
+/// outage only).
+fn per_second_table(r: &Report) -> Option<String> {
+    if r.columns.iter().all(|c| c.back.is_none()) {
+        return None;
+    }
+    let lines: Vec<(&str, Vec<Option<f64>>)> = r
+        .columns
+        .iter()
+        .map(|c| (c.name, per_second(&c.observed.records)))
+        .collect();
+    let n = lines.iter().map(|(_, v)| v.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "success per second, % of the requests sent in that second:\n"
+    );
+    let heads: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+    let _ = writeln!(out, "| second | {} |", heads.join(" | "));
+    let _ = writeln!(out, "|---|{}", "---|".repeat(n));
+    for (name, v) in lines {
+        let cells: Vec<String> = (0..n)
+            .map(|i| match v.get(i).copied().flatten() {
+                Some(p) => format!("{p:.0}"),
+                None => "—".into(),
+            })
+            .collect();
+        let _ = writeln!(out, "| {name} | {} |", cells.join(" | "));
+    }
+    Some(out)
 }
 
 /// The table, in Markdown (readable in a terminal, pastable in the README).
@@ -88,19 +161,55 @@ pub fn table(r: &Report) -> String {
     for (label, cells) in rows(r) {
         let _ = writeln!(out, "| {label} | {} |", cells.join(" | "));
     }
+    if let Some(t) = per_second_table(r) {
+        let _ = writeln!(out, "\n{t}");
+    }
     let b = &r.breaker;
+    let opens = r
+        .columns
+        .iter()
+        .filter_map(|c| c.transitions.as_ref())
+        .filter_map(|t| t.get("open"))
+        .sum::<f64>();
     if b.half_opens > 0 || b.recovery.is_some() {
         let _ = writeln!(
             out,
-            "\nweir's breaker: {} half-open probes windows, {} attempts while half-open, {} while open{}",
-            b.half_opens,
-            b.attempts_while_half_open,
-            b.attempts_while_open,
+            "\nweir's breaker: opened {}; half-open {} ({} allowed at a time), with {} in them; {} while open{}",
+            count(opens as u64, "time"),
+            count(b.half_opens, "time"),
+            count(u64::from(r.half_open_probes), "probe"),
+            count(b.attempts_while_half_open, "upstream attempt"),
+            count(b.attempts_while_open, "upstream attempt"),
             b.recovery
-                .map(|d| format!(", closed {} after the upstream recovered", ms(d)))
+                .map(|d| format!("; closed {} after the upstream recovered", ms(d)))
                 .unwrap_or_default()
         );
     }
+    let _ = writeln!(out, "\n{}", settings_note(r));
+    out
+}
+
+/// What weir ran with: its default policy, the scenario's settings and the
+/// merged file.
+fn settings_note(r: &Report) -> String {
+    let mut out = String::from("weir's policy: the defaults");
+    if r.settings.is_empty() {
+        out.push_str(" (this scenario sets nothing)");
+    } else {
+        let _ = write!(
+            out,
+            ", with this scenario's settings:\n\n```toml\n{}```",
+            r.settings
+        );
+    }
+    if let Some(p) = &r.merged {
+        let _ = write!(
+            out,
+            "\n\nmerged over them: the `[defaults]` table of {}",
+            p.display()
+        );
+    }
+    out.push('\n');
     out
 }
 
@@ -117,6 +226,7 @@ pub fn json(r: &Report) -> serde_json::Value {
                 "client_successes": c.observed.successes,
                 "success_percent": c.success(),
                 "upstream_attempts": c.upstream_attempts,
+                "attempts_refused_at_connect": c.refused,
                 "amplification": c.amplification(),
                 "p50_ms": c.observed.percentile(0.50).as_secs_f64() * 1000.0,
                 "p99_ms": c.observed.percentile(0.99).as_secs_f64() * 1000.0,
@@ -125,6 +235,14 @@ pub fn json(r: &Report) -> serde_json::Value {
                 "duplicate_deliveries": c.duplicates,
                 "breaker_transitions": c.transitions,
                 "retry_stops": c.stops,
+                "upstream_back_ms": c.back.map(|d| d.as_millis() as u64),
+                "recovery_to_95_percent_ms": c.back
+                    .and_then(|b| to_success(&c.observed.records, b, 95.0))
+                    .map(|d| d.as_millis() as u64),
+                "first_success_after_back_ms": c.back
+                    .and_then(|b| first_success_after(&c.observed.records, b))
+                    .map(|d| d.as_millis() as u64),
+                "success_per_second": per_second(&c.observed.records),
             })
         })
         .collect();
@@ -132,6 +250,8 @@ pub fn json(r: &Report) -> serde_json::Value {
         "scenario": r.scenario.name(),
         "seed": r.seed,
         "deadline_ms": r.deadline.as_millis() as u64,
+        "scenario_settings": r.settings,
+        "merged_config": r.merged.as_ref().map(|p| p.display().to_string()),
         "columns": cols,
         "breaker": {
             "half_opens": r.breaker.half_opens,

@@ -124,6 +124,8 @@ impl Counters {
 pub struct ChaosUpstream {
     pub addr: SocketAddr,
     pub counters: Arc<Counters>,
+    /// When it started: the profile's outage windows count from here.
+    pub started: Instant,
     task: JoinHandle<()>,
 }
 
@@ -228,17 +230,19 @@ impl ChaosUpstream {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let counters = Arc::new(Counters::default());
+        let started = Instant::now();
         let faults = Arc::new(Faults {
             profile,
             rng: Mutex::new(SeededRandom::new(seed)),
             throttle: Mutex::new(None),
-            started: Instant::now(),
+            started,
             counters: counters.clone(),
         });
         let task = tokio::spawn(serve(listener, addr, faults));
         Ok(ChaosUpstream {
             addr,
             counters,
+            started,
             task,
         })
     }

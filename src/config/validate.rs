@@ -85,7 +85,14 @@ pub(super) fn validate(
     let mut upstreams = Vec::new();
     let mut effective_upstreams = BTreeMap::new();
     for (name, up) in &raw.upstreams {
-        let mut merged = up.policy().merge(defaults.clone());
+        let own = up.policy();
+        let max_open_set = [&own, &raw.defaults]
+            .iter()
+            .any(|p| p.breaker.as_ref().is_some_and(|b| b.max_open.is_some()));
+        let mut merged = own.merge(defaults.clone());
+        if !max_open_set {
+            open_within_default_max(&mut merged);
+        }
         if let Some(rl) = merged.rate_limit.take() {
             merged.rate_limit = Some(rl.merge(RawPolicy::builtin_rate_limit()));
         }
@@ -494,6 +501,20 @@ fn retry_policy(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<RetryPolicy> 
     )
     .map_err(|e| cx.policy_err(name, "retry", e))
     .ok()
+}
+
+/// `max_open` left at its default never undercuts an `open` the user set
+/// above it: a config written for longer open intervals (`open = "1m"`) keeps
+/// working, open for `open` each time, instead of failing validation on a
+/// field it never mentioned.
+fn open_within_default_max(p: &mut RawPolicy) {
+    if let Some(b) = p.breaker.as_mut() {
+        if let (Some(open), Some(max)) = (b.open, b.max_open) {
+            if open.0 > max.0 {
+                b.max_open = Some(open);
+            }
+        }
+    }
 }
 
 fn breaker(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<BreakerParams> {
