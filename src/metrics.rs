@@ -36,13 +36,14 @@ pub const ERROR_CODES: [&str; 9] = [
 ];
 
 /// The `result` label values of `weir_upstream_attempts_total`.
-pub const ATTEMPT_RESULTS: [&str; 7] = [
+pub const ATTEMPT_RESULTS: [&str; 8] = [
     "ok",
     "status_4xx",
     "status_5xx",
     "connect_failure",
     "reset",
     "timeout",
+    "refused_stream",
     "cancelled",
 ];
 
@@ -334,7 +335,7 @@ pub struct UpstreamMetrics {
     statuses: Box<[OnceLock<IntCounter>]>,
     errors: [IntCounter; 9],
     request_duration: Histogram,
-    attempts: [IntCounter; 7],
+    attempts: [IntCounter; ATTEMPT_RESULTS.len()],
     attempt_duration: Histogram,
     retries_vec: IntCounterVec,
     retries: Mutex<HashMap<Cause, IntCounter>>,

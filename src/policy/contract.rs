@@ -96,6 +96,9 @@ pub enum OutcomeJson {
     },
     /// Per-try timeout without response headers.
     Timeout,
+    /// An HTTP/2 stream refused unprocessed (above a GOAWAY's last stream
+    /// id, or `REFUSED_STREAM`).
+    RefusedStream,
     /// The client went away.
     ClientGone,
 }
@@ -288,6 +291,7 @@ fn to_outcome(o: &OutcomeJson, now_wall: SystemTime) -> Outcome {
             request_sent: *request_sent,
         },
         OutcomeJson::Timeout => Outcome::Timeout,
+        OutcomeJson::RefusedStream => Outcome::RefusedStream,
         OutcomeJson::ClientGone => Outcome::ClientGone,
     }
 }

@@ -235,7 +235,7 @@ pub enum Outcome {
         grpc_status: Option<u8>,
     },
     /// Nothing reached the upstream: refused, DNS, connect timeout, TLS
-    /// handshake, HTTP/2 `REFUSED_STREAM`.
+    /// handshake.
     ConnectFailure,
     /// The connection was reset or closed with no response. `request_sent =
     /// false` (a pooled connection found closed before any byte was written)
@@ -246,6 +246,12 @@ pub enum Outcome {
     },
     /// The per-try timeout fired before the response headers.
     Timeout,
+    /// An HTTP/2 upstream refused the stream without processing it: above
+    /// the last stream id of its GOAWAY, or `REFUSED_STREAM`. A graceful
+    /// event of a healthy upstream (it is closing that connection): replayed
+    /// at once on another connection for any method, spending no budget and
+    /// giving the breaker no verdict.
+    RefusedStream,
     /// The client went away.
     ClientGone,
 }
@@ -259,7 +265,7 @@ impl Outcome {
         match self {
             Outcome::Response { status, .. } => Some(params.is_failure_status(*status)),
             Outcome::ConnectFailure | Outcome::Reset { .. } | Outcome::Timeout => Some(true),
-            Outcome::ClientGone => None,
+            Outcome::RefusedStream | Outcome::ClientGone => None,
         }
     }
 
@@ -277,6 +283,7 @@ impl Outcome {
             } => "connect_failure",
             Outcome::Reset { request_sent: true } => "reset",
             Outcome::Timeout => "timeout",
+            Outcome::RefusedStream => "refused_stream",
             Outcome::ClientGone => "cancelled",
         }
     }
@@ -288,6 +295,8 @@ impl Outcome {
 pub enum Cause {
     /// Connect failure (or a reset before the request was written).
     ConnectFailure,
+    /// A stream an HTTP/2 upstream refused unprocessed (GOAWAY, REFUSED_STREAM).
+    RefusedStream,
     /// Reset after the request was written.
     Reset,
     /// Per-try timeout.
@@ -302,6 +311,7 @@ impl std::fmt::Display for Cause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Cause::ConnectFailure => f.write_str("connect_failure"),
+            Cause::RefusedStream => f.write_str("refused_stream"),
             Cause::Reset => f.write_str("reset"),
             Cause::Timeout => f.write_str("timeout"),
             Cause::Status(s) => write!(f, "status_{s}"),
@@ -380,6 +390,8 @@ pub fn classify(outcome: &Outcome, facts: &RequestFacts, retry_on: &RetryOn) -> 
         | Outcome::Reset {
             request_sent: false,
         } if retry_on.connect_failure => (Cause::ConnectFailure, Delivery::NotProcessed),
+        // Whatever `retry_on` lists: the upstream asked for another connection.
+        Outcome::RefusedStream => (Cause::RefusedStream, Delivery::NotProcessed),
         Outcome::Reset { request_sent: true } if retry_on.reset => {
             (Cause::Reset, Delivery::Uncertain)
         }
@@ -570,7 +582,9 @@ pub fn decide_with(
     let replayable = match input.facts.body {
         BodyFacts::Empty => true,
         BodyFacts::Buffered { len } => len <= p.max_replay_body_bytes,
-        BodyFacts::Streamed { bytes_read, .. } => !bytes_read && cause == Cause::ConnectFailure,
+        BodyFacts::Streamed { bytes_read, .. } => {
+            !bytes_read && matches!(cause, Cause::ConnectFailure | Cause::RefusedStream)
+        }
     };
     if !replayable {
         return stop(StopReason::Body);
@@ -587,6 +601,8 @@ pub fn decide_with(
     let delay = match retry_after {
         Some(ra) if ra > p.max_retry_after => return stop(StopReason::RetryAfter),
         Some(ra) => ceil_ms(ra),
+        // A refused stream goes straight to a new connection: nothing is wrong.
+        None if cause == Cause::RefusedStream => Duration::ZERO,
         None => backoff_delay(),
     };
     // 5. deadline
@@ -596,12 +612,13 @@ pub fn decide_with(
         }
     }
     // 6. budget
-    let cost = if matches!(input.outcome, Outcome::Timeout) {
-        p.budget.timeout_cost
-    } else {
-        1
+    let cost = match input.outcome {
+        Outcome::Timeout => p.budget.timeout_cost,
+        // Not a failure: a replay of what the upstream never saw costs nothing.
+        Outcome::RefusedStream => 0,
+        _ => 1,
     };
-    if !gates.budget(cost) {
+    if cost > 0 && !gates.budget(cost) {
         return stop(StopReason::Budget);
     }
     // 7. circuit_open
@@ -692,6 +709,50 @@ mod tests {
             }
         );
         assert!(g.asked.is_empty());
+    }
+
+    /// Regression (HTTP/2 GOAWAY): a stream above the upstream's last stream
+    /// id was never processed; POSTs came back 502 `unsafe`.
+    #[test]
+    fn a_refused_stream_is_replayed_at_once_for_any_method_without_budget() {
+        let mut g = Recording {
+            answer: true,
+            ..Recording::default()
+        };
+        let v = run("POST", Outcome::RefusedStream, 1, &mut g);
+        assert_eq!(
+            v,
+            Verdict::Retry {
+                delay: Duration::ZERO,
+                cause: Cause::RefusedStream
+            }
+        );
+        // No budget asked: it is not a failure. The breaker and limiter still are.
+        assert_eq!(g.asked, ["breaker", "limiter"]);
+        let b = crate::policy::BreakerParams::try_new(
+            true,
+            1,
+            1,
+            1,
+            0.5,
+            vec![503],
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            0.0,
+            1,
+        )
+        .unwrap();
+        assert_eq!(Outcome::RefusedStream.breaker_failure(&b), None);
+        assert_eq!(Outcome::RefusedStream.result_label(), "refused_stream");
+        // max_attempts still holds.
+        let v = run("POST", Outcome::RefusedStream, 3, &mut g);
+        assert_eq!(
+            v,
+            Verdict::Stop {
+                reason: StopReason::Attempts,
+                cause: Cause::RefusedStream
+            }
+        );
     }
 
     #[test]

@@ -541,6 +541,7 @@ async fn send(
                 },
                 Failure::ClientBody => Outcome::ClientGone,
                 Failure::Reset => Outcome::Reset { request_sent: true },
+                Failure::NotProcessed => Outcome::RefusedStream,
             };
             (outcome, Err(e.into_proxy_error()))
         }
@@ -584,7 +585,13 @@ async fn dispatch(
         // Over the cap: the shared pool.
         None => return up.client.send(req).await,
     };
-    // A connection of our own takes the origin form of the target.
+    // A connection of our own (always HTTP/1.1) takes the origin form of the
+    // target and the authority as Host, as the shared pool's client does.
+    if let Some(a) = req.uri().authority() {
+        if let Ok(h) = http::HeaderValue::from_str(a.as_str()) {
+            req.headers_mut().entry(http::header::HOST).or_insert(h);
+        }
+    }
     if let Some(pq) = req.uri().path_and_query().cloned() {
         *req.uri_mut() = http::Uri::from(pq);
     }

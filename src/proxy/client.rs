@@ -3,6 +3,14 @@
 //! configuration (ALPN offers h2 and http/1.1 unless the protocol pins one;
 //! hyper uses h2 when the upstream picks it). One per upstream, owned by its
 //! live state and rebuilt only when how the upstream is reached changes.
+//!
+//! The host an attempt names travels in its URI's authority, never in a
+//! `Host` header: on an HTTP/2 connection it becomes `:authority` (a `Host`
+//! beside it is refused by nginx, RFC 9113 §8.3.1), on HTTP/1.1 hyper-util
+//! writes it as `Host`. Which of the two a connection speaks is known only
+//! after connecting (ALPN), so the choice is left to that point. The
+//! connector dials the upstream's configured address whatever the URI says,
+//! so a preserved client host never changes where weir connects.
 
 use super::body::Body;
 use super::error::ProxyError;
@@ -10,6 +18,7 @@ use crate::config::{Protocol, Scheme, UpstreamConfig};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// How an upstream is reached; a reload that changes any of these gets a new
@@ -17,6 +26,8 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientKey {
     scheme: Scheme,
+    /// Where it connects (`host:port` of the upstream's `url`).
+    authority: String,
     protocol: Protocol,
     connect_timeout: Duration,
     server_name: Option<String>,
@@ -27,7 +38,30 @@ pub struct ClientKey {
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
     pub key: ClientKey,
-    inner: Client<HttpsConnector<HttpConnector>, Body>,
+    inner: Client<Dial<HttpsConnector<HttpConnector>>, Body>,
+}
+
+/// A connector that always dials `target`, whatever URI it is asked for: the
+/// URI's authority is the host the request names (`preserve_host`), not an
+/// address. TLS's server name comes from `target` too (or `tls.server_name`).
+#[derive(Debug, Clone)]
+pub struct Dial<C> {
+    inner: C,
+    target: http::Uri,
+}
+
+impl<C: tower_service::Service<http::Uri>> tower_service::Service<http::Uri> for Dial<C> {
+    type Response = C::Response;
+    type Error = C::Error;
+    type Future = C::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, _named: http::Uri) -> Self::Future {
+        self.inner.call(self.target.clone())
+    }
 }
 
 impl UpstreamClient {
@@ -57,19 +91,35 @@ impl UpstreamClient {
             Protocol::Http1 => builder.enable_http1().wrap_connector(http),
             Protocol::H2c | Protocol::Grpc => builder.enable_http2().wrap_connector(http),
         };
+        let scheme = match u.url.scheme {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        };
+        let target = http::Uri::builder()
+            .scheme(scheme)
+            .authority(u.url.authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|e| format!("upstream {:?}: url: {e}", u.name))?;
+        let connector = Dial {
+            inner: connector,
+            target,
+        };
         let mut b = Client::builder(TokioExecutor::new());
         b.timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(256)
-            // weir sets Host itself (rewritten, or preserved on request).
-            .set_host(false);
+            // HTTP/1.1 connections get `Host` from the URI's authority; on
+            // HTTP/2 it is `:authority` alone (see the module docs).
+            .set_host(true);
         if matches!(u.protocol, Protocol::H2c | Protocol::Grpc) {
             b.http2_only(true);
         }
         Ok(UpstreamClient {
             key: ClientKey {
                 scheme: u.url.scheme,
+                authority: u.url.authority.to_string(),
                 protocol: u.protocol,
                 connect_timeout: u.connect_timeout,
                 server_name,
@@ -83,6 +133,7 @@ impl UpstreamClient {
     pub fn key_of(u: &UpstreamConfig) -> Result<ClientKey, String> {
         Ok(ClientKey {
             scheme: u.url.scheme,
+            authority: u.url.authority.to_string(),
             protocol: u.protocol,
             connect_timeout: u.connect_timeout,
             server_name: u.tls.as_ref().and_then(|t| t.server_name.clone()),
@@ -103,6 +154,8 @@ impl UpstreamClient {
             // only arrives after the request was written.
             let kind = if e.is_connect() || tls.is_some() {
                 Failure::Connect
+            } else if find::<h2::Error>(&e).is_some_and(not_processed) {
+                Failure::NotProcessed
             } else {
                 find::<hyper::Error>(&e).map_or(Failure::Reset, Failure::of)
             };
@@ -126,6 +179,21 @@ pub enum Failure {
     ClientBody,
     /// The connection reset or closed after the request was (partly) written.
     Reset,
+    /// An HTTP/2 upstream refused the stream unprocessed: it was above the
+    /// last stream id of the upstream's GOAWAY, or reset with
+    /// `REFUSED_STREAM` (RFC 9113 §6.8, §8.7). The upstream is healthy and
+    /// did nothing with it.
+    NotProcessed,
+}
+
+/// Whether an HTTP/2 error says the upstream did not process the stream. h2
+/// fails every stream above a received GOAWAY's last-stream-id with the
+/// GOAWAY's own error (its reason, often `NO_ERROR`); streams at or below it
+/// that die later fail with an I/O error instead. So a GOAWAY error from the
+/// peer on a stream always means "not processed", whatever its reason.
+fn not_processed(e: &h2::Error) -> bool {
+    e.is_remote()
+        && (e.is_go_away() || (e.is_reset() && e.reason() == Some(h2::Reason::REFUSED_STREAM)))
 }
 
 impl Failure {
@@ -155,7 +223,9 @@ pub struct SendError {
 impl SendError {
     pub fn into_proxy_error(self) -> ProxyError {
         match self.kind {
-            Failure::Connect | Failure::NotSent => ProxyError::ConnectFailed(self.message),
+            Failure::Connect | Failure::NotSent | Failure::NotProcessed => {
+                ProxyError::ConnectFailed(self.message)
+            }
             Failure::ClientBody => {
                 ProxyError::BadRequest(format!("the request body broke off: {}", self.message))
             }

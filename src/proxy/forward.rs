@@ -8,7 +8,8 @@ use super::headers;
 use super::replay::RequestBody;
 use super::route::{request_host, upstream_path};
 use super::{ListenerRole, Snapshot, Upstream};
-use http::header::{self, HeaderValue};
+use http::header;
+use http::uri::Authority;
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use tokio::time::Instant;
@@ -79,16 +80,15 @@ async fn forward(
         .unwrap_or(cfg.timeout);
     let deadline = start + budget;
 
-    let uri = upstream_uri(up, &parts.uri)?;
-    let host = if cfg.preserve_host {
-        parts
-            .uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            .or_else(|| parts.headers.get(header::HOST).cloned())
+    // The host the upstream is told: its own, or the client's with
+    // `preserve_host`. It travels as the URI's authority, which the client
+    // turns into `:authority` (HTTP/2) or `Host` (HTTP/1.1); see proxy::client.
+    let authority = if cfg.preserve_host {
+        client_authority(&parts)?
     } else {
-        Some(up.host.clone())
+        None
     };
+    let uri = upstream_uri(up, &parts.uri, authority)?;
     let key: Option<String> = cfg.rate_limit.as_ref().and_then(|r| match &r.key {
         Some(crate::policy::limiter::KeySource::Header(h)) => parts
             .headers
@@ -107,9 +107,7 @@ async fn forward(
     }
     // Checked after stripping: a key the upstream will not receive does not count.
     let has_idempotency_key = parts.headers.contains_key(&cfg.idempotency_header);
-    if let Some(h) = host {
-        parts.headers.insert(header::HOST, h);
-    }
+    parts.headers.remove(header::HOST);
     parts.uri = uri;
     parts.version = if up.h2 {
         Version::HTTP_2
@@ -212,10 +210,26 @@ async fn forward(
     }
 }
 
+/// The host the client named (its target's authority, else `Host`), for
+/// `preserve_host`; `None` when it named none.
+fn client_authority(parts: &http::request::Parts) -> Result<Option<Authority>, ProxyError> {
+    if let Some(a) = parts.uri.authority() {
+        return Ok(Some(a.clone()));
+    }
+    let Some(h) = parts.headers.get(header::HOST) else {
+        return Ok(None);
+    };
+    Authority::try_from(h.as_bytes())
+        .map(Some)
+        .map_err(|_| ProxyError::BadRequest("the Host header is not a valid host[:port]".into()))
+}
+
 /// Maps the client's target onto the upstream: `strip_prefix`, then the
-/// upstream URL's base path; the query is kept as sent.
-fn upstream_uri(up: &Upstream, original: &Uri) -> Result<Uri, ProxyError> {
+/// upstream URL's base path; the query is kept as sent. The authority is
+/// `host` when given (`preserve_host`), else the upstream URL's.
+fn upstream_uri(up: &Upstream, original: &Uri, host: Option<Authority>) -> Result<Uri, ProxyError> {
     let cfg = &up.config;
+    let authority = host.unwrap_or_else(|| cfg.url.authority.clone());
     let path = original.path();
     // The common case, nothing to rewrite: reuse the target as it came
     // (shared bytes, no allocation).
@@ -223,7 +237,7 @@ fn upstream_uri(up: &Upstream, original: &Uri) -> Result<Uri, ProxyError> {
         if let Some(pq) = original.path_and_query() {
             return Uri::builder()
                 .scheme(up.scheme.clone())
-                .authority(cfg.url.authority.clone())
+                .authority(authority)
                 .path_and_query(pq.clone())
                 .build()
                 .map_err(|e| {
@@ -244,7 +258,7 @@ fn upstream_uri(up: &Upstream, original: &Uri) -> Result<Uri, ProxyError> {
     }
     Uri::builder()
         .scheme(up.scheme.clone())
-        .authority(cfg.url.authority.clone())
+        .authority(authority)
         .path_and_query(pq)
         .build()
         .map_err(|e| {
