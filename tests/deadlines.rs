@@ -107,7 +107,7 @@ async fn request_cannot_raise_its_deadline() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn grpc_timeout_lowers_the_deadline_and_is_rewritten() {
+async fn grpc_timeout_lowers_the_deadline_and_the_clients_own_is_passed_on() {
     let up = TestUpstream::start(|req: Request<hyper::body::Incoming>| async move {
         let t = req
             .headers()
@@ -141,6 +141,34 @@ async fn grpc_timeout_lowers_the_deadline_and_is_rewritten() {
         (4900..=5000).contains(&ms),
         "grpc-timeout forwarded as {ms}m"
     );
+
+    // Regression: the client's deadline is passed on, not weir's `timeout`
+    // (15 s here), which bounds only the wait for response headers: a 60 s
+    // server stream was cut at 15 s by the upstream.
+    let req = Request::post(weir.url("/pkg.Svc/Method"))
+        .header("host", "svc")
+        .header("grpc-timeout", "60S")
+        .body(body(""))
+        .unwrap();
+    let (parts, b) = read_body(client().request(req).await.unwrap()).await;
+    assert_eq!(parts.status, 200);
+    let ms: u64 = String::from_utf8_lossy(&b)
+        .trim_end_matches('m')
+        .parse()
+        .unwrap();
+    assert!(
+        (59_900..=60_000).contains(&ms),
+        "grpc-timeout forwarded as {ms}m"
+    );
+
+    // Without a client deadline none is invented.
+    let req = Request::post(weir.url("/pkg.Svc/Method"))
+        .header("host", "svc")
+        .body(body(""))
+        .unwrap();
+    let (parts, b) = read_body(client().request(req).await.unwrap()).await;
+    assert_eq!(parts.status, 200);
+    assert_eq!(b, "", "a grpc-timeout was sent upstream");
 }
 
 #[tokio::test(start_paused = true)]

@@ -204,8 +204,10 @@ pub struct Plan<'a> {
     pub deadline: Instant,
     pub key: Option<&'a str>,
     pub has_idempotency_key: bool,
-    /// The request carried `grpc-timeout`: rewrite it on every attempt.
-    pub grpc_timeout: bool,
+    /// The client's own gRPC deadline (`grpc-timeout` on arrival): each
+    /// attempt carries what is left of it. Never weir's `timeout`, which
+    /// bounds only the wait for response headers: a stream may outlive it.
+    pub grpc_deadline: Option<Instant>,
     /// `max_attempts = 1`: nothing is cloned for a replay.
     pub single: bool,
     /// The client lowered its deadline below the upstream's `timeout`.
@@ -491,8 +493,8 @@ fn build(plan: &mut Plan<'_>) -> Request<super::body::Body> {
     } else {
         plan.parts.headers.clone()
     };
-    if plan.grpc_timeout {
-        let left = plan.deadline.saturating_duration_since(Instant::now());
+    if let Some(grpc_deadline) = plan.grpc_deadline {
+        let left = grpc_deadline.saturating_duration_since(Instant::now());
         req.headers_mut()
             .insert("grpc-timeout", super::headers::grpc_timeout_value(left));
     }
@@ -605,9 +607,12 @@ pub fn retry_after(h: &HeaderMap, state: &UpstreamState) -> Option<Duration> {
     parse_retry_after(v, state.clock.wall())
 }
 
-/// Reads a gRPC response's body while it fits in `limit` bytes, to find the
-/// `grpc-status` in its trailers. Whatever happens, the client gets the same
-/// body: the frames held, then (if it was larger) the rest, streamed.
+/// Holds a gRPC response until its first message or its trailers, whichever
+/// comes first, to find a `grpc-status` sent before any message (the only
+/// kind a retry can act on: once a message is out, the call has started).
+/// After the first data frame the response streams as it comes, so a server
+/// stream is never held back. Whatever happens, the client gets the same
+/// body: the frames held, then the rest.
 async fn hold_for_trailers(
     resp: Response<Incoming>,
     limit: u64,
@@ -632,6 +637,7 @@ async fn hold_for_trailers(
         if let Some(t) = frame.trailers_ref() {
             status = grpc_status(t);
         }
+        let message = frame.data_ref().is_some_and(|d| !d.is_empty());
         if let Some(d) = frame.data_ref() {
             size += d.len() as u64;
         }
@@ -641,7 +647,7 @@ async fn hold_for_trailers(
             rest = false;
             break;
         }
-        if size > limit {
+        if message || size > limit {
             break;
         }
     }

@@ -150,12 +150,12 @@ async fn forward(
         deadline,
         key: key.as_deref(),
         has_idempotency_key,
-        grpc_timeout: grpc.is_some(),
+        grpc_deadline: grpc.map(|g| start + g),
         single,
         lowered: budget < cfg.timeout,
         upgrade: on_upgrade.is_some(),
-        // gRPC codes in trailers can only be acted on when the whole response
-        // is held until they arrive.
+        // gRPC codes sent before the first message can only be acted on
+        // when the response is held until then.
         grpc_trailers: is_grpc_request && !single && cfg.retry.retry_on.any_grpc(),
     };
     let done = attempt::run(up, conn, plan, ticket).await;
