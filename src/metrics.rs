@@ -23,9 +23,11 @@ const BUCKETS: &[f64] = &[
 ];
 
 /// weir's own error codes, the `code` label values that are not statuses.
-pub const ERROR_CODES: [&str; 9] = [
+pub const ERROR_CODES: [&str; 11] = [
     "no_route",
     "bad_request",
+    "head_too_large",
+    "bad_response",
     "rate_limited",
     "overloaded",
     "circuit_open",
@@ -36,7 +38,7 @@ pub const ERROR_CODES: [&str; 9] = [
 ];
 
 /// The `result` label values of `weir_upstream_attempts_total`.
-pub const ATTEMPT_RESULTS: [&str; 8] = [
+pub const ATTEMPT_RESULTS: [&str; 9] = [
     "ok",
     "status_4xx",
     "status_5xx",
@@ -44,6 +46,7 @@ pub const ATTEMPT_RESULTS: [&str; 8] = [
     "reset",
     "timeout",
     "refused_stream",
+    "bad_response",
     "cancelled",
 ];
 
@@ -267,6 +270,14 @@ impl Metrics {
         self.bad_request.inc();
     }
 
+    /// `weir_requests_total{upstream="", code="head_too_large"}` (rare: not
+    /// worth a cached handle).
+    pub fn head_too_large(&self) {
+        self.requests
+            .with_label_values(&["", "head_too_large"])
+            .inc();
+    }
+
     pub fn reload(&self, ok: bool) {
         self.reloads
             .with_label_values(&[if ok { "ok" } else { "error" }])
@@ -333,7 +344,7 @@ pub struct UpstreamMetrics {
     name: String,
     requests: IntCounterVec,
     statuses: Box<[OnceLock<IntCounter>]>,
-    errors: [IntCounter; 9],
+    errors: [IntCounter; ERROR_CODES.len()],
     request_duration: Histogram,
     attempts: [IntCounter; ATTEMPT_RESULTS.len()],
     attempt_duration: Histogram,

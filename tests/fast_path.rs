@@ -215,11 +215,11 @@ async fn a_large_response_streams_through_intact() {
 }
 
 #[tokio::test]
-async fn a_response_head_that_does_not_parse_is_502_upstream_reset() {
+async fn a_response_head_that_does_not_parse_is_502_bad_response() {
     let up = raw_upstream("NOT HTTP AT ALL\r\n\r\n", true).await;
     let weir = Weir::single(&up.url(), "[upstreams.svc.retry]\nmax_attempts = 1\n").await;
     let (status, code, _) = json_error(get(&client(), &weir.url("/"), "svc").await).await;
-    assert_eq!((status, code.as_str()), (502, "upstream_reset"));
+    assert_eq!((status, code.as_str()), (502, "bad_response"));
 }
 
 #[tokio::test(start_paused = true)]

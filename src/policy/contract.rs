@@ -99,6 +99,8 @@ pub enum OutcomeJson {
     /// An HTTP/2 stream refused unprocessed (above a GOAWAY's last stream
     /// id, or `REFUSED_STREAM`).
     RefusedStream,
+    /// A response that is not valid HTTP (garbled or oversized head).
+    BadResponse,
     /// The client went away.
     ClientGone,
 }
@@ -292,6 +294,7 @@ fn to_outcome(o: &OutcomeJson, now_wall: SystemTime) -> Outcome {
         },
         OutcomeJson::Timeout => Outcome::Timeout,
         OutcomeJson::RefusedStream => Outcome::RefusedStream,
+        OutcomeJson::BadResponse => Outcome::BadResponse,
         OutcomeJson::ClientGone => Outcome::ClientGone,
     }
 }

@@ -252,6 +252,10 @@ pub enum Outcome {
     /// at once on another connection for any method, spending no budget and
     /// giving the breaker no verdict.
     RefusedStream,
+    /// The upstream answered with something that is not a valid HTTP
+    /// response (a garbled or oversized head): it processed the request, and
+    /// no retry fixes a server that answers like that.
+    BadResponse,
     /// The client went away.
     ClientGone,
 }
@@ -264,7 +268,10 @@ impl Outcome {
     pub fn breaker_failure(&self, params: &super::BreakerParams) -> Option<bool> {
         match self {
             Outcome::Response { status, .. } => Some(params.is_failure_status(*status)),
-            Outcome::ConnectFailure | Outcome::Reset { .. } | Outcome::Timeout => Some(true),
+            Outcome::ConnectFailure
+            | Outcome::Reset { .. }
+            | Outcome::Timeout
+            | Outcome::BadResponse => Some(true),
             Outcome::RefusedStream | Outcome::ClientGone => None,
         }
     }
@@ -284,6 +291,7 @@ impl Outcome {
             Outcome::Reset { request_sent: true } => "reset",
             Outcome::Timeout => "timeout",
             Outcome::RefusedStream => "refused_stream",
+            Outcome::BadResponse => "bad_response",
             Outcome::ClientGone => "cancelled",
         }
     }
@@ -399,6 +407,7 @@ pub fn classify(outcome: &Outcome, facts: &RequestFacts, retry_on: &RetryOn) -> 
         Outcome::ConnectFailure | Outcome::Reset { .. } | Outcome::Timeout => {
             return Class::NotRetryable
         }
+        Outcome::BadResponse => return Class::NotRetryable,
     };
     Class::Retryable {
         cause,

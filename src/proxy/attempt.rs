@@ -487,11 +487,15 @@ fn build(plan: &mut Plan<'_>) -> Request<super::body::Body> {
     *req.method_mut() = plan.parts.method.clone();
     *req.uri_mut() = plan.parts.uri.clone();
     *req.version_mut() = plan.parts.version;
-    *req.headers_mut() = if plan.single {
+    // The extensions carry the header names' original case (hyper's).
+    (*req.headers_mut(), *req.extensions_mut()) = if plan.single {
         // No retry is possible: the one attempt takes the headers.
-        std::mem::take(&mut plan.parts.headers)
+        (
+            std::mem::take(&mut plan.parts.headers),
+            std::mem::take(&mut plan.parts.extensions),
+        )
     } else {
-        plan.parts.headers.clone()
+        (plan.parts.headers.clone(), plan.parts.extensions.clone())
     };
     if let Some(grpc_deadline) = plan.grpc_deadline {
         let left = grpc_deadline.saturating_duration_since(Instant::now());
@@ -544,6 +548,7 @@ async fn send(
                 Failure::ClientBody => Outcome::ClientGone,
                 Failure::Reset => Outcome::Reset { request_sent: true },
                 Failure::NotProcessed => Outcome::RefusedStream,
+                Failure::BadResponse => Outcome::BadResponse,
             };
             (outcome, Err(e.into_proxy_error()))
         }

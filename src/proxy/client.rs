@@ -110,6 +110,11 @@ impl UpstreamClient {
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(256)
+            // The same response-head limit as the fast path.
+            .http1_max_buf_size(super::MAX_RESPONSE_HEAD)
+            // Header names as the client wrote them (hyper keeps the case in
+            // the request's extensions); responses keep the upstream's.
+            .http1_preserve_header_case(true)
             // HTTP/1.1 connections get `Host` from the URI's authority; on
             // HTTP/2 it is `:authority` alone (see the module docs).
             .set_host(true);
@@ -184,6 +189,9 @@ pub enum Failure {
     /// `REFUSED_STREAM` (RFC 9113 §6.8, §8.7). The upstream is healthy and
     /// did nothing with it.
     NotProcessed,
+    /// The upstream's response could not be parsed (garbled, or a head too
+    /// large): it answered, badly.
+    BadResponse,
 }
 
 /// Whether an HTTP/2 error says the upstream did not process the stream. h2
@@ -206,6 +214,8 @@ impl Failure {
         } else if e.is_user() {
             // Our side failed: the client's request body broke off.
             Failure::ClientBody
+        } else if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
+            Failure::BadResponse
         } else {
             Failure::Reset
         }
@@ -230,6 +240,7 @@ impl SendError {
                 ProxyError::BadRequest(format!("the request body broke off: {}", self.message))
             }
             Failure::Reset => ProxyError::UpstreamReset(self.message),
+            Failure::BadResponse => ProxyError::BadResponse(self.message),
         }
     }
 }

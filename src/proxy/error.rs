@@ -11,6 +11,8 @@ pub enum ProxyError {
     NoRoute,
     #[error("{0}")]
     BadRequest(String),
+    #[error("the request head is larger than max_header_bytes ({0} bytes)")]
+    HeadTooLarge(usize),
     #[error("the upstream's rate limit is exhausted")]
     RateLimited { retry_after: Option<Duration> },
     #[error("too many requests are in flight to this upstream")]
@@ -25,6 +27,8 @@ pub enum ProxyError {
     UpstreamTimeout,
     #[error("the request's deadline passed before the upstream answered")]
     DeadlineExceeded,
+    #[error("the upstream's response is not valid HTTP: {0}")]
+    BadResponse(String),
 }
 
 impl ProxyError {
@@ -32,11 +36,14 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Overloaded | ProxyError::CircuitOpen { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ProxyError::ConnectFailed(_) | ProxyError::UpstreamReset(_) => StatusCode::BAD_GATEWAY,
+            ProxyError::ConnectFailed(_)
+            | ProxyError::UpstreamReset(_)
+            | ProxyError::BadResponse(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout | ProxyError::DeadlineExceeded => {
                 StatusCode::GATEWAY_TIMEOUT
             }
@@ -48,6 +55,7 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => "no_route",
             ProxyError::BadRequest(_) => "bad_request",
+            ProxyError::HeadTooLarge(_) => "head_too_large",
             ProxyError::RateLimited { .. } => "rate_limited",
             ProxyError::Overloaded => "overloaded",
             ProxyError::CircuitOpen { .. } => "circuit_open",
@@ -55,6 +63,7 @@ impl ProxyError {
             ProxyError::UpstreamReset(_) => "upstream_reset",
             ProxyError::UpstreamTimeout => "upstream_timeout",
             ProxyError::DeadlineExceeded => "deadline_exceeded",
+            ProxyError::BadResponse(_) => "bad_response",
         }
     }
 
@@ -70,14 +79,15 @@ impl ProxyError {
     /// The gRPC status a gRPC client gets for this error.
     pub fn grpc_status(&self) -> u8 {
         match self {
-            ProxyError::NoRoute => 12,           // UNIMPLEMENTED
-            ProxyError::BadRequest(_) => 3,      // INVALID_ARGUMENT
+            ProxyError::NoRoute => 12, // UNIMPLEMENTED
+            ProxyError::BadRequest(_) | ProxyError::HeadTooLarge(_) => 3, // INVALID_ARGUMENT
             ProxyError::RateLimited { .. } => 8, // RESOURCE_EXHAUSTED
             ProxyError::UpstreamTimeout | ProxyError::DeadlineExceeded => 4, // DEADLINE_EXCEEDED
             ProxyError::Overloaded
             | ProxyError::CircuitOpen { .. }
             | ProxyError::ConnectFailed(_)
-            | ProxyError::UpstreamReset(_) => 14, // UNAVAILABLE
+            | ProxyError::UpstreamReset(_)
+            | ProxyError::BadResponse(_) => 14, // UNAVAILABLE
         }
     }
 
@@ -145,7 +155,10 @@ impl ProxyError {
         if let Some(secs) = self.retry_after_secs() {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
-        if matches!(self, ProxyError::BadRequest(_)) {
+        if matches!(
+            self,
+            ProxyError::BadRequest(_) | ProxyError::HeadTooLarge(_)
+        ) {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp

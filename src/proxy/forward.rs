@@ -22,6 +22,11 @@ pub async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let (parts, body) = req.into_parts();
+    if parts.uri.path() == super::guard::TOO_LARGE_PATH {
+        snap.metrics.head_too_large();
+        let limit = snap.config.server.max_header_bytes;
+        return ProxyError::HeadTooLarge(limit).to_response(None);
+    }
     if parts.uri.path() == super::guard::CONFLICT_PATH {
         snap.metrics.bad_request();
         return ProxyError::BadRequest(

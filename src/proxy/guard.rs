@@ -30,6 +30,13 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub const CONFLICT_MARKER: &[u8] = b"GET /!weir-framing-conflict HTTP/1.1\r\n\r\n";
 /// The path of [`CONFLICT_MARKER`].
 pub const CONFLICT_PATH: &str = "/!weir-framing-conflict";
+/// What hyper is given in place of a request head over `max_header_bytes`:
+/// weir's service answers it with 431 `head_too_large` (weir's JSON error and
+/// `x-weir-error`, like every response weir makes) instead of hyper's bare
+/// 431, and closes the connection.
+pub const TOO_LARGE_MARKER: &[u8] = b"GET /!weir-head-too-large HTTP/1.1\r\n\r\n";
+/// The path of [`TOO_LARGE_MARKER`].
+pub const TOO_LARGE_PATH: &str = "/!weir-head-too-large";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -176,9 +183,9 @@ fn process(state: &mut State, stash: &mut Vec<u8>, ready: &mut usize, max_head: 
     match scan_slice(state, &stash[*ready..], max_head) {
         Scan::All => *ready = stash.len(),
         Scan::Partial(h) => *ready += h, // hold until the head is complete
-        Scan::Conflict(h) => {
+        Scan::Reject(h, marker) => {
             stash.truncate(*ready + h);
-            stash.extend_from_slice(CONFLICT_MARKER);
+            stash.extend_from_slice(marker);
             *ready = stash.len();
             *state = State::Rejected;
         }
@@ -191,8 +198,9 @@ enum Scan {
     All,
     /// A head starting at this offset is not complete yet.
     Partial(usize),
-    /// A conflicting head starts at this offset.
-    Conflict(usize),
+    /// A head weir answers itself starts at this offset: replace it (and
+    /// everything after it) with the marker.
+    Reject(usize, &'static [u8]),
 }
 
 /// Follows framing through `data` in place (also what [`process`] runs on
@@ -212,14 +220,18 @@ fn scan_slice(state: &mut State, data: &[u8], max_head: usize) -> Scan {
                 let head = &data[i..];
                 match find_head_end(head) {
                     None => {
-                        if head.len() > max_head || head.starts_with(b"PRI * HTTP/2.0") {
+                        if head.starts_with(b"PRI * HTTP/2.0") {
                             *state = State::Passthrough;
                             return Scan::All;
                         }
+                        if head.len() > max_head {
+                            return Scan::Reject(i, TOO_LARGE_MARKER);
+                        }
                         return Scan::Partial(i);
                     }
+                    Some(end) if end > max_head => return Scan::Reject(i, TOO_LARGE_MARKER),
                     Some(end) => match judge(&head[..end]) {
-                        Judged::Conflict => return Scan::Conflict(i),
+                        Judged::Conflict => return Scan::Reject(i, CONFLICT_MARKER),
                         Judged::Next(next) => {
                             *state = next;
                             i += end;
@@ -346,16 +358,15 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                             }
                             return Poll::Ready(Ok(()));
                         }
-                        Scan::Conflict(h) => {
+                        Scan::Reject(h, marker) => {
                             *this.state = State::Rejected;
                             let at = before + h;
-                            if end - at >= CONFLICT_MARKER.len() {
-                                buf.filled_mut()[at..at + CONFLICT_MARKER.len()]
-                                    .copy_from_slice(CONFLICT_MARKER);
-                                buf.set_filled(at + CONFLICT_MARKER.len());
+                            if end - at >= marker.len() {
+                                buf.filled_mut()[at..at + marker.len()].copy_from_slice(marker);
+                                buf.set_filled(at + marker.len());
                             } else {
                                 buf.set_filled(at);
-                                this.stash.extend_from_slice(CONFLICT_MARKER);
+                                this.stash.extend_from_slice(marker);
                                 *this.ready = this.stash.len();
                                 if h == 0 {
                                     continue;
@@ -508,15 +519,31 @@ mod tests {
     }
 
     #[test]
-    fn h2_upgrades_and_oversized_heads_pass_through() {
+    fn h2_and_upgrades_pass_through() {
         assert_eq!(
             run(&[b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"]).0,
             State::Passthrough
         );
         let up = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n";
         assert_eq!(run(&[up]).0, State::Passthrough);
+    }
+
+    /// Regression: hyper answered an oversized head with a bare 431 (no body,
+    /// no `x-weir-error`). It is replaced by the marker weir answers itself,
+    /// whether the head is still growing or already complete.
+    #[test]
+    fn oversized_heads_become_the_too_large_marker() {
+        let first = b"GET /a HTTP/1.1\r\n\r\n";
         let big = vec![b'a'; 70_000];
-        assert_eq!(run(&[b"GET / HTTP/1.1\r\nx: ", &big]).0, State::Passthrough);
+        let (st, out) = run(&[first, b"GET / HTTP/1.1\r\nx: ", &big]);
+        assert_eq!(st, State::Rejected);
+        assert_eq!(out, [&first[..], TOO_LARGE_MARKER].concat());
+        let whole = [&b"GET / HTTP/1.1\r\nx: "[..], &big, b"\r\n\r\n"].concat();
+        let mut st = State::Head;
+        assert!(matches!(
+            scan_slice(&mut st, &whole, 65536),
+            Scan::Reject(0, TOO_LARGE_MARKER)
+        ));
     }
 
     #[test]
@@ -529,7 +556,7 @@ mod tests {
         let mut st = State::Head;
         assert!(matches!(
             scan_slice(&mut st, bad, 65536),
-            Scan::Conflict(18)
+            Scan::Reject(18, CONFLICT_MARKER)
         ));
         let mut st = State::Head;
         assert!(matches!(
@@ -543,5 +570,6 @@ mod tests {
     fn the_marker_is_shorter_than_any_conflicting_head() {
         assert!(CONFLICT_MARKER.starts_with(b"GET /!weir-framing-conflict "));
         assert_eq!(CONFLICT_PATH.len() + 17, CONFLICT_MARKER.len());
+        assert_eq!(TOO_LARGE_PATH.len() + 17, TOO_LARGE_MARKER.len());
     }
 }

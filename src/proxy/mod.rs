@@ -20,6 +20,10 @@ mod server;
 pub mod sticky;
 pub mod upgrade;
 
+/// The largest upstream response head weir reads, on either path; a larger
+/// one is a `bad_response` (502), not retried.
+pub const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+
 pub use server::{Proxy, ProxyHandle};
 
 use crate::config::{Config, Protocol, Scheme, UpstreamConfig};

@@ -318,6 +318,9 @@ fn builder(config: &Config) -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .header_read_timeout(config.server.header_read_timeout)
         .max_buf_size(config.server.max_header_bytes)
+        // Header names go on with the case they came in, as on the fast
+        // path: an HTTP/1.1 peer that cares about case sees no difference.
+        .preserve_header_case(true)
         .keep_alive(true);
     b.http2()
         .timer(TokioTimer::new())

@@ -115,6 +115,8 @@ async fn open(
     };
     let _ = stream.set_nodelay(true);
     let (sender, conn) = hyper::client::conn::http1::Builder::new()
+        .preserve_header_case(true)
+        .max_buf_size(super::MAX_RESPONSE_HEAD)
         .handshake(TokioIo::new(stream))
         .await
         .map_err(|e| fail(Failure::Connect, e.to_string()))?;

@@ -20,6 +20,8 @@ use tokio::task::JoinHandle;
 use weir::config::Config;
 use weir::proxy::{Proxy, ProxyHandle};
 
+pub mod third_party;
+
 pub type TestBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 pub fn body(b: impl Into<Bytes>) -> TestBody {

@@ -36,8 +36,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-/// The largest upstream response head the fast path reads.
-const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+use super::MAX_RESPONSE_HEAD;
 
 /// Buffers kept larger than this between requests are given back.
 const KEEP_CAPACITY: usize = 64 * 1024;
@@ -629,7 +628,7 @@ async fn exchange(
         loop {
             match head::parse_response(buf, head_method, || up.state.clock.wall(), out) {
                 Ok(None) if buf.len() > MAX_RESPONSE_HEAD => {
-                    return Err(reset("the response head is too large".into()))
+                    return Err(bad_response("the response head is too large".into()))
                 }
                 Ok(None) => break,
                 Ok(Some(Head::Interim(n))) => {
@@ -648,7 +647,7 @@ async fn exchange(
                         retry_after,
                     });
                 }
-                Err(why) => return Err(reset(why.into())),
+                Err(why) => return Err(bad_response(why.into())),
             }
         }
     }
@@ -659,6 +658,10 @@ fn reset(why: String) -> Failed {
         Outcome::Reset { request_sent: true },
         ProxyError::UpstreamReset(why),
     )
+}
+
+fn bad_response(why: String) -> Failed {
+    (Outcome::BadResponse, ProxyError::BadResponse(why))
 }
 
 async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, Failed> {

@@ -1,0 +1,167 @@
+//! What weir puts on the wire, on both HTTP/1.1 data paths: the fast path
+//! (an upstream written as an IP literal) and the general path (the same
+//! upstream named `localhost`). Every test runs on each and says which.
+//!
+//! Regressions from a review against real servers: a request head over
+//! `max_header_bytes` got hyper's bare 431 (no body, no `x-weir-error`); an
+//! oversized or garbled response head was retried as `upstream_reset`; header
+//! names kept their case on one path and were lowercased on the other.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The two ways one upstream can be written, and the path each takes.
+fn paths(up: &RawUpstream) -> [(&'static str, String); 2] {
+    [
+        ("fast path", up.url()),
+        (
+            "general path",
+            format!("http://localhost:{}", up.addr.port()),
+        ),
+    ]
+}
+
+/// Writes `bytes` and reads until weir closes the connection.
+async fn exchange(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// An upstream answering every request with `reply`, then closing.
+async fn replying(reply: String) -> RawUpstream {
+    let reply = Arc::new(reply);
+    RawUpstream::start(move |_, mut s| {
+        let reply = reply.clone();
+        async move {
+            if read_head(&mut s).await {
+                let _ = s.write_all(reply.as_bytes()).await;
+            }
+        }
+    })
+    .await
+}
+
+fn get_close() -> &'static [u8] {
+    b"GET /x HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n"
+}
+
+#[tokio::test]
+async fn a_garbled_response_head_is_502_bad_response_and_not_retried() {
+    let up = replying("NOT HTTP AT ALL\r\n\r\n".into()).await;
+    for (path, url) in paths(&up) {
+        let before = up.connections();
+        let weir = Weir::single(&url, "").await;
+        let out = exchange(weir.addr, get_close()).await;
+        assert!(out.starts_with("HTTP/1.1 502"), "{path}: {out}");
+        assert!(out.contains("x-weir-error: bad_response"), "{path}: {out}");
+        assert!(out.contains("x-weir-attempts: 1\r\n"), "{path}: {out}");
+        assert_eq!(up.connections() - before, 1, "{path}: it was retried");
+    }
+}
+
+#[tokio::test]
+async fn a_200_kb_response_head_is_502_bad_response_and_not_retried() {
+    let big = "a".repeat(200 * 1024);
+    let up = replying(format!(
+        "HTTP/1.1 200 OK\r\nx-big: {big}\r\ncontent-length: 2\r\n\r\nok"
+    ))
+    .await;
+    for (path, url) in paths(&up) {
+        let before = up.connections();
+        let weir = Weir::single(&url, "").await;
+        let out = exchange(weir.addr, get_close()).await;
+        assert!(
+            out.starts_with("HTTP/1.1 502"),
+            "{path}: {}",
+            &out[..80.min(out.len())]
+        );
+        assert!(out.contains("x-weir-error: bad_response"), "{path}: {out}");
+        assert_eq!(up.connections() - before, 1, "{path}: it was retried");
+    }
+}
+
+#[tokio::test]
+async fn a_request_head_over_max_header_bytes_is_weirs_431() {
+    let up = replying("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".into()).await;
+    for (path, url) in paths(&up) {
+        let weir = Weir::with_server(
+            "max_header_bytes = 16384\n",
+            &format!("[upstreams.svc]\nurl = \"{url}\"\nhosts = [\"svc\"]\n"),
+        )
+        .await;
+        // Complete, and still arriving when the limit is crossed.
+        let big = "b".repeat(20_000);
+        for head in [
+            format!("GET / HTTP/1.1\r\nHost: svc\r\nx-big: {big}\r\n\r\n"),
+            format!("GET / HTTP/1.1\r\nHost: svc\r\nx-big: {big}"),
+        ] {
+            let out = exchange(weir.addr, head.as_bytes()).await;
+            assert!(out.starts_with("HTTP/1.1 431"), "{path}: {out}");
+            assert!(
+                out.contains("x-weir-error: head_too_large"),
+                "{path}: {out}"
+            );
+            assert!(
+                out.contains("\"error\":\"head_too_large\""),
+                "{path}: {out}"
+            );
+            assert!(
+                out.contains("max_header_bytes (16384 bytes)"),
+                "{path}: {out}"
+            );
+        }
+        // A request after a normal one on the same connection.
+        let two = format!(
+            "GET / HTTP/1.1\r\nHost: svc\r\n\r\nGET / HTTP/1.1\r\nHost: svc\r\nx-big: {big}\r\n\r\n"
+        );
+        let out = exchange(weir.addr, two.as_bytes()).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
+        assert!(out.contains("HTTP/1.1 431"), "{path}: {out}");
+    }
+}
+
+#[tokio::test]
+async fn header_names_keep_their_case_both_ways() {
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let s2 = seen.clone();
+    let up = RawUpstream::start(move |_, mut s| {
+        let seen = s2.clone();
+        async move {
+            let mut buf = Vec::new();
+            let mut b = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut b).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&b[..n]),
+                }
+            }
+            seen.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&buf).into_owned());
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nX-Upstream-Case: 1\r\nContent-Length: 2\r\n\r\nok")
+                .await;
+        }
+    })
+    .await;
+    for (path, url) in paths(&up) {
+        let weir = Weir::single(&url, "").await;
+        let out = exchange(
+            weir.addr,
+            b"GET / HTTP/1.1\r\nHost: svc\r\nX-Request-Case: 1\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
+        assert!(out.contains("\r\nX-Upstream-Case: 1\r\n"), "{path}: {out}");
+        let head = seen.lock().unwrap().pop().unwrap();
+        assert!(head.contains("\r\nX-Request-Case: 1\r\n"), "{path}: {head}");
+    }
+}
