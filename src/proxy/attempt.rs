@@ -216,6 +216,8 @@ pub struct Plan<'a> {
     pub upgrade: bool,
     /// Hold a gRPC response (up to the replay limit) to read its trailers.
     pub grpc_trailers: bool,
+    /// `Expect: 100-continue`: the upstream's 100 opens the body's gate.
+    pub continue_gate: Option<std::sync::Arc<super::replay::ContinueGate>>,
 }
 
 /// How the attempt loop ended: the last outcome, and the annotations.
@@ -497,6 +499,14 @@ fn build(plan: &mut Plan<'_>) -> Request<super::body::Body> {
     } else {
         (plan.parts.headers.clone(), plan.parts.extensions.clone())
     };
+    if let Some(gate) = &plan.continue_gate {
+        let gate = gate.clone();
+        hyper::ext::on_informational(&mut req, move |r| {
+            if r.status() == http::StatusCode::CONTINUE {
+                gate.open();
+            }
+        });
+    }
     if let Some(grpc_deadline) = plan.grpc_deadline {
         let left = grpc_deadline.saturating_duration_since(Instant::now());
         req.headers_mut()

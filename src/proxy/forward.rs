@@ -129,24 +129,35 @@ async fn forward(
     // An upgrade is one attempt: its body is the connection itself.
     let single = cfg.retry.max_attempts <= 1 || on_upgrade.is_some();
     let stream_unknown = up.h2 || parts.version == Version::HTTP_2 || is_grpc_request;
-    let body = match tokio::time::timeout_at(
-        deadline,
-        RequestBody::prepare(
-            body,
-            !single,
-            cfg.retry.max_replay_body_bytes,
-            stream_unknown,
-        ),
-    )
-    .await
-    {
-        Ok(Ok(b)) => b,
-        Ok(Err(e)) => {
-            return Err(ProxyError::BadRequest(format!(
-                "the request body could not be read: {e}"
-            )))
+    let continue_gate = (parts.version == Version::HTTP_11
+        && !http_body::Body::is_end_stream(&body)
+        && parts
+            .headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")))
+    .then(|| std::sync::Arc::new(super::replay::ContinueGate::default()));
+    let body = if let Some(gate) = &continue_gate {
+        RequestBody::gated(body, gate.clone(), !single)
+    } else {
+        match tokio::time::timeout_at(
+            deadline,
+            RequestBody::prepare(
+                body,
+                !single,
+                cfg.retry.max_replay_body_bytes,
+                stream_unknown,
+            ),
+        )
+        .await
+        {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => {
+                return Err(ProxyError::BadRequest(format!(
+                    "the request body could not be read: {e}"
+                )))
+            }
+            Err(_) => return Err(ProxyError::DeadlineExceeded),
         }
-        Err(_) => return Err(ProxyError::DeadlineExceeded),
     };
     let ticket = attempt::admit_breaker(&up.state)?;
     let plan = Plan {
@@ -162,6 +173,7 @@ async fn forward(
         // gRPC codes sent before the first message can only be acted on
         // when the response is held until then.
         grpc_trailers: is_grpc_request && !single && cfg.retry.retry_on.any_grpc(),
+        continue_gate,
     };
     let done = attempt::run(up, conn, plan, ticket).await;
     match done.result {

@@ -6,6 +6,12 @@
 //! a shared slot that the first attempt to poll it takes, so after a connect
 //! failure — which never polls the body — it is still there to send again.
 //! With `max_attempts = 1` the client's body goes straight through, untouched.
+//!
+//! A request with `Expect: 100-continue` is not read ahead: its body waits
+//! behind a [`ContinueGate`] until the upstream answers `100 Continue` (hyper
+//! then sends the client its own 100, as it does when a body is first read),
+//! so an upstream that refuses the request at once (401, 413) spares the
+//! client the upload. Such a body is streamed, never buffered for a replay.
 
 use super::body::{boxed, Body, BoxError};
 use crate::policy::BodyFacts;
@@ -16,8 +22,16 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+/// How long a body waits for the upstream's `100 Continue` before it is sent
+/// anyway: an upstream that ignores the expectation (HTTP/1.0, or one that
+/// simply reads) must not stall the request (RFC 9110 §10.1.1). curl waits
+/// the same 1 s.
+pub const CONTINUE_WAIT: Duration = Duration::from_secs(1);
 
 /// The client's request body, prepared for one or more attempts.
 #[derive(Debug)]
@@ -122,6 +136,22 @@ impl RequestBody {
             data: concat(chunks, total),
             trailers: None,
         })
+    }
+
+    /// The body of an `Expect: 100-continue` request: held behind `gate`
+    /// for every attempt, never read ahead (see the module docs).
+    pub fn gated(body: Incoming, gate: Arc<ContinueGate>, retry_possible: bool) -> Self {
+        let len = body.size_hint().exact();
+        let gated = boxed(Gated {
+            gate,
+            inner: body,
+            timer: None,
+        });
+        if retry_possible {
+            RequestBody::streamed(gated, len)
+        } else {
+            RequestBody::Direct(Some(gated), len)
+        }
     }
 
     fn streamed(body: Body, len: Option<u64>) -> Self {
@@ -271,5 +301,66 @@ impl HttpBody for Take {
             (None, Some(Some(b))) => b.size_hint(),
             _ => SizeHint::default(),
         }
+    }
+}
+
+/// Opened by the upstream's `100 Continue` (hyper's informational callback on
+/// the upstream request), or by [`CONTINUE_WAIT`] passing.
+#[derive(Debug, Default)]
+pub struct ContinueGate {
+    open: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+}
+
+impl ContinueGate {
+    /// Lets the body through.
+    pub fn open(&self) {
+        self.open.store(true, Ordering::Release);
+        if let Some(w) = self.waker.lock().ok().and_then(|mut w| w.take()) {
+            w.wake();
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+}
+
+/// The client's body, read only once its gate is open.
+struct Gated {
+    gate: Arc<ContinueGate>,
+    inner: Incoming,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl HttpBody for Gated {
+    type Data = Bytes;
+    type Error = BoxError;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if !self.gate.is_open() {
+            if let Ok(mut w) = self.gate.waker.lock() {
+                *w = Some(cx.waker().clone());
+            }
+            // Checked again after registering, so an open in between is seen.
+            if !self.gate.is_open() {
+                let timer = self
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(CONTINUE_WAIT)));
+                if std::future::Future::poll(timer.as_mut(), cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.gate.open();
+            }
+        }
+        Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
