@@ -23,10 +23,11 @@ const BUCKETS: &[f64] = &[
 ];
 
 /// weir's own error codes, the `code` label values that are not statuses.
-pub const ERROR_CODES: [&str; 11] = [
+pub const ERROR_CODES: [&str; 12] = [
     "no_route",
     "bad_request",
     "head_too_large",
+    "connect_not_allowed",
     "bad_response",
     "rate_limited",
     "overloaded",
@@ -67,6 +68,7 @@ pub struct Metrics {
     breaker_transitions: IntCounterVec,
     rate_limited: IntCounterVec,
     in_flight: IntGaugeVec,
+    tunnels: IntGaugeVec,
     reloads: IntCounterVec,
     last_reload: IntGauge,
     /// `weir_requests_total{upstream="", code="no_route"}`.
@@ -171,6 +173,16 @@ impl Metrics {
         .expect("static metric definition");
         r.register(Box::new(in_flight.clone()))
             .expect("metric registered once");
+        let tunnels = IntGaugeVec::new(
+            Opts::new(
+                "weir_tunnels_open",
+                "CONNECT tunnels open now (each also holds a concurrency slot).",
+            ),
+            &["upstream"],
+        )
+        .expect("static metric definition");
+        r.register(Box::new(tunnels.clone()))
+            .expect("metric registered once");
         let reloads = counter(
             &r,
             "weir_config_reloads_total",
@@ -202,6 +214,7 @@ impl Metrics {
             breaker_transitions,
             rate_limited,
             in_flight,
+            tunnels,
             reloads,
             last_reload,
             no_route,
@@ -228,6 +241,7 @@ impl Metrics {
             transitions: STATES.map(|s| by(&self.breaker_transitions, s.as_str())),
             rate_limited: self.rate_limited.with_label_values(&[name]),
             in_flight: self.in_flight.with_label_values(&[name]),
+            tunnels: self.tunnels.with_label_values(&[name]),
         }
     }
 
@@ -238,6 +252,7 @@ impl Metrics {
         self.budget_tokens.remove_label_values(&[name]).ok();
         self.rate_limited.remove_label_values(&[name]).ok();
         self.in_flight.remove_label_values(&[name]).ok();
+        self.tunnels.remove_label_values(&[name]).ok();
         for s in STATES {
             self.breaker_state
                 .remove_label_values(&[name, s.as_str()])
@@ -275,6 +290,14 @@ impl Metrics {
     pub fn head_too_large(&self) {
         self.requests
             .with_label_values(&["", "head_too_large"])
+            .inc();
+    }
+
+    /// `weir_requests_total{upstream="", code="connect_not_allowed"}`: a
+    /// CONNECT that routes to no upstream.
+    pub fn connect_not_allowed(&self) {
+        self.requests
+            .with_label_values(&["", "connect_not_allowed"])
             .inc();
     }
 
@@ -356,6 +379,7 @@ pub struct UpstreamMetrics {
     transitions: [IntCounter; 3],
     rate_limited: IntCounter,
     in_flight: IntGauge,
+    tunnels: IntGauge,
 }
 
 impl UpstreamMetrics {
@@ -428,5 +452,10 @@ impl UpstreamMetrics {
 
     pub fn set_in_flight(&self, n: u32) {
         self.in_flight.set(i64::from(n));
+    }
+
+    /// The `weir_tunnels_open` gauge, raised while a CONNECT tunnel is open.
+    pub fn tunnels(&self) -> &IntGauge {
+        &self.tunnels
     }
 }

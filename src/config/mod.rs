@@ -146,6 +146,9 @@ pub struct UpstreamConfig {
     pub path_prefix: String,
     pub strip_prefix: bool,
     pub preserve_host: bool,
+    /// A `CONNECT` routed here becomes a TCP tunnel to the upstream's
+    /// address (its `url`'s host and port); without it, 405.
+    pub tunnel: bool,
     pub listen: Option<SocketAddr>,
     /// Inbound TLS on the dedicated listener.
     pub listen_tls: Option<ListenerTls>,

@@ -339,6 +339,9 @@ pub struct RawUpstream {
     pub strip_prefix: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preserve_host: Option<bool>,
+    /// `CONNECT` to this upstream opens a TCP tunnel to its address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tunnel: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<String>,
     /// Inbound TLS on the dedicated listener.

@@ -414,6 +414,7 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
         path_prefix,
         strip_prefix: up.strip_prefix.unwrap_or(false),
         preserve_host: up.preserve_host.unwrap_or(false),
+        tunnel: up.tunnel.unwrap_or(false),
         listen,
         listen_tls,
         protocol,

@@ -13,6 +13,10 @@ pub enum ProxyError {
     BadRequest(String),
     #[error("the request head is larger than max_header_bytes ({0} bytes)")]
     HeadTooLarge(usize),
+    #[error(
+        "CONNECT is not allowed here: weir opens a tunnel only to an upstream with `tunnel = true`"
+    )]
+    ConnectNotAllowed,
     #[error("the upstream's rate limit is exhausted")]
     RateLimited { retry_after: Option<Duration> },
     #[error("too many requests are in flight to this upstream")]
@@ -37,6 +41,7 @@ impl ProxyError {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ProxyError::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ProxyError::ConnectNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Overloaded | ProxyError::CircuitOpen { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -56,6 +61,7 @@ impl ProxyError {
             ProxyError::NoRoute => "no_route",
             ProxyError::BadRequest(_) => "bad_request",
             ProxyError::HeadTooLarge(_) => "head_too_large",
+            ProxyError::ConnectNotAllowed => "connect_not_allowed",
             ProxyError::RateLimited { .. } => "rate_limited",
             ProxyError::Overloaded => "overloaded",
             ProxyError::CircuitOpen { .. } => "circuit_open",
@@ -81,6 +87,7 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => 12, // UNIMPLEMENTED
             ProxyError::BadRequest(_) | ProxyError::HeadTooLarge(_) => 3, // INVALID_ARGUMENT
+            ProxyError::ConnectNotAllowed => 12, // UNIMPLEMENTED
             ProxyError::RateLimited { .. } => 8, // RESOURCE_EXHAUSTED
             ProxyError::UpstreamTimeout | ProxyError::DeadlineExceeded => 4, // DEADLINE_EXCEEDED
             ProxyError::Overloaded

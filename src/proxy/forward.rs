@@ -12,6 +12,7 @@ use http::header;
 use http::uri::Authority;
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// Serves one request from a client.
@@ -34,12 +35,18 @@ pub async fn handle(
         )
         .to_response(None);
     }
+    let connect = parts.method == http::Method::CONNECT;
+    // A CONNECT's target is `host:port`, with no path: route it as `/`.
+    let path = if connect { "/" } else { parts.uri.path() };
     let upstream = match role {
         ListenerRole::Shared => request_host(&parts)
-            .and_then(|h| snap.routes.lookup(h, parts.uri.path()))
+            .and_then(|h| snap.routes.lookup(h, path))
             .and_then(|i| snap.upstreams.get(i)),
         ListenerRole::Dedicated(name) => snap.upstreams.iter().find(|u| &u.config.name == name),
     };
+    if connect {
+        return tunnel(snap, upstream, parts).await;
+    }
     let grpc = is_grpc(&parts.headers);
     let Some(up) = upstream else {
         snap.metrics.no_route();
@@ -94,14 +101,7 @@ async fn forward(
         None
     };
     let uri = upstream_uri(up, &parts.uri, authority)?;
-    let key: Option<String> = cfg.rate_limit.as_ref().and_then(|r| match &r.key {
-        Some(crate::policy::limiter::KeySource::Header(h)) => parts
-            .headers
-            .get(h.as_str())
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned),
-        None => None,
-    });
+    let key = rate_key(cfg, &parts.headers);
     let upgrade = super::upgrade::requested(&parts.headers);
     let on_upgrade = upgrade
         .as_ref()
@@ -225,6 +225,55 @@ async fn forward(
             Ok(resp)
         }
     }
+}
+
+/// The rate-limit key of a request: the named header's value, if keyed.
+fn rate_key(cfg: &crate::config::UpstreamConfig, h: &http::HeaderMap) -> Option<String> {
+    cfg.rate_limit.as_ref().and_then(|r| match &r.key {
+        Some(crate::policy::limiter::KeySource::Header(name)) => h
+            .get(name.as_str())
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        None => None,
+    })
+}
+
+/// A CONNECT: a tunnel to an upstream that allows one, else 405. Never
+/// forwarded upstream (see `proxy::tunnel`).
+async fn tunnel(
+    snap: &Snapshot,
+    upstream: Option<&Upstream>,
+    parts: http::request::Parts,
+) -> Response<Body> {
+    let Some(up) = upstream.filter(|u| u.config.tunnel) else {
+        let name = upstream.map(|u| u.config.name.as_str());
+        match upstream {
+            Some(u) => u
+                .state
+                .metrics
+                .error(ProxyError::ConnectNotAllowed.code(), Duration::ZERO),
+            None => snap.metrics.connect_not_allowed(),
+        }
+        tracing::debug!(target = %parts.uri, upstream = ?name, "CONNECT refused");
+        return ProxyError::ConnectNotAllowed.to_response(name);
+    };
+    let start = Instant::now();
+    let key = rate_key(&up.config, &parts.headers);
+    let (result, attempts) = super::tunnel::open(up, parts, key.as_deref(), start).await;
+    let mut resp = match result {
+        Ok(resp) => {
+            up.state.metrics.status(200, start.elapsed());
+            resp
+        }
+        Err(e) => {
+            up.state.metrics.error(e.code(), start.elapsed());
+            e.to_response(Some(&up.config.name))
+        }
+    };
+    if up.config.annotate && attempts > 0 {
+        attempt::annotate(resp.headers_mut(), attempts, None);
+    }
+    resp
 }
 
 /// The host the client named (its target's authority, else `Host`), for

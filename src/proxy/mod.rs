@@ -18,6 +18,7 @@ pub mod replay;
 pub mod route;
 mod server;
 pub mod sticky;
+pub mod tunnel;
 pub mod upgrade;
 
 /// The largest upstream response head weir reads, on either path; a larger

@@ -1,0 +1,166 @@
+//! `CONNECT` tunnels. weir is not an open proxy: a `CONNECT` is never
+//! forwarded upstream, and a tunnel goes only to a configured address.
+//!
+//! A `CONNECT host:port` routed (by its host, as any request) to an upstream
+//! with `tunnel = true` opens a TCP connection to that upstream's own address
+//! (its `url`'s host and port, whatever port the client named) and joins it
+//! to the client's connection once weir has answered 200. The pipeline is the
+//! request pipeline's: the rate limit and the concurrency gate admit it (the
+//! slot is held for the tunnel's whole life), the breaker admits each
+//! connect, and a refused or timed-out connect is retried under the upstream's
+//! retry policy like any connect failure (nothing was sent). Once joined, the
+//! bytes are the client's business: no retries, no timeouts but the
+//! upstream's `idle_timeout` between bytes either way. Open tunnels are counted
+//! in `weir_tunnels_open`.
+//!
+//! Any other `CONNECT` gets 405 `connect_not_allowed`.
+
+use super::attempt::{self, Attempts, Step};
+use super::body::{empty, Body};
+use super::error::ProxyError;
+use super::gate::Slot;
+use super::Upstream;
+use crate::policy::{BodyFacts, Outcome, RequestFacts};
+use http::request::Parts;
+use http::{Response, StatusCode};
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Connects to `up` and answers 200, joining the two connections once hyper
+/// hands over the client's; or weir's error after the retries.
+pub async fn open(
+    up: &Upstream,
+    mut parts: Parts,
+    key: Option<&str>,
+    start: Instant,
+) -> (Result<Response<Body>, ProxyError>, u32) {
+    let cfg = &up.config;
+    let Some(client) = parts.extensions.remove::<OnUpgrade>() else {
+        let e = ProxyError::BadRequest("this connection cannot carry a CONNECT tunnel".into());
+        return (Err(e), 0);
+    };
+    let deadline = start + cfg.timeout;
+    if let Err(e) = attempt::admit_rate(up, key, deadline).await {
+        return (Err(e), 0);
+    }
+    let slot = match up.state.gate.enter(deadline).await {
+        Ok(s) => s,
+        Err(e) => return (Err(e), 0),
+    };
+    let ticket = match attempt::admit_breaker(&up.state) {
+        Ok(t) => t,
+        Err(e) => return (Err(e), 0),
+    };
+    // Every failure before the connection is up is a connect failure: safe
+    // to retry whatever the method.
+    let facts = RequestFacts::new("CONNECT", false, BodyFacts::Empty);
+    let Ok(mut attempts) = Attempts::begin(up, ticket, facts, key, deadline, false, start) else {
+        return (Err(ProxyError::DeadlineExceeded), 0);
+    };
+    let target = (
+        cfg.url.host.trim_matches(['[', ']']).to_string(),
+        cfg.url.port,
+    );
+    loop {
+        let started = Instant::now();
+        let give_up = attempts.start(started).min(started + cfg.connect_timeout);
+        let connected = tokio::time::timeout_at(give_up, TcpStream::connect(&target)).await;
+        let ended = Instant::now();
+        let error = match connected {
+            Ok(Ok(upstream)) => {
+                let ok = Outcome::Response {
+                    status: 200,
+                    retry_after: None,
+                    grpc_status: None,
+                };
+                attempts.record(&ok, None, started, ended);
+                let _ = upstream.set_nodelay(true);
+                join(up, client, upstream, slot);
+                let mut resp = Response::new(empty());
+                *resp.status_mut() = StatusCode::OK;
+                return (Ok(resp), attempts.made());
+            }
+            Ok(Err(e)) => ProxyError::ConnectFailed(e.to_string()),
+            Err(_) if give_up >= deadline => ProxyError::DeadlineExceeded,
+            Err(_) => ProxyError::ConnectFailed(format!(
+                "connect timed out after {:?}",
+                ended.saturating_duration_since(started)
+            )),
+        };
+        match attempts.judge(&Outcome::ConnectFailure, Some(&error), started, ended) {
+            Step::Retry(delay) => {
+                if attempts.backoff(delay).await.is_err() {
+                    return (Err(error), attempts.made());
+                }
+            }
+            Step::Done(_) => return (Err(error), attempts.made()),
+        }
+    }
+}
+
+/// Joins the client's upgraded connection and the upstream's in the
+/// background, holding the concurrency slot and the open-tunnel gauge until
+/// either side closes or nothing moves for `idle_timeout`.
+fn join(up: &Upstream, client: OnUpgrade, upstream: TcpStream, slot: Slot) {
+    let name = up.config.name.clone();
+    let idle = up.config.idle_timeout;
+    let gauge = up.state.metrics.tunnels().clone();
+    tokio::spawn(async move {
+        let _slot = slot;
+        let client = match client.await {
+            Ok(c) => TokioIo::new(c),
+            Err(e) => {
+                tracing::debug!(upstream = %name, error = %e, "CONNECT: the client's connection was not handed over");
+                return;
+            }
+        };
+        gauge.inc();
+        let (up_bytes, down_bytes, why) = copy_until_idle(client, upstream, idle).await;
+        gauge.dec();
+        tracing::debug!(upstream = %name, bytes_up = up_bytes, bytes_down = down_bytes, why, "tunnel closed");
+    });
+}
+
+/// Copies both ways until either side closes, an error, or `idle` passes
+/// with no byte in either direction.
+async fn copy_until_idle<A, B>(a: A, b: B, idle: Duration) -> (u64, u64, &'static str)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut ar, mut aw) = tokio::io::split(a);
+    let (mut br, mut bw) = tokio::io::split(b);
+    let (mut up, mut down) = (0u64, 0u64);
+    let mut abuf = vec![0u8; 16 * 1024];
+    let mut bbuf = vec![0u8; 16 * 1024];
+    let (mut a_open, mut b_open) = (true, true);
+    let mut last = Instant::now();
+    while a_open || b_open {
+        let quiet = last + idle;
+        tokio::select! {
+            r = ar.read(&mut abuf), if a_open => match r {
+                Ok(0) | Err(_) => { a_open = false; let _ = bw.shutdown().await; }
+                Ok(n) => {
+                    if bw.write_all(&abuf[..n]).await.is_err() { return (up, down, "upstream write failed"); }
+                    up += n as u64;
+                    last = Instant::now();
+                }
+            },
+            r = br.read(&mut bbuf), if b_open => match r {
+                Ok(0) | Err(_) => { b_open = false; let _ = aw.shutdown().await; }
+                Ok(n) => {
+                    if aw.write_all(&bbuf[..n]).await.is_err() { return (up, down, "client write failed"); }
+                    down += n as u64;
+                    last = Instant::now();
+                }
+            },
+            () = tokio::time::sleep_until(quiet) => return (up, down, "idle_timeout"),
+        }
+    }
+    (up, down, "closed")
+}
