@@ -15,6 +15,7 @@
 //! CONNECT and anything it cannot follow are passed through untouched, and
 //! hyper's own parser remains the one that decides everything else.
 
+use super::h1;
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::io;
@@ -44,14 +45,8 @@ enum State {
     Head,
     /// Skipping a fixed-length body.
     Fixed(u64),
-    /// Reading a chunk-size line.
-    ChunkSize { size: u64, ext: bool, digits: u8 },
-    /// Skipping chunk data.
-    ChunkData(u64),
-    /// Skipping the CRLF after chunk data.
-    ChunkEnd,
-    /// Reading trailer lines; `len` is the current line's length.
-    Trailers { len: usize },
+    /// Following a chunked body (`proxy::h1`, hyper's rules).
+    Chunked(h1::Chunked),
     /// No longer following: h2, an upgrade, or something hyper will reject.
     Passthrough,
     /// A conflicting head was replaced; nothing more is read from the client.
@@ -104,74 +99,31 @@ impl<T> FramingGuard<T> {
 /// Follows body framing through `data`; returns how many bytes belong to the
 /// current body (all of them, unless the body ends inside `data`).
 fn advance_body(state: &mut State, data: &[u8]) -> usize {
-    let mut i = 0;
-    while i < data.len() {
-        match *state {
-            State::Head | State::Passthrough | State::Rejected => return i,
-            State::Fixed(n) => {
-                let take = n.min((data.len() - i) as u64);
-                i += take as usize;
-                *state = if take == n {
-                    State::Head
-                } else {
-                    State::Fixed(n - take)
-                };
-            }
-            State::ChunkData(n) => {
-                let take = n.min((data.len() - i) as u64);
-                i += take as usize;
-                *state = if take == n {
-                    State::ChunkEnd
-                } else {
-                    State::ChunkData(n - take)
-                };
-            }
-            State::ChunkSize { size, ext, digits } => {
-                let b = data[i];
-                i += 1;
-                *state = match b {
-                    b'\n' if size == 0 && digits > 0 => State::Trailers { len: 0 },
-                    b'\n' if digits > 0 => State::ChunkData(size),
-                    b'\n' => State::Passthrough,
-                    _ if ext => State::ChunkSize { size, ext, digits },
-                    b';' | b'\r' | b' ' | b'\t' => State::ChunkSize {
-                        size,
-                        ext: true,
-                        digits,
-                    },
-                    _ => match (b as char).to_digit(16) {
-                        Some(d) if digits < 15 => State::ChunkSize {
-                            size: size * 16 + u64::from(d),
-                            ext,
-                            digits: digits + 1,
-                        },
-                        _ => State::Passthrough,
-                    },
-                };
-            }
-            State::ChunkEnd => {
-                if data[i] == b'\n' {
-                    *state = State::ChunkSize {
-                        size: 0,
-                        ext: false,
-                        digits: 0,
-                    };
-                }
-                i += 1;
-            }
-            State::Trailers { len } => {
-                let b = data[i];
-                i += 1;
-                *state = match b {
-                    b'\n' if len == 0 => State::Head,
-                    b'\n' => State::Trailers { len: 0 },
-                    b'\r' => State::Trailers { len },
-                    _ => State::Trailers { len: len + 1 },
-                };
-            }
+    match state {
+        State::Fixed(n) => {
+            let take = (*n).min(data.len() as u64);
+            *state = if take == *n {
+                State::Head
+            } else {
+                State::Fixed(*n - take)
+            };
+            take as usize
         }
+        State::Chunked(c) => match c.feed(data) {
+            Ok(Some(end)) => {
+                *state = State::Head;
+                end
+            }
+            Ok(None) => data.len(),
+            // hyper refuses the same bytes and ends the connection: stop
+            // following and let it.
+            Err(_) => {
+                *state = State::Passthrough;
+                data.len()
+            }
+        },
+        State::Head | State::Passthrough | State::Rejected => 0,
     }
-    i
 }
 
 /// Moves `ready` forward through the stash as far as framing allows, judging
@@ -258,7 +210,8 @@ enum Judged {
     Next(State),
 }
 
-/// Decides a complete request head: conflict, or how its body is framed.
+/// Decides a complete request head: conflict, or how its body is framed
+/// (`proxy::h1`, the rules hyper applies to the same head).
 fn judge(head: &[u8]) -> Judged {
     let mut headers = [httparse::EMPTY_HEADER; 128];
     let mut req = httparse::Request::new(&mut headers);
@@ -267,49 +220,22 @@ fn judge(head: &[u8]) -> Judged {
         // hyper will answer whatever this is; stop following.
         _ => return Judged::Next(State::Passthrough),
     }
-    if req.method == Some("CONNECT") {
+    if req.method == Some("CONNECT")
+        || req
+            .headers
+            .iter()
+            .any(|h| h.name.eq_ignore_ascii_case("upgrade"))
+    {
         return Judged::Next(State::Passthrough);
     }
-    let mut te: Option<&[u8]> = None;
-    let mut cl: Option<&[u8]> = None;
-    for h in req.headers.iter() {
-        if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            te = Some(h.value);
-        } else if h.name.eq_ignore_ascii_case("content-length") {
-            if cl.is_some_and(|prev| prev != h.value) {
-                return Judged::Next(State::Passthrough); // hyper rejects differing lengths
-            }
-            cl = Some(h.value);
-        } else if h.name.eq_ignore_ascii_case("upgrade") {
-            return Judged::Next(State::Passthrough);
-        }
-    }
-    match (te, cl) {
-        (Some(_), Some(_)) => Judged::Conflict,
-        (Some(te), None) => {
-            let chunked = std::str::from_utf8(te)
-                .ok()
-                .and_then(|s| s.rsplit(',').next())
-                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-            Judged::Next(if chunked {
-                State::ChunkSize {
-                    size: 0,
-                    ext: false,
-                    digits: 0,
-                }
-            } else {
-                State::Passthrough
-            })
-        }
-        (None, Some(cl)) => match std::str::from_utf8(cl)
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-        {
-            Some(0) => Judged::Next(State::Head),
-            Some(n) => Judged::Next(State::Fixed(n)),
-            None => Judged::Next(State::Passthrough),
-        },
-        (None, None) => Judged::Next(State::Head),
+    let fields = req.headers.iter().map(|h| (h.name, h.value));
+    match h1::request_framing(req.version == Some(1), fields) {
+        h1::RequestFraming::Conflict => Judged::Conflict,
+        h1::RequestFraming::Length(0) => Judged::Next(State::Head),
+        h1::RequestFraming::Length(n) => Judged::Next(State::Fixed(n)),
+        h1::RequestFraming::Chunked => Judged::Next(State::Chunked(h1::Chunked::whole())),
+        // hyper answers 400 and closes: nothing follows to guard.
+        h1::RequestFraming::Invalid(_) => Judged::Next(State::Passthrough),
     }
 }
 

@@ -13,6 +13,7 @@ pub mod fast;
 pub mod forward;
 pub mod gate;
 pub mod guard;
+pub mod h1;
 pub mod headers;
 pub mod replay;
 pub mod route;

@@ -12,6 +12,7 @@
 //! hyper (`super::super::server`), which sees the same bytes.
 
 use crate::policy::{RequestFacts, StopReason};
+use crate::proxy::h1;
 use crate::proxy::headers::HOP_BY_HOP;
 use crate::proxy::route::{host_of, upstream_path};
 use crate::proxy::{ListenerRole, Snapshot, Upstream};
@@ -184,7 +185,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     for h in req.headers.iter() {
         let n = h.name;
         if eq(n, "content-length") {
-            let Some(len) = parse_length(h.value) else {
+            let Some(len) = h1::content_length(h.value) else {
                 return Parse::Fallback("an invalid Content-Length");
             };
             if content_length.is_some() {
@@ -339,14 +340,6 @@ fn write_target(up: &Upstream, path: &str, path_and_query: &str, out: &mut Vec<u
     true
 }
 
-/// A `Content-Length` value: digits only, no sign, no spaces, no list.
-fn parse_length(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || !v.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(v).ok()?.parse().ok()
-}
-
 fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
     out.extend_from_slice(b": ");
@@ -447,17 +440,14 @@ pub fn parse_response<'b>(
         let n = h.name;
         dated |= eq(n, "date");
         if eq(n, "content-length") {
-            let v = parse_length(h.value).ok_or("the upstream sent an invalid Content-Length")?;
+            let v =
+                h1::content_length(h.value).ok_or("the upstream sent an invalid Content-Length")?;
             if length.is_some_and(|l| l != v) {
                 return Err("the upstream sent conflicting Content-Lengths");
             }
             length = Some(v);
         } else if eq(n, "transfer-encoding") {
-            chunked = Some(
-                tokens(h.value)
-                    .next_back()
-                    .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked")),
-            );
+            chunked = Some(h1::ends_chunked(h.value));
         } else if eq(n, "connection") {
             connection.add(h.value);
         } else if eq(n, "retry-after") {
@@ -547,80 +537,6 @@ pub fn finish_response(out: &mut Vec<u8>, annotations: Option<Annotations>, clos
     out.extend_from_slice(b"\r\n");
 }
 
-/// Follows a chunked body as it passes through, to find where its chunks
-/// end: just after the last chunk's line (`0\r\n`); the trailer section
-/// follows ([`trailer_section`]).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Chunked {
-    state: ChunkState,
-    size: u64,
-    digits: u8,
-}
-
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum ChunkState {
-    #[default]
-    Size,
-    Extension,
-    SizeLf,
-    Data,
-    DataCr,
-    DataLf,
-    Done,
-}
-
-impl Chunked {
-    /// Consumes `bytes`. `Ok(Some(n))`: the last chunk's line ended after the
-    /// first `n` of them; `Ok(None)`: it goes on; `Err`: it is not valid
-    /// chunked coding.
-    pub fn feed(&mut self, bytes: &[u8]) -> Result<Option<usize>, &'static str> {
-        use ChunkState::*;
-        const BAD: &str = "the upstream sent an invalid chunked body";
-        let mut i = 0;
-        while i < bytes.len() {
-            if self.state == Data {
-                let take = (self.size.min((bytes.len() - i) as u64)) as usize;
-                self.size -= take as u64;
-                i += take;
-                if self.size == 0 {
-                    self.state = DataCr;
-                }
-                continue;
-            }
-            let b = bytes[i];
-            i += 1;
-            self.state = match (self.state, b) {
-                (Size, b) if b.is_ascii_hexdigit() => {
-                    if self.digits == 15 {
-                        return Err(BAD);
-                    }
-                    self.digits += 1;
-                    let d = (b as char).to_digit(16).unwrap_or(0);
-                    self.size = self.size * 16 + u64::from(d);
-                    Size
-                }
-                (Size, b';' | b' ' | b'\t') if self.digits > 0 => Extension,
-                (Size, b'\r') if self.digits > 0 => SizeLf,
-                (Extension, b'\r') => SizeLf,
-                (Extension, b'\n') => return Err(BAD),
-                (Extension, _) => Extension,
-                (SizeLf, b'\n') if self.size == 0 => {
-                    self.state = Done;
-                    return Ok(Some(i));
-                }
-                (SizeLf, b'\n') => {
-                    self.digits = 0;
-                    Data
-                }
-                (DataCr, b'\r') => DataLf,
-                (DataLf, b'\n') => Size,
-                _ => return Err(BAD),
-            };
-        }
-        Ok(None)
-    }
-}
-
 /// The largest trailer section relayed.
 const MAX_TRAILERS: usize = 16 * 1024;
 
@@ -653,11 +569,20 @@ pub fn trailer_section(buf: &[u8], out: &mut Vec<u8>) -> Result<Option<usize>, &
 
 /// A chunked response body on its way to the client: the chunks pass as
 /// they come; the trailer section is held until whole and filtered.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ChunkedRelay {
-    chunks: Chunked,
+    chunks: h1::Chunked,
     /// Once the chunks have ended: the trailer section so far.
     trailers: Option<Vec<u8>>,
+}
+
+impl Default for ChunkedRelay {
+    fn default() -> Self {
+        ChunkedRelay {
+            chunks: h1::Chunked::until_trailers(),
+            trailers: None,
+        }
+    }
 }
 
 impl ChunkedRelay {
@@ -724,16 +649,14 @@ mod tests {
         }
         assert_eq!(end, Some(body.len() - 4));
         assert_eq!(out, relayed);
-        let mut c = Chunked::default();
-        assert_eq!(c.feed(b"0\r\n\r\n"), Ok(Some(3)));
         let mut out = Vec::new();
         assert_eq!(
             ChunkedRelay::default().feed(b"0\r\n\r\n", &mut out),
             Ok(Some(5))
         );
-        assert!(Chunked::default().feed(b"zz\r\n").is_err());
-        assert!(Chunked::default().feed(b"5\r\nhelloXX").is_err());
-        assert!(Chunked::default().feed(b"ffffffffffffffff1\r\n").is_err());
+        for bad in [&b"zz\r\n"[..], b"5\r\nhelloXX", b"1ffffffffffffffff\r\n"] {
+            assert!(ChunkedRelay::default().feed(bad, &mut Vec::new()).is_err());
+        }
     }
 
     fn parse(b: &[u8], head_method: bool) -> Result<Option<Head<'_>>, &'static str> {

@@ -1,0 +1,385 @@
+//! HTTP/1.1 message framing (RFC 9112 §6–§7), written once for every place
+//! weir follows HTTP/1 bytes itself: the request-smuggling guard in front of
+//! hyper (`proxy::guard`) and the fast path (`proxy::fast`), on requests and
+//! responses alike.
+//!
+//! Where a message ends is the request-smuggling boundary: two parsers that
+//! disagree about it are the vulnerability. So the rules here are hyper's —
+//! the parser that finally reads every request on the general path — byte
+//! for byte: `Content-Length` is digits only (no sign, no list, no overflow),
+//! several must agree; a `Transfer-Encoding` whose last coding is not
+//! `chunked` is refused on a request; the chunked coding accepts exactly what
+//! hyper's decoder accepts (hex size, optional whitespace, extensions up to
+//! 16 KiB without a bare LF, CRLF everywhere, trailers up to 16 KiB). The
+//! property tests (`tests/framing_props.rs`) hold this module against hyper
+//! on arbitrary messages. See docs/behaviour.md#protocols.
+
+/// Longest run of chunk extensions hyper accepts in one body.
+const EXTENSIONS_LIMIT: u64 = 16 * 1024;
+/// Longest trailer section hyper accepts.
+const TRAILERS_LIMIT: usize = 16 * 1024;
+/// Most trailer fields hyper accepts (its `max_headers`).
+const TRAILERS_COUNT: usize = 100;
+
+/// A `tchar` of RFC 9110 §5.6.2: what a field name is made of.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// A `Content-Length` value: 1*DIGIT, no sign, no spaces, no list, and no
+/// larger than `u64`.
+pub fn content_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.iter().try_fold(0u64, |n, b| match b {
+        b'0'..=b'9' => n.checked_mul(10)?.checked_add(u64::from(b - b'0')),
+        _ => None,
+    })
+}
+
+/// Whether a `Transfer-Encoding` value's last coding is `chunked`.
+pub fn ends_chunked(v: &[u8]) -> bool {
+    std::str::from_utf8(v)
+        .ok()
+        .and_then(|s| s.rsplit(',').next())
+        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
+}
+
+/// How a request's body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestFraming {
+    /// `Content-Length` (0 when there is none).
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Both `Transfer-Encoding` and `Content-Length`: hyper would drop the
+    /// length and read chunks, a proxy in front of weir may have framed the
+    /// bytes by the length. weir refuses it (RFC 9112 §6.1).
+    Conflict,
+    /// A message hyper answers with 400: an invalid or disagreeing
+    /// `Content-Length`, a `Transfer-Encoding` that does not end in
+    /// `chunked`, or one on HTTP/1.0.
+    Invalid(&'static str),
+}
+
+/// Frames a request from its header fields, in order (`http11`: the request
+/// line said HTTP/1.1).
+pub fn request_framing<'a>(
+    http11: bool,
+    fields: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+) -> RequestFraming {
+    let mut length: Option<u64> = None;
+    let mut te = false;
+    let mut chunked = false;
+    let mut cl = false;
+    for (name, value) in fields {
+        if name.eq_ignore_ascii_case("transfer-encoding") {
+            if !http11 {
+                return RequestFraming::Invalid("Transfer-Encoding on HTTP/1.0");
+            }
+            te = true;
+            // The last field decides, as in hyper.
+            chunked = ends_chunked(value);
+        } else if name.eq_ignore_ascii_case("content-length") {
+            cl = true;
+            let Some(n) = content_length(value) else {
+                return RequestFraming::Invalid("an invalid Content-Length");
+            };
+            if length.is_some_and(|l| l != n) {
+                return RequestFraming::Invalid("Content-Lengths that disagree");
+            }
+            length = Some(n);
+        }
+    }
+    match (te, cl) {
+        (true, true) => RequestFraming::Conflict,
+        (true, false) if chunked => RequestFraming::Chunked,
+        (true, false) => {
+            RequestFraming::Invalid("a Transfer-Encoding that does not end in chunked")
+        }
+        (false, _) => RequestFraming::Length(length.unwrap_or(0)),
+    }
+}
+
+/// Where [`Chunked::feed`] reports the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// After the last chunk's line (`0\r\n`): the trailer section is the
+    /// caller's (the fast path filters it).
+    LastChunk,
+    /// After the trailer section's final CRLF: the whole message.
+    End,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Start,
+    Size,
+    SizeLws,
+    Extension,
+    SizeLf,
+    Body,
+    BodyCr,
+    BodyLf,
+    EndCr,
+    /// In a trailer field's name.
+    TrailerName,
+    /// In a trailer field's value.
+    Trailer,
+    TrailerLf,
+    EndLf,
+    End,
+}
+
+/// The chunked transfer coding, followed byte by byte as it passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunked {
+    state: State,
+    size: u64,
+    extensions: u64,
+    trailers: usize,
+    fields: usize,
+    until: Until,
+}
+
+impl Default for Chunked {
+    fn default() -> Self {
+        Chunked::whole()
+    }
+}
+
+/// Why a chunked body is not valid (hyper refuses the same bytes).
+pub const BAD_CHUNKED: &str = "invalid chunked coding";
+
+impl Chunked {
+    /// Follows a whole chunked body, trailers included.
+    pub fn whole() -> Self {
+        Chunked::new(Until::End)
+    }
+
+    /// Follows the chunks up to and including the last chunk's line; the
+    /// trailer section is left to the caller.
+    pub fn until_trailers() -> Self {
+        Chunked::new(Until::LastChunk)
+    }
+
+    fn new(until: Until) -> Self {
+        Chunked {
+            state: State::Start,
+            size: 0,
+            extensions: 0,
+            trailers: 0,
+            fields: 0,
+            until,
+        }
+    }
+
+    /// Consumes `bytes`. `Ok(Some(n))`: it ended after the first `n` of them;
+    /// `Ok(None)`: more is to come; `Err`: not valid chunked coding.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<Option<usize>, &'static str> {
+        use State::*;
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.state == Body {
+                let take = self.size.min((bytes.len() - i) as u64);
+                self.size -= take;
+                i += take as usize;
+                if self.size == 0 {
+                    self.state = BodyCr;
+                }
+                continue;
+            }
+            let b = bytes[i];
+            i += 1;
+            self.state = match (self.state, b) {
+                (Start | Size, b) if b.is_ascii_hexdigit() => {
+                    let d = u64::from((b as char).to_digit(16).unwrap_or(0));
+                    self.size = self
+                        .size
+                        .checked_mul(16)
+                        .and_then(|s| s.checked_add(d))
+                        .ok_or(BAD_CHUNKED)?;
+                    Size
+                }
+                (Size | SizeLws, b'\t' | b' ') => SizeLws,
+                (Size | SizeLws, b';') => Extension,
+                (Size | SizeLws | Extension, b'\r') => SizeLf,
+                (Extension, b'\n') => return Err(BAD_CHUNKED),
+                (Extension, _) => {
+                    self.extensions += 1;
+                    if self.extensions >= EXTENSIONS_LIMIT {
+                        return Err(BAD_CHUNKED);
+                    }
+                    Extension
+                }
+                (SizeLf, b'\n') if self.size == 0 => {
+                    if self.until == Until::LastChunk {
+                        self.state = EndCr;
+                        return Ok(Some(i));
+                    }
+                    EndCr
+                }
+                (SizeLf, b'\n') => Body,
+                (BodyCr, b'\r') => BodyLf,
+                (BodyLf, b'\n') => Start,
+                (EndCr, b'\r') => EndLf,
+                // A trailer field, `name: value`, as hyper (httparse) reads
+                // it at the end: a token, a colon, visible text.
+                (EndCr | TrailerName | Trailer, b) => {
+                    self.trailers += 1;
+                    if self.trailers > TRAILERS_LIMIT {
+                        return Err(BAD_CHUNKED);
+                    }
+                    match (self.state, b) {
+                        (EndCr, b) if is_tchar(b) => {
+                            self.fields += 1;
+                            if self.fields > TRAILERS_COUNT {
+                                return Err(BAD_CHUNKED);
+                            }
+                            TrailerName
+                        }
+                        (TrailerName, b) if is_tchar(b) => TrailerName,
+                        (TrailerName, b':') => Trailer,
+                        (Trailer, b'\r') => TrailerLf,
+                        (Trailer, b'\t' | 0x20..=0x7e | 0x80..=0xff) => Trailer,
+                        _ => return Err(BAD_CHUNKED),
+                    }
+                }
+                (TrailerLf, b'\n') => EndCr,
+                (EndLf, b'\n') => {
+                    self.state = End;
+                    return Ok(Some(i));
+                }
+                _ => return Err(BAD_CHUNKED),
+            };
+        }
+        Ok(None)
+    }
+
+    /// Whether the end has been reported.
+    pub fn is_done(&self) -> bool {
+        self.state == State::End || (self.until == Until::LastChunk && self.state == State::EndCr)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_length_is_digits_only() {
+        assert_eq!(content_length(b"0"), Some(0));
+        assert_eq!(content_length(b"1234"), Some(1234));
+        for bad in [
+            &b""[..],
+            b"+5",
+            b"-5",
+            b" 5",
+            b"5 ",
+            b"5,5",
+            b"0x5",
+            b"99999999999999999999",
+        ] {
+            assert_eq!(
+                content_length(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn requests_are_framed_as_hyper_frames_them() {
+        use RequestFraming::*;
+        let f = |fields: &[(&str, &str)]| {
+            request_framing(true, fields.iter().map(|(n, v)| (*n, v.as_bytes())))
+        };
+        assert_eq!(f(&[]), Length(0));
+        assert_eq!(f(&[("Content-Length", "5")]), Length(5));
+        assert_eq!(
+            f(&[("content-length", "5"), ("content-length", "5")]),
+            Length(5)
+        );
+        assert!(matches!(
+            f(&[("content-length", "5"), ("content-length", "6")]),
+            Invalid(_)
+        ));
+        assert!(matches!(f(&[("content-length", "+5")]), Invalid(_)));
+        assert_eq!(f(&[("Transfer-Encoding", "gzip, chunked")]), Chunked);
+        assert!(matches!(
+            f(&[("transfer-encoding", "chunked, gzip")]),
+            Invalid(_)
+        ));
+        // The last Transfer-Encoding field decides.
+        assert!(matches!(
+            f(&[
+                ("transfer-encoding", "chunked"),
+                ("transfer-encoding", "gzip")
+            ]),
+            Invalid(_)
+        ));
+        assert_eq!(
+            f(&[("transfer-encoding", "chunked"), ("content-length", "3")]),
+            Conflict
+        );
+        assert!(matches!(
+            request_framing(false, [("transfer-encoding", &b"chunked"[..])]),
+            Invalid(_)
+        ));
+    }
+
+    fn whole(bytes: &[u8]) -> Result<Option<usize>, &'static str> {
+        Chunked::whole().feed(bytes)
+    }
+
+    #[test]
+    fn chunked_bodies_end_where_they_end() {
+        let body = b"5;name=v\r\nhello\r\n0\r\nx-t: 1\r\n\r\nGET";
+        assert_eq!(whole(body), Ok(Some(body.len() - 3)));
+        assert_eq!(whole(b"A \t;x\r\n0123456789\r\n0\r\n\r\n"), Ok(Some(24)));
+        let mut c = Chunked::until_trailers();
+        assert_eq!(c.feed(b"3\r\nabc\r\n0\r\nx-t: 1\r\n\r\n"), Ok(Some(11)));
+        assert!(c.is_done());
+        // Split at every byte.
+        let mut c = Chunked::whole();
+        let mut end = None;
+        for (i, b) in body.iter().enumerate() {
+            if let Some(n) = c.feed(std::slice::from_ref(b)).unwrap() {
+                end = Some(i + n);
+                break;
+            }
+        }
+        assert_eq!(end, Some(body.len() - 3));
+    }
+
+    #[test]
+    fn what_hyper_refuses_is_refused() {
+        for bad in [
+            &b"\r\n"[..],
+            b"zz\r\n",
+            b" 5\r\n",
+            b"5 6\r\n",
+            b"5\nhello",
+            b"5\r\nhelloXX",
+            b"5;a\nb\r\n",
+            b"1ffffffffffffffff\r\n",
+            b"0\r\n\r\r",
+        ] {
+            assert_eq!(
+                whole(bad),
+                Err(BAD_CHUNKED),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // More than 16 KiB of trailers; a line that is not a field.
+        let mut t = b"0\r\nx: ".to_vec();
+        t.extend(std::iter::repeat_n(b'a', 17 * 1024));
+        assert_eq!(whole(&t), Err(BAD_CHUNKED));
+        assert_eq!(whole(b"0\r\nGET / HTTP/1.1\r\n\r\n"), Err(BAD_CHUNKED));
+        assert_eq!(whole(b"0\r\n x: 1\r\n\r\n"), Err(BAD_CHUNKED));
+    }
+}
