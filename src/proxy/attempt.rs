@@ -410,6 +410,126 @@ impl<'a> Attempts<'a> {
     }
 }
 
+/// How a data path sends one attempt. Everything else about the attempts —
+/// counting, the per-try deadline, the breaker's verdict, the retry decision,
+/// the backoff and the breaker's second look after it — is [`drive`]'s, one
+/// loop for both paths.
+pub trait Transport {
+    /// What a sent attempt returns (response headers and the connection
+    /// they came on).
+    type Response;
+
+    /// Sends one attempt, giving up at `try_deadline` (`deadline`: the
+    /// request's). `None`: the client went away meanwhile.
+    fn attempt(
+        &mut self,
+        started: Instant,
+        try_deadline: Instant,
+        deadline: Instant,
+    ) -> impl std::future::Future<Output = Option<(Outcome, Result<Self::Response, ProxyError>)>>;
+
+    /// Runs `f` unless the client goes away first (`None`).
+    fn unless_gone<F: std::future::Future>(
+        &mut self,
+        f: F,
+    ) -> impl std::future::Future<Output = Option<F::Output>>;
+
+    /// Lets go of a response that is to be retried (its connection may be
+    /// reused when its body is whole).
+    fn discard(&mut self, response: Result<Self::Response, ProxyError>);
+
+    /// The request body as the decision sees it now, when an attempt may
+    /// have changed it (a streamed body read); `None`: unchanged.
+    fn body_facts(&self) -> Option<crate::policy::BodyFacts> {
+        None
+    }
+}
+
+/// How [`drive`] ended: the last attempt's result, the stop reason when a
+/// retryable outcome was not retried, and when it ended.
+#[derive(Debug)]
+pub struct Driven<R> {
+    pub result: Result<R, ProxyError>,
+    pub stop: Option<StopReason>,
+    pub ended: Instant,
+}
+
+/// Runs attempts over `t` until one is to be returned; `None` when the
+/// client went away (every slot released without a verdict). `first`: the
+/// first attempt's start, when the caller has just read the clock.
+pub async fn drive<T: Transport>(
+    attempts: &mut Attempts<'_>,
+    t: &mut T,
+    mut first: Option<Instant>,
+) -> Option<Driven<T::Response>> {
+    loop {
+        let started = first.take().unwrap_or_else(Instant::now);
+        let try_deadline = attempts.start(started);
+        let (outcome, result) = t.attempt(started, try_deadline, attempts.deadline).await?;
+        let ended = Instant::now();
+        if let Some(body) = t.body_facts() {
+            attempts.facts.body = body;
+        }
+        match attempts.judge(&outcome, result.as_ref().err(), started, ended) {
+            Step::Retry(delay) => {
+                // The last outcome is kept through the backoff: if the
+                // breaker then refuses, it is what the client gets.
+                match t.unless_gone(attempts.backoff(delay)).await? {
+                    Ok(()) => t.discard(result),
+                    Err(stop) => {
+                        return Some(Driven {
+                            result,
+                            stop: Some(stop),
+                            ended: Instant::now(),
+                        })
+                    }
+                }
+            }
+            Step::Done(stop) => {
+                return Some(Driven {
+                    result,
+                    stop,
+                    ended,
+                })
+            }
+        }
+    }
+}
+
+/// The general path's transport: hyper's client (or a held connection),
+/// the request rebuilt from the plan for each attempt. A client that goes
+/// away makes hyper drop the whole future, so nothing here watches for it.
+struct HyperTransport<'p, 'a> {
+    up: &'a Upstream,
+    conn: &'p super::sticky::ConnCtx,
+    plan: &'p mut Plan<'a>,
+}
+
+impl Transport for HyperTransport<'_, '_> {
+    type Response = Response<UpstreamBody>;
+
+    async fn attempt(
+        &mut self,
+        _started: Instant,
+        try_deadline: Instant,
+        _deadline: Instant,
+    ) -> Option<(Outcome, Result<Self::Response, ProxyError>)> {
+        let req = build(self.plan);
+        Some(send(self.up, self.conn, req, self.plan, try_deadline).await)
+    }
+
+    async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
+        Some(f.await)
+    }
+
+    fn discard(&mut self, _response: Result<Self::Response, ProxyError>) {}
+
+    fn body_facts(&self) -> Option<crate::policy::BodyFacts> {
+        // The body facts change once a streamed body has been read.
+        Some(self.plan.body.facts())
+    }
+}
+
 /// Runs attempts until one is returned.
 pub async fn run<'a>(
     up: &'a Upstream,
@@ -441,44 +561,40 @@ pub async fn run<'a>(
             }
         }
     };
-    loop {
+    if plan.upgrade {
+        // An upgrade is one attempt, never retried: recorded, not judged.
         let started = Instant::now();
         let try_deadline = attempts.start(started);
         let req = build(&mut plan);
         let (outcome, result) = send(up, conn, req, &plan, try_deadline).await;
         let ended = Instant::now();
-        let error = result.as_ref().err();
-        // The body facts change once a streamed body has been read.
-        attempts.facts.body = plan.body.facts();
-        if plan.upgrade {
-            attempts.record(&outcome, error, started, ended);
-            return Finished {
-                result,
-                attempts: attempts.made(),
-                stop: None,
-                ended,
-            };
-        }
-        match attempts.judge(&outcome, error, started, ended) {
-            Step::Retry(delay) => {
-                if let Err(stop) = attempts.backoff(delay).await {
-                    return Finished {
-                        result,
-                        attempts: attempts.made(),
-                        stop: Some(stop),
-                        ended: Instant::now(),
-                    };
-                }
-            }
-            Step::Done(stop) => {
-                return Finished {
-                    result,
-                    attempts: attempts.made(),
-                    stop,
-                    ended,
-                }
-            }
-        }
+        attempts.record(&outcome, result.as_ref().err(), started, ended);
+        return Finished {
+            result,
+            attempts: attempts.made(),
+            stop: None,
+            ended,
+        };
+    }
+    let mut t = HyperTransport {
+        up,
+        conn,
+        plan: &mut plan,
+    };
+    match drive(&mut attempts, &mut t, None).await {
+        Some(d) => Finished {
+            result: d.result,
+            attempts: attempts.made(),
+            stop: d.stop,
+            ended: d.ended,
+        },
+        // Never: this transport does not watch the client (hyper drops us).
+        None => Finished {
+            result: Err(ProxyError::DeadlineExceeded),
+            attempts: attempts.made(),
+            stop: None,
+            ended: Instant::now(),
+        },
     }
 }
 

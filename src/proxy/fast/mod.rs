@@ -13,14 +13,17 @@
 //! replay, to an upstream reached over cleartext HTTP/1.1. Anything else (see
 //! [`head::plan`]) hands the connection, with every byte read so far, to the
 //! general hyper path in `super::server`, which serves it from then on. The
-//! behaviour a client sees is the same on both paths; the integration tests
-//! run against whichever path a request takes.
+//! behaviour a client sees is the same on both paths: the attempts run in
+//! the one driver (`attempt::drive`), this path supplies only its
+//! [`attempt::Transport`], and the behaviour suites run every test on both
+//! paths (`both_paths!` in tests/common, with `server.fast_path` off for the
+//! general one).
 
 pub mod head;
 pub mod pool;
 mod rewind;
 
-use super::attempt::{self, Attempts, Step};
+use super::attempt::{self, Attempts};
 use super::error::ProxyError;
 use super::server::{serve_io, Conn};
 use super::Upstream;
@@ -290,7 +293,7 @@ impl Ctx<'_> {
             }
         };
         // Nothing waited for (admission, the body): `start` still tells the time.
-        let mut now = Some(start).filter(|_| !waited && self.bufs.client.len() >= need);
+        let now = Some(start).filter(|_| !waited && self.bufs.client.len() >= need);
         while self.bufs.client.len() < need {
             tokio::select! {
                 biased;
@@ -331,47 +334,24 @@ impl Ctx<'_> {
         let Some(addr) = up.direct else {
             return false;
         };
-        now = Some(t0);
-        let (result, stop, ended) = loop {
-            let started = now.take().unwrap_or_else(Instant::now);
-            let try_deadline = attempts.start(started);
-            let sent = tokio::select! {
-                biased;
-                // The client went away: the attempt is dropped, the breaker
-                // slot released without a verdict.
-                () = client_gone(self.stream, &mut self.bufs.client, need, &mut self.bufs.eof) => return false,
-                r = exchange(self.pool, up, started, &self.bufs.request, &mut self.bufs.upstream, &mut self.bufs.out, p.head_method) => r,
-                () = self.timer.at(try_deadline) => Err(attempt::timed_out(try_deadline, deadline)),
-            };
-            let ended = Instant::now();
-            let (outcome, result) = match sent {
-                Ok(x) => (
-                    Outcome::Response {
-                        status: x.status,
-                        retry_after: x.retry_after,
-                        grpc_status: None,
-                    },
-                    Ok(x),
-                ),
-                Err((outcome, e)) => (outcome, Err(e)),
-            };
-            match attempts.judge(&outcome, result.as_ref().err(), started, ended) {
-                Step::Retry(delay) => {
-                    // The last outcome is kept through the backoff: if the
-                    // breaker then refuses, it is what the client gets.
-                    let again = tokio::select! {
-                        biased;
-                        () = client_gone(self.stream, &mut self.bufs.client, need, &mut self.bufs.eof) => return false,
-                        r = attempts.backoff(delay) => r,
-                    };
-                    match again {
-                        Ok(()) => self.discard(addr, result),
-                        Err(stop) => break (result, Some(stop), Instant::now()),
-                    }
-                }
-                Step::Done(stop) => break (result, stop, ended),
-            }
+        let mut t = FastTransport {
+            stream: &mut *self.stream,
+            client: &mut self.bufs.client,
+            eof: &mut self.bufs.eof,
+            request: &self.bufs.request,
+            upstream: &mut self.bufs.upstream,
+            out: &mut self.bufs.out,
+            timer: &mut *self.timer,
+            pool: self.pool,
+            up,
+            addr,
+            need,
+            head_method: p.head_method,
         };
+        let Some(driven) = attempt::drive(&mut attempts, &mut t, Some(t0)).await else {
+            return false;
+        };
+        let (result, stop, ended) = (driven.result, driven.stop, driven.ended);
         let annotations = cfg.annotate.then_some(Annotations {
             attempts: attempts.made(),
             stop,
@@ -420,19 +400,6 @@ impl Ctx<'_> {
 
     /// Lets go of an attempt's response that is being retried: its connection
     /// goes back to the pool when its whole body has already arrived.
-    fn discard(&mut self, addr: SocketAddr, result: Result<Exchange, ProxyError>) {
-        let Ok(x) = result else { return };
-        let tail = self.bufs.upstream.len() - x.head_len;
-        let whole = match x.framing {
-            Framing::Empty => tail == 0,
-            Framing::Length(n) => tail as u64 == n,
-            Framing::Chunked | Framing::Close => false,
-        };
-        if x.reusable && whole {
-            self.pool.put(addr, x.upstream, Instant::now());
-        }
-    }
-
     /// Writes the response head and relays the body as it comes, each wait
     /// for the upstream bounded by `idle_timeout`. Returns whether the client
     /// connection can carry another request.
@@ -553,6 +520,79 @@ impl Ctx<'_> {
 struct Failure {
     error: ProxyError,
     attempts: Option<Annotations>,
+}
+
+/// The fast path's transport: one attempt is an [`exchange`] over a pooled
+/// connection, raced against the client going away (the client's socket is
+/// read meanwhile, so a pipelined request is kept and a close is seen).
+struct FastTransport<'c> {
+    stream: &'c mut TcpStream,
+    client: &'c mut Vec<u8>,
+    eof: &'c mut bool,
+    request: &'c [u8],
+    upstream: &'c mut Vec<u8>,
+    out: &'c mut Vec<u8>,
+    timer: &'c mut Timer,
+    pool: &'c Pool,
+    up: &'c Upstream,
+    addr: SocketAddr,
+    /// Bytes of the client buffer that belong to this request.
+    need: usize,
+    head_method: bool,
+}
+
+impl attempt::Transport for FastTransport<'_> {
+    type Response = Exchange;
+
+    async fn attempt(
+        &mut self,
+        started: Instant,
+        try_deadline: Instant,
+        deadline: Instant,
+    ) -> Option<(Outcome, Result<Exchange, ProxyError>)> {
+        let sent = tokio::select! {
+            biased;
+            // The client went away: the attempt is dropped, the breaker
+            // slot released without a verdict.
+            () = client_gone(self.stream, self.client, self.need, self.eof) => return None,
+            r = exchange(self.pool, self.up, started, self.request, self.upstream, self.out, self.head_method) => r,
+            () = self.timer.at(try_deadline) => Err(attempt::timed_out(try_deadline, deadline)),
+        };
+        Some(match sent {
+            Ok(x) => (
+                Outcome::Response {
+                    status: x.status,
+                    retry_after: x.retry_after,
+                    grpc_status: None,
+                },
+                Ok(x),
+            ),
+            Err((outcome, e)) => (outcome, Err(e)),
+        })
+    }
+
+    async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
+        tokio::select! {
+            biased;
+            () = client_gone(self.stream, self.client, self.need, self.eof) => None,
+            r = f => Some(r),
+        }
+    }
+
+    /// A response to be retried: its connection goes back to the pool when
+    /// the whole body is already here and the connection may be reused.
+    fn discard(&mut self, response: Result<Exchange, ProxyError>) {
+        let Ok(x) = response else { return };
+        let tail = self.upstream.len() - x.head_len;
+        let whole = match x.framing {
+            Framing::Empty => tail == 0,
+            Framing::Length(n) => tail as u64 == n,
+            Framing::Chunked | Framing::Close => false,
+        };
+        if x.reusable && whole {
+            self.pool.put(self.addr, x.upstream, Instant::now());
+        }
+    }
 }
 
 /// One attempt: a pooled (or new) connection, the request written, the
