@@ -43,10 +43,14 @@ async fn call(weir: &Weir, headers: &[(&str, &str)]) -> (u16, String, http::resp
     (parts.status.as_u16(), header(&parts, "x-weir-error"), parts)
 }
 
-#[tokio::test(start_paused = true)]
-async fn breaker_opens_probes_once_closes_and_reopens_for_twice_as_long() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    breaker_opens_probes_once_closes_and_reopens_for_twice_as_long
+);
+async fn breaker_opens_probes_once_closes_and_reopens_for_twice_as_long(path: DataPath) {
     let (up, mode) = switchable().await;
-    let weir = Weir::single(
+    let weir = Weir::single_on(
+        path,
         &up.url(),
         "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 5\nopen = \"10s\"\nopen_jitter = 0.0\n",
     )
@@ -122,10 +126,14 @@ async fn breaker_opens_probes_once_closes_and_reopens_for_twice_as_long() {
     assert_eq!(call(&weir, &[]).await.0, 200);
 }
 
-#[tokio::test(start_paused = true)]
-async fn rate_limit_rejects_with_retry_after_or_waits() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    rate_limit_rejects_with_retry_after_or_waits
+);
+async fn rate_limit_rejects_with_retry_after_or_waits(path: DataPath) {
     let up = TestUpstream::text("ok").await;
-    let weir = Weir::single(
+    let weir = Weir::single_on(
+        path,
         &up.url(),
         "[upstreams.svc.rate_limit]\nrps = 10.0\nburst = 5\n",
     )
@@ -138,7 +146,8 @@ async fn rate_limit_rejects_with_retry_after_or_waits() {
     assert_eq!(header(&parts, "retry-after"), "1");
     assert_eq!(up.requests(), 5);
 
-    let weir = Weir::single(
+    let weir = Weir::single_on(
+        path,
         &up.url(),
         "[upstreams.svc.rate_limit]\nrps = 10.0\nburst = 5\nmax_wait = \"1s\"\n",
     )
@@ -154,10 +163,14 @@ async fn rate_limit_rejects_with_retry_after_or_waits() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn keyed_limits_keep_tenants_apart_and_the_registry_bounded() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    keyed_limits_keep_tenants_apart_and_the_registry_bounded
+);
+async fn keyed_limits_keep_tenants_apart_and_the_registry_bounded(path: DataPath) {
     let up = TestUpstream::text("ok").await;
-    let weir = Weir::single(
+    let weir = Weir::single_on(
+        path,
         &up.url(),
         "[upstreams.svc.rate_limit]\nrps = 1.0\nburst = 2\nkey = \"header:x-tenant\"\nmax_keys = 1000\n",
     )
@@ -191,8 +204,11 @@ async fn keyed_limits_keep_tenants_apart_and_the_registry_bounded() {
     assert!(stats.evictions >= 19_000, "{stats:?}");
 }
 
-#[tokio::test(start_paused = true)]
-async fn concurrency_limit_queues_then_refuses() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    concurrency_limit_queues_then_refuses
+);
+async fn concurrency_limit_queues_then_refuses(path: DataPath) {
     let active = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
     let (a, p) = (active.clone(), peak.clone());
@@ -207,7 +223,8 @@ async fn concurrency_limit_queues_then_refuses() {
         }
     })
     .await;
-    let weir = Weir::single(
+    let weir = Weir::single_on(
+        path,
         &up.url(),
         "[upstreams.svc.concurrency]\nmax_in_flight = 4\nmax_queue = 2\n",
     )

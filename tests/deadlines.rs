@@ -46,10 +46,14 @@ async fn dribble(n: usize, every: Duration) -> TestUpstream {
     .await
 }
 
-#[tokio::test(start_paused = true)]
-async fn per_try_timeout_is_504_upstream_timeout() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    per_try_timeout_is_504_upstream_timeout
+);
+async fn per_try_timeout_is_504_upstream_timeout(path: DataPath) {
     let up = slow(Duration::from_secs(5)).await;
-    let weir = Weir::single(
+    let weir = Weir::single_on(
+        path,
         &up.url(),
         "per_try_timeout = \"1s\"\ntimeout = \"10s\"\n[upstreams.svc.retry]\nmax_attempts = 1",
     )
@@ -64,10 +68,13 @@ async fn per_try_timeout_is_504_upstream_timeout() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn request_can_lower_its_deadline() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    request_can_lower_its_deadline
+);
+async fn request_can_lower_its_deadline(path: DataPath) {
     let up = slow(Duration::from_secs(1)).await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let start = Instant::now();
     let req = Request::get(weir.url("/"))
         .header("host", "svc")
@@ -87,10 +94,13 @@ async fn request_can_lower_its_deadline() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn request_cannot_raise_its_deadline() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    request_cannot_raise_its_deadline
+);
+async fn request_cannot_raise_its_deadline(path: DataPath) {
     let up = slow(Duration::from_secs(3)).await;
-    let weir = Weir::single(&up.url(), "timeout = \"1s\"").await;
+    let weir = Weir::single_on(path, &up.url(), "timeout = \"1s\"").await;
     let start = Instant::now();
     let req = Request::get(weir.url("/"))
         .header("host", "svc")
@@ -106,8 +116,11 @@ async fn request_cannot_raise_its_deadline() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn grpc_timeout_lowers_the_deadline_and_the_clients_own_is_passed_on() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    grpc_timeout_lowers_the_deadline_and_the_clients_own_is_passed_on
+);
+async fn grpc_timeout_lowers_the_deadline_and_the_clients_own_is_passed_on(path: DataPath) {
     let up = TestUpstream::start(|req: Request<hyper::body::Incoming>| async move {
         let t = req
             .headers()
@@ -117,7 +130,7 @@ async fn grpc_timeout_lowers_the_deadline_and_the_clients_own_is_passed_on() {
         Response::new(body(t.unwrap_or_default()))
     })
     .await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let req = Request::post(weir.url("/pkg.Svc/Method"))
         .header("host", "svc")
         .header("grpc-timeout", "200m")
@@ -171,10 +184,13 @@ async fn grpc_timeout_lowers_the_deadline_and_the_clients_own_is_passed_on() {
     assert_eq!(b, "", "a grpc-timeout was sent upstream");
 }
 
-#[tokio::test(start_paused = true)]
-async fn malformed_weir_timeout_is_400() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    malformed_weir_timeout_is_400
+);
+async fn malformed_weir_timeout_is_400(path: DataPath) {
     let up = TestUpstream::text("ok").await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let req = Request::get(weir.url("/"))
         .header("host", "svc")
         .header("x-weir-timeout-ms", "soon")
@@ -189,8 +205,11 @@ async fn malformed_weir_timeout_is_400() {
     assert_eq!(up.requests(), 0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_stalled_body_is_cut_at_idle_timeout() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_stalled_body_is_cut_at_idle_timeout
+);
+async fn a_stalled_body_is_cut_at_idle_timeout(path: DataPath) {
     // Two chunks, then silence for 10 s.
     let up = TestUpstream::start(|_r| async move {
         let s = futures_util::stream::unfold(0usize, |i| async move {
@@ -207,7 +226,7 @@ async fn a_stalled_body_is_cut_at_idle_timeout() {
         Response::new(BodyExt::boxed(StreamBody::new(s)))
     })
     .await;
-    let weir = Weir::single(&up.url(), "idle_timeout = \"1s\"").await;
+    let weir = Weir::single_on(path, &up.url(), "idle_timeout = \"1s\"").await;
     let resp = get(&client(), &weir.url("/"), "svc").await;
     assert_eq!(resp.status(), 200);
     let start = Instant::now();
@@ -220,11 +239,14 @@ async fn a_stalled_body_is_cut_at_idle_timeout() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn streaming_past_the_timeout_is_not_cut() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    streaming_past_the_timeout_is_not_cut
+);
+async fn streaming_past_the_timeout_is_not_cut(path: DataPath) {
     // 10 chunks 200 ms apart: a 2 s download through a 1 s request timeout.
     let up = dribble(10, Duration::from_millis(200)).await;
-    let weir = Weir::single(&up.url(), "timeout = \"1s\"").await;
+    let weir = Weir::single_on(path, &up.url(), "timeout = \"1s\"").await;
     let start = Instant::now();
     let (parts, b) = read_body(get(&client(), &weir.url("/"), "svc").await).await;
     assert_eq!(parts.status, 200);

@@ -29,10 +29,13 @@ async fn echo() -> TestUpstream {
     .await
 }
 
-#[tokio::test]
-async fn methods_and_bodies_pass_through() {
+both_paths!(
+    #[tokio::test]
+    methods_and_bodies_pass_through
+);
+async fn methods_and_bodies_pass_through(path: DataPath) {
     let up = echo().await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let c = client();
     for method in ["GET", "POST", "PUT", "DELETE", "PATCH"] {
         let payload = format!("payload for {method}");
@@ -58,26 +61,32 @@ async fn methods_and_bodies_pass_through() {
     assert!(b.is_empty());
 }
 
-#[tokio::test]
-async fn host_is_rewritten_unless_preserved() {
+both_paths!(
+    #[tokio::test]
+    host_is_rewritten_unless_preserved
+);
+async fn host_is_rewritten_unless_preserved(path: DataPath) {
     let up = echo().await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let (parts, _) = read_body(get(&client(), &weir.url("/"), "svc").await).await;
     assert_eq!(parts.headers["x-seen-host"], up.addr.to_string());
 
-    let weir = Weir::single(&up.url(), "preserve_host = true").await;
+    let weir = Weir::single_on(path, &up.url(), "preserve_host = true").await;
     let (parts, _) = read_body(get(&client(), &weir.url("/"), "SVC:8080").await).await;
     assert_eq!(parts.headers["x-seen-host"], "SVC:8080");
 }
 
-#[tokio::test]
-async fn ten_mib_chunked_upload_and_download_are_byte_exact() {
+both_paths!(
+    #[tokio::test]
+    ten_mib_chunked_upload_and_download_are_byte_exact
+);
+async fn ten_mib_chunked_upload_and_download_are_byte_exact(path: DataPath) {
     let data: Vec<u8> = (0..10 * 1024 * 1024u32)
         .map(|i| (i * 7 % 251) as u8)
         .collect();
     let data = Bytes::from(data);
     let up = echo().await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
 
     // Upload as a stream of 64 KiB chunks with no Content-Length (chunked).
     let chunks: Vec<Result<Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>>> = data
@@ -101,16 +110,19 @@ async fn ten_mib_chunked_upload_and_download_are_byte_exact() {
         async move { Response::new(body(d)) }
     })
     .await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let (parts, b) = read_body(get(&client(), &weir.url("/big"), "svc").await).await;
     assert_eq!(parts.status, 200);
     assert!(b == data, "downloaded body differs");
 }
 
-#[tokio::test]
-async fn http2_prior_knowledge_from_the_client() {
+both_paths!(
+    #[tokio::test]
+    http2_prior_knowledge_from_the_client
+);
+async fn http2_prior_knowledge_from_the_client(path: DataPath) {
     let up = echo().await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     // HTTP/2 carries the host in :authority.
     let req = Request::post("http://svc/h2")
         .body(body("over h2"))
@@ -122,10 +134,13 @@ async fn http2_prior_knowledge_from_the_client() {
     assert_eq!(b, "over h2");
 }
 
-#[tokio::test]
-async fn keep_alive_reuses_connections_on_both_sides() {
+both_paths!(
+    #[tokio::test]
+    keep_alive_reuses_connections_on_both_sides
+);
+async fn keep_alive_reuses_connections_on_both_sides(path: DataPath) {
     let up = TestUpstream::text("ok").await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let c = client();
     for _ in 0..20 {
         let (parts, b) = read_body(get(&c, &weir.url("/"), "svc").await).await;
@@ -140,8 +155,11 @@ async fn keep_alive_reuses_connections_on_both_sides() {
     );
 }
 
-#[tokio::test]
-async fn response_trailers_pass_through() {
+both_paths!(
+    #[tokio::test]
+    response_trailers_pass_through
+);
+async fn response_trailers_pass_through(path: DataPath) {
     let up = TestUpstream::start(|_r| async move {
         let frames: Vec<Result<Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>>> = vec![
             Ok(Frame::data(Bytes::from_static(b"data"))),
@@ -160,7 +178,7 @@ async fn response_trailers_pass_through() {
             .unwrap()
     })
     .await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let req = Request::get(weir.url("/t"))
         .header("host", "svc")
         .header("te", "trailers")
@@ -174,10 +192,14 @@ async fn response_trailers_pass_through() {
     assert_eq!(collected.to_bytes(), "data");
 }
 
-#[tokio::test]
-async fn refused_upstream_is_502_connect_failed() {
+both_paths!(
+    #[tokio::test]
+    refused_upstream_is_502_connect_failed
+);
+async fn refused_upstream_is_502_connect_failed(path: DataPath) {
     let dead = refused_addr().await;
-    let weir = Weir::single(
+    let weir = Weir::single_on(
+        path,
         &format!("http://{dead}"),
         "[upstreams.svc.retry]\nmax_attempts = 1",
     )
@@ -193,8 +215,11 @@ async fn refused_upstream_is_502_connect_failed() {
     );
 }
 
-#[tokio::test]
-async fn websocket_upgrades_pass_through() {
+both_paths!(
+    #[tokio::test]
+    websocket_upgrades_pass_through
+);
+async fn websocket_upgrades_pass_through(path: DataPath) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // The upstream accepts the upgrade, then echoes bytes upper-cased.
     let up = RawUpstream::start(|_n, mut s| async move {
@@ -221,7 +246,7 @@ async fn websocket_upgrades_pass_through() {
         }
     })
     .await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let mut s = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
     s.write_all(b"GET /ws HTTP/1.1\r\nHost: svc\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
         .await
@@ -243,11 +268,14 @@ async fn websocket_upgrades_pass_through() {
     assert_eq!(up.connections(), 1);
 }
 
-#[tokio::test]
-async fn the_client_connection_is_kept_alive_too() {
+both_paths!(
+    #[tokio::test]
+    the_client_connection_is_kept_alive_too
+);
+async fn the_client_connection_is_kept_alive_too(path: DataPath) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let up = TestUpstream::text("ok").await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let mut s = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
     let mut buf = vec![0u8; 4096];
     for i in 0..10 {
@@ -268,8 +296,11 @@ async fn the_client_connection_is_kept_alive_too() {
     assert_eq!(up.connections(), 1);
 }
 
-#[tokio::test]
-async fn request_trailers_pass_through() {
+both_paths!(
+    #[tokio::test]
+    request_trailers_pass_through
+);
+async fn request_trailers_pass_through(path: DataPath) {
     let up = TestUpstream::start(|req: hyper::Request<hyper::body::Incoming>| async move {
         let collected = req.into_body().collect().await.unwrap();
         let t = collected
@@ -280,7 +311,7 @@ async fn request_trailers_pass_through() {
         Response::new(body(t))
     })
     .await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let frames: Vec<Result<Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>>> = vec![
         Ok(Frame::data(Bytes::from_static(b"payload"))),
         Ok(Frame::trailers({
@@ -301,18 +332,21 @@ async fn request_trailers_pass_through() {
     assert_eq!(b, "sha-256=abc");
 }
 
+both_paths!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    client_connections_beyond_the_held_cap_share_the_pool
+);
 /// More concurrent client connections than weir holds upstream connections
 /// for (128 per upstream): the rest go through the shared pool and succeed.
 /// Real time: 140 simultaneous connects on a paused clock would trip the
 /// connect timeout when the clock jumps ahead.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_connections_beyond_the_held_cap_share_the_pool() {
+async fn client_connections_beyond_the_held_cap_share_the_pool(path: DataPath) {
     let up = TestUpstream::start(|_r| async move {
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         Response::new(body("ok"))
     })
     .await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let mut calls = Vec::new();
     for _ in 0..140 {
         let url = weir.url("/");

@@ -35,10 +35,13 @@ async fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-#[tokio::test]
-async fn hop_by_hop_and_weir_headers_are_stripped_both_ways() {
+both_paths!(
+    #[tokio::test]
+    hop_by_hop_and_weir_headers_are_stripped_both_ways
+);
+async fn hop_by_hop_and_weir_headers_are_stripped_both_ways(path: DataPath) {
     let up = header_echo().await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let req = Request::get(weir.url("/"))
         .header("host", "svc")
         .header("connection", "x-secret")
@@ -75,10 +78,13 @@ async fn hop_by_hop_and_weir_headers_are_stripped_both_ways() {
     assert_eq!(parts.headers["x-public"], "1");
 }
 
-#[tokio::test]
-async fn content_length_with_transfer_encoding_is_400_and_closed() {
+both_paths!(
+    #[tokio::test]
+    content_length_with_transfer_encoding_is_400_and_closed
+);
+async fn content_length_with_transfer_encoding_is_400_and_closed(path: DataPath) {
     let up = TestUpstream::text("ok").await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let out = raw(
         weir.addr,
         b"POST / HTTP/1.1\r\nHost: svc\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: svc\r\n\r\n",
@@ -104,10 +110,13 @@ async fn content_length_with_transfer_encoding_is_400_and_closed() {
     assert_eq!(up.requests(), 1);
 }
 
-#[tokio::test]
-async fn conflicting_content_lengths_are_400() {
+both_paths!(
+    #[tokio::test]
+    conflicting_content_lengths_are_400
+);
+async fn conflicting_content_lengths_are_400(path: DataPath) {
     let up = TestUpstream::text("ok").await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let out = raw(
         weir.addr,
         b"POST / HTTP/1.1\r\nHost: svc\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nabcde",
@@ -117,10 +126,13 @@ async fn conflicting_content_lengths_are_400() {
     assert_eq!(up.requests(), 0);
 }
 
-#[tokio::test]
-async fn oversized_request_head_is_431() {
+both_paths!(
+    #[tokio::test]
+    oversized_request_head_is_431
+);
+async fn oversized_request_head_is_431(path: DataPath) {
     let up = TestUpstream::text("ok").await;
-    let weir = Weir::single(&up.url(), "").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let big = "a".repeat(100 * 1024);
     let out = raw(
         weir.addr,
@@ -131,10 +143,14 @@ async fn oversized_request_head_is_431() {
     assert_eq!(up.requests(), 0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn slow_request_head_is_cut_at_header_read_timeout() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    slow_request_head_is_cut_at_header_read_timeout
+);
+async fn slow_request_head_is_cut_at_header_read_timeout(path: DataPath) {
     let up = TestUpstream::text("ok").await;
-    let weir = Weir::with_server(
+    let weir = Weir::with_server_on(
+        path,
         "header_read_timeout = \"3s\"",
         &format!(
             "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",
@@ -172,10 +188,14 @@ async fn slow_request_head_is_cut_at_header_read_timeout() {
     assert_eq!(up.requests(), 0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_connection_that_sends_nothing_is_closed_at_header_read_timeout() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_connection_that_sends_nothing_is_closed_at_header_read_timeout
+);
+async fn a_connection_that_sends_nothing_is_closed_at_header_read_timeout(path: DataPath) {
     let up = TestUpstream::text("ok").await;
-    let weir = Weir::with_server(
+    let weir = Weir::with_server_on(
+        path,
         "header_read_timeout = \"2s\"",
         &format!(
             "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",

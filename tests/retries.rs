@@ -60,10 +60,13 @@ async fn send(
 
 const FAST: &str = "[upstreams.svc.retry.backoff]\nbase = \"10ms\"\njitter = \"none\"\n";
 
-#[tokio::test(start_paused = true)]
-async fn get_after_503_is_retried() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    get_after_503_is_retried
+);
+async fn get_after_503_is_retried(path: DataPath) {
     let up = fails_first(1, 503, &[]).await;
-    let weir = Weir::single(&up.url(), FAST).await;
+    let weir = Weir::single_on(path, &up.url(), FAST).await;
     let (parts, b) = send(&weir, "GET", &[], "").await;
     assert_eq!((parts.status, b.as_str()), (StatusCode::OK, "ok"));
     assert_eq!(header(&parts, "x-weir-attempts"), "2");
@@ -71,8 +74,11 @@ async fn get_after_503_is_retried() {
     assert_eq!(up.requests(), 2);
 }
 
-#[tokio::test(start_paused = true)]
-async fn get_after_a_connection_reset_is_retried() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    get_after_a_connection_reset_is_retried
+);
+async fn get_after_a_connection_reset_is_retried(path: DataPath) {
     let up = RawUpstream::start(|n, mut s| async move {
         read_head(&mut s).await;
         if n == 0 {
@@ -82,20 +88,24 @@ async fn get_after_a_connection_reset_is_retried() {
         }
     })
     .await;
-    let weir = Weir::single(&up.url(), FAST).await;
+    let weir = Weir::single_on(path, &up.url(), FAST).await;
     let (parts, b) = send(&weir, "GET", &[], "").await;
     assert_eq!((parts.status, b.as_str()), (StatusCode::OK, "ok"));
     assert_eq!(header(&parts, "x-weir-attempts"), "2");
     assert_eq!(up.connections(), 2);
 }
 
-#[tokio::test(start_paused = true)]
-async fn post_after_connection_refused_is_retried() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    post_after_connection_refused_is_retried
+);
+async fn post_after_connection_refused_is_retried(path: DataPath) {
     // Bound but not listening: connections are refused until `listen`.
     let sock = tokio::net::TcpSocket::new_v4().unwrap();
     sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = sock.local_addr().unwrap();
-    let weir = Weir::single(
+    let weir = Weir::single_on(
+        path,
         &format!("http://{addr}"),
         "[upstreams.svc.retry.backoff]\nbase = \"1s\"\njitter = \"none\"\n",
     )
@@ -131,10 +141,13 @@ async fn post_after_connection_refused_is_retried() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn connect_failures_are_retried_up_to_max_attempts() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    connect_failures_are_retried_up_to_max_attempts
+);
+async fn connect_failures_are_retried_up_to_max_attempts(path: DataPath) {
     let dead = refused_addr().await;
-    let weir = Weir::single(&format!("http://{dead}"), FAST).await;
+    let weir = Weir::single_on(path, &format!("http://{dead}"), FAST).await;
     let (parts, b) = send(&weir, "POST", &[], "x").await;
     assert_eq!(parts.status, 502);
     assert_eq!(header(&parts, "x-weir-error"), "connect_failed");
@@ -158,20 +171,36 @@ async fn slow_first() -> TestUpstream {
     .await
 }
 
-#[tokio::test(start_paused = true)]
-async fn post_with_idempotency_key_after_a_timeout_is_retried() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    post_with_idempotency_key_after_a_timeout_is_retried
+);
+async fn post_with_idempotency_key_after_a_timeout_is_retried(path: DataPath) {
     let up = slow_first().await;
-    let weir = Weir::single(&up.url(), &format!("per_try_timeout = \"1s\"\n{FAST}")).await;
+    let weir = Weir::single_on(
+        path,
+        &up.url(),
+        &format!("per_try_timeout = \"1s\"\n{FAST}"),
+    )
+    .await;
     let (parts, b) = send(&weir, "POST", &[("idempotency-key", "k-1")], "charge").await;
     assert_eq!((parts.status, b.as_str()), (StatusCode::OK, "answer 1"));
     assert_eq!(header(&parts, "x-weir-attempts"), "2");
     assert_eq!(up.requests(), 2);
 }
 
-#[tokio::test(start_paused = true)]
-async fn post_after_a_timeout_is_never_retried() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    post_after_a_timeout_is_never_retried
+);
+async fn post_after_a_timeout_is_never_retried(path: DataPath) {
     let up = slow_first().await;
-    let weir = Weir::single(&up.url(), &format!("per_try_timeout = \"1s\"\n{FAST}")).await;
+    let weir = Weir::single_on(
+        path,
+        &up.url(),
+        &format!("per_try_timeout = \"1s\"\n{FAST}"),
+    )
+    .await;
     let (parts, b) = send(&weir, "POST", &[], "charge").await;
     assert_eq!(parts.status, 504);
     assert_eq!(header(&parts, "x-weir-error"), "upstream_timeout");
@@ -186,14 +215,17 @@ async fn post_after_a_timeout_is_never_retried() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn post_after_a_reset_mid_request_is_never_retried() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    post_after_a_reset_mid_request_is_never_retried
+);
+async fn post_after_a_reset_mid_request_is_never_retried(path: DataPath) {
     let up = RawUpstream::start(|_n, mut s| async move {
         read_head(&mut s).await;
         reset(s);
     })
     .await;
-    let weir = Weir::single(&up.url(), FAST).await;
+    let weir = Weir::single_on(path, &up.url(), FAST).await;
     let (parts, _) = send(&weir, "POST", &[], "charge").await;
     assert_eq!(parts.status, 502);
     assert_eq!(header(&parts, "x-weir-error"), "upstream_reset");
@@ -201,10 +233,13 @@ async fn post_after_a_reset_mid_request_is_never_retried() {
     assert_eq!(up.connections(), 1);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_400_is_returned_as_it_is() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_400_is_returned_as_it_is
+);
+async fn a_400_is_returned_as_it_is(path: DataPath) {
     let up = fails_first(5, 400, &[("x-upstream", "said no")]).await;
-    let weir = Weir::single(&up.url(), FAST).await;
+    let weir = Weir::single_on(path, &up.url(), FAST).await;
     let (parts, b) = send(&weir, "GET", &[], "").await;
     assert_eq!((parts.status.as_u16(), b.as_str()), (400, "failed"));
     assert_eq!(header(&parts, "x-upstream"), "said no");
@@ -212,10 +247,14 @@ async fn a_400_is_returned_as_it_is() {
     assert_eq!(up.requests(), 1);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_body_over_the_replay_limit_is_not_replayed() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_body_over_the_replay_limit_is_not_replayed
+);
+async fn a_body_over_the_replay_limit_is_not_replayed(path: DataPath) {
     let up = fails_first(5, 503, &[]).await;
-    let weir = Weir::single(
+    let weir = Weir::single_on(
+        path,
         &up.url(),
         &format!("[upstreams.svc.retry]\nmax_replay_body_bytes = 1024\n{FAST}"),
     )
@@ -230,10 +269,13 @@ async fn a_body_over_the_replay_limit_is_not_replayed() {
     assert_eq!(header(&parts, "x-weir-attempts"), "3");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_long_retry_after_is_passed_back_not_waited_for() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_long_retry_after_is_passed_back_not_waited_for
+);
+async fn a_long_retry_after_is_passed_back_not_waited_for(path: DataPath) {
     let up = fails_first(5, 503, &[("retry-after", "120")]).await;
-    let weir = Weir::single(&up.url(), FAST).await;
+    let weir = Weir::single_on(path, &up.url(), FAST).await;
     let start = Instant::now();
     let (parts, _) = send(&weir, "GET", &[], "").await;
     assert_eq!(parts.status, 503);
@@ -243,10 +285,14 @@ async fn a_long_retry_after_is_passed_back_not_waited_for() {
     assert!(start.elapsed() < Duration::from_secs(1));
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_429_with_retry_after_waits_that_long_when_listed() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_429_with_retry_after_waits_that_long_when_listed
+);
+async fn a_429_with_retry_after_waits_that_long_when_listed(path: DataPath) {
     let up = fails_first(1, 429, &[("retry-after", "2")]).await;
-    let weir = Weir::single(
+    let weir = Weir::single_on(
+        path,
         &up.url(),
         &format!("[upstreams.svc.retry]\nretry_on = [\"429\", \"503\"]\n{FAST}"),
     )
@@ -263,17 +309,21 @@ async fn a_429_with_retry_after_waits_that_long_when_listed() {
 
     // Not listed: the 429 goes back as it came.
     let up = fails_first(1, 429, &[("retry-after", "2")]).await;
-    let weir = Weir::single(&up.url(), FAST).await;
+    let weir = Weir::single_on(path, &up.url(), FAST).await;
     let (parts, _) = send(&weir, "GET", &[], "").await;
     assert_eq!(parts.status, 429);
     assert_eq!(header(&parts, "x-weir-retry-stop"), "");
     assert_eq!(up.requests(), 1);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_client_that_leaves_during_backoff_cancels_the_retry() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_client_that_leaves_during_backoff_cancels_the_retry
+);
+async fn a_client_that_leaves_during_backoff_cancels_the_retry(path: DataPath) {
     let up = fails_first(100, 503, &[]).await;
-    let weir = Weir::single(
+    let weir = Weir::single_on(
+        path,
         &up.url(),
         "[upstreams.svc.retry.backoff]\nbase = \"2s\"\njitter = \"none\"\n",
     )
@@ -297,14 +347,18 @@ async fn a_client_that_leaves_during_backoff_cancels_the_retry() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_deadline_is_never_crossed() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    the_deadline_is_never_crossed
+);
+async fn the_deadline_is_never_crossed(path: DataPath) {
     let up = TestUpstream::start(|_r| async move {
         tokio::time::sleep(Duration::from_millis(400)).await;
         Response::builder().status(503).body(body("busy")).unwrap()
     })
     .await;
-    let weir = Weir::single(
+    let weir = Weir::single_on(
+        path,
         &up.url(),
         "timeout = \"1s\"\n[upstreams.svc.retry]\nmax_attempts = 5\n[upstreams.svc.retry.backoff]\nbase = \"100ms\"\njitter = \"none\"\n",
     )
@@ -318,10 +372,14 @@ async fn the_deadline_is_never_crossed() {
     assert!(e < Duration::from_secs(1), "{e:?}");
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_budget_bounds_retries_against_an_always_failing_upstream() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    the_budget_bounds_retries_against_an_always_failing_upstream
+);
+async fn the_budget_bounds_retries_against_an_always_failing_upstream(path: DataPath) {
     let up = fails_first(usize::MAX, 503, &[]).await;
-    let weir = Weir::single(
+    let weir = Weir::single_on(
+        path,
         &up.url(),
         "[upstreams.svc.breaker]\nenabled = false\n[upstreams.svc.retry.backoff]\nbase = \"1ms\"\nmax = \"2ms\"\njitter = \"none\"\n",
     )
@@ -351,16 +409,19 @@ async fn the_budget_bounds_retries_against_an_always_failing_upstream() {
     assert!(attempts > 200, "no retries at all");
 }
 
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_lowered_deadline_is_not_blamed_on_the_upstream
+);
 /// Regression: a client that lowers its own deadline must not be able to open
 /// the breaker for everyone else (review finding on the first attempt loop).
-#[tokio::test(start_paused = true)]
-async fn a_lowered_deadline_is_not_blamed_on_the_upstream() {
+async fn a_lowered_deadline_is_not_blamed_on_the_upstream(path: DataPath) {
     let up = TestUpstream::start(|_r| async move {
         tokio::time::sleep(Duration::from_millis(500)).await;
         Response::new(body("slow but fine"))
     })
     .await;
-    let weir = Weir::single(&up.url(), "[upstreams.svc.retry]\nmax_attempts = 1\n").await;
+    let weir = Weir::single_on(path, &up.url(), "[upstreams.svc.retry]\nmax_attempts = 1\n").await;
     for _ in 0..10 {
         let (parts, _) = send(&weir, "GET", &[("x-weir-timeout-ms", "50")], "").await;
         assert_eq!(header(&parts, "x-weir-error"), "deadline_exceeded");
@@ -375,21 +436,32 @@ async fn a_lowered_deadline_is_not_blamed_on_the_upstream() {
     assert_eq!((parts.status.as_u16(), b.as_str()), (200, "slow but fine"));
 }
 
-#[tokio::test(start_paused = true)]
-async fn with_retries_off_the_stop_reason_is_attempts() {
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    with_retries_off_the_stop_reason_is_attempts
+);
+async fn with_retries_off_the_stop_reason_is_attempts(path: DataPath) {
     let up = fails_first(5, 503, &[]).await;
-    let weir = Weir::single(&up.url(), "[upstreams.svc.retry]\nmax_attempts = 1\n").await;
+    let weir = Weir::single_on(path, &up.url(), "[upstreams.svc.retry]\nmax_attempts = 1\n").await;
     let (parts, _) = send(&weir, "GET", &[], "").await;
     assert_eq!(parts.status, 503);
     assert_eq!(header(&parts, "x-weir-retry-stop"), "attempts");
     assert_eq!(header(&parts, "x-weir-attempts"), "1");
 }
 
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    an_idempotency_key_named_in_connection_does_not_make_a_post_safe
+);
 /// Regression: the idempotency key only counts if the upstream receives it.
-#[tokio::test(start_paused = true)]
-async fn an_idempotency_key_named_in_connection_does_not_make_a_post_safe() {
+async fn an_idempotency_key_named_in_connection_does_not_make_a_post_safe(path: DataPath) {
     let up = slow_first().await;
-    let weir = Weir::single(&up.url(), &format!("per_try_timeout = \"1s\"\n{FAST}")).await;
+    let weir = Weir::single_on(
+        path,
+        &up.url(),
+        &format!("per_try_timeout = \"1s\"\n{FAST}"),
+    )
+    .await;
     let (parts, _) = send(
         &weir,
         "POST",

@@ -41,6 +41,11 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     pub shutdown_timeout: Duration,
     pub tls: Option<ListenerTls>,
+    /// Whether plain-TCP HTTP/1.1 client connections start on the fast
+    /// path. Not part of the TOML schema: always `true` from a file.
+    /// Tests set this to false to force every request onto the general path
+    /// (hyper), to run one suite on both paths.
+    pub fast_path: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -178,6 +178,7 @@ fn server(cx: &mut Ctx, s: &RawServer) -> Option<ServerConfig> {
             cert: PathBuf::from(&t.cert),
             key: PathBuf::from(&t.key),
         }),
+        fast_path: true,
     })
 }
 

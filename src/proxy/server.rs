@@ -385,7 +385,7 @@ async fn serve_connection(
     pool: Arc<super::fast::Pool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (builder, max_head, head_timeout, tls) = {
+    let (builder, max_head, head_timeout, tls, fast_path) = {
         let snap = shared.snapshot.load();
         let s = &snap.config.server;
         (
@@ -393,6 +393,7 @@ async fn serve_connection(
             s.max_header_bytes,
             s.header_read_timeout,
             snap.acceptors.get(&role).cloned(),
+            s.fast_path,
         )
     };
     let conn = Conn {
@@ -405,7 +406,8 @@ async fn serve_connection(
         head_timeout,
     };
     match tls {
-        None => super::fast::serve(stream, conn, pool).await,
+        None if fast_path => super::fast::serve(stream, conn, pool).await,
+        None => serve_io(stream, conn).await,
         Some(config) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(config);
             // The handshake gets the same bound as a request head.

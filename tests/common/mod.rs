@@ -100,6 +100,55 @@ impl TestUpstream {
     }
 }
 
+/// Which of weir's two HTTP/1.1 data paths serves plain-TCP client
+/// connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataPath {
+    /// As in production: a plain-TCP HTTP/1.1 connection starts on the fast
+    /// path (`proxy::fast`), which hands a request it does not take (chunked,
+    /// upgrade, gRPC, HTTP/2, a malformed head…) to the general path.
+    Fast,
+    /// Every connection on the general path (hyper, `proxy::forward`):
+    /// `server.fast_path = false`.
+    General,
+}
+
+/// Runs an `async fn NAME(path: DataPath)` test body on both data paths: it
+/// expands to `mod NAME` holding two tests, `NAME::fast` and `NAME::general`,
+/// each with the given test attribute (`#[tokio::test]`, with whatever
+/// arguments). An extra attribute for one variant only (an `#[ignore]` for a
+/// known difference between the paths) goes after `fast:` or `general:`.
+///
+/// ```ignore
+/// both_paths!(#[tokio::test(start_paused = true)] a_503_is_retried);
+/// async fn a_503_is_retried(path: DataPath) {
+///     let weir = Weir::single_on(path, &up.url(), "").await;
+///     // …
+/// }
+///
+/// both_paths!(#[tokio::test] name, general: #[ignore = "path difference: …"]);
+/// ```
+#[allow(unused_macros)] // not every suite runs on both paths
+macro_rules! both_paths {
+    (#[$test:meta] $name:ident $(, fast: #[$fast:meta])? $(, general: #[$general:meta])? $(,)?) => {
+        mod $name {
+            #[$test]
+            $(#[$fast])?
+            async fn fast() {
+                super::$name($crate::common::DataPath::Fast).await
+            }
+
+            #[$test]
+            $(#[$general])?
+            async fn general() {
+                super::$name($crate::common::DataPath::General).await
+            }
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use both_paths;
+
 /// weir, started in-process on 127.0.0.1:0.
 pub struct Weir {
     pub handle: Option<ProxyHandle>,
@@ -109,18 +158,29 @@ pub struct Weir {
 impl Weir {
     /// `toml` is a full config; `[server] listen` is forced to 127.0.0.1:0.
     pub async fn start(toml: &str) -> Weir {
-        Weir::with_server("", toml).await
+        Weir::start_on(DataPath::Fast, toml).await
+    }
+
+    /// Like [`Weir::start`], on `path`.
+    pub async fn start_on(path: DataPath, toml: &str) -> Weir {
+        Weir::with_server_on(path, "", toml).await
     }
 
     /// Like [`Weir::start`], with extra `[server]` fields.
     pub async fn with_server(server: &str, toml: &str) -> Weir {
+        Weir::with_server_on(DataPath::Fast, server, toml).await
+    }
+
+    /// Like [`Weir::with_server`], on `path`.
+    pub async fn with_server_on(path: DataPath, server: &str, toml: &str) -> Weir {
         let src = format!(
             "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n{server}\n{toml}"
         );
-        let config = match Config::parse(Path::new("test.toml"), &src) {
+        let mut config = match Config::parse(Path::new("test.toml"), &src) {
             Ok(c) => c,
             Err(e) => panic!("test config invalid:\n{e}\n---\n{src}"),
         };
+        config.server.fast_path = path == DataPath::Fast;
         let handle = Proxy::start(config).await.unwrap();
         let addr = handle.listen_addr();
         Weir {
@@ -131,9 +191,15 @@ impl Weir {
 
     /// One upstream named `svc` reached with `Host: svc`, plus extra TOML for it.
     pub async fn single(url: &str, extra: &str) -> Weir {
-        Weir::start(&format!(
-            "[upstreams.svc]\nurl = \"{url}\"\nhosts = [\"svc\"]\n{extra}\n"
-        ))
+        Weir::single_on(DataPath::Fast, url, extra).await
+    }
+
+    /// Like [`Weir::single`], on `path`.
+    pub async fn single_on(path: DataPath, url: &str, extra: &str) -> Weir {
+        Weir::start_on(
+            path,
+            &format!("[upstreams.svc]\nurl = \"{url}\"\nhosts = [\"svc\"]\n{extra}\n"),
+        )
         .await
     }
 
