@@ -1,4 +1,4 @@
-//! The admin listener (SEMANTICS §9): `GET /metrics`, `/healthz`, `/readyz`,
+//! The admin listener (docs/behaviour.md#admin-listener): `GET /metrics`, `/healthz`, `/readyz`,
 //! `/config`, `POST /reload`. `/config` and `/reload` answer loopback peers
 //! only, whatever address the listener binds: the effective config names every
 //! upstream, and a reload is a write.

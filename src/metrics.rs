@@ -1,4 +1,4 @@
-//! Every metric family weir exports (SEMANTICS §9), in one place.
+//! Every metric family weir exports (docs/behaviour.md#metrics), in one place.
 //!
 //! Label values come only from the configuration (upstream names, `retry_on`
 //! entries) and fixed sets (status codes 100–599, weir's error codes, attempt

@@ -115,7 +115,7 @@ pub struct RawPolicy {
 mergeable!(RawPolicy { timeout, per_try_timeout, connect_timeout, idle_timeout, annotate, idempotency_header } nested { retry, breaker, concurrency, rate_limit });
 
 impl RawPolicy {
-    /// The built-in defaults: SEMANTICS §8's schema, written down once.
+    /// The built-in defaults: the schema of docs/behaviour.md#policy-defaults, written down once.
     pub fn builtin() -> Self {
         use std::time::Duration as D;
         RawPolicy {

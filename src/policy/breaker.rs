@@ -1,4 +1,4 @@
-//! The circuit breaker (SEMANTICS §4).
+//! The circuit breaker (docs/behaviour.md#circuit-breaker).
 //!
 //! Owns [`Breaker`]: its typed states ([`State`]), the trip rules
 //! (consecutive failures; failure share over a window with `min_samples`), the
@@ -310,7 +310,7 @@ impl Breaker {
         }
     }
 
-    /// Records the verdict of an admitted attempt (`failure` per SEMANTICS §4:
+    /// Records the verdict of an admitted attempt (`failure` per docs/behaviour.md#what-counts-as-a-failure:
     /// connect failure, reset, timeout or a status in `failure_statuses`).
     /// Returns the transition it caused, if any.
     pub fn record(

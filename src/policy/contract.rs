@@ -127,7 +127,7 @@ impl Default for GatesJson {
     }
 }
 
-/// A retry policy, as JSON. Defaults are SEMANTICS §8's.
+/// A retry policy, as JSON. Defaults as in docs/behaviour.md#policy-defaults.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyJson {

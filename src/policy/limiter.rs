@@ -1,4 +1,4 @@
-//! Admission limiters (SEMANTICS §5): token bucket, sliding window, and a keyed
+//! Admission limiters (docs/behaviour.md#rate-limits): token bucket, sliding window, and a keyed
 //! registry bounded by `max_keys`.
 //!
 //! Owns [`TokenBucket`], [`SlidingWindow`] and [`Limiter`] (both must admit);

@@ -1,11 +1,11 @@
-//! Admission and the attempt loop (SEMANTICS §2–§5): the data plane enforcing
+//! Admission and the attempt loop (docs/behaviour.md#the-life-of-a-request): the data plane enforcing
 //! what the policy core decides.
 //!
-//! Admission, in SEMANTICS §2's order: the rate limiter (waits up to
+//! Admission, in the order of docs/behaviour.md#admission: the rate limiter (waits up to
 //! `max_wait`, never past the deadline, else 429 `rate_limited`), the
 //! concurrency gate (503 `overloaded`), the breaker (503 `circuit_open`). Then each attempt: build the
 //! request, send it under the per-try timeout, record the breaker's verdict,
-//! and ask `policy::decide` — which checks §2.2 in order and asks the budget,
+//! and ask `policy::decide` — which checks docs/behaviour.md#the-retry-decision in order and asks the budget,
 //! breaker and limiter lazily through `LiveGates`. A retry sleeps its delay;
 //! everything else returns the last outcome unchanged.
 //!
@@ -164,7 +164,7 @@ pub async fn admit_rate(
     }
 }
 
-/// The gates of §2.2 (6–8) on this upstream's live state.
+/// The gates of docs/behaviour.md#the-retry-decision (6–8) on this upstream's live state.
 struct LiveGates<'a> {
     breaker: &'a mut Breaker,
     budget: &'a mut RetryBudget,
@@ -334,7 +334,7 @@ impl<'a> Attempts<'a> {
         now
     }
 
-    /// Records an attempt and decides (SEMANTICS §2.2) what follows it.
+    /// Records an attempt and decides (docs/behaviour.md#the-retry-decision) what follows it.
     pub fn judge(
         &mut self,
         outcome: &Outcome,

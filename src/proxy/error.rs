@@ -1,4 +1,4 @@
-//! weir's own error responses (SEMANTICS §7). One enum; each variant knows its
+//! weir's own error responses (docs/behaviour.md#error-responses). One enum; each variant knows its
 //! status, its `x-weir-error` code and its metric label in one `match`.
 
 use super::body::{full, Body};
@@ -127,7 +127,7 @@ impl ProxyError {
     }
 
     /// The response weir sends for this error.
-    /// The JSON body of weir's own error response (SEMANTICS §7).
+    /// The JSON body of weir's own error response (docs/behaviour.md#error-responses).
     pub fn json_body(&self, upstream: Option<&str>) -> Vec<u8> {
         let mut body = serde_json::json!({
             "error": self.code(),

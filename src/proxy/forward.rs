@@ -120,7 +120,7 @@ async fn forward(
         Version::HTTP_11
     };
 
-    // Admission in SEMANTICS §2's order: rate limit, concurrency; the body is
+    // Admission in the order of docs/behaviour.md#admission: rate limit, concurrency; the body is
     // read (when it is to be kept for a replay) before the breaker is asked,
     // so a slow upload never holds a half-open probe slot.
     attempt::admit_rate(up, key.as_deref(), deadline).await?;

@@ -92,7 +92,7 @@ pub fn host_of(authority: &str) -> &str {
     a.split(':').next().unwrap_or(a)
 }
 
-/// Where a request path goes on the upstream (SEMANTICS §1): the matched
+/// Where a request path goes on the upstream (docs/behaviour.md#routing): the matched
 /// `path_prefix` removed when `strip_prefix`, then the URL's base path in
 /// front, joined by a `/` when the rest does not start with one. The three
 /// pieces, in order; both data paths write them out.

@@ -3,7 +3,7 @@
 //! response head is parsed for its framing and its outcome, then written out
 //! for the client. Nothing here does I/O or keeps a header map: header names
 //! and values are copied from the buffer they arrived in to the buffer that
-//! leaves, with the same hygiene as the general path (SEMANTICS §1, §7).
+//! leaves, with the same hygiene as the general path (docs/behaviour.md#header-hygiene).
 //!
 //! Anything this path does not handle itself — another HTTP version, a body
 //! that is chunked, too large to hold for a replay or announced with
@@ -513,7 +513,7 @@ pub fn parse_response<'b>(
     })))
 }
 
-/// What weir adds to a proxied response (SEMANTICS §7).
+/// What weir adds to a proxied response (docs/behaviour.md#what-weir-adds-to-responses).
 #[derive(Debug, Clone, Copy)]
 pub struct Annotations {
     pub attempts: u32,

@@ -260,7 +260,7 @@ impl Ctx<'_> {
             attempts: None,
         };
 
-        // Admission in SEMANTICS §2's order: rate limit, concurrency; the body
+        // Admission in the order of docs/behaviour.md#admission: rate limit, concurrency; the body
         // is read before the breaker is asked, so a slow upload never holds a
         // half-open probe slot.
         // Usually a token and a slot are there at once; when weir has to
@@ -716,7 +716,7 @@ async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, Faile
     }
 }
 
-/// weir's own error response (SEMANTICS §7), as the fast path writes it.
+/// weir's own error response (docs/behaviour.md#error-responses), as the fast path writes it.
 struct ErrorResponse<'a> {
     error: &'a ProxyError,
     upstream: &'a str,
