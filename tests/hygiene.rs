@@ -123,6 +123,19 @@ async fn conflicting_content_lengths_are_400(path: DataPath) {
     )
     .await;
     assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+    // weir's own error, as every response weir makes (it was hyper's bare 400).
+    assert!(out.contains("x-weir-error: bad_request"), "{out}");
+    assert!(out.contains("Content-Lengths that disagree"), "{out}");
+    assert_eq!(up.requests(), 0);
+    // The same for a Transfer-Encoding hyper would refuse and a signed length.
+    for head in [
+        &b"POST / HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: gzip\r\n\r\n"[..],
+        b"POST / HTTP/1.1\r\nHost: svc\r\nContent-Length: +5\r\n\r\nabcde",
+    ] {
+        let out = raw(weir.addr, head).await;
+        assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+        assert!(out.contains("x-weir-error: bad_request"), "{out}");
+    }
     assert_eq!(up.requests(), 0);
 }
 

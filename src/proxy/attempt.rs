@@ -794,10 +794,37 @@ fn grpc_status(h: &HeaderMap) -> Option<u8> {
     h.get("grpc-status")?.to_str().ok()?.parse().ok()
 }
 
-/// Adds `x-weir-attempts` and `x-weir-retry-stop`.
-pub fn annotate(h: &mut HeaderMap, attempts: u32, stop: Option<StopReason>) {
-    h.insert("x-weir-attempts", HeaderValue::from(attempts));
-    if let Some(r) = stop {
-        h.insert("x-weir-retry-stop", HeaderValue::from_static(r.as_str()));
+/// weir's annotations on a response (docs/behaviour.md#what-weir-adds-to-responses):
+/// `x-weir-attempts` and, when a retryable outcome was not retried,
+/// `x-weir-retry-stop`. The one writer of both, for either path: `put` gets
+/// each field's name and value.
+pub fn annotation_fields(
+    attempts: u32,
+    stop: Option<StopReason>,
+    mut put: impl FnMut(&'static str, &[u8]),
+) {
+    let mut digits = [0u8; 10];
+    let mut i = digits.len();
+    let mut n = attempts;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
     }
+    put("x-weir-attempts", &digits[i..]);
+    if let Some(r) = stop {
+        put("x-weir-retry-stop", r.as_str().as_bytes());
+    }
+}
+
+/// Adds weir's annotations ([`annotation_fields`]) to a response's headers.
+pub fn annotate(h: &mut HeaderMap, attempts: u32, stop: Option<StopReason>) {
+    annotation_fields(attempts, stop, |name, value| {
+        if let Ok(v) = HeaderValue::from_bytes(value) {
+            h.insert(name, v);
+        }
+    });
 }

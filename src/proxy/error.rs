@@ -149,11 +149,14 @@ impl ProxyError {
             .map(|ra| ra.as_millis().div_ceil(1000).max(1) as u64)
     }
 
-    pub fn to_response(&self, upstream: Option<&str>) -> Response<Body> {
-        let bytes = self.json_body(upstream);
-        let mut resp = Response::new(full(bytes));
-        *resp.status_mut() = self.status();
-        let h = resp.headers_mut();
+    /// weir's own error response as its head and body bytes: the one place
+    /// its status and fields are decided, written out by the general path as
+    /// a hyper response ([`ProxyError::to_response`]) and by the fast path
+    /// as bytes.
+    pub fn parts(&self, upstream: Option<&str>) -> (http::response::Parts, Vec<u8>) {
+        let (mut parts, ()) = Response::new(()).into_parts();
+        parts.status = self.status();
+        let h = &mut parts.headers;
         h.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -162,13 +165,25 @@ impl ProxyError {
         if let Some(secs) = self.retry_after_secs() {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
-        if matches!(
-            self,
-            ProxyError::BadRequest(_) | ProxyError::HeadTooLarge(_)
-        ) {
+        if self.closes_connection() {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        resp
+        (parts, self.json_body(upstream))
+    }
+
+    /// Whether the client's connection ends with this answer: after a
+    /// request weir could not frame, or a CONNECT it refused, the bytes that
+    /// follow cannot be trusted to be a request.
+    pub fn closes_connection(&self) -> bool {
+        matches!(
+            self,
+            ProxyError::BadRequest(_) | ProxyError::HeadTooLarge(_) | ProxyError::ConnectNotAllowed
+        )
+    }
+
+    pub fn to_response(&self, upstream: Option<&str>) -> Response<Body> {
+        let (parts, body) = self.parts(upstream);
+        Response::from_parts(parts, full(body))
     }
 }
 

@@ -28,6 +28,13 @@ pub async fn handle(
         let limit = snap.config.server.max_header_bytes;
         return ProxyError::HeadTooLarge(limit).to_response(None);
     }
+    if parts.uri.path() == super::guard::INVALID_PATH {
+        snap.metrics.bad_request();
+        return ProxyError::BadRequest(
+            "the request's framing is invalid: a Content-Length that is not digits, Content-Lengths that disagree, or a Transfer-Encoding that does not end in chunked".into(),
+        )
+        .to_response(None);
+    }
     if parts.uri.path() == super::guard::CONFLICT_PATH {
         snap.metrics.bad_request();
         return ProxyError::BadRequest(

@@ -38,6 +38,13 @@ pub const CONFLICT_PATH: &str = "/!weir-framing-conflict";
 pub const TOO_LARGE_MARKER: &[u8] = b"GET /!weir-head-too-large HTTP/1.1\r\n\r\n";
 /// The path of [`TOO_LARGE_MARKER`].
 pub const TOO_LARGE_PATH: &str = "/!weir-head-too-large";
+/// What hyper is given in place of a head whose framing hyper would refuse
+/// (an invalid or disagreeing `Content-Length`, a `Transfer-Encoding` that
+/// does not end in `chunked`): weir answers it with 400 `bad_request` and its
+/// JSON error instead of hyper's bare 400, and closes the connection.
+pub const INVALID_MARKER: &[u8] = b"GET /!weir-invalid-framing HTTP/1.1\r\n\r\n";
+/// The path of [`INVALID_MARKER`].
+pub const INVALID_PATH: &str = "/!weir-invalid-framing";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -183,7 +190,7 @@ fn scan_slice(state: &mut State, data: &[u8], max_head: usize) -> Scan {
                     }
                     Some(end) if end > max_head => return Scan::Reject(i, TOO_LARGE_MARKER),
                     Some(end) => match judge(&head[..end]) {
-                        Judged::Conflict => return Scan::Reject(i, CONFLICT_MARKER),
+                        Judged::Reject(marker) => return Scan::Reject(i, marker),
                         Judged::Next(next) => {
                             *state = next;
                             i += end;
@@ -206,7 +213,8 @@ fn find_head_end(b: &[u8]) -> Option<usize> {
 }
 
 enum Judged {
-    Conflict,
+    /// Answered by weir itself: replaced with this marker.
+    Reject(&'static [u8]),
     Next(State),
 }
 
@@ -230,12 +238,12 @@ fn judge(head: &[u8]) -> Judged {
     }
     let fields = req.headers.iter().map(|h| (h.name, h.value));
     match h1::request_framing(req.version == Some(1), fields) {
-        h1::RequestFraming::Conflict => Judged::Conflict,
+        h1::RequestFraming::Conflict => Judged::Reject(CONFLICT_MARKER),
         h1::RequestFraming::Length(0) => Judged::Next(State::Head),
         h1::RequestFraming::Length(n) => Judged::Next(State::Fixed(n)),
         h1::RequestFraming::Chunked => Judged::Next(State::Chunked(h1::Chunked::whole())),
-        // hyper answers 400 and closes: nothing follows to guard.
-        h1::RequestFraming::Invalid(_) => Judged::Next(State::Passthrough),
+        // hyper would answer a bare 400: weir answers it, with its reason.
+        h1::RequestFraming::Invalid(_) => Judged::Reject(INVALID_MARKER),
     }
 }
 
@@ -497,5 +505,6 @@ mod tests {
         assert!(CONFLICT_MARKER.starts_with(b"GET /!weir-framing-conflict "));
         assert_eq!(CONFLICT_PATH.len() + 17, CONFLICT_MARKER.len());
         assert_eq!(TOO_LARGE_PATH.len() + 17, TOO_LARGE_MARKER.len());
+        assert_eq!(INVALID_PATH.len() + 17, INVALID_MARKER.len());
     }
 }

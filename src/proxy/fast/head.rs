@@ -524,12 +524,9 @@ pub struct Annotations {
 /// annotations and, when `close`, `Connection: close`.
 pub fn finish_response(out: &mut Vec<u8>, annotations: Option<Annotations>, close: bool) {
     if let Some(a) = annotations {
-        out.extend_from_slice(b"x-weir-attempts: ");
-        push_u64(out, u64::from(a.attempts));
-        out.extend_from_slice(b"\r\n");
-        if let Some(r) = a.stop {
-            header(out, b"x-weir-retry-stop", r.as_str().as_bytes());
-        }
+        crate::proxy::attempt::annotation_fields(a.attempts, a.stop, |name, value| {
+            header(out, name.as_bytes(), value)
+        });
     }
     if close {
         out.extend_from_slice(b"connection: close\r\n");

@@ -300,7 +300,8 @@ impl Ctx<'_> {
                 r = read_more(self.stream, &mut self.bufs.client) => match r {
                     Ok(0) | Err(_) => {
                         // The body broke off: as on the general path, a bad request.
-                        up.state.metrics.error("bad_request", start.elapsed());
+                        let e = ProxyError::BadRequest(String::new());
+                        up.state.metrics.error(e.code(), start.elapsed());
                         return false;
                     }
                     Ok(_) => {}
@@ -395,7 +396,7 @@ impl Ctx<'_> {
         };
         e.write(&mut self.bufs.out);
         let ok = self.stream.write_all(&self.bufs.out).await.is_ok();
-        ok && !close && !matches!(f.error, ProxyError::BadRequest(_))
+        ok && !close && !f.error.closes_connection()
     }
 
     /// Lets go of an attempt's response that is being retried: its connection
@@ -728,33 +729,34 @@ struct ErrorResponse<'a> {
 }
 
 impl ErrorResponse<'_> {
+    /// Writes [`ProxyError::parts`] as bytes, with the annotations, `Date`
+    /// and `Connection: close` when the connection ends.
     fn write(&self, out: &mut Vec<u8>) {
         use std::io::Write;
-        let e = self.error;
-        let body = e.json_body(Some(self.upstream));
-        let status = e.status();
+        let (mut parts, body) = self.error.parts(Some(self.upstream));
+        if let Some(a) = self.annotations {
+            attempt::annotate(&mut parts.headers, a.attempts, a.stop);
+        }
+        if self.close {
+            parts.headers.insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
         let _ = write!(
             out,
-            "HTTP/1.1 {} {}\r\ndate: {}\r\ncontent-type: application/json\r\nx-weir-error: {}\r\ncontent-length: {}\r\n",
-            status.as_u16(),
-            status.canonical_reason().unwrap_or(""),
+            "HTTP/1.1 {} {}\r\ndate: {}\r\n",
+            parts.status.as_u16(),
+            parts.status.canonical_reason().unwrap_or(""),
             httpdate::fmt_http_date(self.date),
-            e.code(),
-            body.len()
         );
-        if let Some(secs) = e.retry_after_secs() {
-            let _ = write!(out, "retry-after: {secs}\r\n");
+        for (name, value) in &parts.headers {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
         }
-        if let Some(a) = self.annotations {
-            let _ = write!(out, "x-weir-attempts: {}\r\n", a.attempts);
-            if let Some(r) = a.stop {
-                let _ = write!(out, "x-weir-retry-stop: {}\r\n", r.as_str());
-            }
-        }
-        if self.close || matches!(e, ProxyError::BadRequest(_)) {
-            out.extend_from_slice(b"connection: close\r\n");
-        }
-        out.extend_from_slice(b"\r\n");
+        let _ = write!(out, "content-length: {}\r\n\r\n", body.len());
         if !self.head_method {
             out.extend_from_slice(&body);
         }
