@@ -410,11 +410,78 @@ impl<'a> Attempts<'a> {
     }
 }
 
+/// Watches the client while weir waits on its behalf.
+pub trait Watch {
+    /// Runs `f` unless the client goes away first (`None`).
+    fn unless_gone<F: std::future::Future>(
+        &mut self,
+        f: F,
+    ) -> impl std::future::Future<Output = Option<F::Output>>;
+}
+
+/// A client hyper watches for us: when it goes away hyper drops the whole
+/// request future, so nothing needs racing.
+#[derive(Debug)]
+pub struct Dropped;
+
+impl Watch for Dropped {
+    async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
+        Some(f.await)
+    }
+}
+
+/// A request's deadline (docs/behaviour.md#deadlines-and-timeouts): `start`
+/// plus the upstream's `timeout`, lowered (never raised) by what the client
+/// asked for (`x-weir-timeout-ms`, `grpc-timeout`); and whether the client
+/// lowered it.
+pub fn deadline(
+    cfg: &crate::config::UpstreamConfig,
+    start: Instant,
+    asked: [Option<Duration>; 2],
+) -> (Instant, bool) {
+    let budget = asked.into_iter().flatten().fold(cfg.timeout, Duration::min);
+    (start + budget, budget < cfg.timeout)
+}
+
+/// Admission up to the request body, in the order of
+/// docs/behaviour.md#admission: the rate limit (waiting up to `max_wait`,
+/// never past the deadline), then the concurrency gate. The body is read
+/// after this and before the breaker is asked ([`admit_breaker`]), so a slow
+/// upload never holds a half-open probe slot. Usually a token and a slot are
+/// there at once, with no wait and no clock read; when weir has to wait, a
+/// client that goes away meanwhile is let go (`None`). `Ok((slot, waited))`.
+pub async fn admit<W: Watch>(
+    up: &Upstream,
+    key: Option<&str>,
+    start: Instant,
+    deadline: Instant,
+    w: &mut W,
+) -> Option<Result<(super::gate::Slot, bool), ProxyError>> {
+    let mut waited = false;
+    if !try_rate(up, key, start) {
+        waited = true;
+        if let Err(e) = w.unless_gone(admit_rate(up, key, deadline)).await? {
+            return Some(Err(e));
+        }
+    }
+    let slot = match up.state.gate.try_enter() {
+        Some(s) => s,
+        None => {
+            waited = true;
+            match w.unless_gone(up.state.gate.enter(deadline)).await? {
+                Ok(s) => s,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    };
+    Some(Ok((slot, waited)))
+}
+
 /// How a data path sends one attempt. Everything else about the attempts —
 /// counting, the per-try deadline, the breaker's verdict, the retry decision,
 /// the backoff and the breaker's second look after it — is [`drive`]'s, one
 /// loop for both paths.
-pub trait Transport {
+pub trait Transport: Watch {
     /// What a sent attempt returns (response headers and the connection
     /// they came on).
     type Response;
@@ -427,12 +494,6 @@ pub trait Transport {
         try_deadline: Instant,
         deadline: Instant,
     ) -> impl std::future::Future<Output = Option<(Outcome, Result<Self::Response, ProxyError>)>>;
-
-    /// Runs `f` unless the client goes away first (`None`).
-    fn unless_gone<F: std::future::Future>(
-        &mut self,
-        f: F,
-    ) -> impl std::future::Future<Output = Option<F::Output>>;
 
     /// Lets go of a response that is to be retried (its connection may be
     /// reused when its body is whole).
@@ -505,6 +566,12 @@ struct HyperTransport<'p, 'a> {
     plan: &'p mut Plan<'a>,
 }
 
+impl Watch for HyperTransport<'_, '_> {
+    async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
+        Some(f.await)
+    }
+}
+
 impl Transport for HyperTransport<'_, '_> {
     type Response = Response<UpstreamBody>;
 
@@ -516,10 +583,6 @@ impl Transport for HyperTransport<'_, '_> {
     ) -> Option<(Outcome, Result<Self::Response, ProxyError>)> {
         let req = build(self.plan);
         Some(send(self.up, self.conn, req, self.plan, try_deadline).await)
-    }
-
-    async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
-        Some(f.await)
     }
 
     fn discard(&mut self, _response: Result<Self::Response, ProxyError>) {}

@@ -91,13 +91,7 @@ async fn forward(
     let cfg = &up.config;
     let lowered = headers::weir_timeout(&parts.headers).map_err(ProxyError::BadRequest)?;
     let grpc = headers::grpc_timeout(&parts.headers);
-    // A request may lower its deadline, never raise it.
-    let budget = [Some(cfg.timeout), lowered, grpc]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(cfg.timeout);
-    let deadline = start + budget;
+    let (deadline, client_lowered) = attempt::deadline(cfg, start, [lowered, grpc]);
 
     // The host the upstream is told: its own, or the client's with
     // `preserve_host`. It travels as the URI's authority, which the client
@@ -130,8 +124,8 @@ async fn forward(
     // Admission in the order of docs/behaviour.md#admission: rate limit, concurrency; the body is
     // read (when it is to be kept for a replay) before the breaker is asked,
     // so a slow upload never holds a half-open probe slot.
-    attempt::admit_rate(up, key.as_deref(), deadline).await?;
-    let slot = up.state.gate.enter(deadline).await?;
+    let admitted = attempt::admit(up, key.as_deref(), start, deadline, &mut attempt::Dropped).await;
+    let (slot, _) = admitted.unwrap_or(Err(ProxyError::DeadlineExceeded))?;
 
     // An upgrade is one attempt: its body is the connection itself.
     let single = cfg.retry.max_attempts <= 1 || on_upgrade.is_some();
@@ -175,7 +169,7 @@ async fn forward(
         has_idempotency_key,
         grpc_deadline: grpc.map(|g| start + g),
         single,
-        lowered: budget < cfg.timeout,
+        lowered: client_lowered,
         upgrade: on_upgrade.is_some(),
         // gRPC codes sent before the first message can only be acted on
         // when the response is held until then.

@@ -43,13 +43,11 @@ pub async fn open(
         let e = ProxyError::BadRequest("this connection cannot carry a CONNECT tunnel".into());
         return (Err(e), 0);
     };
-    let deadline = start + cfg.timeout;
-    if let Err(e) = attempt::admit_rate(up, key, deadline).await {
-        return (Err(e), 0);
-    }
-    let slot = match up.state.gate.enter(deadline).await {
-        Ok(s) => s,
-        Err(e) => return (Err(e), 0),
+    let (deadline, _) = attempt::deadline(cfg, start, [None, None]);
+    let slot = match attempt::admit(up, key, start, deadline, &mut attempt::Dropped).await {
+        Some(Ok((slot, _))) => slot,
+        Some(Err(e)) => return (Err(e), 0),
+        None => return (Err(ProxyError::DeadlineExceeded), 0),
     };
     let ticket = match attempt::admit_breaker(&up.state) {
         Ok(t) => t,

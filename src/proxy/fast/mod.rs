@@ -252,45 +252,23 @@ impl Ctx<'_> {
     async fn serve(&mut self, up: &Upstream, p: Planned) -> bool {
         let start = Instant::now();
         let cfg = &up.config;
-        let budget = p.lowered.map_or(cfg.timeout, |l| l.min(cfg.timeout));
-        let deadline = start + budget;
+        let (deadline, lowered) = attempt::deadline(cfg, start, [p.lowered, None]);
         let need = p.head_len + p.body_len;
         let fail = |e: ProxyError| Failure {
             error: e,
             attempts: None,
         };
-
-        // Admission in the order of docs/behaviour.md#admission: rate limit, concurrency; the body
-        // is read before the breaker is asked, so a slow upload never holds a
-        // half-open probe slot.
-        // Usually a token and a slot are there at once; when weir has to
-        // wait for them, a client that goes away meanwhile is let go.
-        let mut waited = false;
-        if !attempt::try_rate(up, p.key.as_deref(), start) {
-            waited = true;
-            let rate = tokio::select! {
-                biased;
-                () = client_gone(self.stream, &mut self.bufs.client, need, &mut self.bufs.eof) => return false,
-                r = attempt::admit_rate(up, p.key.as_deref(), deadline) => r,
-            };
-            if let Err(e) = rate {
-                return self.fail(up, start, &p, fail(e)).await;
-            }
-        }
-        let _slot = match up.state.gate.try_enter() {
-            Some(s) => s,
-            None => {
-                waited = true;
-                let gate = tokio::select! {
-                    biased;
-                    () = client_gone(self.stream, &mut self.bufs.client, need, &mut self.bufs.eof) => return false,
-                    r = up.state.gate.enter(deadline) => r,
-                };
-                match gate {
-                    Ok(s) => s,
-                    Err(e) => return self.fail(up, start, &p, fail(e)).await,
-                }
-            }
+        let mut watch = ClientWatch {
+            stream: &mut *self.stream,
+            client: &mut self.bufs.client,
+            eof: &mut self.bufs.eof,
+            need,
+        };
+        let admitted = attempt::admit(up, p.key.as_deref(), start, deadline, &mut watch).await;
+        let (_slot, waited) = match admitted {
+            None => return false,
+            Some(Ok(admitted)) => admitted,
+            Some(Err(e)) => return self.fail(up, start, &p, fail(e)).await,
         };
         // Nothing waited for (admission, the body): `start` still tells the time.
         let now = Some(start).filter(|_| !waited && self.bufs.client.len() >= need);
@@ -319,7 +297,6 @@ impl Ctx<'_> {
             Ok(t) => t,
             Err(e) => return self.fail(up, start, &p, fail(e)).await,
         };
-        let lowered = budget < cfg.timeout;
         let key = p.key.as_deref();
         let begun = Attempts::begin(up, ticket, p.facts, key, deadline, lowered, t0);
         let Ok(mut attempts) = begun else {
@@ -542,6 +519,37 @@ struct FastTransport<'c> {
     head_method: bool,
 }
 
+/// The client of one request, watched while weir waits for it (admission):
+/// its socket is read meanwhile, so a pipelined request is kept and a close
+/// is seen.
+struct ClientWatch<'c> {
+    stream: &'c mut TcpStream,
+    client: &'c mut Vec<u8>,
+    eof: &'c mut bool,
+    /// Bytes of the client buffer that belong to this request.
+    need: usize,
+}
+
+impl attempt::Watch for ClientWatch<'_> {
+    async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
+        tokio::select! {
+            biased;
+            () = client_gone(self.stream, self.client, self.need, self.eof) => None,
+            r = f => Some(r),
+        }
+    }
+}
+
+impl attempt::Watch for FastTransport<'_> {
+    async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
+        tokio::select! {
+            biased;
+            () = client_gone(self.stream, self.client, self.need, self.eof) => None,
+            r = f => Some(r),
+        }
+    }
+}
+
 impl attempt::Transport for FastTransport<'_> {
     type Response = Exchange;
 
@@ -570,14 +578,6 @@ impl attempt::Transport for FastTransport<'_> {
             ),
             Err((outcome, e)) => (outcome, Err(e)),
         })
-    }
-
-    async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
-        tokio::select! {
-            biased;
-            () = client_gone(self.stream, self.client, self.need, self.eof) => None,
-            r = f => Some(r),
-        }
     }
 
     /// A response to be retried: its connection goes back to the pool when
