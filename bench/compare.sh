@@ -3,6 +3,7 @@
 #
 #   bench/compare.sh                      # 5 alternating rounds of 10 s each
 #   ROUNDS=3 DURATION=5 CONNS=32 bench/compare.sh
+#   WEIR_BASELINE=/path/to/older/weir bench/compare.sh   # adds "weir-baseline"
 #
 # Needs wrk; nginx and HAProxy are compared when installed:
 #   apt-get install -y wrk nginx-light haproxy
@@ -31,6 +32,8 @@ NGINX_PORT=18002
 HAPROXY_PORT=18003
 WEIR_OFF_PORT=18004
 WEIR_OFF_ADMIN=18005
+WEIR_BASE_PORT=18006
+WEIR_BASE_ADMIN=18007
 
 command -v wrk >/dev/null || { echo "wrk is required: apt-get install -y wrk nginx-light haproxy" >&2; exit 1; }
 have_nginx=0; command -v nginx >/dev/null && have_nginx=1
@@ -128,15 +131,20 @@ CONF
 declare -A PID_OF PORT_OF
 targets=()
 
-start_weir() { # name port admin policy
+start_weir() { # name port admin policy [binary]
     weir_config "$2" "$3" "$4" > "$T/$1.toml"
-    $pin_proxy "$WEIR" --log-level error run --workers "$WORKERS" --config "$T/$1.toml" &
+    $pin_proxy "${5:-$WEIR}" --log-level error run --workers "$WORKERS" --config "$T/$1.toml" &
     PID_OF[$1]=$!; PORT_OF[$1]=$2; PIDS+=($!)
     wait_port "$2"
     targets+=("$1")
 }
 start_weir weir $WEIR_PORT $WEIR_ADMIN on
 start_weir weir-policy-off $WEIR_OFF_PORT $WEIR_OFF_ADMIN off
+# Another build of weir, same config as "weir": a before/after comparison
+# in one run, the rounds alternating, so the machine's noise hits both.
+if [ -n "${WEIR_BASELINE:-}" ]; then
+    start_weir weir-baseline $WEIR_BASE_PORT $WEIR_BASE_ADMIN on "$WEIR_BASELINE"
+fi
 
 if [ $have_nginx = 1 ]; then
     mkdir -p "$T/nx/logs"

@@ -4,7 +4,7 @@
 //! upstream, and a reload is a write.
 
 use crate::proxy::body::{full, Body};
-use crate::runtime::Reloader;
+use crate::reload::Reloader;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -34,7 +34,7 @@ pub async fn serve(
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
-            _ = crate::runtime::stopped(&mut stop) => break,
+            _ = crate::shutdown::stopped(&mut stop) => break,
         };
         let Ok((stream, peer)) = accepted else {
             tokio::time::sleep(Duration::from_millis(10)).await;

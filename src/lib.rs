@@ -60,6 +60,8 @@ pub mod config;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;
+pub mod reload;
 pub mod runtime;
+pub mod shutdown;
 pub mod state;
 pub mod tls;

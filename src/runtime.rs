@@ -9,11 +9,12 @@
 
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::reload::Reloader;
+use crate::shutdown::stopped;
 use crate::proxy::{Proxy, ProxyHandle};
-use std::hash::{Hash, Hasher};
 use std::io;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -21,69 +22,6 @@ use tokio::sync::watch;
 
 /// How long the file watch waits for a burst of events to settle.
 const DEBOUNCE: Duration = Duration::from_millis(200);
-
-/// Reloads the config file into the running proxy.
-#[derive(Debug)]
-pub struct Reloader {
-    path: PathBuf,
-    proxy: Arc<ProxyHandle>,
-    metrics: Arc<Metrics>,
-    /// Hash of the content last tried, so the watch does not reload a file
-    /// that an explicit reload has already applied.
-    last: Mutex<Option<u64>>,
-}
-
-fn fingerprint(s: &str) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    s.hash(&mut h);
-    h.finish()
-}
-
-impl Reloader {
-    pub fn proxy(&self) -> &Arc<ProxyHandle> {
-        &self.proxy
-    }
-
-    /// Reloads from the file now. `why` names the trigger in the log.
-    pub async fn reload(&self, why: &str) -> Result<(), String> {
-        let src = std::fs::read_to_string(&self.path)
-            .map_err(|e| format!("{}: cannot read the config file: {e}", self.path.display()));
-        let src = match src {
-            Ok(s) => s,
-            Err(e) => return self.failed(why, e),
-        };
-        *self.last.lock().expect("reload lock poisoned") = Some(fingerprint(&src));
-        let config = match Config::parse(&self.path, &src) {
-            Ok(c) => c,
-            Err(e) => return self.failed(why, e.to_string()),
-        };
-        let upstreams = config.upstreams.len();
-        if let Err(e) = self.proxy.reload(config).await {
-            return self.failed(why, e.to_string());
-        }
-        self.metrics.reload(true);
-        tracing::info!(trigger = why, config = %self.path.display(), upstreams, "config reloaded");
-        Ok(())
-    }
-
-    /// Reloads only if the file's content differs from the last one tried.
-    pub async fn reload_if_changed(&self, why: &str) -> Result<(), String> {
-        let Ok(src) = std::fs::read_to_string(&self.path) else {
-            // Mid-swap, or removed: the next event will tell.
-            return Ok(());
-        };
-        if *self.last.lock().expect("reload lock poisoned") == Some(fingerprint(&src)) {
-            return Ok(());
-        }
-        self.reload(why).await
-    }
-
-    fn failed(&self, why: &str, e: String) -> Result<(), String> {
-        self.metrics.reload(false);
-        tracing::error!(trigger = why, error = %e, "config reload rejected; the running config stays");
-        Err(e)
-    }
-}
 
 /// What to run besides the proxy.
 #[derive(Debug, Clone, Copy)]
@@ -170,13 +108,7 @@ impl Runtime {
         let proxy =
             Arc::new(Proxy::start_on(config, metrics.clone(), workers.handles.clone()).await?);
         metrics.reload(true);
-        let src = std::fs::read_to_string(&path).ok();
-        let reloader = Arc::new(Reloader {
-            path: path.clone(),
-            proxy: proxy.clone(),
-            metrics,
-            last: Mutex::new(src.as_deref().map(fingerprint)),
-        });
+        let reloader = Arc::new(Reloader::new(path.clone(), proxy.clone(), metrics));
         let (stop, stop_rx) = watch::channel(false);
         tokio::spawn(crate::admin::serve(
             admin_listener,
@@ -280,7 +212,3 @@ fn watch_file(
     Ok(watcher)
 }
 
-/// Resolves once the stop flag is set (or its sender is gone).
-pub async fn stopped(rx: &mut watch::Receiver<bool>) {
-    let _ = rx.wait_for(|s| *s).await;
-}

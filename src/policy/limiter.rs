@@ -377,8 +377,6 @@ impl Limiter {
     }
 }
 
-pub use super::keyed::{KeyedLimiter, KeyedStats};
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

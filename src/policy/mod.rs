@@ -46,7 +46,8 @@ pub use decide::{
     classify, decide, decide_with, is_idempotent_method, BodyFacts, Cause, Class, DecideInput,
     Delivery, FixedGates, Gates, Outcome, RequestFacts, RetryOn, RetryPolicy, StopReason, Verdict,
 };
-pub use limiter::{KeyedLimiter, KeyedStats, Limiter, RateLimitParams, SlidingWindow, TokenBucket};
+pub use keyed::{KeyedLimiter, KeyedStats};
+pub use limiter::{Limiter, RateLimitParams, SlidingWindow, TokenBucket};
 pub use random::{FixedRandom, Random, SeededRandom};
 pub use report::{schedule_report, schedule_report_with};
 pub use retry_after::parse_retry_after;

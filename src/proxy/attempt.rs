@@ -470,7 +470,7 @@ pub async fn admit<W: Watch>(
             waited = true;
             match w.unless_gone(up.state.gate.enter(deadline)).await? {
                 Ok(s) => s,
-                Err(e) => return Some(Err(e)),
+                Err(refused) => return Some(Err(refused.into())),
             }
         }
     };

@@ -35,6 +35,15 @@ pub enum ProxyError {
     BadResponse(String),
 }
 
+impl From<super::gate::Refused> for ProxyError {
+    fn from(r: super::gate::Refused) -> Self {
+        match r {
+            super::gate::Refused::Full => ProxyError::Overloaded,
+            super::gate::Refused::Deadline => ProxyError::DeadlineExceeded,
+        }
+    }
+}
+
 impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {

@@ -3,7 +3,6 @@
 //! semaphore is fair), anything beyond that refused at once with 503
 //! `overloaded`. A waiting request never waits past its deadline.
 
-use super::error::ProxyError;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -40,7 +39,6 @@ impl Gate {
         }
     }
 
-    /// A slot for one request, held until its response body ends.
     /// A slot, if one is free now.
     pub fn try_enter(&self) -> Option<Slot> {
         self.sem
@@ -50,20 +48,22 @@ impl Gate {
             .map(|p| self.slot(p))
     }
 
-    pub async fn enter(&self, deadline: Instant) -> Result<Slot, ProxyError> {
+    /// A slot for one request, held until its response body ends: now,
+    /// or after waiting in the queue (`max_queue`) until `deadline`.
+    pub async fn enter(&self, deadline: Instant) -> Result<Slot, Refused> {
         if let Ok(p) = self.sem.clone().try_acquire_owned() {
             return Ok(self.slot(p));
         }
         let max_queue = self.max_queue.load(Ordering::Acquire);
         if self.queued.fetch_add(1, Ordering::AcqRel) >= max_queue {
             self.queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(ProxyError::Overloaded);
+            return Err(Refused::Full);
         }
         let _queued = Queued(&self.queued);
         match tokio::time::timeout_at(deadline, self.sem.clone().acquire_owned()).await {
             Ok(Ok(p)) => Ok(self.slot(p)),
-            Ok(Err(_)) => Err(ProxyError::Overloaded),
-            Err(_) => Err(ProxyError::DeadlineExceeded),
+            Ok(Err(_)) => Err(Refused::Full),
+            Err(_) => Err(Refused::Deadline),
         }
     }
 
@@ -103,6 +103,16 @@ impl Gate {
         }
         *limit = max_in_flight;
     }
+}
+
+/// Why the gate did not let a request in (weir answers 503 `overloaded` or
+/// 504 `deadline_exceeded`; see `ProxyError`'s `From`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Every slot taken and the queue full (or closed).
+    Full,
+    /// The deadline passed while queued.
+    Deadline,
 }
 
 /// One request's place under `max_in_flight`; freed when dropped.

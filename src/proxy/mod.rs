@@ -8,6 +8,7 @@
 pub mod attempt;
 pub mod body;
 pub mod client;
+mod conn;
 pub mod error;
 pub mod fast;
 pub mod forward;

@@ -3,19 +3,14 @@
 //! bound addresses, publishes reloaded configs — binding listeners a reload
 //! adds and draining those it removes — and shuts everything down.
 
-use super::forward;
-use super::guard::FramingGuard;
+use super::conn::{builder, serve_io, Conn, Shared};
 use super::{ListenerRole, Snapshot};
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::runtime::stopped;
+use crate::shutdown::stopped;
 use crate::state::StateRegistry;
 use arc_swap::ArcSwap;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,15 +19,6 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
-
-/// State shared by every listener and connection.
-#[derive(Debug)]
-pub(super) struct Shared {
-    pub(super) snapshot: ArcSwap<Snapshot>,
-    states: StateRegistry,
-    connections: Arc<Semaphore>,
-    draining: AtomicBool,
-}
 
 /// A listener is identified by what the config asked for: its configured
 /// address and its role. A reload that names the same pair keeps it.
@@ -312,22 +298,6 @@ async fn serve_socket(
     }
 }
 
-fn builder(config: &Config) -> auto::Builder<TokioExecutor> {
-    let mut b = auto::Builder::new(TokioExecutor::new());
-    b.http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(config.server.header_read_timeout)
-        .max_buf_size(config.server.max_header_bytes)
-        // Header names go on with the case they came in, as on the fast
-        // path: an HTTP/1.1 peer that cares about case sees no difference.
-        .preserve_header_case(true)
-        .keep_alive(true);
-    b.http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(config.server.max_header_bytes.min(u32::MAX as usize) as u32);
-    b
-}
-
 async fn accept_loop(
     listener: TcpListener,
     role: ListenerRole,
@@ -420,55 +390,3 @@ async fn serve_connection(
     }
 }
 
-/// One client connection's context, however its bytes arrive (plain or TLS).
-pub(super) struct Conn {
-    pub(super) peer: SocketAddr,
-    pub(super) role: ListenerRole,
-    pub(super) shared: Arc<Shared>,
-    pub(super) stop: watch::Receiver<bool>,
-    builder: auto::Builder<TokioExecutor>,
-    pub(super) max_head: usize,
-    pub(super) head_timeout: Duration,
-}
-
-pub(super) async fn serve_io<I>(io: I, conn: Conn)
-where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let Conn {
-        peer,
-        role,
-        shared,
-        mut stop,
-        builder,
-        max_head,
-        head_timeout,
-    } = conn;
-    let ctx = Arc::new(super::sticky::ConnCtx::default());
-    let svc = service_fn(move |req| {
-        let snap = shared.snapshot.load_full();
-        let role = role.clone();
-        let ctx = ctx.clone();
-        async move { Ok::<_, Infallible>(forward::handle(&snap, &role, &ctx, req).await) }
-    });
-    let io = TokioIo::new(FramingGuard::new(io, max_head, head_timeout));
-    let conn = builder.serve_connection_with_upgrades(io, svc);
-    tokio::pin!(conn);
-    // The connection first: a request the fast path handed over with its
-    // bytes is parsed in this first poll and so counts as in flight when
-    // a drain begins.
-    tokio::select! {
-        biased;
-        r = conn.as_mut() => {
-            if let Err(e) = r {
-                tracing::debug!(%peer, error = %e, "client connection ended with an error");
-            }
-            return;
-        }
-        _ = stopped(&mut stop) => {}
-    }
-    conn.as_mut().graceful_shutdown();
-    if let Err(e) = conn.await {
-        tracing::debug!(%peer, error = %e, "client connection ended with an error while draining");
-    }
-}

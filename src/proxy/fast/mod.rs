@@ -25,7 +25,7 @@ mod rewind;
 
 use super::attempt::{self, Attempts};
 use super::error::ProxyError;
-use super::server::{serve_io, Conn};
+use super::conn::{serve_io, Conn};
 use super::Upstream;
 use crate::policy::{parse_retry_after, Outcome};
 use head::{Annotations, Framing, Head, Parse, Planned};
@@ -163,7 +163,7 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
     let mut waiting = Instant::now();
     let mut timer = Timer::new(waiting);
     let mut stop = conn.stop.clone();
-    let stopping = crate::runtime::stopped(&mut stop);
+    let stopping = crate::shutdown::stopped(&mut stop);
     tokio::pin!(stopping);
     loop {
         // A whole request head, planned.

@@ -8,14 +8,14 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// `prefix`, then whatever `inner` reads.
 #[derive(Debug)]
-pub struct Rewind<T> {
+pub(crate) struct Rewind<T> {
     prefix: Vec<u8>,
     at: usize,
     inner: T,
 }
 
 impl<T> Rewind<T> {
-    pub fn new(prefix: Vec<u8>, inner: T) -> Self {
+    pub(crate) fn new(prefix: Vec<u8>, inner: T) -> Self {
         Rewind {
             prefix,
             at: 0,
