@@ -9,9 +9,9 @@
 
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::proxy::{Proxy, ProxyHandle};
 use crate::reload::Reloader;
 use crate::shutdown::stopped;
-use crate::proxy::{Proxy, ProxyHandle};
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -211,4 +211,3 @@ fn watch_file(
     tracing::info!(dir = %dir.display(), "watching the config directory for changes");
     Ok(watcher)
 }
-

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 /// A breaker admission that must be recorded or released.
 #[derive(Debug)]
-pub struct Ticket<'a> {
+pub(crate) struct Ticket<'a> {
     state: &'a UpstreamState,
     admission: Option<Admission>,
 }
@@ -98,12 +98,15 @@ impl Drop for Ticket<'_> {
 }
 
 /// Asks the breaker to admit a first attempt.
-pub fn admit_breaker(state: &UpstreamState) -> Result<Ticket<'_>, ProxyError> {
+pub(crate) fn admit_breaker(state: &UpstreamState) -> Result<Ticket<'_>, ProxyError> {
     admit_breaker_at(state, Instant::now())
 }
 
 /// [`admit_breaker`] at `at` (a clock reading the caller already has).
-pub fn admit_breaker_at(state: &UpstreamState, at: Instant) -> Result<Ticket<'_>, ProxyError> {
+pub(crate) fn admit_breaker_at(
+    state: &UpstreamState,
+    at: Instant,
+) -> Result<Ticket<'_>, ProxyError> {
     let now = state.now_at(at);
     let r = state.live().breaker.try_acquire(now);
     match r {
@@ -116,7 +119,7 @@ pub fn admit_breaker_at(state: &UpstreamState, at: Instant) -> Result<Ticket<'_>
 
 /// Takes a rate-limit token for a first attempt if one is there at `at`
 /// (or the upstream has no limit); `false`: [`admit_rate`] decides.
-pub fn try_rate(up: &Upstream, key: Option<&str>, at: Instant) -> bool {
+pub(crate) fn try_rate(up: &Upstream, key: Option<&str>, at: Instant) -> bool {
     if up.config.rate_limit.is_none() {
         return true;
     }
@@ -129,7 +132,7 @@ pub fn try_rate(up: &Upstream, key: Option<&str>, at: Instant) -> bool {
 
 /// Takes a rate-limit token for a first attempt, waiting up to `max_wait` but
 /// never past the deadline.
-pub async fn admit_rate(
+pub(crate) async fn admit_rate(
     up: &Upstream,
     key: Option<&str>,
     deadline: Instant,
@@ -198,7 +201,7 @@ impl Gates for LiveGates<'_> {
 
 /// What one request brings to the attempt loop.
 #[derive(Debug)]
-pub struct Plan<'a> {
+pub(crate) struct Plan<'a> {
     pub parts: Parts,
     pub body: RequestBody,
     pub deadline: Instant,
@@ -222,7 +225,7 @@ pub struct Plan<'a> {
 
 /// How the attempt loop ended: the last outcome, and the annotations.
 #[derive(Debug)]
-pub struct Finished {
+pub(crate) struct Finished {
     pub result: Result<Response<UpstreamBody>, ProxyError>,
     pub attempts: u32,
     pub stop: Option<StopReason>,
@@ -235,7 +238,7 @@ pub struct Finished {
 /// decision with its backoff. The hyper path ([`run`]) and the HTTP/1 fast
 /// path (`super::fast`) differ only in how an attempt is sent.
 #[derive(Debug)]
-pub struct Attempts<'a> {
+pub(crate) struct Attempts<'a> {
     up: &'a Upstream,
     ticket: Ticket<'a>,
     facts: RequestFacts,
@@ -249,7 +252,7 @@ pub struct Attempts<'a> {
 
 /// What follows an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Sleep this long ([`Attempts::backoff`]), then attempt again.
     Retry(Duration),
     /// Return this attempt's outcome, with the stop reason when a retryable
@@ -262,7 +265,7 @@ impl<'a> Attempts<'a> {
     /// reading the caller already has). `Err(t0)`: less than
     /// `min_attempt_time` is left, and an attempt started now could only
     /// time out and be blamed on the upstream (504 `deadline_exceeded`).
-    pub fn begin(
+    pub(crate) fn begin(
         up: &'a Upstream,
         ticket: Ticket<'a>,
         facts: RequestFacts,
@@ -289,18 +292,13 @@ impl<'a> Attempts<'a> {
     }
 
     /// Attempts made so far.
-    pub fn made(&self) -> u32 {
+    pub(crate) fn made(&self) -> u32 {
         self.made
-    }
-
-    /// The request's deadline.
-    pub fn deadline(&self) -> Instant {
-        self.deadline
     }
 
     /// Starts an attempt: counts it, and returns when it must give up (the
     /// per-try timeout, never past the deadline).
-    pub fn start(&mut self, started: Instant) -> Instant {
+    pub(crate) fn start(&mut self, started: Instant) -> Instant {
         self.made += 1;
         self.up
             .config
@@ -312,7 +310,7 @@ impl<'a> Attempts<'a> {
     /// Records an attempt's outcome (metrics, the breaker's verdict) without
     /// deciding anything: for an upgrade, which is never retried.
     /// `error` is weir's error for a failed attempt.
-    pub fn record(
+    pub(crate) fn record(
         &mut self,
         outcome: &Outcome,
         error: Option<&ProxyError>,
@@ -335,7 +333,7 @@ impl<'a> Attempts<'a> {
     }
 
     /// Records an attempt and decides (docs/behaviour.md#the-retry-decision) what follows it.
-    pub fn judge(
+    pub(crate) fn judge(
         &mut self,
         outcome: &Outcome,
         error: Option<&ProxyError>,
@@ -399,7 +397,7 @@ impl<'a> Attempts<'a> {
     /// tripped meanwhile, and an open breaker sees nothing while half-open
     /// admits only its probes. `Err(reason)`: it refused, and the last
     /// outcome goes back to the client.
-    pub async fn backoff(&mut self, delay: Duration) -> Result<(), StopReason> {
+    pub(crate) async fn backoff(&mut self, delay: Duration) -> Result<(), StopReason> {
         tokio::time::sleep(delay).await;
         self.prev_delay = delay;
         if self.ticket.renew().is_err() {
@@ -411,7 +409,7 @@ impl<'a> Attempts<'a> {
 }
 
 /// Watches the client while weir waits on its behalf.
-pub trait Watch {
+pub(crate) trait Watch {
     /// Runs `f` unless the client goes away first (`None`).
     fn unless_gone<F: std::future::Future>(
         &mut self,
@@ -422,7 +420,7 @@ pub trait Watch {
 /// A client hyper watches for us: when it goes away hyper drops the whole
 /// request future, so nothing needs racing.
 #[derive(Debug)]
-pub struct Dropped;
+pub(crate) struct Dropped;
 
 impl Watch for Dropped {
     async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
@@ -434,7 +432,7 @@ impl Watch for Dropped {
 /// plus the upstream's `timeout`, lowered (never raised) by what the client
 /// asked for (`x-weir-timeout-ms`, `grpc-timeout`); and whether the client
 /// lowered it.
-pub fn deadline(
+pub(crate) fn deadline(
     cfg: &crate::config::UpstreamConfig,
     start: Instant,
     asked: [Option<Duration>; 2],
@@ -450,7 +448,7 @@ pub fn deadline(
 /// upload never holds a half-open probe slot. Usually a token and a slot are
 /// there at once, with no wait and no clock read; when weir has to wait, a
 /// client that goes away meanwhile is let go (`None`). `Ok((slot, waited))`.
-pub async fn admit<W: Watch>(
+pub(crate) async fn admit<W: Watch>(
     up: &Upstream,
     key: Option<&str>,
     start: Instant,
@@ -481,7 +479,7 @@ pub async fn admit<W: Watch>(
 /// counting, the per-try deadline, the breaker's verdict, the retry decision,
 /// the backoff and the breaker's second look after it — is [`drive`]'s, one
 /// loop for both paths.
-pub trait Transport: Watch {
+pub(crate) trait Transport: Watch {
     /// What a sent attempt returns (response headers and the connection
     /// they came on).
     type Response;
@@ -509,7 +507,7 @@ pub trait Transport: Watch {
 /// How [`drive`] ended: the last attempt's result, the stop reason when a
 /// retryable outcome was not retried, and when it ended.
 #[derive(Debug)]
-pub struct Driven<R> {
+pub(crate) struct Driven<R> {
     pub result: Result<R, ProxyError>,
     pub stop: Option<StopReason>,
     pub ended: Instant,
@@ -518,7 +516,7 @@ pub struct Driven<R> {
 /// Runs attempts over `t` until one is to be returned; `None` when the
 /// client went away (every slot released without a verdict). `first`: the
 /// first attempt's start, when the caller has just read the clock.
-pub async fn drive<T: Transport>(
+pub(crate) async fn drive<T: Transport>(
     attempts: &mut Attempts<'_>,
     t: &mut T,
     mut first: Option<Instant>,
@@ -594,7 +592,7 @@ impl Transport for HyperTransport<'_, '_> {
 }
 
 /// Runs attempts until one is returned.
-pub async fn run<'a>(
+pub(crate) async fn run<'a>(
     up: &'a Upstream,
     conn: &super::sticky::ConnCtx,
     mut plan: Plan<'a>,
@@ -750,7 +748,7 @@ async fn send(
 
 /// The outcome of an attempt that reached `try_deadline` without response
 /// headers: the per-try timeout, or the request's deadline.
-pub fn timed_out(try_deadline: Instant, deadline: Instant) -> (Outcome, ProxyError) {
+pub(crate) fn timed_out(try_deadline: Instant, deadline: Instant) -> (Outcome, ProxyError) {
     if try_deadline < deadline {
         (Outcome::Timeout, ProxyError::UpstreamTimeout)
     } else {
@@ -796,7 +794,7 @@ async fn dispatch(
     Ok(resp)
 }
 
-pub fn retry_after(h: &HeaderMap, state: &UpstreamState) -> Option<Duration> {
+pub(crate) fn retry_after(h: &HeaderMap, state: &UpstreamState) -> Option<Duration> {
     let v = h.get(http::header::RETRY_AFTER)?.to_str().ok()?;
     parse_retry_after(v, state.clock.wall())
 }
@@ -861,7 +859,7 @@ fn grpc_status(h: &HeaderMap) -> Option<u8> {
 /// `x-weir-attempts` and, when a retryable outcome was not retried,
 /// `x-weir-retry-stop`. The one writer of both, for either path: `put` gets
 /// each field's name and value.
-pub fn annotation_fields(
+pub(crate) fn annotation_fields(
     attempts: u32,
     stop: Option<StopReason>,
     mut put: impl FnMut(&'static str, &[u8]),
@@ -884,7 +882,7 @@ pub fn annotation_fields(
 }
 
 /// Adds weir's annotations ([`annotation_fields`]) to a response's headers.
-pub fn annotate(h: &mut HeaderMap, attempts: u32, stop: Option<StopReason>) {
+pub(crate) fn annotate(h: &mut HeaderMap, attempts: u32, stop: Option<StopReason>) {
     annotation_fields(attempts, stop, |name, value| {
         if let Ok(v) = HeaderValue::from_bytes(value) {
             h.insert(name, v);

@@ -10,27 +10,28 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The body type weir hands to hyper, in both directions.
-pub type Body = BoxBody<Bytes, BoxError>;
+pub(crate) type Body = BoxBody<Bytes, BoxError>;
 
 /// An upstream response body: as it comes (no allocation), or with frames
 /// read ahead for a gRPC status in its trailers.
-pub type UpstreamBody = http_body_util::Either<hyper::body::Incoming, Held<hyper::body::Incoming>>;
+pub(crate) type UpstreamBody =
+    http_body_util::Either<hyper::body::Incoming, Held<hyper::body::Incoming>>;
 
-pub fn full(bytes: impl Into<Bytes>) -> Body {
+pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
         .map_err(|never| match never {})
         .boxed()
 }
 
-pub fn empty() -> Body {
+pub(crate) fn empty() -> Body {
     full(Bytes::new())
 }
 
 /// Boxes any body whose error converts into a [`BoxError`].
-pub fn boxed<B>(b: B) -> Body
+pub(crate) fn boxed<B>(b: B) -> Body
 where
     B: HttpBody<Data = Bytes> + Send + Sync + 'static,
     B::Error: Into<BoxError>,
@@ -41,7 +42,7 @@ where
 /// The error a body reports when its upstream stalls past `idle_timeout`.
 #[derive(Debug, thiserror::Error)]
 #[error("the upstream sent no body data for {0:?} (idle_timeout)")]
-pub struct IdleTimeoutError(pub Duration);
+pub(crate) struct IdleTimeoutError(pub Duration);
 
 pin_project! {
     /// Fails the body when no frame arrives for `idle` — the bound on streaming
@@ -61,7 +62,7 @@ pin_project! {
 impl<B> IdleTimeout<B> {
     /// `first` is when the first gap would run out (the caller's clock
     /// reading plus `idle`: no clock read here).
-    pub fn new(
+    pub(crate) fn new(
         inner: B,
         first: tokio::time::Instant,
         idle: Duration,
@@ -131,7 +132,7 @@ pin_project! {
 }
 
 impl<B> Held<B> {
-    pub fn new(frames: Vec<Frame<Bytes>>, rest: Option<B>) -> Self {
+    pub(crate) fn new(frames: Vec<Frame<Bytes>>, rest: Option<B>) -> Self {
         Held {
             frames: frames.into(),
             rest,

@@ -45,7 +45,7 @@ pub struct UpstreamClient {
 /// URI's authority is the host the request names (`preserve_host`), not an
 /// address. TLS's server name comes from `target` too (or `tls.server_name`).
 #[derive(Debug, Clone)]
-pub struct Dial<C> {
+pub(crate) struct Dial<C> {
     inner: C,
     target: http::Uri,
 }
@@ -261,7 +261,7 @@ fn find<'a, T: std::error::Error + 'static>(
 
 /// The innermost error's message: "Connection refused (os error 111)" rather
 /// than "client error (Connect)".
-pub fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cur: &dyn std::error::Error = e;
     while let Some(next) = cur.source() {
         cur = next;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Serves one request from a client.
-pub async fn handle(
+pub(crate) async fn handle(
     snap: &Snapshot,
     role: &ListenerRole,
     conn: &super::sticky::ConnCtx,

@@ -28,23 +28,23 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// service answers with 400 `bad_request` and `Connection: close`. Going
 /// through hyper keeps the answer in order behind responses to requests
 /// pipelined before it. A client sending this path itself gets the same 400.
-pub const CONFLICT_MARKER: &[u8] = b"GET /!weir-framing-conflict HTTP/1.1\r\n\r\n";
+pub(crate) const CONFLICT_MARKER: &[u8] = b"GET /!weir-framing-conflict HTTP/1.1\r\n\r\n";
 /// The path of [`CONFLICT_MARKER`].
-pub const CONFLICT_PATH: &str = "/!weir-framing-conflict";
+pub(crate) const CONFLICT_PATH: &str = "/!weir-framing-conflict";
 /// What hyper is given in place of a request head over `max_header_bytes`:
 /// weir's service answers it with 431 `head_too_large` (weir's JSON error and
 /// `x-weir-error`, like every response weir makes) instead of hyper's bare
 /// 431, and closes the connection.
-pub const TOO_LARGE_MARKER: &[u8] = b"GET /!weir-head-too-large HTTP/1.1\r\n\r\n";
+pub(crate) const TOO_LARGE_MARKER: &[u8] = b"GET /!weir-head-too-large HTTP/1.1\r\n\r\n";
 /// The path of [`TOO_LARGE_MARKER`].
-pub const TOO_LARGE_PATH: &str = "/!weir-head-too-large";
+pub(crate) const TOO_LARGE_PATH: &str = "/!weir-head-too-large";
 /// What hyper is given in place of a head whose framing hyper would refuse
 /// (an invalid or disagreeing `Content-Length`, a `Transfer-Encoding` that
 /// does not end in `chunked`): weir answers it with 400 `bad_request` and its
 /// JSON error instead of hyper's bare 400, and closes the connection.
-pub const INVALID_MARKER: &[u8] = b"GET /!weir-invalid-framing HTTP/1.1\r\n\r\n";
+pub(crate) const INVALID_MARKER: &[u8] = b"GET /!weir-invalid-framing HTTP/1.1\r\n\r\n";
 /// The path of [`INVALID_MARKER`].
-pub const INVALID_PATH: &str = "/!weir-invalid-framing";
+pub(crate) const INVALID_PATH: &str = "/!weir-invalid-framing";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -88,7 +88,7 @@ pin_project! {
 }
 
 impl<T> FramingGuard<T> {
-    pub fn new(inner: T, max_head: usize, head_timeout: Duration) -> Self {
+    pub(crate) fn new(inner: T, max_head: usize, head_timeout: Duration) -> Self {
         FramingGuard {
             inner,
             state: State::Head,

@@ -11,7 +11,7 @@ use std::time::Duration;
 /// a `Connection` field names, and `Transfer-Encoding`, which each side
 /// frames itself): RFC 9110 §7.6.1, plus the proxy credentials meant for
 /// weir itself. The fast path (`fast::head`) strips the same list.
-pub const HOP_BY_HOP: [&str; 7] = [
+pub(crate) const HOP_BY_HOP: [&str; 7] = [
     "connection",
     "keep-alive",
     "proxy-connection",
@@ -24,7 +24,7 @@ pub const HOP_BY_HOP: [&str; 7] = [
 /// Removes hop-by-hop headers, every header the `Connection` header names, and
 /// every `x-weir-*` header. `TE: trailers` survives on requests: it is how a
 /// client says it accepts trailers, and gRPC requires it end to end.
-pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_te_trailers: bool) {
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap, keep_te_trailers: bool) {
     let te_trailers = keep_te_trailers
         && h.get_all(header::TE).iter().any(|v| {
             v.to_str()
@@ -55,7 +55,7 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap, keep_te_trailers: bool) {
 }
 
 /// Removes every `x-weir-*` header.
-pub fn strip_weir(h: &mut HeaderMap) {
+pub(crate) fn strip_weir(h: &mut HeaderMap) {
     if !h.keys().any(|k| k.as_str().starts_with("x-weir-")) {
         return;
     }
@@ -70,7 +70,7 @@ pub fn strip_weir(h: &mut HeaderMap) {
 }
 
 /// `x-weir-timeout-ms: N`. `Err` carries the reason for a 400.
-pub fn weir_timeout(h: &HeaderMap) -> Result<Option<Duration>, String> {
+pub(crate) fn weir_timeout(h: &HeaderMap) -> Result<Option<Duration>, String> {
     let Some(v) = h.get("x-weir-timeout-ms") else {
         return Ok(None);
     };
@@ -83,7 +83,7 @@ pub fn weir_timeout(h: &HeaderMap) -> Result<Option<Duration>, String> {
 
 /// `grpc-timeout`: up to 8 digits and a unit (H M S m u n). A malformed value
 /// is ignored, as gRPC servers do.
-pub fn grpc_timeout(h: &HeaderMap) -> Option<Duration> {
+pub(crate) fn grpc_timeout(h: &HeaderMap) -> Option<Duration> {
     let s = h.get("grpc-timeout")?.to_str().ok()?;
     if s.len() < 2 || s.len() > 9 {
         return None;
@@ -102,7 +102,7 @@ pub fn grpc_timeout(h: &HeaderMap) -> Option<Duration> {
 }
 
 /// `grpc-timeout` for the time left, in milliseconds (at most 8 digits).
-pub fn grpc_timeout_value(left: Duration) -> HeaderValue {
+pub(crate) fn grpc_timeout_value(left: Duration) -> HeaderValue {
     let ms = left.as_millis().min(99_999_999);
     HeaderValue::from(ms as u64)
         .to_str()

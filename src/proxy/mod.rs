@@ -5,23 +5,23 @@
 //! each request arrives; a request keeps its snapshot to the end, so a reload
 //! never changes the rules under a request in flight.
 
-pub mod attempt;
-pub mod body;
-pub mod client;
+pub(crate) mod attempt;
+pub(crate) mod body;
+pub(crate) mod client;
 mod conn;
-pub mod error;
+pub(crate) mod error;
 pub mod fast;
-pub mod forward;
-pub mod gate;
-pub mod guard;
+pub(crate) mod forward;
+pub(crate) mod gate;
+pub(crate) mod guard;
 pub mod h1;
-pub mod headers;
-pub mod replay;
-pub mod route;
+pub(crate) mod headers;
+pub(crate) mod replay;
+pub(crate) mod route;
 mod server;
-pub mod sticky;
-pub mod tunnel;
-pub mod upgrade;
+pub(crate) mod sticky;
+pub(crate) mod tunnel;
+pub(crate) mod upgrade;
 
 /// The largest upstream response head weir reads, on either path; a larger
 /// one is a `bad_response` (502), not retried.

@@ -31,11 +31,11 @@ use std::time::Duration;
 /// anyway: an upstream that ignores the expectation (HTTP/1.0, or one that
 /// simply reads) must not stall the request (RFC 9110 §10.1.1). curl waits
 /// the same 1 s.
-pub const CONTINUE_WAIT: Duration = Duration::from_secs(1);
+pub(crate) const CONTINUE_WAIT: Duration = Duration::from_secs(1);
 
 /// The client's request body, prepared for one or more attempts.
 #[derive(Debug)]
-pub enum RequestBody {
+pub(crate) enum RequestBody {
     /// No retry is possible: the client's body, for the one attempt, and its
     /// declared length.
     Direct(Option<Body>, Option<u64>),
@@ -62,7 +62,7 @@ impl RequestBody {
     /// of unknown length is streamed rather than read ahead when
     /// `stream_unknown` (HTTP/2 and gRPC: it may be a stream the client keeps
     /// open while it waits for answers).
-    pub async fn prepare(
+    pub(crate) async fn prepare(
         body: Incoming,
         retry_possible: bool,
         limit: u64,
@@ -140,7 +140,7 @@ impl RequestBody {
 
     /// The body of an `Expect: 100-continue` request: held behind `gate`
     /// for every attempt, never read ahead (see the module docs).
-    pub fn gated(body: Incoming, gate: Arc<ContinueGate>, retry_possible: bool) -> Self {
+    pub(crate) fn gated(body: Incoming, gate: Arc<ContinueGate>, retry_possible: bool) -> Self {
         let len = body.size_hint().exact();
         let gated = boxed(Gated {
             gate,
@@ -162,7 +162,7 @@ impl RequestBody {
     }
 
     /// The body for the next attempt.
-    pub fn for_attempt(&mut self) -> Body {
+    pub(crate) fn for_attempt(&mut self) -> Body {
         match self {
             RequestBody::Direct(b, _) => b.take().unwrap_or_else(super::body::empty),
             RequestBody::Buffered { data, trailers } => boxed(Replay {
@@ -177,7 +177,7 @@ impl RequestBody {
     }
 
     /// What the retry decision needs to know about it.
-    pub fn facts(&self) -> BodyFacts {
+    pub(crate) fn facts(&self) -> BodyFacts {
         match self {
             // Nothing is kept for a replay; describe it as it is, so a stop is
             // reported as `attempts` rather than `body` where that is the truth.
@@ -307,14 +307,14 @@ impl HttpBody for Take {
 /// Opened by the upstream's `100 Continue` (hyper's informational callback on
 /// the upstream request), or by [`CONTINUE_WAIT`] passing.
 #[derive(Debug, Default)]
-pub struct ContinueGate {
+pub(crate) struct ContinueGate {
     open: AtomicBool,
     waker: Mutex<Option<Waker>>,
 }
 
 impl ContinueGate {
     /// Lets the body through.
-    pub fn open(&self) {
+    pub(crate) fn open(&self) {
         self.open.store(true, Ordering::Release);
         if let Some(w) = self.waker.lock().ok().and_then(|mut w| w.take()) {
             w.wake();

@@ -62,7 +62,7 @@ impl RouteTable {
 }
 
 /// Segment-aware: `/api` matches `/api` and `/api/x`, not `/apix`.
-pub fn prefix_matches(prefix: &str, path: &str) -> bool {
+pub(crate) fn prefix_matches(prefix: &str, path: &str) -> bool {
     if prefix == "/" {
         return true;
     }
@@ -74,7 +74,7 @@ pub fn prefix_matches(prefix: &str, path: &str) -> bool {
 
 /// The host a request is addressed to, without its port: the authority of an
 /// absolute-form target (or HTTP/2 `:authority`), else the `Host` header.
-pub fn request_host(parts: &Parts) -> Option<&str> {
+pub(crate) fn request_host(parts: &Parts) -> Option<&str> {
     let raw = match parts.uri.authority() {
         Some(a) => a.as_str(),
         None => parts.headers.get(http::header::HOST)?.to_str().ok()?,
@@ -84,7 +84,7 @@ pub fn request_host(parts: &Parts) -> Option<&str> {
 
 /// The host of an authority or `Host` value: userinfo and port dropped, an
 /// IPv6 literal kept whole (without its brackets).
-pub fn host_of(authority: &str) -> &str {
+pub(crate) fn host_of(authority: &str) -> &str {
     let a = authority.rsplit('@').next().unwrap_or(authority);
     if let Some(rest) = a.strip_prefix('[') {
         return rest.split(']').next().unwrap_or(rest);
@@ -96,7 +96,7 @@ pub fn host_of(authority: &str) -> &str {
 /// `path_prefix` removed when `strip_prefix`, then the URL's base path in
 /// front, joined by a `/` when the rest does not start with one. The three
 /// pieces, in order; both data paths write them out.
-pub fn upstream_path<'a>(
+pub(crate) fn upstream_path<'a>(
     cfg: &'a UpstreamConfig,
     path: &'a str,
 ) -> (&'a str, &'static str, &'a str) {

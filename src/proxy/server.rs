@@ -389,4 +389,3 @@ async fn serve_connection(
         }
     }
 }
-

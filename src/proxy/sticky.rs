@@ -21,7 +21,7 @@ use std::time::Duration;
 
 /// What one client connection holds.
 #[derive(Debug, Default)]
-pub struct ConnCtx {
+pub(crate) struct ConnCtx {
     held: Mutex<Option<Held>>,
 }
 
@@ -38,7 +38,7 @@ fn id(state: &Arc<UpstreamState>) -> usize {
 
 impl ConnCtx {
     /// The held connection to `state`'s upstream, if it is there and free.
-    pub fn take(&self, state: &Arc<UpstreamState>) -> Option<SendRequest<Body>> {
+    pub(crate) fn take(&self, state: &Arc<UpstreamState>) -> Option<SendRequest<Body>> {
         let mut held = self.held.lock().ok()?;
         match held.take() {
             Some(h) if h.upstream == id(state) && h.sender.is_ready() => Some(h.sender),
@@ -52,7 +52,7 @@ impl ConnCtx {
     }
 
     /// Keeps `sender` for this client connection's next request.
-    pub fn keep(&self, state: &Arc<UpstreamState>, sender: SendRequest<Body>) {
+    pub(crate) fn keep(&self, state: &Arc<UpstreamState>, sender: SendRequest<Body>) {
         if let Ok(mut held) = self.held.lock() {
             *held = Some(Held {
                 upstream: id(state),
@@ -66,11 +66,11 @@ impl ConnCtx {
 /// this, client connections share the pool: an application with thousands
 /// of connections must not get thousands of upstream connections (measured:
 /// ~70 KiB of memory each, and an upstream that did not ask for them).
-pub const MAX_HELD: usize = 128;
+pub(crate) const MAX_HELD: usize = 128;
 
 /// Opens a new HTTP/1.1 connection to `addr` in a place [`reserve`]d in
 /// `live`; the place is given back when the connection closes (or fails).
-pub async fn connect(
+pub(crate) async fn connect(
     addr: SocketAddr,
     timeout: Duration,
     live: Arc<std::sync::atomic::AtomicUsize>,
@@ -83,7 +83,7 @@ pub async fn connect(
 }
 
 /// Takes one of the [`MAX_HELD`] places in `live`, if one is free.
-pub fn reserve(live: &std::sync::atomic::AtomicUsize) -> bool {
+pub(crate) fn reserve(live: &std::sync::atomic::AtomicUsize) -> bool {
     use std::sync::atomic::Ordering;
     if live.fetch_add(1, Ordering::AcqRel) < MAX_HELD {
         true
@@ -131,7 +131,7 @@ async fn open(
 }
 
 /// Sends on `sender`; classifies a failure as the shared pool's client does.
-pub async fn send(
+pub(crate) async fn send(
     sender: &mut SendRequest<Body>,
     req: http::Request<Body>,
 ) -> Result<http::Response<hyper::body::Incoming>, SendError> {

@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 /// Connects to `up` and answers 200, joining the two connections once hyper
 /// hands over the client's; or weir's error after the retries.
-pub async fn open(
+pub(crate) async fn open(
     up: &Upstream,
     mut parts: Parts,
     key: Option<&str>,

@@ -8,7 +8,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
 /// The `Upgrade` value of a request asking for one (`Connection: upgrade`).
-pub fn requested(h: &HeaderMap) -> Option<HeaderValue> {
+pub(crate) fn requested(h: &HeaderMap) -> Option<HeaderValue> {
     let asks = h.get_all(header::CONNECTION).iter().any(|v| {
         v.to_str()
             .map(|s| {
@@ -25,13 +25,13 @@ pub fn requested(h: &HeaderMap) -> Option<HeaderValue> {
 }
 
 /// Puts the upgrade headers back after hop-by-hop stripping.
-pub fn restore(h: &mut HeaderMap, upgrade: HeaderValue) {
+pub(crate) fn restore(h: &mut HeaderMap, upgrade: HeaderValue) {
     h.insert(header::UPGRADE, upgrade);
     h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
 }
 
 /// Joins the two upgraded connections in the background.
-pub fn tunnel(client: OnUpgrade, upstream: OnUpgrade, name: String) {
+pub(crate) fn tunnel(client: OnUpgrade, upstream: OnUpgrade, name: String) {
     tokio::spawn(async move {
         let (c, u) = match tokio::try_join!(client, upstream) {
             Ok(pair) => pair,

@@ -1,7 +1,9 @@
 //! Shared test harness: real hyper upstreams on 127.0.0.1:0, weir started
 //! in-process from the library, and a plain hyper client. Everything a test
 //! starts stops when its handle is dropped.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+// unreachable_pub: these helpers are `pub` for the test files that include
+// this module with `mod common;`; no other crate sees them.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};

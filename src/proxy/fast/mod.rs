@@ -20,12 +20,12 @@
 //! general one).
 
 pub mod head;
-pub mod pool;
+pub(crate) mod pool;
 mod rewind;
 
 use super::attempt::{self, Attempts};
-use super::error::ProxyError;
 use super::conn::{serve_io, Conn};
+use super::error::ProxyError;
 use super::Upstream;
 use crate::policy::{parse_retry_after, Outcome};
 use head::{Annotations, Framing, Head, Parse, Planned};

@@ -16,11 +16,11 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Idle connections kept per pool; more are closed.
-pub const MAX_IDLE: usize = 1024;
+pub(crate) const MAX_IDLE: usize = 1024;
 
 /// An idle connection older than this is closed rather than used: the
 /// upstream may be about to close it (hyper's pool uses the same figure).
-pub const IDLE_FOR: Duration = Duration::from_secs(90);
+pub(crate) const IDLE_FOR: Duration = Duration::from_secs(90);
 
 #[derive(Debug)]
 struct Idle {
