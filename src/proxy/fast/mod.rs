@@ -22,13 +22,13 @@
 pub mod head;
 pub(crate) mod pool;
 mod rewind;
+mod transport;
 
 use super::attempt::{self, Attempts};
 use super::conn::{serve_io, Conn};
 use super::error::ProxyError;
 use super::Upstream;
-use crate::policy::{parse_retry_after, Outcome};
-use head::{Annotations, Framing, Head, Parse, Planned};
+use head::{Annotations, Framing, Parse, Planned};
 pub use pool::Pool;
 use std::io;
 use std::net::SocketAddr;
@@ -38,8 +38,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
-
-use super::MAX_RESPONSE_HEAD;
+use transport::{ClientWatch, Exchange, FastTransport};
 
 /// Buffers kept larger than this between requests are given back.
 const KEEP_CAPACITY: usize = 64 * 1024;
@@ -233,18 +232,6 @@ struct Ctx<'c> {
     /// Set when weir drains: a response then says `Connection: close`.
     stop: &'c tokio::sync::watch::Receiver<bool>,
 }
-
-/// A response head from the upstream, and the connection it came on.
-struct Exchange {
-    upstream: TcpStream,
-    status: u16,
-    head_len: usize,
-    framing: Framing,
-    reusable: bool,
-    retry_after: Option<Duration>,
-}
-
-type Failed = (Outcome, ProxyError);
 
 impl Ctx<'_> {
     /// Serves one planned request; returns whether the client connection
@@ -498,223 +485,6 @@ impl Ctx<'_> {
 struct Failure {
     error: ProxyError,
     attempts: Option<Annotations>,
-}
-
-/// The fast path's transport: one attempt is an [`exchange`] over a pooled
-/// connection, raced against the client going away (the client's socket is
-/// read meanwhile, so a pipelined request is kept and a close is seen).
-struct FastTransport<'c> {
-    stream: &'c mut TcpStream,
-    client: &'c mut Vec<u8>,
-    eof: &'c mut bool,
-    request: &'c [u8],
-    upstream: &'c mut Vec<u8>,
-    out: &'c mut Vec<u8>,
-    timer: &'c mut Timer,
-    pool: &'c Pool,
-    up: &'c Upstream,
-    addr: SocketAddr,
-    /// Bytes of the client buffer that belong to this request.
-    need: usize,
-    head_method: bool,
-}
-
-/// The client of one request, watched while weir waits for it (admission):
-/// its socket is read meanwhile, so a pipelined request is kept and a close
-/// is seen.
-struct ClientWatch<'c> {
-    stream: &'c mut TcpStream,
-    client: &'c mut Vec<u8>,
-    eof: &'c mut bool,
-    /// Bytes of the client buffer that belong to this request.
-    need: usize,
-}
-
-impl attempt::Watch for ClientWatch<'_> {
-    async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
-        tokio::select! {
-            biased;
-            () = client_gone(self.stream, self.client, self.need, self.eof) => None,
-            r = f => Some(r),
-        }
-    }
-}
-
-impl attempt::Watch for FastTransport<'_> {
-    async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
-        tokio::select! {
-            biased;
-            () = client_gone(self.stream, self.client, self.need, self.eof) => None,
-            r = f => Some(r),
-        }
-    }
-}
-
-impl attempt::Transport for FastTransport<'_> {
-    type Response = Exchange;
-
-    async fn attempt(
-        &mut self,
-        started: Instant,
-        try_deadline: Instant,
-        deadline: Instant,
-    ) -> Option<(Outcome, Result<Exchange, ProxyError>)> {
-        let sent = tokio::select! {
-            biased;
-            // The client went away: the attempt is dropped, the breaker
-            // slot released without a verdict.
-            () = client_gone(self.stream, self.client, self.need, self.eof) => return None,
-            r = exchange(self.pool, self.up, started, self.request, self.upstream, self.out, self.head_method) => r,
-            () = self.timer.at(try_deadline) => Err(attempt::timed_out(try_deadline, deadline)),
-        };
-        Some(match sent {
-            Ok(x) => (
-                Outcome::Response {
-                    status: x.status,
-                    retry_after: x.retry_after,
-                    grpc_status: None,
-                },
-                Ok(x),
-            ),
-            Err((outcome, e)) => (outcome, Err(e)),
-        })
-    }
-
-    /// A response to be retried: its connection goes back to the pool when
-    /// the whole body is already here and the connection may be reused.
-    fn discard(&mut self, response: Result<Exchange, ProxyError>) {
-        let Ok(x) = response else { return };
-        let tail = self.upstream.len() - x.head_len;
-        let whole = match x.framing {
-            Framing::Empty => tail == 0,
-            Framing::Length(n) => tail as u64 == n,
-            Framing::Chunked | Framing::Close => false,
-        };
-        if x.reusable && whole {
-            self.pool.put(self.addr, x.upstream, Instant::now());
-        }
-    }
-}
-
-/// One attempt: a pooled (or new) connection, the request written, the
-/// response head read.
-async fn exchange(
-    pool: &Pool,
-    up: &Upstream,
-    now: Instant,
-    request: &[u8],
-    buf: &mut Vec<u8>,
-    out: &mut Vec<u8>,
-    head_method: bool,
-) -> Result<Exchange, Failed> {
-    let Some(addr) = up.direct else {
-        let why = "the upstream has no address of its own".to_string();
-        return Err((Outcome::ConnectFailure, ProxyError::ConnectFailed(why)));
-    };
-    let mut s = match pool.take(addr, now) {
-        Some(s) => s,
-        None => connect(addr, up.config.connect_timeout).await?,
-    };
-    let mut written = 0;
-    while written < request.len() {
-        let why = match s.try_write(&request[written..]) {
-            Ok(n) if n > 0 => {
-                written += n;
-                continue;
-            }
-            Ok(_) => "the connection closed".to_string(),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                // The upstream is not reading. It may have answered early
-                // (413, 401) without reading the rest: then its answer is
-                // what the client gets, and the connection is not reused.
-                tokio::select! {
-                    biased;
-                    _ = s.readable() => break,
-                    r = s.writable() => match r {
-                        Ok(()) => continue,
-                        Err(e) => e.to_string(),
-                    },
-                }
-            }
-            Err(e) => e.to_string(),
-        };
-        // Nothing written: nothing reached the upstream (a pooled connection
-        // found closed), which any method may retry.
-        return Err(if written == 0 {
-            (
-                Outcome::Reset {
-                    request_sent: false,
-                },
-                ProxyError::ConnectFailed(why),
-            )
-        } else {
-            reset(why)
-        });
-    }
-    let whole = written == request.len();
-    buf.clear();
-    loop {
-        match read_more(&mut s, buf).await {
-            Ok(0) if written == 0 => {
-                let why = "the connection closed before the request was written".to_string();
-                let not_sent = Outcome::Reset {
-                    request_sent: false,
-                };
-                return Err((not_sent, ProxyError::ConnectFailed(why)));
-            }
-            Ok(0) => return Err(reset("the connection closed before a response".into())),
-            Err(e) => return Err(reset(e.to_string())),
-            Ok(_) => {}
-        }
-        loop {
-            match head::parse_response(buf, head_method, || up.state.clock.wall(), out) {
-                Ok(None) if buf.len() > MAX_RESPONSE_HEAD => {
-                    return Err(bad_response("the response head is too large".into()))
-                }
-                Ok(None) => break,
-                Ok(Some(Head::Interim(n))) => {
-                    buf.drain(..n);
-                }
-                Ok(Some(Head::Final(r))) => {
-                    let retry_after = r
-                        .retry_after
-                        .and_then(|v| parse_retry_after(v, up.state.clock.wall()));
-                    return Ok(Exchange {
-                        upstream: s,
-                        status: r.status,
-                        head_len: r.head_len,
-                        framing: r.framing,
-                        reusable: r.reusable && whole,
-                        retry_after,
-                    });
-                }
-                Err(why) => return Err(bad_response(why.into())),
-            }
-        }
-    }
-}
-
-fn reset(why: String) -> Failed {
-    (
-        Outcome::Reset { request_sent: true },
-        ProxyError::UpstreamReset(why),
-    )
-}
-
-fn bad_response(why: String) -> Failed {
-    (Outcome::BadResponse, ProxyError::BadResponse(why))
-}
-
-async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, Failed> {
-    let failed = |why: String| (Outcome::ConnectFailure, ProxyError::ConnectFailed(why));
-    match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => {
-            let _ = s.set_nodelay(true);
-            Ok(s)
-        }
-        Ok(Err(e)) => Err(failed(e.to_string())),
-        Err(_) => Err(failed(format!("connect timed out after {timeout:?}"))),
-    }
 }
 
 /// weir's own error response (docs/behaviour.md#error-responses), as the fast path writes it.

@@ -1,0 +1,215 @@
+//! Admission (docs/behaviour.md#admission): the request's deadline, the rate
+//! limit and the concurrency gate up to the body, then the breaker; and the
+//! breaker [`Ticket`] every attempt holds until its verdict.
+
+use crate::policy::Admission;
+use crate::proxy::error::ProxyError;
+use crate::proxy::Upstream;
+use crate::state::UpstreamState;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A breaker admission that must be recorded or released.
+#[derive(Debug)]
+pub(crate) struct Ticket<'a> {
+    state: &'a UpstreamState,
+    admission: Option<Admission>,
+}
+
+impl<'a> Ticket<'a> {
+    pub(super) fn new(state: &'a UpstreamState, admission: Admission) -> Self {
+        if let Some(t) = &admission.transition {
+            state.log_transition(t);
+        }
+        Ticket {
+            state,
+            admission: Some(admission),
+        }
+    }
+
+    /// Records the attempt's verdict (`None`: no verdict, release the slot)
+    /// at policy time `now`.
+    pub(super) fn record(&mut self, failure: Option<bool>, now: Duration) {
+        let Some(a) = self.admission.take() else {
+            return;
+        };
+        let mut guard = self.state.live();
+        let live = &mut *guard;
+        let t = match failure {
+            Some(f) => live.breaker.record(a, f, now, &mut live.rng),
+            None => {
+                live.breaker.release(a);
+                None
+            }
+        };
+        drop(guard);
+        if let Some(t) = t {
+            self.state.log_transition(&t);
+        }
+    }
+}
+
+impl Ticket<'_> {
+    /// Swaps this admission for a fresh one, taken now.
+    pub(super) fn renew(&mut self) -> Result<(), crate::policy::Refused> {
+        let now = self.state.now();
+        let r = {
+            let mut live = self.state.live();
+            if let Some(old) = self.admission.take() {
+                live.breaker.release(old);
+            }
+            live.breaker.try_acquire(now)
+        };
+        let a = r?;
+        if let Some(t) = &a.transition {
+            self.state.log_transition(t);
+        }
+        self.admission = Some(a);
+        Ok(())
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if let Some(a) = self.admission.take() {
+            self.state.live().breaker.release(a);
+        }
+    }
+}
+
+/// Asks the breaker to admit a first attempt.
+pub(crate) fn admit_breaker(state: &UpstreamState) -> Result<Ticket<'_>, ProxyError> {
+    admit_breaker_at(state, Instant::now())
+}
+
+/// [`admit_breaker`] at `at` (a clock reading the caller already has).
+pub(crate) fn admit_breaker_at(
+    state: &UpstreamState,
+    at: Instant,
+) -> Result<Ticket<'_>, ProxyError> {
+    let now = state.now_at(at);
+    let r = state.live().breaker.try_acquire(now);
+    match r {
+        Ok(a) => Ok(Ticket::new(state, a)),
+        Err(refused) => Err(ProxyError::CircuitOpen {
+            retry_after: Some(refused.retry_after),
+        }),
+    }
+}
+
+/// Takes a rate-limit token for a first attempt if one is there at `at`
+/// (or the upstream has no limit); `false`: [`admit_rate`] decides.
+pub(crate) fn try_rate(up: &Upstream, key: Option<&str>, at: Instant) -> bool {
+    if up.config.rate_limit.is_none() {
+        return true;
+    }
+    let now = up.state.now_at(at);
+    match up.state.live().limiter.as_mut() {
+        Some(l) => l.try_acquire(key, now),
+        None => true,
+    }
+}
+
+/// Takes a rate-limit token for a first attempt, waiting up to `max_wait` but
+/// never past the deadline.
+pub(crate) async fn admit_rate(
+    up: &Upstream,
+    key: Option<&str>,
+    deadline: Instant,
+) -> Result<(), ProxyError> {
+    let Some(max_wait) = up.config.rate_limit.as_ref().map(|r| r.max_wait) else {
+        return Ok(());
+    };
+    let state = &up.state;
+    let give_up = (Instant::now() + max_wait).min(deadline);
+    loop {
+        let now = state.now();
+        let wait = {
+            let mut live = state.live();
+            let Some(l) = live.limiter.as_mut() else {
+                return Ok(());
+            };
+            if l.try_acquire(key, now) {
+                return Ok(());
+            }
+            l.time_until(key, now)
+        };
+        match wait {
+            Some(w) if Instant::now().checked_add(w).is_some_and(|t| t <= give_up) => {
+                tokio::time::sleep(w).await
+            }
+            _ => {
+                return Err(ProxyError::RateLimited {
+                    retry_after: wait.map(|w| w.max(Duration::from_millis(1))),
+                })
+            }
+        }
+    }
+}
+
+/// Watches the client while weir waits on its behalf.
+pub(crate) trait Watch {
+    /// Runs `f` unless the client goes away first (`None`).
+    fn unless_gone<F: std::future::Future>(
+        &mut self,
+        f: F,
+    ) -> impl std::future::Future<Output = Option<F::Output>>;
+}
+
+/// A client hyper watches for us: when it goes away hyper drops the whole
+/// request future, so nothing needs racing.
+#[derive(Debug)]
+pub(crate) struct Dropped;
+
+impl Watch for Dropped {
+    async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
+        Some(f.await)
+    }
+}
+
+/// A request's deadline (docs/behaviour.md#deadlines-and-timeouts): `start`
+/// plus the upstream's `timeout`, lowered (never raised) by what the client
+/// asked for (`x-weir-timeout-ms`, `grpc-timeout`); and whether the client
+/// lowered it.
+pub(crate) fn deadline(
+    cfg: &crate::config::UpstreamConfig,
+    start: Instant,
+    asked: [Option<Duration>; 2],
+) -> (Instant, bool) {
+    let budget = asked.into_iter().flatten().fold(cfg.timeout, Duration::min);
+    (start + budget, budget < cfg.timeout)
+}
+
+/// Admission up to the request body, in the order of
+/// docs/behaviour.md#admission: the rate limit (waiting up to `max_wait`,
+/// never past the deadline), then the concurrency gate. The body is read
+/// after this and before the breaker is asked ([`admit_breaker`]), so a slow
+/// upload never holds a half-open probe slot. Usually a token and a slot are
+/// there at once, with no wait and no clock read; when weir has to wait, a
+/// client that goes away meanwhile is let go (`None`). `Ok((slot, waited))`.
+pub(crate) async fn admit<W: Watch>(
+    up: &Upstream,
+    key: Option<&str>,
+    start: Instant,
+    deadline: Instant,
+    w: &mut W,
+) -> Option<Result<(crate::proxy::gate::Slot, bool), ProxyError>> {
+    let mut waited = false;
+    if !try_rate(up, key, start) {
+        waited = true;
+        if let Err(e) = w.unless_gone(admit_rate(up, key, deadline)).await? {
+            return Some(Err(e));
+        }
+    }
+    let slot = match up.state.gate.try_enter() {
+        Some(s) => s,
+        None => {
+            waited = true;
+            match w.unless_gone(up.state.gate.enter(deadline)).await? {
+                Ok(s) => s,
+                Err(refused) => return Some(Err(refused.into())),
+            }
+        }
+    };
+    Some(Ok((slot, waited)))
+}

@@ -1,0 +1,348 @@
+//! The attempt driver: one loop for both data paths (count, per-try deadline,
+//! the breaker's verdict, the retry decision, the backoff and the breaker's
+//! second look after it), over a [`Transport`] that sends one attempt; and
+//! weir's annotations on what it returns.
+
+use super::admit::{Ticket, Watch};
+use crate::policy::{
+    decide, Admission, Breaker, DecideInput, Gates, KeyedLimiter, Outcome, RequestFacts,
+    RetryBudget, StopReason, Verdict,
+};
+use crate::proxy::error::ProxyError;
+use crate::proxy::Upstream;
+use crate::state::Live;
+use http::{HeaderMap, HeaderValue};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The gates of docs/behaviour.md#the-retry-decision (6–8) on this upstream's live state.
+struct LiveGates<'a> {
+    breaker: &'a mut Breaker,
+    budget: &'a mut RetryBudget,
+    limiter: Option<&'a mut KeyedLimiter>,
+    now: Duration,
+    key: Option<&'a str>,
+    /// The breaker admission for the retry, when granted.
+    admission: Option<Admission>,
+}
+
+impl Gates for LiveGates<'_> {
+    fn budget(&mut self, cost: u32) -> bool {
+        self.budget.try_withdraw(cost, self.now)
+    }
+    fn breaker(&mut self) -> bool {
+        match self.breaker.try_acquire(self.now) {
+            Ok(a) => {
+                self.admission = Some(a);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+    fn limiter(&mut self) -> bool {
+        match self.limiter.as_deref_mut() {
+            Some(l) => l.try_acquire(self.key, self.now),
+            None => true,
+        }
+    }
+}
+
+/// One request's attempts, as both data paths run them: the budget deposit,
+/// the breaker ticket, each attempt's metrics and verdict, and the retry
+/// decision with its backoff. The hyper path ([`run`]) and the HTTP/1 fast
+/// path (`crate::proxy::fast`) differ only in how an attempt is sent.
+#[derive(Debug)]
+pub(crate) struct Attempts<'a> {
+    up: &'a Upstream,
+    ticket: Ticket<'a>,
+    facts: RequestFacts,
+    key: Option<&'a str>,
+    deadline: Instant,
+    /// The client lowered its deadline below the upstream's `timeout`.
+    lowered: bool,
+    made: u32,
+    prev_delay: Duration,
+}
+
+/// What follows an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Sleep this long ([`Attempts::backoff`]), then attempt again.
+    Retry(Duration),
+    /// Return this attempt's outcome, with the stop reason when a retryable
+    /// outcome was not retried.
+    Done(Option<StopReason>),
+}
+
+impl<'a> Attempts<'a> {
+    /// Deposits the first attempt into the retry budget at `t0` (a clock
+    /// reading the caller already has). `Err(t0)`: less than
+    /// `min_attempt_time` is left, and an attempt started now could only
+    /// time out and be blamed on the upstream (504 `deadline_exceeded`).
+    pub(crate) fn begin(
+        up: &'a Upstream,
+        ticket: Ticket<'a>,
+        facts: RequestFacts,
+        key: Option<&'a str>,
+        deadline: Instant,
+        lowered: bool,
+        t0: Instant,
+    ) -> Result<Self, Instant> {
+        let state = &up.state;
+        state.live().budget.deposit(state.now_at(t0));
+        if deadline.saturating_duration_since(t0) < up.config.retry.min_attempt_time {
+            return Err(t0);
+        }
+        Ok(Attempts {
+            up,
+            ticket,
+            facts,
+            key,
+            deadline,
+            lowered,
+            made: 0,
+            prev_delay: Duration::ZERO,
+        })
+    }
+
+    /// Attempts made so far.
+    pub(crate) fn made(&self) -> u32 {
+        self.made
+    }
+
+    /// Starts an attempt: counts it, and returns when it must give up (the
+    /// per-try timeout, never past the deadline).
+    pub(crate) fn start(&mut self, started: Instant) -> Instant {
+        self.made += 1;
+        self.up
+            .config
+            .per_try_timeout
+            .map(|p| (started + p).min(self.deadline))
+            .unwrap_or(self.deadline)
+    }
+
+    /// Records an attempt's outcome (metrics, the breaker's verdict) without
+    /// deciding anything: for an upgrade, which is never retried.
+    /// `error` is weir's error for a failed attempt.
+    pub(crate) fn record(
+        &mut self,
+        outcome: &Outcome,
+        error: Option<&ProxyError>,
+        started: Instant,
+        ended: Instant,
+    ) -> Duration {
+        let state = &self.up.state;
+        state
+            .metrics
+            .attempt(outcome, ended.saturating_duration_since(started));
+        // A deadline the client lowered itself is the client's doing, not the
+        // upstream's: no verdict for the breaker.
+        let blame = match error {
+            Some(ProxyError::DeadlineExceeded) if self.lowered => None,
+            _ => outcome.breaker_failure(&self.up.config.breaker),
+        };
+        let now = state.now_at(ended);
+        self.ticket.record(blame, now);
+        now
+    }
+
+    /// Records an attempt and decides (docs/behaviour.md#the-retry-decision) what follows it.
+    pub(crate) fn judge(
+        &mut self,
+        outcome: &Outcome,
+        error: Option<&ProxyError>,
+        started: Instant,
+        ended: Instant,
+    ) -> Step {
+        let now = self.record(outcome, error, started, ended);
+        let state = &self.up.state;
+        let time_left = self.deadline.saturating_duration_since(ended);
+        let (verdict, admission) = {
+            let mut guard = state.live();
+            let Live {
+                breaker,
+                budget,
+                limiter,
+                rng,
+            } = &mut *guard;
+            let mut gates = LiveGates {
+                breaker,
+                budget,
+                limiter: limiter.as_mut(),
+                now,
+                key: self.key,
+                admission: None,
+            };
+            let input = DecideInput {
+                policy: &self.up.config.retry,
+                facts: &self.facts,
+                outcome,
+                attempts_made: self.made,
+                time_left: Some(time_left),
+                prev_delay: self.prev_delay,
+            };
+            let v = decide(&input, rng, &mut gates);
+            (v, gates.admission.take())
+        };
+        let name = &self.up.config.name;
+        match verdict {
+            Verdict::Retry { delay, cause } => {
+                tracing::debug!(upstream = %name, attempt = self.made, %cause, ?delay, "retrying");
+                state.metrics.retry(cause);
+                if let Some(a) = admission {
+                    self.ticket = Ticket::new(state, a);
+                }
+                Step::Retry(delay)
+            }
+            Verdict::Stop { reason, cause } => {
+                tracing::debug!(upstream = %name, attempts = self.made, %cause, reason = reason.as_str(), "not retrying");
+                state.metrics.stop(reason);
+                if let Some(a) = admission {
+                    // Granted by the breaker gate, then refused by a later one.
+                    drop(Ticket::new(state, a));
+                }
+                Step::Done(Some(reason))
+            }
+            Verdict::NotRetryable | Verdict::Cancelled => Step::Done(None),
+        }
+    }
+
+    /// Sleeps a retry's delay, then asks the breaker again: it may have
+    /// tripped meanwhile, and an open breaker sees nothing while half-open
+    /// admits only its probes. `Err(reason)`: it refused, and the last
+    /// outcome goes back to the client.
+    pub(crate) async fn backoff(&mut self, delay: Duration) -> Result<(), StopReason> {
+        tokio::time::sleep(delay).await;
+        self.prev_delay = delay;
+        if self.ticket.renew().is_err() {
+            self.up.state.metrics.stop(StopReason::CircuitOpen);
+            return Err(StopReason::CircuitOpen);
+        }
+        Ok(())
+    }
+}
+
+/// How a data path sends one attempt. Everything else about the attempts —
+/// counting, the per-try deadline, the breaker's verdict, the retry decision,
+/// the backoff and the breaker's second look after it — is [`drive`]'s, one
+/// loop for both paths.
+pub(crate) trait Transport: Watch {
+    /// What a sent attempt returns (response headers and the connection
+    /// they came on).
+    type Response;
+
+    /// Sends one attempt, giving up at `try_deadline` (`deadline`: the
+    /// request's). `None`: the client went away meanwhile.
+    fn attempt(
+        &mut self,
+        started: Instant,
+        try_deadline: Instant,
+        deadline: Instant,
+    ) -> impl std::future::Future<Output = Option<(Outcome, Result<Self::Response, ProxyError>)>>;
+
+    /// Lets go of a response that is to be retried (its connection may be
+    /// reused when its body is whole).
+    fn discard(&mut self, response: Result<Self::Response, ProxyError>);
+
+    /// The request body as the decision sees it now, when an attempt may
+    /// have changed it (a streamed body read); `None`: unchanged.
+    fn body_facts(&self) -> Option<crate::policy::BodyFacts> {
+        None
+    }
+}
+
+/// How [`drive`] ended: the last attempt's result, the stop reason when a
+/// retryable outcome was not retried, and when it ended.
+#[derive(Debug)]
+pub(crate) struct Driven<R> {
+    pub result: Result<R, ProxyError>,
+    pub stop: Option<StopReason>,
+    pub ended: Instant,
+}
+
+/// Runs attempts over `t` until one is to be returned; `None` when the
+/// client went away (every slot released without a verdict). `first`: the
+/// first attempt's start, when the caller has just read the clock.
+pub(crate) async fn drive<T: Transport>(
+    attempts: &mut Attempts<'_>,
+    t: &mut T,
+    mut first: Option<Instant>,
+) -> Option<Driven<T::Response>> {
+    loop {
+        let started = first.take().unwrap_or_else(Instant::now);
+        let try_deadline = attempts.start(started);
+        let (outcome, result) = t.attempt(started, try_deadline, attempts.deadline).await?;
+        let ended = Instant::now();
+        if let Some(body) = t.body_facts() {
+            attempts.facts.body = body;
+        }
+        match attempts.judge(&outcome, result.as_ref().err(), started, ended) {
+            Step::Retry(delay) => {
+                // The last outcome is kept through the backoff: if the
+                // breaker then refuses, it is what the client gets.
+                match t.unless_gone(attempts.backoff(delay)).await? {
+                    Ok(()) => t.discard(result),
+                    Err(stop) => {
+                        return Some(Driven {
+                            result,
+                            stop: Some(stop),
+                            ended: Instant::now(),
+                        })
+                    }
+                }
+            }
+            Step::Done(stop) => {
+                return Some(Driven {
+                    result,
+                    stop,
+                    ended,
+                })
+            }
+        }
+    }
+}
+
+/// The outcome of an attempt that reached `try_deadline` without response
+/// headers: the per-try timeout, or the request's deadline.
+pub(crate) fn timed_out(try_deadline: Instant, deadline: Instant) -> (Outcome, ProxyError) {
+    if try_deadline < deadline {
+        (Outcome::Timeout, ProxyError::UpstreamTimeout)
+    } else {
+        (Outcome::Timeout, ProxyError::DeadlineExceeded)
+    }
+}
+
+/// weir's annotations on a response (docs/behaviour.md#what-weir-adds-to-responses):
+/// `x-weir-attempts` and, when a retryable outcome was not retried,
+/// `x-weir-retry-stop`. The one writer of both, for either path: `put` gets
+/// each field's name and value.
+pub(crate) fn annotation_fields(
+    attempts: u32,
+    stop: Option<StopReason>,
+    mut put: impl FnMut(&'static str, &[u8]),
+) {
+    let mut digits = [0u8; 10];
+    let mut i = digits.len();
+    let mut n = attempts;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    put("x-weir-attempts", &digits[i..]);
+    if let Some(r) = stop {
+        put("x-weir-retry-stop", r.as_str().as_bytes());
+    }
+}
+
+/// Adds weir's annotations ([`annotation_fields`]) to a response's headers.
+pub(crate) fn annotate(h: &mut HeaderMap, attempts: u32, stop: Option<StopReason>) {
+    annotation_fields(attempts, stop, |name, value| {
+        if let Ok(v) = HeaderValue::from_bytes(value) {
+            h.insert(name, v);
+        }
+    });
+}

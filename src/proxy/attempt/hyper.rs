@@ -1,0 +1,344 @@
+//! The general path's attempts: the request rebuilt from a [`Plan`] for each
+//! one and sent through hyper's client (or a held connection); gRPC
+//! responses held until their first message.
+
+use super::admit::{Ticket, Watch};
+use super::drive::{drive, timed_out, Attempts, Transport};
+use crate::policy::{parse_retry_after, Outcome, RequestFacts, StopReason};
+use crate::proxy::body::{Body, UpstreamBody};
+use crate::proxy::client::Failure;
+use crate::proxy::error::ProxyError;
+use crate::proxy::replay::RequestBody;
+use crate::proxy::Upstream;
+use crate::state::UpstreamState;
+use http::request::Parts;
+use http::{HeaderMap, Request, Response};
+use hyper::body::Incoming;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// What one request brings to the attempt loop.
+#[derive(Debug)]
+pub(crate) struct Plan<'a> {
+    pub parts: Parts,
+    pub body: RequestBody,
+    pub deadline: Instant,
+    pub key: Option<&'a str>,
+    pub has_idempotency_key: bool,
+    /// The client's own gRPC deadline (`grpc-timeout` on arrival): each
+    /// attempt carries what is left of it. Never weir's `timeout`, which
+    /// bounds only the wait for response headers: a stream may outlive it.
+    pub grpc_deadline: Option<Instant>,
+    /// `max_attempts = 1`: nothing is cloned for a replay.
+    pub single: bool,
+    /// The client lowered its deadline below the upstream's `timeout`.
+    pub lowered: bool,
+    /// A connection upgrade: one attempt, never retried.
+    pub upgrade: bool,
+    /// Hold a gRPC response (up to the replay limit) to read its trailers.
+    pub grpc_trailers: bool,
+    /// `Expect: 100-continue`: the upstream's 100 opens the body's gate.
+    pub continue_gate: Option<std::sync::Arc<crate::proxy::replay::ContinueGate>>,
+}
+
+/// How the attempt loop ended: the last outcome, and the annotations.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    pub result: Result<Response<UpstreamBody>, ProxyError>,
+    pub attempts: u32,
+    pub stop: Option<StopReason>,
+    /// When the last attempt ended (one clock read shared by what follows).
+    pub ended: Instant,
+}
+
+/// The general path's transport: hyper's client (or a held connection),
+/// the request rebuilt from the plan for each attempt. A client that goes
+/// away makes hyper drop the whole future, so nothing here watches for it.
+struct HyperTransport<'p, 'a> {
+    up: &'a Upstream,
+    conn: &'p crate::proxy::sticky::ConnCtx,
+    plan: &'p mut Plan<'a>,
+}
+
+impl Watch for HyperTransport<'_, '_> {
+    async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
+        Some(f.await)
+    }
+}
+
+impl Transport for HyperTransport<'_, '_> {
+    type Response = Response<UpstreamBody>;
+
+    async fn attempt(
+        &mut self,
+        _started: Instant,
+        try_deadline: Instant,
+        _deadline: Instant,
+    ) -> Option<(Outcome, Result<Self::Response, ProxyError>)> {
+        let req = build(self.plan);
+        Some(send(self.up, self.conn, req, self.plan, try_deadline).await)
+    }
+
+    fn discard(&mut self, _response: Result<Self::Response, ProxyError>) {}
+
+    fn body_facts(&self) -> Option<crate::policy::BodyFacts> {
+        // The body facts change once a streamed body has been read.
+        Some(self.plan.body.facts())
+    }
+}
+
+/// Runs attempts until one is returned.
+pub(crate) async fn run<'a>(
+    up: &'a Upstream,
+    conn: &crate::proxy::sticky::ConnCtx,
+    mut plan: Plan<'a>,
+    ticket: Ticket<'a>,
+) -> Finished {
+    let facts = RequestFacts::new(
+        plan.parts.method.as_str(),
+        plan.has_idempotency_key,
+        plan.body.facts(),
+    );
+    let mut attempts = match Attempts::begin(
+        up,
+        ticket,
+        facts,
+        plan.key,
+        plan.deadline,
+        plan.lowered,
+        Instant::now(),
+    ) {
+        Ok(a) => a,
+        Err(t0) => {
+            return Finished {
+                result: Err(ProxyError::DeadlineExceeded),
+                attempts: 0,
+                stop: None,
+                ended: t0,
+            }
+        }
+    };
+    if plan.upgrade {
+        // An upgrade is one attempt, never retried: recorded, not judged.
+        let started = Instant::now();
+        let try_deadline = attempts.start(started);
+        let req = build(&mut plan);
+        let (outcome, result) = send(up, conn, req, &plan, try_deadline).await;
+        let ended = Instant::now();
+        attempts.record(&outcome, result.as_ref().err(), started, ended);
+        return Finished {
+            result,
+            attempts: attempts.made(),
+            stop: None,
+            ended,
+        };
+    }
+    let mut t = HyperTransport {
+        up,
+        conn,
+        plan: &mut plan,
+    };
+    match drive(&mut attempts, &mut t, None).await {
+        Some(d) => Finished {
+            result: d.result,
+            attempts: attempts.made(),
+            stop: d.stop,
+            ended: d.ended,
+        },
+        // Never: this transport does not watch the client (hyper drops us).
+        None => Finished {
+            result: Err(ProxyError::DeadlineExceeded),
+            attempts: attempts.made(),
+            stop: None,
+            ended: Instant::now(),
+        },
+    }
+}
+
+/// The request for the next attempt: headers cloned only when a retry is
+/// possible (the body says so), the body from the replay buffer or stream.
+fn build(plan: &mut Plan<'_>) -> Request<crate::proxy::body::Body> {
+    let mut req = Request::new(plan.body.for_attempt());
+    *req.method_mut() = plan.parts.method.clone();
+    *req.uri_mut() = plan.parts.uri.clone();
+    *req.version_mut() = plan.parts.version;
+    // The extensions carry the header names' original case (hyper's).
+    (*req.headers_mut(), *req.extensions_mut()) = if plan.single {
+        // No retry is possible: the one attempt takes the headers.
+        (
+            std::mem::take(&mut plan.parts.headers),
+            std::mem::take(&mut plan.parts.extensions),
+        )
+    } else {
+        (plan.parts.headers.clone(), plan.parts.extensions.clone())
+    };
+    if let Some(gate) = &plan.continue_gate {
+        let gate = gate.clone();
+        hyper::ext::on_informational(&mut req, move |r| {
+            if r.status() == http::StatusCode::CONTINUE {
+                gate.open();
+            }
+        });
+    }
+    if let Some(grpc_deadline) = plan.grpc_deadline {
+        let left = grpc_deadline.saturating_duration_since(Instant::now());
+        req.headers_mut().insert(
+            "grpc-timeout",
+            crate::proxy::headers::grpc_timeout_value(left),
+        );
+    }
+    req
+}
+
+/// Sends one attempt; gives up at `try_deadline`.
+async fn send(
+    up: &Upstream,
+    conn: &crate::proxy::sticky::ConnCtx,
+    req: Request<crate::proxy::body::Body>,
+    plan: &Plan<'_>,
+    try_deadline: Instant,
+) -> (Outcome, Result<Response<UpstreamBody>, ProxyError>) {
+    let state = &up.state;
+    let sent = tokio::time::timeout_at(try_deadline, dispatch(up, conn, req)).await;
+    match sent {
+        Ok(Ok(resp)) => {
+            let mut grpc = grpc_status(resp.headers());
+            let resp =
+                if plan.grpc_trailers && grpc.is_none() && resp.status() == http::StatusCode::OK {
+                    let limit = up.config.retry.max_replay_body_bytes;
+                    let (resp, trailer_status) = hold_for_trailers(resp, limit, try_deadline).await;
+                    grpc = trailer_status;
+                    resp
+                } else {
+                    resp.map(UpstreamBody::Left)
+                };
+            (
+                Outcome::Response {
+                    status: resp.status().as_u16(),
+                    retry_after: retry_after(resp.headers(), state),
+                    grpc_status: grpc,
+                },
+                Ok(resp),
+            )
+        }
+        Ok(Err(e)) => {
+            if e.tls {
+                state.log_tls_failure_once(&e.message);
+            }
+            let outcome = match e.kind {
+                Failure::Connect => Outcome::ConnectFailure,
+                Failure::NotSent => Outcome::Reset {
+                    request_sent: false,
+                },
+                Failure::ClientBody => Outcome::ClientGone,
+                Failure::Reset => Outcome::Reset { request_sent: true },
+                Failure::NotProcessed => Outcome::RefusedStream,
+                Failure::BadResponse => Outcome::BadResponse,
+            };
+            (outcome, Err(e.into_proxy_error()))
+        }
+        Err(_) => {
+            let (outcome, e) = timed_out(try_deadline, plan.deadline);
+            (outcome, Err(e))
+        }
+    }
+}
+
+/// Sends on the client connection's own upstream connection when the fast
+/// path applies (see [`crate::proxy::sticky`]), else through the shared pool.
+async fn dispatch(
+    up: &Upstream,
+    conn: &crate::proxy::sticky::ConnCtx,
+    mut req: Request<Body>,
+) -> Result<Response<Incoming>, crate::proxy::client::SendError> {
+    let Some(addr) = up.direct else {
+        return up.client.send(req).await;
+    };
+    let mut sender = match conn.take(&up.state) {
+        Some(s) => s,
+        None if crate::proxy::sticky::reserve(&up.state.sticky_conns) => {
+            crate::proxy::sticky::connect(
+                addr,
+                up.config.connect_timeout,
+                up.state.sticky_conns.clone(),
+            )
+            .await?
+        }
+        // Over the cap: the shared pool.
+        None => return up.client.send(req).await,
+    };
+    // A connection of our own (always HTTP/1.1) takes the origin form of the
+    // target and the authority as Host, as the shared pool's client does.
+    if let Some(a) = req.uri().authority() {
+        if let Ok(h) = http::HeaderValue::from_str(a.as_str()) {
+            req.headers_mut().entry(http::header::HOST).or_insert(h);
+        }
+    }
+    if let Some(pq) = req.uri().path_and_query().cloned() {
+        *req.uri_mut() = http::Uri::from(pq);
+    }
+    let resp = crate::proxy::sticky::send(&mut sender, req).await?;
+    conn.keep(&up.state, sender);
+    Ok(resp)
+}
+
+pub(crate) fn retry_after(h: &HeaderMap, state: &UpstreamState) -> Option<Duration> {
+    let v = h.get(http::header::RETRY_AFTER)?.to_str().ok()?;
+    parse_retry_after(v, state.clock.wall())
+}
+
+/// Holds a gRPC response until its first message or its trailers, whichever
+/// comes first, to find a `grpc-status` sent before any message (the only
+/// kind a retry can act on: once a message is out, the call has started).
+/// After the first data frame the response streams as it comes, so a server
+/// stream is never held back. Whatever happens, the client gets the same
+/// body: the frames held, then the rest.
+async fn hold_for_trailers(
+    resp: Response<Incoming>,
+    limit: u64,
+    until: Instant,
+) -> (Response<UpstreamBody>, Option<u8>) {
+    use http_body_util::BodyExt;
+    let (parts, mut body) = resp.into_parts();
+    let mut held: Vec<http_body::Frame<bytes::Bytes>> = Vec::new();
+    let mut size = 0u64;
+    let mut status = None;
+    let mut rest = true;
+    loop {
+        let frame = match tokio::time::timeout_at(until, body.frame()).await {
+            Ok(Some(Ok(f))) => f,
+            Ok(None) => {
+                rest = false;
+                break;
+            }
+            // An error or the deadline: hand the rest (and the error) on as it comes.
+            Ok(Some(Err(_))) | Err(_) => break,
+        };
+        if let Some(t) = frame.trailers_ref() {
+            status = grpc_status(t);
+        }
+        let message = frame.data_ref().is_some_and(|d| !d.is_empty());
+        if let Some(d) = frame.data_ref() {
+            size += d.len() as u64;
+        }
+        let is_trailers = frame.is_trailers();
+        held.push(frame);
+        if is_trailers {
+            rest = false;
+            break;
+        }
+        if message || size > limit {
+            break;
+        }
+    }
+    let body = crate::proxy::body::Held::new(held, if rest { Some(body) } else { None });
+    (
+        Response::from_parts(parts, UpstreamBody::Right(body)),
+        status,
+    )
+}
+
+/// `grpc-status` of a trailers-only response.
+fn grpc_status(h: &HeaderMap) -> Option<u8> {
+    h.get("grpc-status")?.to_str().ok()?.parse().ok()
+}

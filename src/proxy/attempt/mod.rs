@@ -1,0 +1,21 @@
+//! Admission and the attempt loop (docs/behaviour.md#the-life-of-a-request): the data plane enforcing
+//! what the policy core decides.
+//!
+//! Admission, in the order of docs/behaviour.md#admission: the rate limiter (waits up to
+//! `max_wait`, never past the deadline, else 429 `rate_limited`), the
+//! concurrency gate (503 `overloaded`), the breaker (503 `circuit_open`). Then each attempt: build the
+//! request, send it under the per-try timeout, record the breaker's verdict,
+//! and ask `policy::decide` — which checks docs/behaviour.md#the-retry-decision in order and asks the budget,
+//! breaker and limiter lazily through `LiveGates`. A retry sleeps its delay;
+//! everything else returns the last outcome unchanged.
+//!
+//! Cancellation is structural: when the client goes away hyper drops this
+//! future, which drops the sleep or the attempt in flight, and the breaker
+//! [`Ticket`] releases its slot without a verdict.
+mod admit;
+mod drive;
+mod hyper;
+
+pub(crate) use admit::{admit, admit_breaker, admit_breaker_at, deadline, Dropped, Watch};
+pub(crate) use drive::{annotate, annotation_fields, drive, timed_out, Attempts, Step, Transport};
+pub(crate) use hyper::{run, Plan};
