@@ -138,11 +138,65 @@ fn visible(v: &[u8]) -> Option<&str> {
     }
 }
 
+/// What the first pass over a client's head found: the request line and
+/// the fields that framing, routing and hygiene need.
+struct Request<'h, 'b> {
+    method: &'b str,
+    /// The target's authority, when it came in absolute form.
+    authority: Option<&'b str>,
+    path: &'b str,
+    path_and_query: &'b str,
+    host: Option<&'b str>,
+    content_length: Option<u64>,
+    connection: ConnectionField<'b>,
+    lowered: Option<Duration>,
+    te_trailers: bool,
+    head_len: usize,
+    fields: &'h [httparse::Header<'b>],
+}
+
 /// Parses the client's request head at the start of `buf`, routes it and,
 /// when the fast path takes it, writes the upstream's request head to `out`.
 pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>) -> Parse<Planned> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut req = httparse::Request::new(&mut headers);
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let req = match parse(buf, &mut fields) {
+        Parse::Done(r) => r,
+        Parse::Partial => return Parse::Partial,
+        Parse::Fallback(why) => return Parse::Fallback(why),
+    };
+    let (up_index, up) = match route(snap, role, &req) {
+        Ok(found) => found,
+        Err(why) => return Parse::Fallback(why),
+    };
+    let body_len = req.content_length.unwrap_or(0);
+    if body_len > up.config.retry.max_replay_body_bytes || body_len > MAX_BODY {
+        return Parse::Fallback("a body too large to hold");
+    }
+    let Some((key, has_key)) = write(up, &req, out) else {
+        return Parse::Fallback("a target that cannot be mapped");
+    };
+    let body = if body_len == 0 {
+        crate::policy::BodyFacts::Empty
+    } else {
+        crate::policy::BodyFacts::Buffered { len: body_len }
+    };
+    Parse::Done(Planned {
+        upstream: up_index,
+        head_len: req.head_len,
+        body_len: body_len as usize,
+        facts: RequestFacts::new(req.method, has_key, body),
+        head_method: req.method == "HEAD",
+        close: req.connection.close,
+        lowered: req.lowered,
+        key,
+    })
+}
+
+/// Parses the client's head: the request line, and one pass over the
+/// fields for framing ([`h1`]), routing and hygiene. Anything the fast path
+/// does not serve falls back with its reason.
+fn parse<'h, 'b>(buf: &'b [u8], fields: &'h mut [httparse::Header<'b>]) -> Parse<Request<'h, 'b>> {
+    let mut req = httparse::Request::new(fields);
     let head_len = match req.parse(buf) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Parse::Partial,
@@ -176,7 +230,6 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         .split_once('?')
         .map_or(path_and_query, |(p, _)| p);
 
-    // First pass: framing, and what routing and hygiene need.
     let mut host: Option<&str> = None;
     let mut content_length: Option<u64> = None;
     let mut connection = ConnectionField::default();
@@ -228,43 +281,61 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     if connection.upgrade || connection.overflow {
         return Parse::Fallback("an unusual Connection field");
     }
+    Parse::Done(Request {
+        method,
+        authority,
+        path,
+        path_and_query,
+        host,
+        content_length,
+        connection,
+        lowered,
+        te_trailers,
+        head_len,
+        fields: req.headers,
+    })
+}
 
-    // Route.
-    let up_index = match role {
+/// The upstream a parsed request goes to, if the fast path speaks to it.
+fn route<'s>(
+    snap: &'s Snapshot,
+    role: &ListenerRole,
+    req: &Request<'_, '_>,
+) -> Result<(usize, &'s Upstream), &'static str> {
+    let index = match role {
         ListenerRole::Shared => {
-            let Some(h) = authority.or(host) else {
-                return Parse::Fallback("no host");
-            };
-            match snap.routes.lookup(host_of(h), path) {
-                Some(i) => i,
-                None => return Parse::Fallback("no route"),
-            }
+            let h = req.authority.or(req.host).ok_or("no host")?;
+            snap.routes.lookup(host_of(h), req.path).ok_or("no route")?
         }
-        ListenerRole::Dedicated(name) => {
-            match snap.upstreams.iter().position(|u| &u.config.name == name) {
-                Some(i) => i,
-                None => return Parse::Fallback("no upstream"),
-            }
-        }
+        ListenerRole::Dedicated(name) => snap
+            .upstreams
+            .iter()
+            .position(|u| &u.config.name == name)
+            .ok_or("no upstream")?,
     };
-    let Some(up) = snap.upstreams.get(up_index) else {
-        return Parse::Fallback("no upstream");
-    };
+    let up = snap.upstreams.get(index).ok_or("no upstream")?;
     if up.direct.is_none() || up.h2 {
-        return Parse::Fallback("an upstream the fast path does not speak to");
+        return Err("an upstream the fast path does not speak to");
     }
-    let cfg = &up.config;
-    let body_len = content_length.unwrap_or(0);
-    if body_len > cfg.retry.max_replay_body_bytes || body_len > MAX_BODY {
-        return Parse::Fallback("a body too large to hold");
-    }
+    Ok((index, up))
+}
 
-    // Second pass: the upstream's head.
+/// Writes the upstream's head to `out` (which it clears first): the
+/// request line with the mapped target, the client's fields without
+/// hop-by-hop ones and those its `Connection` names, `Host`, the framing
+/// restated. Returns the rate limiter's key and whether the request carries
+/// an idempotency key; `None` when the target cannot be mapped.
+fn write(
+    up: &Upstream,
+    req: &Request<'_, '_>,
+    out: &mut Vec<u8>,
+) -> Option<(Option<String>, bool)> {
+    let cfg = &up.config;
     out.clear();
-    out.extend_from_slice(method.as_bytes());
+    out.extend_from_slice(req.method.as_bytes());
     out.push(b' ');
-    if !write_target(up, path, path_and_query, out) {
-        return Parse::Fallback("a target that cannot be mapped");
+    if !write_target(up, req.path, req.path_and_query, out) {
+        return None;
     }
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let idem = cfg.idempotency_header.as_str();
@@ -275,50 +346,35 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         .map(|crate::policy::limiter::KeySource::Header(h)| h.as_str());
     let mut key = None;
     let mut has_key = false;
-    for h in req.headers.iter() {
+    for h in req.fields.iter() {
         let n = h.name;
         if key.is_none() && key_header.is_some_and(|k| eq(k, n)) {
             key = visible(h.value).map(str::to_owned);
         }
-        if eq(n, "host") || eq(n, "content-length") || hop_by_hop(n) || connection.names(n) {
+        if eq(n, "host") || eq(n, "content-length") || hop_by_hop(n) || req.connection.names(n) {
             continue;
         }
         has_key |= eq(n, idem);
         header(out, n.as_bytes(), h.value);
     }
     let host_value = if cfg.preserve_host {
-        authority.or(host).map(str::as_bytes)
+        req.authority.or(req.host).map(str::as_bytes)
     } else {
         Some(up.host.as_bytes())
     };
     if let Some(v) = host_value {
         header(out, b"host", v);
     }
-    if let Some(len) = content_length {
+    if let Some(len) = req.content_length {
         out.extend_from_slice(b"content-length: ");
         push_u64(out, len);
         out.extend_from_slice(b"\r\n");
     }
-    if te_trailers {
+    if req.te_trailers {
         out.extend_from_slice(b"te: trailers\r\n");
     }
     out.extend_from_slice(b"\r\n");
-
-    let body = if body_len == 0 {
-        crate::policy::BodyFacts::Empty
-    } else {
-        crate::policy::BodyFacts::Buffered { len: body_len }
-    };
-    Parse::Done(Planned {
-        upstream: up_index,
-        head_len,
-        body_len: body_len as usize,
-        facts: RequestFacts::new(method, has_key, body),
-        head_method: method == "HEAD",
-        close: connection.close,
-        lowered,
-        key,
-    })
+    Some((key, has_key))
 }
 
 /// Writes the upstream's request target (origin form), mapped as
