@@ -2,13 +2,13 @@
 //! error it can find rather than stopping at the first.
 
 use super::error::{ConfigError, ConfigErrors, SpanIndex};
-use super::raw::{RawConfig, RawJitter, RawPolicy, RawServer, RawUpstream};
+use super::raw::{RawConfig, RawPolicy, RawServer, RawUpstream};
 use super::*;
-use crate::policy::{
-    BackoffPolicy, BreakerParams, BudgetParams, Growth, Jitter, PolicyError, RateLimitParams,
-    RetryOn, RetryPolicy,
-};
+use crate::policy::{PolicyError, RateLimitParams};
 use std::collections::BTreeMap;
+
+mod policy;
+use policy::{breaker, open_within_default_max, retry_policy};
 
 struct Ctx<'a> {
     file: &'a Path,
@@ -431,110 +431,6 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
         concurrency,
         rate_limit,
     })
-}
-
-fn retry_policy(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<RetryPolicy> {
-    let r = p.retry.clone().unwrap_or_default();
-    let b = r.backoff.clone().unwrap_or_default();
-    let bu = r.budget.clone().unwrap_or_default();
-    let dur = |d: Option<duration::Dur>| d.map(|d| d.0).unwrap_or_default();
-
-    let growth = match b.growth.as_deref().unwrap_or("exponential") {
-        "exponential" => Some(Growth::Exponential),
-        "linear" => Some(Growth::Linear),
-        "constant" => Some(Growth::Constant),
-        other => {
-            let f = cx.policy_path(name, "retry.backoff.growth");
-            cx.err(
-                f,
-                format!("unknown growth {other:?}: expected exponential, linear or constant"),
-            );
-            None
-        }
-    };
-    let jitter = match b.jitter.clone().unwrap_or(RawJitter::Name("full".into())) {
-        RawJitter::Name(n) => match n.as_str() {
-            "full" => Some(Jitter::Full),
-            "equal" => Some(Jitter::Equal),
-            "decorrelated" => Some(Jitter::Decorrelated),
-            "none" => Some(Jitter::None),
-            other => {
-                let f = cx.policy_path(name, "retry.backoff.jitter");
-                cx.err(f, format!(
-                    "unknown jitter {other:?}: expected full, equal, decorrelated, none or {{ proportional = 0.2 }}"
-                ));
-                None
-            }
-        },
-        RawJitter::Proportional(p) => Some(Jitter::Proportional(p.proportional)),
-    };
-    let backoff = match (growth, jitter) {
-        (Some(g), Some(j)) => BackoffPolicy::try_new(
-            dur(b.base),
-            dur(b.max),
-            b.multiplier.unwrap_or(2.0),
-            g,
-            j,
-            b.allow_jitter_above_cap.unwrap_or(false),
-        )
-        .map_err(|e| cx.policy_err(name, "retry.backoff", e))
-        .ok(),
-        _ => None,
-    };
-    let budget = BudgetParams::try_new(
-        bu.ratio.unwrap_or_default(),
-        bu.min_per_sec.unwrap_or_default(),
-        dur(bu.ttl),
-        bu.timeout_cost.unwrap_or_default(),
-    )
-    .map_err(|e| cx.policy_err(name, "retry.budget", e))
-    .ok();
-    let retry_on = RetryOn::parse(r.retry_on.as_deref().unwrap_or_default())
-        .map_err(|e| cx.policy_err(name, "retry", e))
-        .ok();
-    RetryPolicy::try_new(
-        r.max_attempts.unwrap_or_default(),
-        retry_on?,
-        dur(r.max_retry_after),
-        r.max_replay_body_bytes.unwrap_or_default(),
-        dur(r.min_attempt_time),
-        backoff?,
-        budget?,
-    )
-    .map_err(|e| cx.policy_err(name, "retry", e))
-    .ok()
-}
-
-/// `max_open` left at its default never undercuts an `open` the user set
-/// above it: a config written for longer open intervals (`open = "1m"`) keeps
-/// working, open for `open` each time, instead of failing validation on a
-/// field it never mentioned.
-fn open_within_default_max(p: &mut RawPolicy) {
-    if let Some(b) = p.breaker.as_mut() {
-        if let (Some(open), Some(max)) = (b.open, b.max_open) {
-            if open.0 > max.0 {
-                b.max_open = Some(open);
-            }
-        }
-    }
-}
-
-fn breaker(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<BreakerParams> {
-    let b = p.breaker.clone().unwrap_or_default();
-    BreakerParams::try_new(
-        b.enabled.unwrap_or(true),
-        b.consecutive_failures.unwrap_or_default(),
-        b.window.unwrap_or_default(),
-        b.min_samples.unwrap_or_default(),
-        b.failure_rate.unwrap_or_default(),
-        b.failure_statuses.unwrap_or_default(),
-        b.open.map(|d| d.0).unwrap_or_default(),
-        b.max_open.map(|d| d.0).unwrap_or_default(),
-        b.open_jitter.unwrap_or_default(),
-        b.half_open_probes.unwrap_or_default(),
-    )
-    .map_err(|e| cx.policy_err(name, "breaker", e))
-    .ok()
 }
 
 /// Checks across upstreams: unique listen addresses and unique (host, prefix) routes.

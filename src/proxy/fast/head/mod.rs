@@ -11,12 +11,18 @@
 //! [`plan`] answer [`Parse::Fallback`], and the connection goes on through
 //! hyper (`super::super::server`), which sees the same bytes.
 
-use crate::policy::{RequestFacts, StopReason};
+use crate::policy::RequestFacts;
 use crate::proxy::h1;
 use crate::proxy::headers::HOP_BY_HOP;
 use crate::proxy::route::{host_of, upstream_path};
 use crate::proxy::{ListenerRole, Snapshot, Upstream};
 use std::time::Duration;
+
+mod response;
+pub use response::{
+    finish_response, parse_response, trailer_section, Annotations, ChunkedRelay, Framing, Head,
+    Response,
+};
 
 /// The most header fields a head may have on the fast path; a head with more
 /// goes to hyper, whose own limit answers it.
@@ -418,267 +424,11 @@ fn push_u64(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(&digits[i..]);
 }
 
-/// How a response body is delimited (RFC 9112 §6.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
-    /// No body: HEAD, 204, 304.
-    Empty,
-    /// `Content-Length`.
-    Length(u64),
-    /// `Transfer-Encoding: chunked`, passed through as it comes.
-    Chunked,
-    /// Until the upstream closes the connection.
-    Close,
-}
-
-/// What the fast path needs from an upstream's response head.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Response<'b> {
-    pub status: u16,
-    pub head_len: usize,
-    pub framing: Framing,
-    /// The upstream connection may carry another request after this body.
-    pub reusable: bool,
-    /// `Retry-After`, as sent.
-    pub retry_after: Option<&'b str>,
-}
-
-/// A parsed response head.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Head<'b> {
-    /// An interim (1xx) response of this many bytes: dropped, as hyper does.
-    Interim(usize),
-    /// The final response.
-    Final(Response<'b>),
-}
-
-/// Parses the upstream's response head at the start of `buf`. `Err`: the
-/// upstream sent something that is not an HTTP/1.1 response weir can pass on.
-///
-/// For a final response it also writes the client's head to `out` (which it
-/// clears first), all but its end ([`finish_response`]): the status line;
-/// the fields without hop-by-hop and `x-weir-*` ones; the framing restated;
-/// and `Date` from `now` when the upstream sent none (RFC 9110 §6.6.1: a
-/// forwarding recipient with a clock adds it; the clock is read only then).
-/// Parsing once for both keeps the head's bytes in the cache they arrived in.
-pub fn parse_response<'b>(
-    buf: &'b [u8],
-    head_method: bool,
-    now: impl FnOnce() -> std::time::SystemTime,
-    out: &mut Vec<u8>,
-) -> Result<Option<Head<'b>>, &'static str> {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut headers);
-    let head_len = match resp.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(_) => return Err("the upstream's response head does not parse"),
-    };
-    let (Some(status), Some(version)) = (resp.code, resp.version) else {
-        return Err("the upstream's response head does not parse");
-    };
-    if status < 100 {
-        return Err("the upstream sent a status code below 100");
-    }
-    if status == 101 {
-        return Err("the upstream switched protocols without a matching upgrade request");
-    }
-    if (100..200).contains(&status) {
-        return Ok(Some(Head::Interim(head_len)));
-    }
-    let mut length: Option<u64> = None;
-    let mut chunked = None;
-    let mut close = version == 0;
-    let mut retry_after = None;
-    let mut connection = ConnectionField::default();
-    let mut dated = false;
-    for h in resp.headers.iter() {
-        let n = h.name;
-        dated |= eq(n, "date");
-        if eq(n, "content-length") {
-            let v =
-                h1::content_length(h.value).ok_or("the upstream sent an invalid Content-Length")?;
-            if length.is_some_and(|l| l != v) {
-                return Err("the upstream sent conflicting Content-Lengths");
-            }
-            length = Some(v);
-        } else if eq(n, "transfer-encoding") {
-            chunked = Some(h1::ends_chunked(h.value));
-        } else if eq(n, "connection") {
-            connection.add(h.value);
-        } else if eq(n, "retry-after") {
-            retry_after = std::str::from_utf8(h.value).ok().map(str::trim);
-        }
-    }
-    if connection.overflow {
-        return Err("the upstream sent too many Connection fields");
-    }
-    if version == 0 {
-        close = !connection.keep_alive;
-    }
-    close |= connection.close;
-    let framing = if head_method || status == 204 || status == 304 {
-        Framing::Empty
-    } else {
-        match (chunked, length) {
-            (Some(true), _) => Framing::Chunked,
-            (Some(false), _) => Framing::Close,
-            (None, Some(n)) => Framing::Length(n),
-            (None, None) => Framing::Close,
-        }
-    };
-    // A message framed two ways is not reused: the next response could be
-    // read from the wrong place.
-    let reusable = !close && framing != Framing::Close && !(chunked.is_some() && length.is_some());
-
-    out.clear();
-    out.extend_from_slice(b"HTTP/1.1 ");
-    push_u64(out, u64::from(status));
-    out.push(b' ');
-    out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\n");
-    for h in resp.headers.iter() {
-        let n = h.name;
-        // A body-less response keeps its Content-Length: it describes the
-        // representation (HEAD, 304), not this message.
-        let framing_field =
-            eq(n, "transfer-encoding") || (eq(n, "content-length") && framing != Framing::Empty);
-        if framing_field || hop_by_hop(n) || connection.names(n) {
-            continue;
-        }
-        header(out, n.as_bytes(), h.value);
-    }
-    if !dated {
-        header(out, b"date", httpdate::fmt_http_date(now()).as_bytes());
-    }
-    match framing {
-        Framing::Length(n) => {
-            out.extend_from_slice(b"content-length: ");
-            push_u64(out, n);
-            out.extend_from_slice(b"\r\n");
-        }
-        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
-        Framing::Empty | Framing::Close => {}
-    }
-    Ok(Some(Head::Final(Response {
-        status,
-        head_len,
-        framing,
-        reusable,
-        retry_after,
-    })))
-}
-
-/// What weir adds to a proxied response (docs/behaviour.md#what-weir-adds-to-responses).
-#[derive(Debug, Clone, Copy)]
-pub struct Annotations {
-    pub attempts: u32,
-    pub stop: Option<StopReason>,
-}
-
-/// Ends the client's response head [`parse_response`] began in `out`: the
-/// annotations and, when `close`, `Connection: close`.
-pub fn finish_response(out: &mut Vec<u8>, annotations: Option<Annotations>, close: bool) {
-    if let Some(a) = annotations {
-        crate::proxy::attempt::annotation_fields(a.attempts, a.stop, |name, value| {
-            header(out, name.as_bytes(), value)
-        });
-    }
-    if close {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-}
-
-/// The largest trailer section relayed.
-const MAX_TRAILERS: usize = 16 * 1024;
-
-/// The trailer section at the start of `buf`, as it goes to the client:
-/// `Ok(Some(n))` when it ends within `buf` after `n` bytes, with the fields
-/// a client may get (no `x-weir-*`, hop-by-hop or framing fields) and the
-/// final CRLF written to `out`; `Ok(None)` when more is to come.
-pub fn trailer_section(buf: &[u8], out: &mut Vec<u8>) -> Result<Option<usize>, &'static str> {
-    const BAD: &str = "the upstream sent an invalid trailer section";
-    if buf.starts_with(b"\r\n") {
-        out.extend_from_slice(b"\r\n");
-        return Ok(Some(2));
-    }
-    let mut fields = [httparse::EMPTY_HEADER; 32];
-    match httparse::parse_headers(buf, &mut fields) {
-        Ok(httparse::Status::Complete((n, fields))) => {
-            for f in fields.iter() {
-                let name = f.name;
-                if !(hop_by_hop(name) || eq(name, "content-length") || eq(name, "host")) {
-                    header(out, name.as_bytes(), f.value);
-                }
-            }
-            out.extend_from_slice(b"\r\n");
-            Ok(Some(n))
-        }
-        Ok(httparse::Status::Partial) if buf.len() <= MAX_TRAILERS => Ok(None),
-        Ok(httparse::Status::Partial) | Err(_) => Err(BAD),
-    }
-}
-
-/// A chunked response body on its way to the client: the chunks pass as
-/// they come; the trailer section is held until whole and filtered.
-#[derive(Debug)]
-pub struct ChunkedRelay {
-    chunks: h1::Chunked,
-    /// Once the chunks have ended: the trailer section so far.
-    trailers: Option<Vec<u8>>,
-}
-
-impl Default for ChunkedRelay {
-    fn default() -> Self {
-        ChunkedRelay {
-            chunks: h1::Chunked::until_trailers(),
-            trailers: None,
-        }
-    }
-}
-
-impl ChunkedRelay {
-    /// Takes `got` from the upstream and appends what goes to the client to
-    /// `out`. `Ok(Some(n))`: the body ended after the first `n` bytes.
-    pub fn feed(&mut self, got: &[u8], out: &mut Vec<u8>) -> Result<Option<usize>, &'static str> {
-        let mut used = 0;
-        if self.trailers.is_none() {
-            match self.chunks.feed(got)? {
-                None => {
-                    out.extend_from_slice(got);
-                    return Ok(None);
-                }
-                Some(end) => {
-                    out.extend_from_slice(&got[..end]);
-                    used = end;
-                    self.trailers = Some(Vec::new());
-                }
-            }
-        }
-        let rest = &got[used..];
-        let held = self.trailers.get_or_insert_with(Vec::new);
-        if held.is_empty() {
-            // Usually the whole section is here: nothing is copied.
-            if let Some(n) = trailer_section(rest, out)? {
-                return Ok(Some(used + n));
-            }
-            held.extend_from_slice(rest);
-            return Ok(None);
-        }
-        let before = held.len();
-        held.extend_from_slice(rest);
-        match trailer_section(held, out)? {
-            Some(n) => Ok(Some(used + n.saturating_sub(before))),
-            None => Ok(None),
-        }
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::policy::StopReason;
 
     #[test]
     fn chunked_bodies_end_where_they_end() {

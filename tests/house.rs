@@ -1,0 +1,160 @@
+//! The shape of the source tree, held: no import cycle between modules of
+//! `src/` (a module and its own ancestors or descendants aside), and no
+//! source file over 500 lines of code (blank and comment lines and inline
+//! tests not counted). See `src/lib.rs` for the module map.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// `src/proxy/fast/mod.rs` → `proxy::fast`; `None` for the crate roots.
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|l| l == "mod") {
+        parts.pop();
+    }
+    let m = parts.join("::");
+    (m != "lib" && m != "main").then_some(m)
+}
+
+/// The code before the inline tests, without comment lines.
+fn code(text: &str) -> Vec<&str> {
+    text.split("#[cfg(test)]")
+        .next()
+        .unwrap_or("")
+        .lines()
+        .filter(|l| {
+            let t = l.trim();
+            !t.is_empty() && !t.starts_with("//")
+        })
+        .collect()
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// Every `crate::…`, `super::…` or `self::…` path in `line`.
+fn paths(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let b = line.as_bytes();
+    for start in ["crate::", "super::", "self::"] {
+        let mut from = 0;
+        while let Some(i) = line[from..].find(start) {
+            let at = from + i;
+            from = at + start.len();
+            if at > 0 && (is_ident(b[at - 1] as char) || b[at - 1] == b':') {
+                continue;
+            }
+            let end = line[at..]
+                .find(|c: char| !(is_ident(c) || c == ':'))
+                .map_or(line.len(), |e| at + e);
+            out.push(line[at..end].trim_end_matches(':').to_string());
+        }
+    }
+    out
+}
+
+fn resolve(modules: &BTreeSet<String>, cur: &str, path: &str) -> Option<String> {
+    let mut parts: Vec<&str> = path.split("::").collect();
+    let mut base: Vec<&str> = Vec::new();
+    match parts.first() {
+        Some(&"crate") => {
+            parts.remove(0);
+        }
+        Some(&"super") => {
+            base = cur.split("::").collect();
+            while parts.first() == Some(&"super") {
+                parts.remove(0);
+                base.pop();
+            }
+        }
+        Some(&"self") => {
+            parts.remove(0);
+            base = cur.split("::").collect();
+        }
+        _ => return None,
+    }
+    let full: Vec<&str> = base.into_iter().chain(parts).collect();
+    (1..=full.len())
+        .rev()
+        .map(|k| full[..k].join("::"))
+        .find(|m| modules.contains(m))
+}
+
+fn related(a: &str, b: &str) -> bool {
+    a.starts_with(&format!("{b}::")) || b.starts_with(&format!("{a}::"))
+}
+
+#[test]
+fn no_module_imports_one_that_imports_it_back() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let texts: BTreeMap<String, String> = files
+        .iter()
+        .filter_map(|f| Some((module_of(&src, f)?, std::fs::read_to_string(f).unwrap())))
+        .collect();
+    let modules: BTreeSet<String> = texts.keys().cloned().collect();
+    let mut edges: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for (m, text) in &texts {
+        let e = edges.entry(m).or_default();
+        for line in code(text) {
+            for p in paths(line) {
+                if let Some(t) = resolve(&modules, m, &p) {
+                    if &t != m && !related(m, &t) {
+                        e.insert(t);
+                    }
+                }
+            }
+        }
+    }
+    // Any path from a module back to itself is a cycle.
+    let mut cycles = Vec::new();
+    for start in edges.keys() {
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<(String, Vec<String>)> =
+            vec![(start.to_string(), vec![start.to_string()])];
+        while let Some((m, trail)) = stack.pop() {
+            for next in edges.get(m.as_str()).into_iter().flatten() {
+                if next == start {
+                    cycles.push(trail.join(" → ") + " → " + start);
+                } else if seen.insert(next.clone()) {
+                    let mut t = trail.clone();
+                    t.push(next.clone());
+                    stack.push((next.clone(), t));
+                }
+            }
+        }
+    }
+    assert!(cycles.is_empty(), "import cycles:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn no_source_file_is_over_500_lines_of_code() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&src, &mut files);
+    let big: Vec<String> = files
+        .iter()
+        .map(|f| (f, code(&std::fs::read_to_string(f).unwrap()).len()))
+        .filter(|(_, n)| *n > 500)
+        .map(|(f, n)| format!("{}: {n}", f.display()))
+        .collect();
+    assert!(big.is_empty(), "over 500 lines of code: {big:?}");
+}
