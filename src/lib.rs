@@ -3,30 +3,33 @@
 //! # How a request flows
 //!
 //! ```text
-//! client ──► proxy::server (worker, listener, connection)
+//! client ──► proxy::server (worker, listener) ──► a connection:
 //!              │
 //!              ├─ cleartext HTTP/1.1 to an HTTP/1.1 upstream, body held:
-//!              │  proxy::fast — one task per connection: head parsed, routed
-//!              │  and rewritten buffer to buffer, proxy::attempt's Attempts
-//!              │  core, a pooled upstream connection, the response relayed
+//!              │  proxy::fast — one task per connection: head parsed,
+//!              │  routed and rewritten buffer to buffer (fast::head), sent
+//!              │  on a pooled upstream connection (fast::transport)
 //!              │
 //!              └─ anything else (h2c, TLS, chunked or large bodies, upgrades,
-//!                 gRPC, errors to answer): handed over with the bytes read
-//!                 so far to ─ proxy::guard ─ hyper
-//!              │ loads the current Snapshot (arc-swap)
+//!                 gRPC, CONNECT, errors to answer): handed over with the
+//!                 bytes read so far to proxy::conn ─ proxy::guard ─ hyper ─
+//!                 proxy::forward (route, request hygiene, the body)
+//!              │
+//!              ▼  one pipeline for both (proxy::attempt):
+//!            deadline (timeout, lowered by x-weir-timeout-ms / grpc-timeout)
+//!            admit: rate limit → concurrency gate → (body) → breaker
+//!            drive: loop { the path's Transport sends one attempt
+//!                          → breaker verdict → policy::decide (budget,
+//!                          breaker, limiter asked lazily) → backoff }
 //!              ▼
-//!            proxy::forward ── route (Host + path) ──► Upstream { config, state }
-//!              │ deadline from `timeout`, lowered by x-weir-timeout-ms / grpc-timeout
-//!              │ request hygiene (hop-by-hop, x-weir-*, Host, base path)
-//!              ▼
-//!            proxy::attempt: admit (rate limit, concurrency gate, breaker)
-//!              │ loop { send (sticky connection or shared pool, per-try timeout)
-//!              │        → breaker verdict → policy::decide (budget, breaker,
-//!              │        limiter asked lazily) → backoff sleep }
-//!              ▼
-//!            response hygiene, x-weir-attempts / x-weir-retry-stop, idle-timeout
-//!            body ──► client                       (metrics written at each step)
+//!            response hygiene, x-weir-attempts / x-weir-retry-stop (one
+//!            writer), idle timeout ──► client   (metrics at each step)
 //! ```
+//!
+//! HTTP/1 framing — `Content-Length`, `Transfer-Encoding`, the chunked
+//! coding — is written once, in `proxy::h1`, with hyper's rules; the guard
+//! and the fast path both use it. The behaviour reference is
+//! `docs/behaviour.md`; comments cite its sections.
 //!
 //! # Who owns what
 //!
@@ -35,17 +38,20 @@
 //! - [`policy`]: PURE state machines and the retry decision; time and
 //!   randomness are arguments.
 //! - [`proxy`]: the data plane; enforces what `policy` decides. `server`
-//!   (listeners, workers, connections), `fast` (the HTTP/1.1 fast path and
-//!   its upstream pool), `guard` (request-smuggling guard),
-//!   `forward` (one request), `attempt` (admission and the attempt loop),
-//!   `replay` (bodies kept for a retry), `sticky` and `client` (upstream
-//!   connections), `gate` (concurrency), `upgrade` (WebSocket pass-through),
-//!   `error` (weir's own responses), `headers`, `route`, `body`.
+//!   (listeners, workers), `conn` (the hyper connection driver), `fast`
+//!   (the HTTP/1.1 fast path: `head`, `transport`, `pool`), `guard`
+//!   (request-smuggling guard), `h1` (HTTP/1 framing), `forward` (one
+//!   request on the general path), `attempt` (`admit`, `drive`, `hyper`:
+//!   the pipeline), `tunnel` (CONNECT), `replay` (bodies kept for a retry;
+//!   `Expect: 100-continue`), `sticky` and `client` (upstream connections),
+//!   `gate` (concurrency), `upgrade` (WebSocket pass-through), `error`
+//!   (weir's own responses), `headers`, `route`, `body`.
 //! - [`state`]: live per-upstream state keyed by name, surviving reloads.
 //! - [`tls`]: certificates, keys and TLS configurations; failures in words.
 //! - [`metrics`]: every metric family, handles resolved once per upstream.
 //! - [`admin`]: the admin endpoints; [`runtime`]: a running weir — worker
-//!   threads, reload triggers (SIGHUP, file watch, POST /reload).
+//!   threads, SIGHUP and the file watch; [`reload`]: the reloader they and
+//!   `POST /reload` call; [`shutdown`]: the stop signal (a leaf).
 //! - [`chaos`]: the fault-injecting upstream, load driver and scenarios
 //!   behind `weir chaos` (never used by the data plane).
 //! - [`clock`]: the only module that reads clocks or seeds randomness.
