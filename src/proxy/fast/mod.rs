@@ -1,6 +1,6 @@
 //! The HTTP/1.1 fast path: one task per client connection reads each request
 //! head, routes it, applies the upstream's policy through the same
-//! [`Attempts`] core as the general path, exchanges it with a cleartext
+//! `Attempts` core as the general path, exchanges it with a cleartext
 //! HTTP/1.1 upstream over a pooled connection, and relays the response —
 //! without a header map, a channel, a second task or a timer per request.
 //!
@@ -15,7 +15,7 @@
 //! general hyper path in `super::server`, which serves it from then on. The
 //! behaviour a client sees is the same on both paths: the attempts run in
 //! the one driver (`attempt::drive`), this path supplies only its
-//! [`attempt::Transport`], and the behaviour suites run every test on both
+//! `attempt::Transport`, and the behaviour suites run every test on both
 //! paths (`both_paths!` in tests/common, with `server.fast_path` off for the
 //! general one).
 
@@ -29,7 +29,7 @@ use super::conn::{serve_io, Conn};
 use super::error::ProxyError;
 use super::Upstream;
 use head::{Annotations, Framing, Parse, Planned};
-pub use pool::Pool;
+pub(crate) use pool::Pool;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;

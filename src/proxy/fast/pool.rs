@@ -49,7 +49,7 @@ impl Pool {
     }
 
     /// Keeps `stream` for the next request to `addr`. Connections idle
-    /// for [`IDLE_FOR`] are closed on the way, and when [`MAX_IDLE`] are
+    /// for `IDLE_FOR` are closed on the way, and when `MAX_IDLE` are
     /// held the oldest makes room: connections to an upstream nobody asks
     /// for any more cannot crowd out those of one in use.
     pub fn put(&self, addr: SocketAddr, stream: TcpStream, now: Instant) {
@@ -70,7 +70,7 @@ impl Pool {
         });
     }
 
-    /// Closes idle connections that aged past [`IDLE_FOR`] or that the
+    /// Closes idle connections that aged past `IDLE_FOR` or that the
     /// upstream closed, so a burst's leftovers do not linger (half-closed)
     /// after the traffic that needed them is gone.
     pub fn reap(&self, now: Instant) {
@@ -81,7 +81,7 @@ impl Pool {
         }
     }
 
-    /// Reaps `pool` every [`IDLE_FOR`] / 3 for as long as it exists.
+    /// Reaps `pool` every `IDLE_FOR` / 3 for as long as it exists.
     pub async fn reaper(pool: std::sync::Weak<Pool>) {
         let mut tick = tokio::time::interval(IDLE_FOR / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -92,16 +92,6 @@ impl Pool {
                 None => return,
             }
         }
-    }
-
-    /// Idle connections held now.
-    pub fn len(&self) -> usize {
-        self.idle.lock().map(|i| i.len()).unwrap_or(0)
-    }
-
-    /// Whether no connection is idle.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
