@@ -31,13 +31,13 @@ struct Idle {
 
 /// A pool of idle HTTP/1.1 connections to cleartext upstreams.
 #[derive(Debug, Default)]
-pub struct Pool {
+pub(crate) struct Pool {
     idle: Mutex<Vec<Idle>>,
 }
 
 impl Pool {
     /// The newest idle connection to `addr` that is still open.
-    pub fn take(&self, addr: SocketAddr, now: Instant) -> Option<TcpStream> {
+    pub(crate) fn take(&self, addr: SocketAddr, now: Instant) -> Option<TcpStream> {
         let mut idle = self.idle.lock().ok()?;
         while let Some(at) = idle.iter().rposition(|i| i.addr == addr) {
             let i = idle.remove(at);
@@ -52,7 +52,7 @@ impl Pool {
     /// for `IDLE_FOR` are closed on the way, and when `MAX_IDLE` are
     /// held the oldest makes room: connections to an upstream nobody asks
     /// for any more cannot crowd out those of one in use.
-    pub fn put(&self, addr: SocketAddr, stream: TcpStream, now: Instant) {
+    pub(crate) fn put(&self, addr: SocketAddr, stream: TcpStream, now: Instant) {
         let Ok(mut idle) = self.idle.lock() else {
             return;
         };
@@ -73,7 +73,7 @@ impl Pool {
     /// Closes idle connections that aged past `IDLE_FOR` or that the
     /// upstream closed, so a burst's leftovers do not linger (half-closed)
     /// after the traffic that needed them is gone.
-    pub fn reap(&self, now: Instant) {
+    pub(crate) fn reap(&self, now: Instant) {
         if let Ok(mut idle) = self.idle.lock() {
             idle.retain(|i| {
                 now.saturating_duration_since(i.since) < IDLE_FOR && still_open(&i.stream)
@@ -82,7 +82,7 @@ impl Pool {
     }
 
     /// Reaps `pool` every `IDLE_FOR` / 3 for as long as it exists.
-    pub async fn reaper(pool: std::sync::Weak<Pool>) {
+    pub(crate) async fn reaper(pool: std::sync::Weak<Pool>) {
         let mut tick = tokio::time::interval(IDLE_FOR / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
