@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# User-space instructions per proxied request, counted by callgrind: steadier
+# than CPU time on a noisy machine, for comparing two builds of weir.
+#
+#   bench/callgrind.sh [WEIR_BINARY ...]    # default: target/release/weir
+#
+# For each binary: weir (one worker, every policy on, as in compare.sh) runs
+# under `valgrind --tool=callgrind` in front of nginx answering `return 200`,
+# once with a 2 s and once with a 6 s `wrk -t1 -c4` run; the figure is the
+# slope (instructions at 6 s − at 2 s) / (requests at 6 s − at 2 s), so
+# start-up and shutdown cancel out. Needs valgrind, wrk and nginx:
+#   apt-get install -y valgrind wrk nginx-light
+# Everything it starts it stops by PID.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+for tool in valgrind wrk nginx; do
+    command -v "$tool" >/dev/null || { echo "$tool is required: apt-get install -y valgrind wrk nginx-light" >&2; exit 1; }
+done
+BINS=("$@")
+if [ ${#BINS[@]} -eq 0 ]; then
+    cargo build --release --locked -q
+    BINS=(target/release/weir)
+fi
+UP_PORT=18090
+WEIR_PORT=18091
+WEIR_ADMIN=18092
+
+T="$(mktemp -d)"
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
+    sleep 0.3
+    for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
+    rm -rf "$T"
+}
+trap cleanup EXIT
+
+wait_port() {
+    for _ in $(seq 1 200); do
+        (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "port $1 did not open" >&2
+    return 1
+}
+
+mkdir -p "$T/up/logs"
+cat > "$T/up/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $T/up/nginx.pid;
+error_log $T/up/logs/error.log crit;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    client_body_temp_path $T/up; proxy_temp_path $T/up; fastcgi_temp_path $T/up;
+    uwsgi_temp_path $T/up; scgi_temp_path $T/up;
+    keepalive_requests 1000000;
+    server { listen 127.0.0.1:$UP_PORT; location / { return 200 "ok"; } }
+}
+CONF
+nginx -p "$T/up" -c "$T/up/nginx.conf" -e "$T/up/logs/error.log" &
+PIDS+=($!)
+wait_port $UP_PORT
+
+cat > "$T/weir.toml" <<CONF
+[server]
+listen = "127.0.0.1:$WEIR_PORT"
+admin = "127.0.0.1:$WEIR_ADMIN"
+
+[upstreams.bench]
+url = "http://127.0.0.1:$UP_PORT"
+hosts = ["127.0.0.1", "localhost"]
+
+[upstreams.bench.retry]
+max_attempts = 3
+[upstreams.bench.rate_limit]
+rps = 10000000.0
+burst = 10000000
+CONF
+
+# One run: weir under callgrind for a wrk run of $2 seconds; prints
+# "instructions requests".
+run() { # binary seconds
+    local out="$T/cg.$2"
+    valgrind --tool=callgrind --callgrind-out-file="$out" "$1" --log-level error run --workers 1 --config "$T/weir.toml" 2>/dev/null &
+    local pid=$!
+    PIDS+=($pid)
+    wait_port $WEIR_PORT
+    local reqs
+    reqs=$(wrk -t1 -c4 -d"$2"s "http://127.0.0.1:$WEIR_PORT/" | awk '/requests in/ {print $1}')
+    kill -INT "$pid"
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    local ir
+    ir=$(awk '/^summary:/ {print $2}' "$out")
+    echo "$ir $reqs"
+}
+
+echo "| build | requests (2 s, 6 s) | instructions per request |"
+echo "|---|---|---|"
+for b in "${BINS[@]}"; do
+    read -r i2 r2 < <(run "$b" 2)
+    read -r i6 r6 < <(run "$b" 6)
+    per=$(awk -v a="$i2" -v b="$i6" -v x="$r2" -v y="$r6" 'BEGIN { printf "%.0f", (b - a) / (y - x) }')
+    echo "| $b | $r2, $r6 | $per |"
+done
