@@ -100,7 +100,6 @@ impl RetryOn {
         self.statuses[i / 64] & (1 << (i % 64)) != 0
     }
 
-    /// Whether gRPC code `code` is listed.
     /// Whether any gRPC code is listed.
     pub fn any_grpc(&self) -> bool {
         self.grpc != 0

@@ -230,7 +230,39 @@ pub struct SendError {
     pub tls: bool,
 }
 
+impl Failure {
+    /// The outcome this failure is for the retry decision and the breaker:
+    /// the one classification, on either path (docs/behaviour.md#classifying-an-attempt).
+    pub fn outcome(self) -> crate::policy::Outcome {
+        use crate::policy::Outcome;
+        match self {
+            Failure::Connect => Outcome::ConnectFailure,
+            Failure::NotSent => Outcome::Reset {
+                request_sent: false,
+            },
+            Failure::ClientBody => Outcome::ClientGone,
+            Failure::Reset => Outcome::Reset { request_sent: true },
+            Failure::NotProcessed => Outcome::RefusedStream,
+            Failure::BadResponse => Outcome::BadResponse,
+        }
+    }
+}
+
 impl SendError {
+    /// A failure weir found itself (not from a hyper error).
+    pub fn new(kind: Failure, message: impl Into<String>) -> Self {
+        SendError {
+            kind,
+            message: message.into(),
+            tls: false,
+        }
+    }
+
+    /// The outcome for the decision, and weir's error for the client.
+    pub fn into_parts(self) -> (crate::policy::Outcome, ProxyError) {
+        (self.kind.outcome(), self.into_proxy_error())
+    }
+
     pub fn into_proxy_error(self) -> ProxyError {
         match self.kind {
             Failure::Connect | Failure::NotSent | Failure::NotProcessed => {

@@ -135,7 +135,6 @@ impl ProxyError {
         resp
     }
 
-    /// The response weir sends for this error.
     /// The JSON body of weir's own error response (docs/behaviour.md#error-responses).
     pub fn json_body(&self, upstream: Option<&str>) -> Vec<u8> {
         let mut body = serde_json::json!({

@@ -4,13 +4,12 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use std::time::Duration;
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1) plus the legacy ones proxies drop.
-/// `Trailer` is end to end (RFC 9110 §6.6.2) and stays: hyper only sends the
-/// trailer fields it announces.
 /// Fields never forwarded as they came, in either direction (besides those
 /// a `Connection` field names, and `Transfer-Encoding`, which each side
 /// frames itself): RFC 9110 §7.6.1, plus the proxy credentials meant for
 /// weir itself. The fast path (`fast::head`) strips the same list.
+/// `Trailer` is end to end (RFC 9110 §6.6.2) and stays: hyper only sends
+/// the trailer fields it announces.
 pub(crate) const HOP_BY_HOP: [&str; 7] = [
     "connection",
     "keep-alive",

@@ -47,8 +47,8 @@ pub enum ListenerRole {
 pub struct Upstream {
     pub config: Arc<UpstreamConfig>,
     pub state: Arc<UpstreamState>,
-    /// The upstream's address when the sticky HTTP/1.1 fast path applies
-    /// (cleartext, HTTP/1.1, an IP literal).
+    /// The upstream's address when held connections (`sticky`) and the
+    /// HTTP/1.1 fast path (`fast`) apply (cleartext, HTTP/1.1, an IP literal).
     pub direct: Option<std::net::SocketAddr>,
     /// The connection pool, copied from the state when the snapshot is made.
     pub client: client::UpstreamClient,

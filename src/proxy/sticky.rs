@@ -1,6 +1,8 @@
-//! The fast path to a cleartext HTTP/1.1 upstream: each client connection
-//! keeps the upstream connection it used last and sends its next request on
-//! it, without a shared pool in between.
+//! Held upstream connections, on the general path to a cleartext HTTP/1.1
+//! upstream: each client connection keeps the upstream connection it used
+//! last and sends its next request on it, without a shared pool in between.
+//! (Not to be confused with `proxy::fast`, which serves plain HTTP/1.1
+//! clients without hyper; this serves the requests hyper's server reads.)
 //!
 //! An HTTP/1.1 client connection carries one request at a time, so the
 //! upstream connection it holds is free again by the time the next request

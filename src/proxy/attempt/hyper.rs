@@ -6,7 +6,6 @@ use super::admit::{Ticket, Watch};
 use super::drive::{drive, timed_out, Attempts, Transport};
 use crate::policy::{parse_retry_after, Outcome, RequestFacts, StopReason};
 use crate::proxy::body::{Body, UpstreamBody};
-use crate::proxy::client::Failure;
 use crate::proxy::error::ProxyError;
 use crate::proxy::replay::RequestBody;
 use crate::proxy::Upstream;
@@ -225,17 +224,8 @@ async fn send(
             if e.tls {
                 state.log_tls_failure_once(&e.message);
             }
-            let outcome = match e.kind {
-                Failure::Connect => Outcome::ConnectFailure,
-                Failure::NotSent => Outcome::Reset {
-                    request_sent: false,
-                },
-                Failure::ClientBody => Outcome::ClientGone,
-                Failure::Reset => Outcome::Reset { request_sent: true },
-                Failure::NotProcessed => Outcome::RefusedStream,
-                Failure::BadResponse => Outcome::BadResponse,
-            };
-            (outcome, Err(e.into_proxy_error()))
+            let (outcome, error) = e.into_parts();
+            (outcome, Err(error))
         }
         Err(_) => {
             let (outcome, e) = timed_out(try_deadline, plan.deadline);

@@ -7,6 +7,7 @@ use super::head::{self, Framing, Head};
 use super::{client_gone, read_more, Pool, Timer};
 use crate::policy::{parse_retry_after, Outcome};
 use crate::proxy::attempt;
+use crate::proxy::client::{Failure, SendError};
 use crate::proxy::error::ProxyError;
 use crate::proxy::{Upstream, MAX_RESPONSE_HEAD};
 use std::io;
@@ -25,7 +26,8 @@ pub(super) struct Exchange {
     pub(super) retry_after: Option<Duration>,
 }
 
-pub(super) type Failed = (Outcome, ProxyError);
+/// How an exchange failed, classified as on the general path.
+pub(super) type Failed = SendError;
 
 /// The fast path's transport: one attempt is an [`exchange`] over a pooled
 /// connection, raced against the client going away (the client's socket is
@@ -91,7 +93,7 @@ impl attempt::Transport for FastTransport<'_> {
             // The client went away: the attempt is dropped, the breaker
             // slot released without a verdict.
             () = client_gone(self.stream, self.client, self.need, self.eof) => return None,
-            r = exchange(self.pool, self.up, started, self.request, self.upstream, self.out, self.head_method) => r,
+            r = exchange(self.pool, self.up, started, self.request, self.upstream, self.out, self.head_method) => r.map_err(SendError::into_parts),
             () = self.timer.at(try_deadline) => Err(attempt::timed_out(try_deadline, deadline)),
         };
         Some(match sent {
@@ -135,8 +137,8 @@ async fn exchange(
     head_method: bool,
 ) -> Result<Exchange, Failed> {
     let Some(addr) = up.direct else {
-        let why = "the upstream has no address of its own".to_string();
-        return Err((Outcome::ConnectFailure, ProxyError::ConnectFailed(why)));
+        let why = "the upstream has no address of its own";
+        return Err(SendError::new(Failure::Connect, why));
     };
     let mut s = match pool.take(addr, now) {
         Some(s) => s,
@@ -167,36 +169,33 @@ async fn exchange(
         };
         // Nothing written: nothing reached the upstream (a pooled connection
         // found closed), which any method may retry.
-        return Err(if written == 0 {
-            (
-                Outcome::Reset {
-                    request_sent: false,
-                },
-                ProxyError::ConnectFailed(why),
-            )
+        let kind = if written == 0 {
+            Failure::NotSent
         } else {
-            reset(why)
-        });
+            Failure::Reset
+        };
+        return Err(SendError::new(kind, why));
     }
     let whole = written == request.len();
     buf.clear();
     loop {
         match read_more(&mut s, buf).await {
             Ok(0) if written == 0 => {
-                let why = "the connection closed before the request was written".to_string();
-                let not_sent = Outcome::Reset {
-                    request_sent: false,
-                };
-                return Err((not_sent, ProxyError::ConnectFailed(why)));
+                let why = "the connection closed before the request was written";
+                return Err(SendError::new(Failure::NotSent, why));
             }
-            Ok(0) => return Err(reset("the connection closed before a response".into())),
-            Err(e) => return Err(reset(e.to_string())),
+            Ok(0) => {
+                let why = "the connection closed before a response";
+                return Err(SendError::new(Failure::Reset, why));
+            }
+            Err(e) => return Err(SendError::new(Failure::Reset, e.to_string())),
             Ok(_) => {}
         }
         loop {
             match head::parse_response(buf, head_method, || up.state.clock.wall(), out) {
                 Ok(None) if buf.len() > MAX_RESPONSE_HEAD => {
-                    return Err(bad_response("the response head is too large".into()))
+                    let why = "the response head is too large";
+                    return Err(SendError::new(Failure::BadResponse, why));
                 }
                 Ok(None) => break,
                 Ok(Some(Head::Interim(n))) => {
@@ -215,25 +214,14 @@ async fn exchange(
                         retry_after,
                     });
                 }
-                Err(why) => return Err(bad_response(why.into())),
+                Err(why) => return Err(SendError::new(Failure::BadResponse, why)),
             }
         }
     }
 }
 
-fn reset(why: String) -> Failed {
-    (
-        Outcome::Reset { request_sent: true },
-        ProxyError::UpstreamReset(why),
-    )
-}
-
-fn bad_response(why: String) -> Failed {
-    (Outcome::BadResponse, ProxyError::BadResponse(why))
-}
-
 async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, Failed> {
-    let failed = |why: String| (Outcome::ConnectFailure, ProxyError::ConnectFailed(why));
+    let failed = |why: String| SendError::new(Failure::Connect, why);
     match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => {
             let _ = s.set_nodelay(true);
