@@ -110,6 +110,22 @@ pub(crate) fn grpc_timeout_value(left: Duration) -> HeaderValue {
         .unwrap_or_else(|| HeaderValue::from_static("0m"))
 }
 
+/// `n` in decimal, written into `buf` without allocating: the digits of a
+/// header value weir writes itself (`x-weir-attempts`, `content-length`).
+pub(crate) fn decimal(n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    &buf[i..]
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -321,18 +321,11 @@ pub(crate) fn annotation_fields(
     stop: Option<StopReason>,
     mut put: impl FnMut(&'static str, &[u8]),
 ) {
-    let mut digits = [0u8; 10];
-    let mut i = digits.len();
-    let mut n = attempts;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    put("x-weir-attempts", &digits[i..]);
+    let mut digits = [0u8; 20];
+    put(
+        "x-weir-attempts",
+        crate::proxy::headers::decimal(u64::from(attempts), &mut digits),
+    );
     if let Some(r) = stop {
         put("x-weir-retry-stop", r.as_str().as_bytes());
     }

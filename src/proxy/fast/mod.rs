@@ -300,9 +300,12 @@ impl Ctx<'_> {
             return false;
         };
         let mut t = FastTransport {
-            stream: &mut *self.stream,
-            client: &mut self.bufs.client,
-            eof: &mut self.bufs.eof,
+            watch: ClientWatch {
+                stream: &mut *self.stream,
+                client: &mut self.bufs.client,
+                eof: &mut self.bufs.eof,
+                need,
+            },
             request: &self.bufs.request,
             upstream: &mut self.bufs.upstream,
             out: &mut self.bufs.out,
@@ -310,7 +313,6 @@ impl Ctx<'_> {
             pool: self.pool,
             up,
             addr,
-            need,
             head_method: p.head_method,
         };
         let Some(driven) = attempt::drive(&mut attempts, &mut t, Some(t0)).await else {

@@ -33,9 +33,8 @@ pub(super) type Failed = SendError;
 /// connection, raced against the client going away (the client's socket is
 /// read meanwhile, so a pipelined request is kept and a close is seen).
 pub(super) struct FastTransport<'c> {
-    pub(super) stream: &'c mut TcpStream,
-    pub(super) client: &'c mut Vec<u8>,
-    pub(super) eof: &'c mut bool,
+    /// The client, raced against every wait.
+    pub(super) watch: ClientWatch<'c>,
     pub(super) request: &'c [u8],
     pub(super) upstream: &'c mut Vec<u8>,
     pub(super) out: &'c mut Vec<u8>,
@@ -43,8 +42,6 @@ pub(super) struct FastTransport<'c> {
     pub(super) pool: &'c Pool,
     pub(super) up: &'c Upstream,
     pub(super) addr: SocketAddr,
-    /// Bytes of the client buffer that belong to this request.
-    pub(super) need: usize,
     pub(super) head_method: bool,
 }
 
@@ -71,11 +68,7 @@ impl attempt::Watch for ClientWatch<'_> {
 
 impl attempt::Watch for FastTransport<'_> {
     async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
-        tokio::select! {
-            biased;
-            () = client_gone(self.stream, self.client, self.need, self.eof) => None,
-            r = f => Some(r),
-        }
+        self.watch.unless_gone(f).await
     }
 }
 
@@ -92,7 +85,7 @@ impl attempt::Transport for FastTransport<'_> {
             biased;
             // The client went away: the attempt is dropped, the breaker
             // slot released without a verdict.
-            () = client_gone(self.stream, self.client, self.need, self.eof) => return None,
+            () = client_gone(self.watch.stream, self.watch.client, self.watch.need, self.watch.eof) => return None,
             r = exchange(self.pool, self.up, started, self.request, self.upstream, self.out, self.head_method) => r.map_err(SendError::into_parts),
             () = self.timer.at(try_deadline) => Err(attempt::timed_out(try_deadline, deadline)),
         };

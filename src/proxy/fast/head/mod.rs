@@ -410,18 +410,7 @@ fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 }
 
 fn push_u64(out: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(crate::proxy::headers::decimal(n, &mut [0u8; 20]));
 }
 
 #[cfg(test)]
