@@ -26,7 +26,7 @@ const BUCKETS: &[f64] = &[
 pub const ERROR_CODES: [&str; 12] = [
     "no_route",
     "bad_request",
-    "head_too_large",
+    "header_too_large",
     "connect_not_allowed",
     "bad_response",
     "rate_limited",
@@ -285,11 +285,11 @@ impl Metrics {
         self.bad_request.inc();
     }
 
-    /// `weir_requests_total{upstream="", code="head_too_large"}` (rare: not
+    /// `weir_requests_total{upstream="", code="header_too_large"}` (rare: not
     /// worth a cached handle).
-    pub fn head_too_large(&self) {
+    pub fn header_too_large(&self) {
         self.requests
-            .with_label_values(&["", "head_too_large"])
+            .with_label_values(&["", "header_too_large"])
             .inc();
     }
 

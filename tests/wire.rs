@@ -106,11 +106,11 @@ async fn a_request_head_over_max_header_bytes_is_weirs_431() {
             let out = exchange(weir.addr, head.as_bytes()).await;
             assert!(out.starts_with("HTTP/1.1 431"), "{path}: {out}");
             assert!(
-                out.contains("x-weir-error: head_too_large"),
+                out.contains("x-weir-error: header_too_large"),
                 "{path}: {out}"
             );
             assert!(
-                out.contains("\"error\":\"head_too_large\""),
+                out.contains("\"error\":\"header_too_large\""),
                 "{path}: {out}"
             );
             assert!(

@@ -69,7 +69,7 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => "no_route",
             ProxyError::BadRequest(_) => "bad_request",
-            ProxyError::HeadTooLarge(_) => "head_too_large",
+            ProxyError::HeadTooLarge(_) => "header_too_large",
             ProxyError::ConnectNotAllowed => "connect_not_allowed",
             ProxyError::RateLimited { .. } => "rate_limited",
             ProxyError::Overloaded => "overloaded",

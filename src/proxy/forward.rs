@@ -24,7 +24,7 @@ pub(crate) async fn handle(
 ) -> Response<Body> {
     let (parts, body) = req.into_parts();
     if parts.uri.path() == super::guard::TOO_LARGE_PATH {
-        snap.metrics.head_too_large();
+        snap.metrics.header_too_large();
         let limit = snap.config.server.max_header_bytes;
         return ProxyError::HeadTooLarge(limit).to_response(None);
     }

@@ -32,7 +32,7 @@ pub(crate) const CONFLICT_MARKER: &[u8] = b"GET /!weir-framing-conflict HTTP/1.1
 /// The path of [`CONFLICT_MARKER`].
 pub(crate) const CONFLICT_PATH: &str = "/!weir-framing-conflict";
 /// What hyper is given in place of a request head over `max_header_bytes`:
-/// weir's service answers it with 431 `head_too_large` (weir's JSON error and
+/// weir's service answers it with 431 `header_too_large` (weir's JSON error and
 /// `x-weir-error`, like every response weir makes) instead of hyper's bare
 /// 431, and closes the connection.
 pub(crate) const TOO_LARGE_MARKER: &[u8] = b"GET /!weir-head-too-large HTTP/1.1\r\n\r\n";
