@@ -208,8 +208,21 @@ fn scan_slice(state: &mut State, data: &[u8], max_head: usize) -> Scan {
     }
 }
 
+/// Where a request head ends: after the empty line that closes it. Lines
+/// may end in CRLF or a bare LF, as httparse (hyper's parser) accepts; a
+/// guard that only knew CRLF would take a bare-LF head and the request
+/// after it for one head, and never judge the second (a bypass).
 fn find_head_end(b: &[u8]) -> Option<usize> {
-    b.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
+    let mut i = 0;
+    while let Some(p) = b[i..].iter().position(|c| *c == b'\n') {
+        let lf = i + p;
+        match b.get(lf + 1) {
+            Some(b'\n') => return Some(lf + 2),
+            Some(b'\r') if b.get(lf + 2) == Some(&b'\n') => return Some(lf + 3),
+            _ => i = lf + 1,
+        }
+    }
+    None
 }
 
 enum Judged {
@@ -228,12 +241,22 @@ fn judge(head: &[u8]) -> Judged {
         // hyper will answer whatever this is; stop following.
         _ => return Judged::Next(State::Passthrough),
     }
-    if req.method == Some("CONNECT")
-        || req
-            .headers
-            .iter()
-            .any(|h| h.name.eq_ignore_ascii_case("upgrade"))
-    {
+    // Only a request weir will upgrade (`Upgrade` with `Connection:
+    // upgrade`, as `proxy::upgrade` asks; or CONNECT) may turn the
+    // connection into something that is not HTTP: stop following then. A
+    // bare `Upgrade` is an ordinary request, and what follows it is judged.
+    let names_upgrade = req.headers.iter().any(|h| {
+        h.name.eq_ignore_ascii_case("connection")
+            && std::str::from_utf8(h.value).is_ok_and(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+    });
+    let has_upgrade = req
+        .headers
+        .iter()
+        .any(|h| h.name.eq_ignore_ascii_case("upgrade"));
+    if req.method == Some("CONNECT") || (names_upgrade && has_upgrade) {
         return Judged::Next(State::Passthrough);
     }
     let fields = req.headers.iter().map(|h| (h.name, h.value));
@@ -429,6 +452,14 @@ mod tests {
         let (st, out) = run(&bytes);
         assert_eq!(st, State::Head);
         assert_eq!(out, whole);
+    }
+
+    #[test]
+    fn heads_end_at_an_empty_line_however_lines_end() {
+        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n\r\nX"), Some(18));
+        assert_eq!(find_head_end(b"GET / HTTP/1.1\nHost: x\n\nX"), Some(24));
+        assert_eq!(find_head_end(b"GET / HTTP/1.1\n\r\nX"), Some(17));
+        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\nHost: x\r\n"), None);
     }
 
     #[test]

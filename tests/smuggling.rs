@@ -1,0 +1,64 @@
+//! The request-smuggling guard holds after a first request it could once be
+//! made to frame differently from hyper (a security review's findings): a
+//! repeated `Content-Length: 5` / `05`, a head with bare-LF line ends, a
+//! 20-digit chunk size, and `Upgrade: foo` without `Connection: upgrade`.
+//! After each, a request with both `Content-Length` and `Transfer-Encoding`
+//! must get weir's 400 — never reach the upstream — on both data paths.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use hyper::{Request, Response};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The request a front proxy framing by length would pass on, with a
+/// request hidden in its chunked reading.
+const CONFLICT: &str = "POST /conf HTTP/1.1\r\nHost: svc\r\nContent-Length: 41\r\n\
+                        Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n\
+                        GET /smuggled HTTP/1.1\r\nHost: svc\r\n\r\n";
+
+const FIRSTS: [&str; 4] = [
+    "GET /a HTTP/1.1\r\nHost: svc\r\nContent-Length: 5\r\nContent-Length: 05\r\n\r\nhello",
+    "GET /a HTTP/1.1\nHost: svc\n\n",
+    "POST /a HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\n\r\n\
+     00000000000000000005\r\nhello\r\n0\r\n\r\n",
+    "GET /a HTTP/1.1\r\nHost: svc\r\nUpgrade: foo\r\n\r\n",
+];
+
+both_paths!(
+    #[tokio::test]
+    a_conflicting_request_after_an_odd_first_one_is_refused
+);
+async fn a_conflicting_request_after_an_odd_first_one_is_refused(path: DataPath) {
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let s = seen.clone();
+    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        s.lock().unwrap().push(req.uri().path().to_string());
+        async move { Response::new(body("ok")) }
+    })
+    .await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
+    for first in FIRSTS {
+        seen.lock().unwrap().clear();
+        let mut c = TcpStream::connect(weir.addr).await.unwrap();
+        c.write_all(format!("{first}{CONFLICT}").as_bytes())
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await;
+        let out = String::from_utf8_lossy(&out);
+        let paths = seen.lock().unwrap().clone();
+        assert!(
+            !paths.iter().any(|p| p == "/conf" || p == "/smuggled"),
+            "{first:?}: the upstream saw {paths:?}\n{out}"
+        );
+        assert!(
+            out.contains("HTTP/1.1 400") && out.contains("x-weir-error: bad_request"),
+            "{first:?}: {out}"
+        );
+    }
+}
