@@ -38,6 +38,8 @@ pub struct ServerConfig {
     pub admin: SocketAddr,
     pub max_connections: usize,
     pub header_read_timeout: Duration,
+    /// A client connection with no request in flight this long is closed.
+    pub client_idle_timeout: Duration,
     pub max_header_bytes: usize,
     pub shutdown_timeout: Duration,
     pub tls: Option<ListenerTls>,

@@ -54,6 +54,10 @@ pub struct RawServer {
     /// Time a client has to send a complete request head (slowloris guard). Default 10s.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub header_read_timeout: Option<Dur>,
+    /// A client connection with no request in flight is closed after this
+    /// long (HTTP/2 with a GOAWAY; HTTP/1.1 keep-alive too). Default 60s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_idle_timeout: Option<Dur>,
     /// Request heads larger than this get 431. Default 65536.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_header_bytes: Option<u32>,
@@ -72,13 +76,14 @@ impl RawServer {
             admin: Some("127.0.0.1:15000".into()),
             max_connections: Some(10_000),
             header_read_timeout: Some(Dur(std::time::Duration::from_secs(10))),
+            client_idle_timeout: Some(Dur(std::time::Duration::from_secs(60))),
             max_header_bytes: Some(65_536),
             shutdown_timeout: Some(Dur(std::time::Duration::from_secs(30))),
             tls: None,
         }
     }
 }
-mergeable!(RawServer { listen, admin, max_connections, header_read_timeout, max_header_bytes, shutdown_timeout, tls } nested {});
+mergeable!(RawServer { listen, admin, max_connections, header_read_timeout, client_idle_timeout, max_header_bytes, shutdown_timeout, tls } nested {});
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -4,6 +4,7 @@
 //! gracefully when weir stops. The listeners (`super::server`) and the fast
 //! path (`super::fast`) both end here; neither depends on the other.
 
+use super::body::boxed;
 use super::forward;
 use super::guard::FramingGuard;
 use super::{ListenerRole, Snapshot};
@@ -16,10 +17,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
+use tokio::time::Instant;
 
 /// State shared by every listener and connection.
 #[derive(Debug)]
@@ -56,6 +58,8 @@ pub(super) struct Conn {
     pub(super) builder: auto::Builder<TokioExecutor>,
     pub(super) max_head: usize,
     pub(super) head_timeout: Duration,
+    /// With no request in flight this long, the connection is closed.
+    pub(super) idle_timeout: Duration,
 }
 
 pub(super) async fn serve_io<I>(io: I, conn: Conn)
@@ -70,13 +74,27 @@ where
         builder,
         max_head,
         head_timeout,
+        idle_timeout,
     } = conn;
     let ctx = Arc::new(super::sticky::ConnCtx::default());
+    let activity = Arc::new(Activity::new());
+    let busy_on = activity.clone();
     let svc = service_fn(move |req| {
         let snap = shared.snapshot.load_full();
         let role = role.clone();
         let ctx = ctx.clone();
-        async move { Ok::<_, Infallible>(forward::handle(&snap, &role, &ctx, req).await) }
+        // In flight until its response body is done with (finished, or the
+        // stream reset).
+        let busy = busy_on.begin();
+        async move {
+            let resp = forward::handle(&snap, &role, &ctx, req).await;
+            Ok::<_, Infallible>(resp.map(|b| {
+                boxed(Holding {
+                    inner: b,
+                    _busy: busy,
+                })
+            }))
+        }
     });
     let io = TokioIo::new(FramingGuard::new(io, max_head, head_timeout));
     let conn = builder.serve_connection_with_upgrades(io, svc);
@@ -93,9 +111,98 @@ where
             return;
         }
         _ = stopped(&mut stop) => {}
+        () = activity.idle_for(idle_timeout) => {
+            tracing::debug!(%peer, ?idle_timeout, "closing an idle client connection");
+            // An HTTP/2 goodbye waits for the client to answer a PING; one
+            // that never answers is not waited for longer than a head.
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(head_timeout, conn).await;
+            return;
+        }
     }
     conn.as_mut().graceful_shutdown();
     if let Err(e) = conn.await {
         tracing::debug!(%peer, error = %e, "client connection ended with an error while draining");
+    }
+}
+
+/// Requests in flight on one connection, and since when it has had none:
+/// an HTTP/2 connection that holds no stream (or an HTTP/1.1 one between
+/// requests) for `client_idle_timeout` is closed, so idle sockets cannot
+/// take every connection slot.
+#[derive(Debug)]
+struct Activity {
+    in_flight: AtomicUsize,
+    quiet_since: Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            in_flight: AtomicUsize::new(0),
+            quiet_since: Mutex::new(Instant::now()),
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        Busy(self.clone())
+    }
+
+    /// Resolves once the connection has had nothing in flight for `idle`.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let quiet = (self.in_flight.load(Ordering::Acquire) == 0).then(|| {
+                self.quiet_since
+                    .lock()
+                    .map(|t| *t)
+                    .unwrap_or_else(|_| Instant::now())
+            });
+            match quiet {
+                Some(since) if since + idle <= Instant::now() => return,
+                Some(since) => tokio::time::sleep_until(since + idle).await,
+                None => tokio::time::sleep(idle).await,
+            }
+        }
+    }
+}
+
+/// One request in flight; its end (drop) may start the quiet period.
+#[derive(Debug)]
+struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Ok(mut t) = self.0.quiet_since.lock() {
+                *t = Instant::now();
+            }
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps its request counted as in flight.
+    struct Holding<B> {
+        #[pin]
+        inner: B,
+        _busy: Busy,
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for Holding<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }

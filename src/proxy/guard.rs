@@ -54,6 +54,10 @@ enum State {
     Fixed(u64),
     /// Following a chunked body (`proxy::h1`, hyper's rules).
     Chunked(h1::Chunked),
+    /// An HTTP/2 connection that has not yet sent its preface and a first
+    /// frame header (`seen` bytes so far): passed through, but still timed,
+    /// so a client that stops mid-handshake is cut at `header_read_timeout`.
+    H2Preface { seen: usize },
     /// No longer following: h2, an upgrade, or something hyper will reject.
     Passthrough,
     /// A conflicting head was replaced; nothing more is read from the client.
@@ -129,9 +133,13 @@ fn advance_body(state: &mut State, data: &[u8]) -> usize {
                 data.len()
             }
         },
-        State::Head | State::Passthrough | State::Rejected => 0,
+        State::Head | State::H2Preface { .. } | State::Passthrough | State::Rejected => 0,
     }
 }
+
+/// The HTTP/2 connection preface (RFC 9113 §3.4) and a frame header: what a
+/// client must send within `header_read_timeout`.
+const H2_HANDSHAKE: usize = 24 + 9;
 
 /// Moves `ready` forward through the stash as far as framing allows, judging
 /// each complete head; replaces a conflicting head with [`CONFLICT_MARKER`].
@@ -169,6 +177,15 @@ fn scan_slice(state: &mut State, data: &[u8], max_head: usize) -> Scan {
     loop {
         match *state {
             State::Rejected | State::Passthrough => return Scan::All,
+            State::H2Preface { seen } => {
+                let seen = seen + (data.len() - i);
+                *state = if seen >= H2_HANDSHAKE {
+                    State::Passthrough
+                } else {
+                    State::H2Preface { seen }
+                };
+                return Scan::All;
+            }
             State::Head => {
                 while i < data.len() && (data[i] == b'\r' || data[i] == b'\n') {
                     i += 1;
@@ -177,12 +194,12 @@ fn scan_slice(state: &mut State, data: &[u8], max_head: usize) -> Scan {
                     return Scan::All;
                 }
                 let head = &data[i..];
+                if head.starts_with(b"PRI * HTTP/2.0") {
+                    *state = State::H2Preface { seen: 0 };
+                    continue;
+                }
                 match find_head_end(head) {
                     None => {
-                        if head.starts_with(b"PRI * HTTP/2.0") {
-                            *state = State::Passthrough;
-                            return Scan::All;
-                        }
                         if head.len() > max_head {
                             return Scan::Reject(i, TOO_LARGE_MARKER);
                         }
@@ -333,7 +350,7 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                         }
                     }
                 }
-                State::Head | State::Passthrough => {}
+                State::Head | State::Passthrough | State::H2Preface { .. } => {}
                 _ if this.stash.is_empty() => {
                     // Body bytes: straight into hyper's buffer.
                     let before = buf.filled().len();
@@ -357,8 +374,9 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
             let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
             let mut rb = ReadBuf::uninit(&mut tmp);
             if this.inner.as_mut().poll_read(cx, &mut rb)?.is_pending() {
-                let waiting_for_head = *this.state == State::Head
-                    && (*this.ready < this.stash.len() || !*this.seen_request);
+                let waiting_for_head = (*this.state == State::Head
+                    && (*this.ready < this.stash.len() || !*this.seen_request))
+                    || matches!(*this.state, State::H2Preface { .. });
                 if !waiting_for_head {
                     return Poll::Pending;
                 }
@@ -385,7 +403,8 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
             }
             this.stash.extend_from_slice(rb.filled());
             process(this.state, this.stash, this.ready, *this.max_head);
-            if *this.ready == this.stash.len() || *this.state != State::Head {
+            let handshaking = matches!(*this.state, State::H2Preface { .. });
+            if !handshaking && (*this.ready == this.stash.len() || *this.state != State::Head) {
                 // Every held head is complete: stand the timer down.
                 *this.timer = None;
                 *this.seen_request = true;
@@ -485,10 +504,17 @@ mod tests {
 
     #[test]
     fn h2_and_upgrades_pass_through() {
+        // The preface alone is still a handshake (timed); with a frame
+        // header after it the connection is HTTP/2's.
         assert_eq!(
             run(&[b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"]).0,
+            State::H2Preface { seen: 24 }
+        );
+        assert_eq!(
+            run(&[b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", b"\0\0\0\x04\0\0\0\0\0"]).0,
             State::Passthrough
         );
+        assert_eq!(run(&[b"PRI * HTTP/2.0"]).0, State::H2Preface { seen: 14 });
         let up = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n";
         assert_eq!(run(&[up]).0, State::Passthrough);
     }

@@ -355,13 +355,14 @@ async fn serve_connection(
     pool: Arc<super::fast::Pool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (builder, max_head, head_timeout, tls, fast_path) = {
+    let (builder, max_head, head_timeout, idle_timeout, tls, fast_path) = {
         let snap = shared.snapshot.load();
         let s = &snap.config.server;
         (
             builder(&snap.config),
             s.max_header_bytes,
             s.header_read_timeout,
+            s.client_idle_timeout,
             snap.acceptors.get(&role).cloned(),
             s.fast_path,
         )
@@ -374,6 +375,7 @@ async fn serve_connection(
         builder,
         max_head,
         head_timeout,
+        idle_timeout,
     };
     match tls {
         None if fast_path => super::fast::serve(stream, conn, pool).await,

@@ -1,0 +1,93 @@
+//! Client connections cannot be held open for nothing (a security review:
+//! 1,010 sockets sending the HTTP/2 preface and an empty SETTINGS, then
+//! nothing, took every one of `max_connections` and weir stopped answering;
+//! even the 14-byte partial preface `PRI * HTTP/2.0` was never cut).
+//!
+//! - The HTTP/2 preface and a first frame must arrive within
+//!   `header_read_timeout`.
+//! - A connection with no request in flight is closed after
+//!   `client_idle_timeout` (HTTP/2 with a GOAWAY).
+//! - A request in flight keeps its connection, however long it takes.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use hyper::{Request, Response};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// An empty SETTINGS frame.
+const SETTINGS: &[u8] = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+async fn weir(up: &TestUpstream) -> Weir {
+    Weir::with_server(
+        "header_read_timeout = \"2s\"\nclient_idle_timeout = \"5s\"",
+        &format!(
+            "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",
+            up.url()
+        ),
+    )
+    .await
+}
+
+/// Sends `bytes`, then reads until weir closes the connection; how long
+/// that took, or `None` if it stayed open for a minute.
+async fn closed_after(weir: &Weir, bytes: &[u8]) -> Option<Duration> {
+    let mut s = TcpStream::connect(weir.addr).await.unwrap();
+    let start = Instant::now();
+    s.write_all(bytes).await.unwrap();
+    let mut sink = Vec::new();
+    match tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut sink)).await {
+        Ok(_) => Some(start.elapsed()),
+        Err(_) => None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_partial_h2_preface_is_cut_at_header_read_timeout() {
+    let up = TestUpstream::text("ok").await;
+    let weir = weir(&up).await;
+    let took = closed_after(&weir, b"PRI * HTTP/2.0").await;
+    assert!(
+        took.is_some_and(|t| t >= Duration::from_secs(2) && t < Duration::from_secs(3)),
+        "{took:?}"
+    );
+    // The whole preface without a frame after it: the same.
+    let took = closed_after(&weir, PREFACE).await;
+    assert!(
+        took.is_some_and(|t| t >= Duration::from_secs(2) && t < Duration::from_secs(3)),
+        "{took:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_h2_connection_is_closed_at_client_idle_timeout() {
+    let up = TestUpstream::text("ok").await;
+    let weir = weir(&up).await;
+    // Closed at 5 s with a GOAWAY; a client that does not answer the
+    // goodbye's PING is let go at most `header_read_timeout` later.
+    let took = closed_after(&weir, &[PREFACE, SETTINGS].concat()).await;
+    assert!(
+        took.is_some_and(|t| t >= Duration::from_secs(5) && t <= Duration::from_secs(8)),
+        "{took:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_in_flight_keeps_its_connection() {
+    // The upstream takes 8 s, longer than the 5 s idle timeout.
+    let up = TestUpstream::start(|_req: Request<hyper::body::Incoming>| async move {
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        Response::new(body("slow"))
+    })
+    .await;
+    let weir = weir(&up).await;
+    let req = Request::get("http://svc/slow").body(body("")).unwrap();
+    let resp = h2_request(weir.addr, req).await;
+    let (parts, b) = read_body(resp).await;
+    assert_eq!((parts.status.as_u16(), &b[..]), (200, &b"slow"[..]));
+}
