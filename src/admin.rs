@@ -25,6 +25,29 @@ pub fn is_loopback(ip: IpAddr) -> bool {
     }
 }
 
+/// Whether a request to a loopback-only endpoint names a loopback host: a
+/// browser on this machine tricked into calling weir (DNS rebinding: a
+/// foreign name that resolves to 127.0.0.1) sends that foreign name as
+/// `Host`, and a cross-origin page sends its `Origin`. Either is refused; a
+/// request without `Host` (not a browser's) is let through.
+fn names_loopback<B>(req: &Request<B>) -> bool {
+    let loopback_host = |authority: &str| {
+        let host = crate::proxy::route::host_of(authority);
+        host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(is_loopback)
+    };
+    let host_ok = req
+        .headers()
+        .get(header::HOST)
+        .is_none_or(|h| h.to_str().is_ok_and(loopback_host));
+    let origin_ok = req.headers().get(header::ORIGIN).is_none_or(|o| {
+        o.to_str()
+            .ok()
+            .and_then(|o| o.split_once("://"))
+            .is_some_and(|(_, authority)| loopback_host(authority))
+    });
+    host_ok && origin_ok
+}
+
 /// Serves the admin endpoints until `stop` is set.
 pub async fn serve(
     listener: TcpListener,
@@ -92,6 +115,10 @@ pub async fn route<B>(reloader: &Reloader, peer: SocketAddr, req: Request<B>) ->
         (&Method::GET, "/config") | (&Method::POST, "/reload") if !loopback => text(
             StatusCode::FORBIDDEN,
             "this endpoint answers loopback clients only\n",
+        ),
+        (&Method::GET, "/config") | (&Method::POST, "/reload") if !names_loopback(&req) => text(
+            StatusCode::FORBIDDEN,
+            "this endpoint answers requests to a loopback host only, without a foreign Origin\n",
         ),
         (&Method::GET, "/config") => {
             let mut r = text(StatusCode::OK, proxy.snapshot().config.effective_toml());

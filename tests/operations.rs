@@ -338,6 +338,37 @@ async fn admin_endpoints_and_the_loopback_guard() {
     .await;
     assert_eq!(r.status(), 200);
 
+    // Regression (DNS rebinding): a loopback peer naming a foreign host, or
+    // a cross-origin page, is refused; loopback names are served.
+    for (method, path) in [("GET", "/config"), ("POST", "/reload")] {
+        let with = |name: &'static str, value: &'static str| {
+            Request::builder()
+                .method(method)
+                .uri(path)
+                .header(name, value)
+                .body(())
+                .unwrap()
+        };
+        for (name, value) in [
+            ("host", "evil.example"),
+            ("host", "evil.example:15000"),
+            ("origin", "http://evil.example"),
+            ("origin", "null"),
+        ] {
+            let r = weir::admin::route(&rt.reloader, insider, with(name, value)).await;
+            assert_eq!(r.status(), 403, "{method} {path} with {name}: {value}");
+        }
+        for (name, value) in [
+            ("host", "localhost:15000"),
+            ("host", "127.0.0.1:15000"),
+            ("host", "[::1]:15000"),
+            ("origin", "http://localhost:15000"),
+        ] {
+            let r = weir::admin::route(&rt.reloader, insider, with(name, value)).await;
+            assert_ne!(r.status(), 403, "{method} {path} with {name}: {value}");
+        }
+    }
+
     // Draining: /readyz turns 503.
     rt.proxy.stop_accepting();
     assert_eq!(admin(&rt, "GET", "/readyz").await.0, 503);
