@@ -165,3 +165,58 @@ async fn header_names_keep_their_case_both_ways() {
         assert!(head.contains("\r\nX-Request-Case: 1\r\n"), "{path}: {head}");
     }
 }
+
+/// Regression: a GET whose body came chunked reached the upstream without
+/// it (hyper sends no body for a GET of unknown length) and the client got
+/// 200. A body is never dropped silently: it goes on, with its length.
+#[tokio::test]
+async fn a_get_with_a_chunked_body_keeps_its_body() {
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let s2 = seen.clone();
+    let up = RawUpstream::start(move |_, mut s| {
+        let seen = s2.clone();
+        async move {
+            let mut buf = Vec::new();
+            let mut b = [0u8; 4096];
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+            loop {
+                let n = match tokio::time::timeout_at(deadline, s.read(&mut b)).await {
+                    Ok(Ok(n)) if n > 0 => n,
+                    _ => break,
+                };
+                buf.extend_from_slice(&b[..n]);
+                let text = String::from_utf8_lossy(&buf);
+                if text.contains("\r\n\r\nhello") || text.ends_with("0\r\n\r\n") {
+                    break;
+                }
+            }
+            seen.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&buf).into_owned());
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                .await;
+        }
+    })
+    .await;
+    for (path, url) in paths(&up) {
+        for attempts in [1, 3] {
+            let weir = Weir::single(
+                &url,
+                &format!("[upstreams.svc.retry]\nmax_attempts = {attempts}\n"),
+            )
+            .await;
+            let out = exchange(
+                weir.addr,
+                b"GET /x HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            )
+            .await;
+            assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
+            let head = seen.lock().unwrap().pop().unwrap();
+            assert!(
+                head.contains("hello"),
+                "{path}, {attempts} attempts: {head}"
+            );
+        }
+    }
+}

@@ -179,6 +179,20 @@ fn build(plan: &mut Plan<'_>) -> Request<crate::proxy::body::Body> {
             }
         });
     }
+    // A body of unknown length goes chunked, whatever the method: hyper
+    // would send a GET's or HEAD's as no body at all, and a body is never
+    // dropped silently. (HTTP/2 frames it itself; hyper drops the field.)
+    let unknown = {
+        use http_body::Body as _;
+        let b = req.body();
+        b.size_hint().exact().is_none() && !b.is_end_stream()
+    };
+    if unknown {
+        req.headers_mut().insert(
+            http::header::TRANSFER_ENCODING,
+            http::HeaderValue::from_static("chunked"),
+        );
+    }
     if let Some(grpc_deadline) = plan.grpc_deadline {
         let left = grpc_deadline.saturating_duration_since(Instant::now());
         req.headers_mut().insert(
