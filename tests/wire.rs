@@ -220,3 +220,90 @@ async fn a_get_with_a_chunked_body_keeps_its_body() {
         }
     }
 }
+
+/// An upstream that records each request head it reads, then answers `reply`.
+async fn recording(reply: &'static str) -> (RawUpstream, Arc<Mutex<Vec<String>>>) {
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let s2 = seen.clone();
+    let up = RawUpstream::start(move |_, mut s| {
+        let seen = s2.clone();
+        async move {
+            let mut buf = Vec::new();
+            let mut b = [0u8; 4096];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut b).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&b[..n]),
+                }
+            }
+            seen.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&buf).into_owned());
+            let _ = s.write_all(reply.as_bytes()).await;
+        }
+    })
+    .await;
+    (up, seen)
+}
+
+/// Regressions from a protocol review (each on both paths): two `Host`
+/// fields were routed by the first; `Content-Length: 18446744073709551615`
+/// was a 431; `Content_Length` went upstream.
+#[tokio::test]
+async fn odd_request_heads_are_refused_or_cleaned() {
+    let (up, seen) =
+        recording("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok").await;
+    for (path, url) in paths(&up) {
+        let weir = Weir::single(&url, "").await;
+        for head in [
+            "GET / HTTP/1.1\r\nHost: svc\r\nHost: other\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: svc\r\nContent-Length: 18446744073709551615\r\n\r\n",
+        ] {
+            let out = exchange(weir.addr, head.as_bytes()).await;
+            assert!(out.starts_with("HTTP/1.1 400"), "{path}: {head:?}: {out}");
+            assert!(out.contains("x-weir-error: bad_request"), "{path}: {out}");
+        }
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "{path}: reached the upstream"
+        );
+        let out = exchange(
+            weir.addr,
+            b"GET / HTTP/1.1\r\nHost: svc\r\nContent_Length: 5\r\nTransfer_Encoding: chunked\r\nX_Ok: 1\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
+        let head = seen.lock().unwrap().pop().unwrap().to_ascii_lowercase();
+        assert!(
+            !head.contains("content_length") && !head.contains("transfer_encoding"),
+            "{path}: {head}"
+        );
+        assert!(head.contains("x_ok: 1"), "{path}: {head}");
+    }
+}
+
+/// A 204 carries no Content-Length (RFC 9110 §8.6), and a response with
+/// many Connection fields is relayed, not a 502 (both were the fast path's).
+#[tokio::test]
+async fn odd_response_heads_are_relayed_cleanly() {
+    let (up, _) =
+        recording("HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .await;
+    let conns = "Connection: keep-alive\r\n".repeat(6);
+    let (up2, _) = recording(Box::leak(
+        format!("HTTP/1.1 200 OK\r\n{conns}Content-Length: 2\r\n\r\nok").into_boxed_str(),
+    ))
+    .await;
+    for ((path, url), (_, url2)) in paths(&up).into_iter().zip(paths(&up2)) {
+        let weir = Weir::single(&url, "").await;
+        let out = exchange(weir.addr, get_close()).await;
+        assert!(out.starts_with("HTTP/1.1 204"), "{path}: {out}");
+        assert!(
+            !out.to_ascii_lowercase().contains("content-length"),
+            "{path}: {out}"
+        );
+        let weir = Weir::single(&url2, "").await;
+        let out = exchange(weir.addr, get_close()).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
+    }
+}

@@ -31,7 +31,7 @@ pub(crate) async fn handle(
     if parts.uri.path() == super::guard::INVALID_PATH {
         snap.metrics.bad_request();
         return ProxyError::BadRequest(
-            "the request's framing is invalid: a Content-Length that is not digits, Content-Lengths that disagree, or a Transfer-Encoding that does not end in chunked".into(),
+            "the request head is invalid: a Content-Length that is not digits (or too large), Content-Lengths that disagree, a Transfer-Encoding that does not end in chunked, or two Host fields".into(),
         )
         .to_response(None);
     }

@@ -276,6 +276,15 @@ fn judge(head: &[u8]) -> Judged {
     if req.method == Some("CONNECT") || (names_upgrade && has_upgrade) {
         return Judged::Next(State::Passthrough);
     }
+    // Two Host fields: which one routes is anyone's guess (RFC 9112 §3.2: 400).
+    let hosts = req
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("host"))
+        .count();
+    if hosts > 1 {
+        return Judged::Reject(INVALID_MARKER);
+    }
     let fields = req.headers.iter().map(|h| (h.name, h.value));
     match h1::request_framing(req.version == Some(1), fields) {
         h1::RequestFraming::Conflict => Judged::Reject(CONFLICT_MARKER),

@@ -83,7 +83,9 @@ pub fn request_framing<'a>(
             chunked = ends_chunked(value);
         } else if name.eq_ignore_ascii_case("content-length") {
             cl = true;
-            let Some(n) = content_length(value) else {
+            // hyper's largest body length is u64::MAX − 2 (the two above are
+            // its markers for chunked and close-delimited).
+            let Some(n) = content_length(value).filter(|n| *n <= u64::MAX - 2) else {
                 return RequestFraming::Invalid("an invalid Content-Length");
             };
             if length.is_some_and(|l| l != n) {

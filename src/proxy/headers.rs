@@ -47,6 +47,7 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap, keep_te_trailers: bool) {
         h.remove(n);
     }
     h.remove(header::TRANSFER_ENCODING);
+    strip_lookalikes(h);
     strip_weir(h);
     if te_trailers {
         h.insert(header::TE, HeaderValue::from_static("trailers"));
@@ -108,6 +109,34 @@ pub(crate) fn grpc_timeout_value(left: Duration) -> HeaderValue {
         .ok()
         .and_then(|s| HeaderValue::from_str(&format!("{s}m")).ok())
         .unwrap_or_else(|| HeaderValue::from_static("0m"))
+}
+
+/// Whether a field name reads as `Content-Length`, `Transfer-Encoding` or
+/// `Host` once `_` is taken for `-`, as CGI-style servers (PHP, WSGI) map
+/// both to the same variable: `Content_Length` must not reach an upstream
+/// that may frame or route by it (nginx drops such names too). Both paths
+/// drop them.
+pub(crate) fn is_lookalike(name: &str) -> bool {
+    name.contains('_')
+        && ["content-length", "transfer-encoding", "host"]
+            .iter()
+            .any(|f| {
+                f.len() == name.len()
+                    && f.bytes()
+                        .zip(name.bytes())
+                        .all(|(a, b)| a == b.to_ascii_lowercase() || (a == b'-' && b == b'_'))
+            })
+}
+
+fn strip_lookalikes(h: &mut HeaderMap) {
+    let found: Vec<HeaderName> = h
+        .keys()
+        .filter(|n| is_lookalike(n.as_str()))
+        .cloned()
+        .collect();
+    for n in found {
+        h.remove(n);
+    }
 }
 
 /// `n` in decimal, written into `buf` without allocating: the digits of a

@@ -82,7 +82,7 @@ fn hop_by_hop(name: &str) -> bool {
 }
 
 /// The most `Connection` fields a head may have on the fast path.
-const MAX_CONNECTION_FIELDS: usize = 4;
+const MAX_CONNECTION_FIELDS: usize = 16;
 
 /// What the `Connection` fields of a head say: the options weir acts on,
 /// and the values themselves, whose other names are hop-by-hop fields.
@@ -357,7 +357,12 @@ fn write(
         if key.is_none() && key_header.is_some_and(|k| eq(k, n)) {
             key = visible(h.value).map(str::to_owned);
         }
-        if eq(n, "host") || eq(n, "content-length") || hop_by_hop(n) || req.connection.names(n) {
+        if eq(n, "host")
+            || eq(n, "content-length")
+            || hop_by_hop(n)
+            || req.connection.names(n)
+            || crate::proxy::headers::is_lookalike(n)
+        {
             continue;
         }
         has_key |= eq(n, idem);

@@ -129,9 +129,10 @@ pub fn parse_response<'b>(
     for h in resp.headers.iter() {
         let n = h.name;
         // A body-less response keeps its Content-Length: it describes the
-        // representation (HEAD, 304), not this message.
-        let framing_field =
-            eq(n, "transfer-encoding") || (eq(n, "content-length") && framing != Framing::Empty);
+        // representation (HEAD, 304), not this message — except a 204,
+        // which must not carry one (RFC 9110 §8.6), as hyper's server drops it.
+        let framing_field = eq(n, "transfer-encoding")
+            || (eq(n, "content-length") && (framing != Framing::Empty || status == 204));
         if framing_field || hop_by_hop(n) || connection.names(n) {
             continue;
         }
