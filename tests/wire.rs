@@ -130,28 +130,8 @@ async fn a_request_head_over_max_header_bytes_is_weirs_431() {
 
 #[tokio::test]
 async fn header_names_keep_their_case_both_ways() {
-    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
-    let s2 = seen.clone();
-    let up = RawUpstream::start(move |_, mut s| {
-        let seen = s2.clone();
-        async move {
-            let mut buf = Vec::new();
-            let mut b = [0u8; 4096];
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                match s.read(&mut b).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => buf.extend_from_slice(&b[..n]),
-                }
-            }
-            seen.lock()
-                .unwrap()
-                .push(String::from_utf8_lossy(&buf).into_owned());
-            let _ = s
-                .write_all(b"HTTP/1.1 200 OK\r\nX-Upstream-Case: 1\r\nContent-Length: 2\r\n\r\nok")
-                .await;
-        }
-    })
-    .await;
+    let (up, seen) =
+        recording("HTTP/1.1 200 OK\r\nX-Upstream-Case: 1\r\nContent-Length: 2\r\n\r\nok").await;
     for (path, url) in paths(&up) {
         let weir = Weir::single(&url, "").await;
         let out = exchange(
