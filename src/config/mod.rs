@@ -40,6 +40,8 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// A client connection with no request in flight this long is closed.
     pub client_idle_timeout: Duration,
+    /// A response the client takes none of for this long is abandoned.
+    pub client_write_timeout: Duration,
     pub max_header_bytes: usize,
     pub shutdown_timeout: Duration,
     pub tls: Option<ListenerTls>,

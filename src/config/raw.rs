@@ -58,6 +58,10 @@ pub struct RawServer {
     /// long (HTTP/2 with a GOAWAY; HTTP/1.1 keep-alive too). Default 60s.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_idle_timeout: Option<Dur>,
+    /// A response the client takes none of for this long is abandoned: its
+    /// connection is closed and its slot freed (slow-reader guard). Default 30s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_write_timeout: Option<Dur>,
     /// Request heads larger than this get 431. Default 65536.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_header_bytes: Option<u32>,
@@ -77,13 +81,14 @@ impl RawServer {
             max_connections: Some(10_000),
             header_read_timeout: Some(Dur(std::time::Duration::from_secs(10))),
             client_idle_timeout: Some(Dur(std::time::Duration::from_secs(60))),
+            client_write_timeout: Some(Dur(std::time::Duration::from_secs(30))),
             max_header_bytes: Some(65_536),
             shutdown_timeout: Some(Dur(std::time::Duration::from_secs(30))),
             tls: None,
         }
     }
 }
-mergeable!(RawServer { listen, admin, max_connections, header_read_timeout, client_idle_timeout, max_header_bytes, shutdown_timeout, tls } nested {});
+mergeable!(RawServer { listen, admin, max_connections, header_read_timeout, client_idle_timeout, client_write_timeout, max_header_bytes, shutdown_timeout, tls } nested {});
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

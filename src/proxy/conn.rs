@@ -18,7 +18,7 @@ use hyper_util::server::conn::auto;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
@@ -60,6 +60,8 @@ pub(super) struct Conn {
     pub(super) head_timeout: Duration,
     /// With no request in flight this long, the connection is closed.
     pub(super) idle_timeout: Duration,
+    /// A response the client takes nothing of for this long ends the connection.
+    pub(super) write_timeout: Duration,
 }
 
 pub(super) async fn serve_io<I>(io: I, conn: Conn)
@@ -75,6 +77,7 @@ where
         max_head,
         head_timeout,
         idle_timeout,
+        write_timeout,
     } = conn;
     let ctx = Arc::new(super::sticky::ConnCtx::default());
     let activity = Arc::new(Activity::new());
@@ -88,12 +91,10 @@ where
         let busy = busy_on.begin();
         async move {
             let resp = forward::handle(&snap, &role, &ctx, req).await;
-            Ok::<_, Infallible>(resp.map(|b| {
-                boxed(Holding {
-                    inner: b,
-                    _busy: busy,
-                })
-            }))
+            // The head is handed over now; until hyper asks for the body,
+            // it waits on the client (an HTTP/2 window of 0 never asks).
+            busy.handed_now();
+            Ok::<_, Infallible>(resp.map(|b| boxed(Holding { inner: b, busy })))
         }
     });
     let io = TokioIo::new(FramingGuard::new(io, max_head, head_timeout));
@@ -111,7 +112,13 @@ where
             return;
         }
         _ = stopped(&mut stop) => {}
-        () = activity.idle_for(idle_timeout) => {
+        ending = activity.watch(idle_timeout, write_timeout) => {
+            if ending == Ending::Stalled {
+                // A client that takes nothing of a response: let it go, and
+                // with it every slot its requests hold.
+                tracing::debug!(%peer, ?write_timeout, "client stopped reading; connection closed");
+                return;
+            }
             tracing::debug!(%peer, ?idle_timeout, "closing an idle client connection");
             // An HTTP/2 goodbye waits for the client to answer a PING; one
             // that never answers is not waited for longer than a head.
@@ -126,14 +133,30 @@ where
     }
 }
 
-/// Requests in flight on one connection, and since when it has had none:
-/// an HTTP/2 connection that holds no stream (or an HTTP/1.1 one between
-/// requests) for `client_idle_timeout` is closed, so idle sockets cannot
-/// take every connection slot.
+/// Requests in flight on one connection, since when it has had none, and
+/// the frames handed to hyper that the client has not taken: an HTTP/2
+/// connection that holds no stream (or an HTTP/1.1 one between requests)
+/// for `client_idle_timeout` is closed, so idle sockets cannot take every
+/// connection slot; one whose client takes nothing of a response for
+/// `client_write_timeout` is dropped, so a client that stops reading cannot
+/// hold its requests' slots forever.
 #[derive(Debug)]
 struct Activity {
     in_flight: AtomicUsize,
     quiet_since: Mutex<Instant>,
+    /// One entry per response body: when it last handed hyper a frame that
+    /// hyper has not come back for (hyper asks a body for more only once it
+    /// could send what it got — a full socket, or no HTTP/2 window).
+    handed: Mutex<Vec<Weak<Mutex<Option<Instant>>>>>,
+    /// Woken when a request begins.
+    changed: tokio::sync::Notify,
+}
+
+/// Why [`Activity::watch`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Idle,
+    Stalled,
 }
 
 impl Activity {
@@ -141,27 +164,56 @@ impl Activity {
         Activity {
             in_flight: AtomicUsize::new(0),
             quiet_since: Mutex::new(Instant::now()),
+            handed: Mutex::new(Vec::new()),
+            changed: tokio::sync::Notify::new(),
         }
     }
 
     fn begin(self: &Arc<Self>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
-        Busy(self.clone())
+        let handed = Arc::new(Mutex::new(None));
+        if let Ok(mut all) = self.handed.lock() {
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&handed));
+        }
+        self.changed.notify_one();
+        Busy {
+            activity: self.clone(),
+            handed,
+        }
     }
 
-    /// Resolves once the connection has had nothing in flight for `idle`.
-    async fn idle_for(&self, idle: Duration) {
+    /// The oldest frame handed to hyper and not yet taken by the client.
+    fn oldest_handoff(&self) -> Option<Instant> {
+        let all = self.handed.lock().ok()?;
+        all.iter()
+            .filter_map(|w| w.upgrade())
+            .filter_map(|h| h.lock().ok().and_then(|t| *t))
+            .min()
+    }
+
+    /// Resolves once the connection has had nothing in flight for `idle`,
+    /// or a response has waited on the client for `write`.
+    async fn watch(&self, idle: Duration, write: Duration) -> Ending {
         loop {
-            let quiet = (self.in_flight.load(Ordering::Acquire) == 0).then(|| {
-                self.quiet_since
-                    .lock()
-                    .map(|t| *t)
-                    .unwrap_or_else(|_| Instant::now())
-            });
-            match quiet {
-                Some(since) if since + idle <= Instant::now() => return,
-                Some(since) => tokio::time::sleep_until(since + idle).await,
-                None => tokio::time::sleep(idle).await,
+            let now = Instant::now();
+            let next = if self.in_flight.load(Ordering::Acquire) == 0 {
+                let since = self.quiet_since.lock().map(|t| *t).unwrap_or(now);
+                if since + idle <= now {
+                    return Ending::Idle;
+                }
+                since + idle
+            } else {
+                match self.oldest_handoff() {
+                    Some(t) if t + write <= now => return Ending::Stalled,
+                    Some(t) => t + write,
+                    None => now + write,
+                }
+            };
+            // A request arriving may bring the next deadline forward.
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                () = self.changed.notified() => {}
             }
         }
     }
@@ -169,12 +221,23 @@ impl Activity {
 
 /// One request in flight; its end (drop) may start the quiet period.
 #[derive(Debug)]
-struct Busy(Arc<Activity>);
+struct Busy {
+    activity: Arc<Activity>,
+    handed: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Busy {
+    fn handed_now(&self) {
+        if let Ok(mut t) = self.handed.lock() {
+            *t = Some(Instant::now());
+        }
+    }
+}
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        if self.0.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            if let Ok(mut t) = self.0.quiet_since.lock() {
+        if self.activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Ok(mut t) = self.activity.quiet_since.lock() {
                 *t = Instant::now();
             }
         }
@@ -182,11 +245,12 @@ impl Drop for Busy {
 }
 
 pin_project_lite::pin_project! {
-    /// A response body that keeps its request counted as in flight.
+    /// A response body that keeps its request counted as in flight, and
+    /// notes each frame it hands to hyper until hyper asks for the next.
     struct Holding<B> {
         #[pin]
         inner: B,
-        _busy: Busy,
+        busy: Busy,
     }
 }
 
@@ -197,7 +261,15 @@ impl<B: http_body::Body> http_body::Body for Holding<B> {
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
-        self.project().inner.poll_frame(cx)
+        let this = self.project();
+        let r = this.inner.poll_frame(cx);
+        if let Ok(mut t) = this.busy.handed.lock() {
+            *t = match &r {
+                std::task::Poll::Ready(Some(Ok(_))) => Some(Instant::now()),
+                _ => None,
+            };
+        }
+        r
     }
     fn is_end_stream(&self) -> bool {
         self.inner.is_end_stream()

@@ -355,7 +355,7 @@ async fn serve_connection(
     pool: Arc<super::fast::Pool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (builder, max_head, head_timeout, idle_timeout, tls, fast_path) = {
+    let (builder, max_head, head_timeout, idle_timeout, write_timeout, tls, fast_path) = {
         let snap = shared.snapshot.load();
         let s = &snap.config.server;
         (
@@ -363,6 +363,7 @@ async fn serve_connection(
             s.max_header_bytes,
             s.header_read_timeout,
             s.client_idle_timeout,
+            s.client_write_timeout,
             snap.acceptors.get(&role).cloned(),
             s.fast_path,
         )
@@ -376,6 +377,7 @@ async fn serve_connection(
         max_head,
         head_timeout,
         idle_timeout,
+        write_timeout,
     };
     match tls {
         None if fast_path => super::fast::serve(stream, conn, pool).await,

@@ -155,6 +155,10 @@ fn server(cx: &mut Ctx, s: &RawServer) -> Option<ServerConfig> {
             format!("must be at least 8192 (hyper's smallest read buffer), got {max_header_bytes}"),
         );
     }
+    let client_write_timeout = s.client_write_timeout.map(|d| d.0).unwrap_or_default();
+    if client_write_timeout.is_zero() {
+        cx.err("server.client_write_timeout", "must be greater than 0");
+    }
     let client_idle_timeout = s.client_idle_timeout.map(|d| d.0).unwrap_or_default();
     if client_idle_timeout.is_zero() {
         cx.err("server.client_idle_timeout", "must be greater than 0");
@@ -177,6 +181,7 @@ fn server(cx: &mut Ctx, s: &RawServer) -> Option<ServerConfig> {
         max_connections: max_connections as usize,
         header_read_timeout,
         client_idle_timeout,
+        client_write_timeout,
         max_header_bytes: max_header_bytes as usize,
         shutdown_timeout: s.shutdown_timeout.map(|d| d.0).unwrap_or_default(),
         tls: s.tls.as_ref().map(|t| ListenerTls {

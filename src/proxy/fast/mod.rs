@@ -156,6 +156,25 @@ async fn client_gone(s: &mut TcpStream, buf: &mut Vec<u8>, keep: usize, eof: &mu
     }
 }
 
+/// Writes `bytes` to the client. A client that takes nothing for `limit`
+/// (`client_write_timeout`) is given up on: the connection ends and its
+/// slot is freed. A write that goes through at once arms no timer.
+async fn write_client(s: &mut TcpStream, mut bytes: &[u8], limit: Duration) -> bool {
+    while !bytes.is_empty() {
+        match s.try_write(bytes) {
+            Ok(0) => return false,
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if !matches!(tokio::time::timeout(limit, s.writable()).await, Ok(Ok(()))) {
+                    return false;
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
 /// Serves a cleartext client connection.
 pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
     let mut bufs = Bufs::new();
@@ -212,6 +231,7 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
             timer: &mut timer,
             pool: &pool,
             stop: &conn.stop,
+            write_timeout: conn.write_timeout,
         };
         let open = ctx.serve(up, planned).await;
         if !open || *conn.stop.borrow() {
@@ -231,6 +251,9 @@ struct Ctx<'c> {
     pool: &'c Pool,
     /// Set when weir drains: a response then says `Connection: close`.
     stop: &'c tokio::sync::watch::Receiver<bool>,
+    /// `client_write_timeout`: a write to the client that makes no progress
+    /// for this long ends the connection.
+    write_timeout: Duration,
 }
 
 impl Ctx<'_> {
@@ -361,7 +384,7 @@ impl Ctx<'_> {
             date: up.state.clock.wall(),
         };
         e.write(&mut self.bufs.out);
-        let ok = self.stream.write_all(&self.bufs.out).await.is_ok();
+        let ok = write_client(self.stream, &self.bufs.out, self.write_timeout).await;
         ok && !close && !f.error.closes_connection()
     }
 
@@ -410,7 +433,7 @@ impl Ctx<'_> {
                 Ok(None) => (None, tail.len()),
                 Err(_) => {
                     // The head goes out; the broken body ends the connection.
-                    let _ = self.stream.write_all(&bufs.out).await;
+                    let _ = write_client(self.stream, &bufs.out, self.write_timeout).await;
                     return false;
                 }
             },
@@ -423,7 +446,7 @@ impl Ctx<'_> {
         if framing != Framing::Chunked {
             bufs.out.extend_from_slice(&tail[..body_now]);
         }
-        if self.stream.write_all(&bufs.out).await.is_err() {
+        if !write_client(self.stream, &bufs.out, self.write_timeout).await {
             return false;
         }
         // The last clock reading: when the connection goes back to the pool.
@@ -472,7 +495,7 @@ impl Ctx<'_> {
             if pass < n {
                 reusable = false;
             }
-            if self.stream.write_all(send).await.is_err() {
+            if !write_client(self.stream, send, self.write_timeout).await {
                 return false;
             }
         }
