@@ -91,3 +91,110 @@ async fn a_request_in_flight_keeps_its_connection() {
     let (parts, b) = read_body(resp).await;
     assert_eq!((parts.status.as_u16(), &b[..]), (200, &b"slow"[..]));
 }
+
+/// Requests that finish are not "abandoned": 300 on one HTTP/2 connection
+/// and 300 on one HTTP/1.1 keep-alive connection (general path), faster
+/// than the reset limit, all succeed on the same connection.
+#[tokio::test]
+async fn finished_requests_never_count_as_resets() {
+    let up = TestUpstream::text("ok").await;
+    let weir = Weir::with_server_on(
+        DataPath::General,
+        "max_resets_per_second = 10",
+        &format!(
+            "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",
+            up.url()
+        ),
+    )
+    .await;
+    let stream = TcpStream::connect(weir.addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    for i in 0..300 {
+        let mut s = send.clone();
+        let resp = s
+            .send_request(Request::get("http://svc/").body(body("")).unwrap())
+            .await
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        let (parts, b) = read_body(resp).await;
+        assert_eq!(
+            (parts.status.as_u16(), &b[..]),
+            (200, &b"ok"[..]),
+            "request {i}"
+        );
+    }
+    conn.abort();
+    let stream = TcpStream::connect(weir.addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    for i in 0..300 {
+        let resp = send
+            .send_request(
+                Request::get("http://svc/")
+                    .header("host", "svc")
+                    .body(body(""))
+                    .unwrap(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        let (parts, _) = read_body(resp).await;
+        assert_eq!(parts.status.as_u16(), 200, "request {i}");
+    }
+    conn.abort();
+}
+
+/// Delayed rapid reset: streams opened and cancelled once the request is
+/// under way, faster than `max_resets_per_second`, close the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rapidly_reset_streams_close_the_connection() {
+    let up = TestUpstream::start(|_req: Request<hyper::body::Incoming>| async move {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        Response::new(body("slow"))
+    })
+    .await;
+    let weir = Weir::with_server(
+        "max_resets_per_second = 20",
+        &format!(
+            "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",
+            up.url()
+        ),
+    )
+    .await;
+    let stream = TcpStream::connect(weir.addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut refused = false;
+    for _ in 0..200 {
+        let mut s = send.clone();
+        // Send the request, give it a moment to reach the upstream, cancel.
+        let call = tokio::spawn(async move {
+            s.send_request(Request::get("http://svc/").body(body("")).unwrap())
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        call.abort();
+        if conn.is_finished() {
+            refused = true;
+            break;
+        }
+    }
+    // The connection ends within a second of the limit being crossed.
+    let closed = tokio::time::timeout(Duration::from_secs(3), conn).await;
+    assert!(
+        refused || closed.is_ok(),
+        "weir kept a connection resetting 200 streams"
+    );
+}

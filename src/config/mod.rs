@@ -42,6 +42,10 @@ pub struct ServerConfig {
     pub client_idle_timeout: Duration,
     /// A response the client takes none of for this long is abandoned.
     pub client_write_timeout: Duration,
+    /// HTTP/2 streams one client connection may have open at once.
+    pub max_streams_per_connection: u32,
+    /// Requests a connection may abandon per second before it is closed.
+    pub max_resets_per_second: u32,
     pub max_header_bytes: usize,
     pub shutdown_timeout: Duration,
     pub tls: Option<ListenerTls>,

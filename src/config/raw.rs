@@ -62,6 +62,13 @@ pub struct RawServer {
     /// connection is closed and its slot freed (slow-reader guard). Default 30s.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client_write_timeout: Option<Dur>,
+    /// HTTP/2 streams one client connection may have open at once. Default 100.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_streams_per_connection: Option<u32>,
+    /// Requests a client connection may abandon (reset, or cancel by going
+    /// away) per second before the connection is closed. Default 100.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_resets_per_second: Option<u32>,
     /// Request heads larger than this get 431. Default 65536.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_header_bytes: Option<u32>,
@@ -82,13 +89,15 @@ impl RawServer {
             header_read_timeout: Some(Dur(std::time::Duration::from_secs(10))),
             client_idle_timeout: Some(Dur(std::time::Duration::from_secs(60))),
             client_write_timeout: Some(Dur(std::time::Duration::from_secs(30))),
+            max_streams_per_connection: Some(100),
+            max_resets_per_second: Some(100),
             max_header_bytes: Some(65_536),
             shutdown_timeout: Some(Dur(std::time::Duration::from_secs(30))),
             tls: None,
         }
     }
 }
-mergeable!(RawServer { listen, admin, max_connections, header_read_timeout, client_idle_timeout, client_write_timeout, max_header_bytes, shutdown_timeout, tls } nested {});
+mergeable!(RawServer { listen, admin, max_connections, header_read_timeout, client_idle_timeout, client_write_timeout, max_streams_per_connection, max_resets_per_second, max_header_bytes, shutdown_timeout, tls } nested {});
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

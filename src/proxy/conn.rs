@@ -45,7 +45,8 @@ pub(super) fn builder(config: &Config) -> auto::Builder<TokioExecutor> {
         .keep_alive(true);
     b.http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(config.server.max_header_bytes.min(u32::MAX as usize) as u32);
+        .max_header_list_size(config.server.max_header_bytes.min(u32::MAX as usize) as u32)
+        .max_concurrent_streams(config.server.max_streams_per_connection);
     b
 }
 
@@ -62,6 +63,8 @@ pub(super) struct Conn {
     pub(super) idle_timeout: Duration,
     /// A response the client takes nothing of for this long ends the connection.
     pub(super) write_timeout: Duration,
+    /// Abandoned requests per second that end the connection.
+    pub(super) max_resets: u32,
 }
 
 pub(super) async fn serve_io<I>(io: I, conn: Conn)
@@ -78,9 +81,10 @@ where
         head_timeout,
         idle_timeout,
         write_timeout,
+        max_resets,
     } = conn;
     let ctx = Arc::new(super::sticky::ConnCtx::default());
-    let activity = Arc::new(Activity::new());
+    let activity = Arc::new(Activity::new(max_resets));
     let busy_on = activity.clone();
     let svc = service_fn(move |req| {
         let snap = shared.snapshot.load_full();
@@ -113,6 +117,12 @@ where
         }
         _ = stopped(&mut stop) => {}
         ending = activity.watch(idle_timeout, write_timeout) => {
+            if ending == Ending::Resets {
+                // Requests opened and abandoned faster than anyone reads
+                // answers (HTTP/2 rapid reset, delayed or not).
+                tracing::debug!(%peer, max_resets, "too many abandoned requests; connection closed");
+                return;
+            }
             if ending == Ending::Stalled {
                 // A client that takes nothing of a response: let it go, and
                 // with it every slot its requests hold.
@@ -148,8 +158,13 @@ struct Activity {
     /// hyper has not come back for (hyper asks a body for more only once it
     /// could send what it got — a full socket, or no HTTP/2 window).
     handed: Mutex<Vec<Weak<Mutex<Option<Instant>>>>>,
-    /// Woken when a request begins.
+    /// Woken when a request begins or is abandoned.
     changed: tokio::sync::Notify,
+    /// Requests abandoned (their response not finished) in the current
+    /// second, and that second's start; above `max_resets`, the connection
+    /// ends.
+    resets: Mutex<(Instant, u32)>,
+    max_resets: u32,
 }
 
 /// Why [`Activity::watch`] returned.
@@ -157,16 +172,39 @@ struct Activity {
 enum Ending {
     Idle,
     Stalled,
+    Resets,
 }
 
 impl Activity {
-    fn new() -> Self {
+    fn new(max_resets: u32) -> Self {
         Activity {
             in_flight: AtomicUsize::new(0),
             quiet_since: Mutex::new(Instant::now()),
             handed: Mutex::new(Vec::new()),
             changed: tokio::sync::Notify::new(),
+            resets: Mutex::new((Instant::now(), 0)),
+            max_resets,
         }
+    }
+
+    /// Counts an abandoned request; `true` once this second has seen more
+    /// than `max_resets`.
+    fn abandoned(&self) -> bool {
+        let Ok(mut r) = self.resets.lock() else {
+            return false;
+        };
+        let now = Instant::now();
+        if now.duration_since(r.0) >= Duration::from_secs(1) {
+            *r = (now, 0);
+        }
+        r.1 += 1;
+        r.1 > self.max_resets
+    }
+
+    fn too_many_resets(&self) -> bool {
+        self.resets
+            .lock()
+            .is_ok_and(|r| r.1 > self.max_resets && r.0.elapsed() < Duration::from_secs(1))
     }
 
     fn begin(self: &Arc<Self>) -> Busy {
@@ -180,6 +218,7 @@ impl Activity {
         Busy {
             activity: self.clone(),
             handed,
+            done: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -196,6 +235,9 @@ impl Activity {
     /// or a response has waited on the client for `write`.
     async fn watch(&self, idle: Duration, write: Duration) -> Ending {
         loop {
+            if self.too_many_resets() {
+                return Ending::Resets;
+            }
             let now = Instant::now();
             let next = if self.in_flight.load(Ordering::Acquire) == 0 {
                 let since = self.quiet_since.lock().map(|t| *t).unwrap_or(now);
@@ -224,6 +266,9 @@ impl Activity {
 struct Busy {
     activity: Arc<Activity>,
     handed: Arc<Mutex<Option<Instant>>>,
+    /// Its response went out whole (the body said it had ended, or was
+    /// read to its end); dropped before that, it was abandoned.
+    done: std::sync::atomic::AtomicBool,
 }
 
 impl Busy {
@@ -236,6 +281,9 @@ impl Busy {
 
 impl Drop for Busy {
     fn drop(&mut self) {
+        if !self.done.load(Ordering::Acquire) && self.activity.abandoned() {
+            self.activity.changed.notify_one();
+        }
         if self.activity.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             if let Ok(mut t) = self.activity.quiet_since.lock() {
                 *t = Instant::now();
@@ -269,10 +317,18 @@ impl<B: http_body::Body> http_body::Body for Holding<B> {
                 _ => None,
             };
         }
+        if let std::task::Poll::Ready(None) = &r {
+            this.busy.done.store(true, Ordering::Release);
+        }
         r
     }
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        let end = self.inner.is_end_stream();
+        if end {
+            // hyper may stop here without asking for the end.
+            self.busy.done.store(true, Ordering::Release);
+        }
+        end
     }
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()

@@ -355,7 +355,7 @@ async fn serve_connection(
     pool: Arc<super::fast::Pool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (builder, max_head, head_timeout, idle_timeout, write_timeout, tls, fast_path) = {
+    let (builder, max_head, head_timeout, idle_timeout, write_timeout, max_resets, tls, fast_path) = {
         let snap = shared.snapshot.load();
         let s = &snap.config.server;
         (
@@ -364,6 +364,7 @@ async fn serve_connection(
             s.header_read_timeout,
             s.client_idle_timeout,
             s.client_write_timeout,
+            s.max_resets_per_second,
             snap.acceptors.get(&role).cloned(),
             s.fast_path,
         )
@@ -378,6 +379,7 @@ async fn serve_connection(
         head_timeout,
         idle_timeout,
         write_timeout,
+        max_resets,
     };
     match tls {
         None if fast_path => super::fast::serve(stream, conn, pool).await,

@@ -155,6 +155,14 @@ fn server(cx: &mut Ctx, s: &RawServer) -> Option<ServerConfig> {
             format!("must be at least 8192 (hyper's smallest read buffer), got {max_header_bytes}"),
         );
     }
+    let max_streams_per_connection = s.max_streams_per_connection.unwrap_or_default();
+    if max_streams_per_connection == 0 {
+        cx.err("server.max_streams_per_connection", "must be at least 1");
+    }
+    let max_resets_per_second = s.max_resets_per_second.unwrap_or_default();
+    if max_resets_per_second == 0 {
+        cx.err("server.max_resets_per_second", "must be at least 1");
+    }
     let client_write_timeout = s.client_write_timeout.map(|d| d.0).unwrap_or_default();
     if client_write_timeout.is_zero() {
         cx.err("server.client_write_timeout", "must be greater than 0");
@@ -182,6 +190,8 @@ fn server(cx: &mut Ctx, s: &RawServer) -> Option<ServerConfig> {
         header_read_timeout,
         client_idle_timeout,
         client_write_timeout,
+        max_streams_per_connection,
+        max_resets_per_second,
         max_header_bytes: max_header_bytes as usize,
         shutdown_timeout: s.shutdown_timeout.map(|d| d.0).unwrap_or_default(),
         tls: s.tls.as_ref().map(|t| ListenerTls {
