@@ -26,43 +26,9 @@ UP_PORT=18090
 WEIR_PORT=18091
 WEIR_ADMIN=18092
 
-T="$(mktemp -d)"
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
-    sleep 0.3
-    for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true; done
-    rm -rf "$T"
-}
-trap cleanup EXIT
-
-wait_port() {
-    for _ in $(seq 1 200); do
-        (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "port $1 did not open" >&2
-    return 1
-}
-
-mkdir -p "$T/up/logs"
-cat > "$T/up/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $T/up/nginx.pid;
-error_log $T/up/logs/error.log crit;
-events { worker_connections 1024; }
-http {
-    access_log off;
-    client_body_temp_path $T/up; proxy_temp_path $T/up; fastcgi_temp_path $T/up;
-    uwsgi_temp_path $T/up; scgi_temp_path $T/up;
-    keepalive_requests 1000000;
-    server { listen 127.0.0.1:$UP_PORT; location / { return 200 "ok"; } }
-}
-CONF
-nginx -p "$T/up" -c "$T/up/nginx.conf" -e "$T/up/logs/error.log" &
-PIDS+=($!)
-wait_port $UP_PORT
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+start_nginx_upstream $UP_PORT
 
 cat > "$T/weir.toml" <<CONF
 [server]

@@ -48,53 +48,17 @@ fi
 cargo build --release --locked -q
 WEIR=target/release/weir
 
-T="$(mktemp -d)"
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]:-}"; do
-        [ -n "$p" ] && kill "$p" 2>/dev/null || true
-    done
-    sleep 0.3
-    for p in "${PIDS[@]:-}"; do
-        [ -n "$p" ] && kill -9 "$p" 2>/dev/null || true
-    done
-    rm -rf "$T"
-}
-trap cleanup EXIT
-
-wait_port() {
-    for _ in $(seq 1 100); do
-        (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "port $1 did not open" >&2
-    return 1
-}
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 # ---- the upstream -----------------------------------------------------------
 if [ $have_nginx = 1 ]; then
-    mkdir -p "$T/up/logs"
-    cat > "$T/up/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $T/up/nginx.pid;
-error_log $T/up/logs/error.log crit;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $T/up; proxy_temp_path $T/up; fastcgi_temp_path $T/up;
-    uwsgi_temp_path $T/up; scgi_temp_path $T/up;
-    keepalive_requests 1000000;
-    server { listen 127.0.0.1:$UP_PORT; location / { return 200 "ok"; } }
-}
-CONF
-    $pin_proxy nginx -p "$T/up" -c "$T/up/nginx.conf" -e "$T/up/logs/error.log" &
-    PIDS+=($!)
+    start_nginx_upstream $UP_PORT $pin_proxy
 else
     $pin_proxy "$WEIR" --log-level error chaos upstream --listen 127.0.0.1:$UP_PORT --profile transient-5 --fail-rate 0 --latency none &
     PIDS+=($!)
+    wait_port $UP_PORT
 fi
-wait_port $UP_PORT
 
 # ---- the proxies ------------------------------------------------------------
 weir_config() { # port admin policy(on|off)

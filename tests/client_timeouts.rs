@@ -107,14 +107,7 @@ async fn finished_requests_never_count_as_resets() {
         ),
     )
     .await;
-    let stream = TcpStream::connect(weir.addr).await.unwrap();
-    let (send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    let conn = tokio::spawn(conn);
+    let (send, conn) = h2_connect(weir.addr).await;
     for i in 0..300 {
         let mut s = send.clone();
         let resp = s
@@ -168,14 +161,7 @@ async fn rapidly_reset_streams_close_the_connection() {
         ),
     )
     .await;
-    let stream = TcpStream::connect(weir.addr).await.unwrap();
-    let (send, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .unwrap();
-    let conn = tokio::spawn(conn);
+    let (send, conn) = h2_connect(weir.addr).await;
     let mut refused = false;
     for _ in 0..200 {
         let mut s = send.clone();

@@ -208,13 +208,20 @@ impl Activity {
     }
 
     fn begin(self: &Arc<Self>) -> Busy {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let before = self.in_flight.fetch_add(1, Ordering::AcqRel);
         let handed = Arc::new(Mutex::new(None));
         if let Ok(mut all) = self.handed.lock() {
-            all.retain(|w| w.strong_count() > 0);
+            // Ended requests are swept now and then, not on every request.
+            if all.len() > 2 * before + 16 {
+                all.retain(|w| w.strong_count() > 0);
+            }
             all.push(Arc::downgrade(&handed));
         }
-        self.changed.notify_one();
+        // Only the first request in flight moves the watcher's deadline
+        // (from the idle one to the write one); later ones need no wake-up.
+        if before == 0 {
+            self.changed.notify_one();
+        }
         Busy {
             activity: self.clone(),
             handed,

@@ -273,14 +273,25 @@ pub async fn refused_addr() -> SocketAddr {
 /// Sends one request over a fresh HTTP/2 prior-knowledge connection to `addr`,
 /// with the request's own URI (and so its `:authority`) untouched.
 pub async fn h2_request(addr: SocketAddr, req: Request<TestBody>) -> Response<Incoming> {
+    let (mut send, _conn) = h2_connect(addr).await;
+    send.send_request(req).await.unwrap()
+}
+
+/// One HTTP/2 prior-knowledge connection to `addr`, for several requests;
+/// the handle drives it (abort it, or watch it end).
+pub async fn h2_connect(
+    addr: SocketAddr,
+) -> (
+    hyper::client::conn::http2::SendRequest<TestBody>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream.set_nodelay(true).unwrap();
-    let (mut send, conn) =
+    let (send, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
             .await
             .unwrap();
-    tokio::spawn(conn);
-    send.send_request(req).await.unwrap()
+    (send, tokio::spawn(conn))
 }
 
 /// A raw TCP upstream for misbehaviour hyper will not produce: resets,

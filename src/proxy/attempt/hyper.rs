@@ -60,8 +60,9 @@ struct HyperTransport<'p, 'a> {
 }
 
 impl Watch for HyperTransport<'_, '_> {
+    /// hyper watches the client for us (see [`super::admit::Dropped`]).
     async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
-        Some(f.await)
+        super::admit::Dropped.unless_gone(f).await
     }
 }
 
