@@ -287,3 +287,62 @@ async fn odd_response_heads_are_relayed_cleanly() {
         assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
     }
 }
+
+/// `OPTIONS *` goes upstream as `*` (it was `/*`); `GET *` is a 400. And
+/// a response's framing is restated: `Content-Length: 2, 2` becomes `2`,
+/// and a length beside a chunked body is dropped (it promised 30 bytes that
+/// never came, leaving the client waiting). Both paths.
+#[tokio::test]
+async fn asterisk_targets_and_response_lengths_are_relayed_correctly() {
+    let (up, seen) =
+        recording("HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await;
+    let (listed, _) =
+        recording("HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\nConnection: close\r\n\r\nok").await;
+    let (both, _) = recording(
+        "HTTP/1.1 200 OK\r\nContent-Length: 30\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n",
+    )
+    .await;
+    for (((path, url), (_, listed)), (_, both)) in
+        paths(&up).into_iter().zip(paths(&listed)).zip(paths(&both))
+    {
+        let weir = Weir::single(&url, "").await;
+        let out = exchange(
+            weir.addr,
+            b"OPTIONS * HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
+        let head = seen.lock().unwrap().pop().unwrap();
+        assert!(head.starts_with("OPTIONS * HTTP/1.1\r\n"), "{path}: {head}");
+        let out = exchange(
+            weir.addr,
+            b"GET * HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 400"), "{path}: {out}");
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "{path}: GET * went upstream"
+        );
+
+        let weir = Weir::single(&listed, "").await;
+        let out = exchange(weir.addr, get_close()).await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
+        let lower = out.to_ascii_lowercase();
+        assert!(lower.contains("content-length: 2\r\n"), "{path}: {out}");
+        assert!(out.ends_with("\r\n\r\nok"), "{path}: {out}");
+
+        let weir = Weir::single(&both, "").await;
+        let out = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            exchange(weir.addr, get_close()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{path}: the client was left waiting for the body"));
+        assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
+        assert!(
+            !out.to_ascii_lowercase().contains("content-length: 30"),
+            "{path}: {out}"
+        );
+    }
+}

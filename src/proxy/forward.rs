@@ -101,7 +101,7 @@ async fn forward(
     } else {
         None
     };
-    let uri = upstream_uri(up, &parts.uri, authority)?;
+    let uri = upstream_uri(up, &parts.method, &parts.uri, authority)?;
     let key = rate_key(cfg, &parts.headers);
     let upgrade = super::upgrade::requested(&parts.headers);
     let on_upgrade = upgrade
@@ -187,6 +187,7 @@ async fn forward(
             };
             let (mut rparts, rbody) = resp.into_parts();
             let agreed = rparts.headers.get(header::UPGRADE).cloned();
+            headers::restate_length(&mut rparts.headers);
             headers::strip_hop_by_hop(&mut rparts.headers, false);
             match (on_upgrade, upstream_upgrade, agreed) {
                 (Some(client), Some(upstream), Some(proto)) => {
@@ -293,11 +294,32 @@ fn client_authority(parts: &http::request::Parts) -> Result<Option<Authority>, P
 
 /// Maps the client's target onto the upstream: `strip_prefix`, then the
 /// upstream URL's base path; the query is kept as sent. The authority is
-/// `host` when given (`preserve_host`), else the upstream URL's.
-fn upstream_uri(up: &Upstream, original: &Uri, host: Option<Authority>) -> Result<Uri, ProxyError> {
+/// `host` when given (`preserve_host`), else the upstream URL's. `OPTIONS *`
+/// (the asterisk form, RFC 9112 §3.2.4) asks about the server as a whole:
+/// it goes upstream as `*`, not mapped onto a path; any other method with
+/// that target is a 400.
+fn upstream_uri(
+    up: &Upstream,
+    method: &http::Method,
+    original: &Uri,
+    host: Option<Authority>,
+) -> Result<Uri, ProxyError> {
     let cfg = &up.config;
     let authority = host.unwrap_or_else(|| cfg.url.authority.clone());
     let path = original.path();
+    if path == "*" && original.authority().is_none() {
+        if method != http::Method::OPTIONS {
+            return Err(ProxyError::BadRequest(
+                "the target `*` is only for OPTIONS".into(),
+            ));
+        }
+        return Uri::builder()
+            .scheme(up.scheme.clone())
+            .authority(authority)
+            .path_and_query("*")
+            .build()
+            .map_err(|e| ProxyError::BadRequest(format!("cannot forward `OPTIONS *`: {e}")));
+    }
     // The common case, nothing to rewrite: reuse the target as it came
     // (shared bytes, no allocation).
     if cfg.url.base_path.is_empty() && !cfg.strip_prefix && path.starts_with('/') {

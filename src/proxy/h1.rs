@@ -38,6 +38,18 @@ pub fn content_length(v: &[u8]) -> Option<u64> {
     })
 }
 
+/// A response's `Content-Length` value as hyper's client reads it: a list
+/// of equal lengths (`2, 2`) is that length (RFC 9110 §8.6 lets a recipient
+/// take it so); anything else is what [`content_length`] takes. weir
+/// restates it as one value to the client.
+pub fn content_length_list(v: &[u8]) -> Option<u64> {
+    let mut values = v
+        .split(|b| *b == b',')
+        .map(|v| content_length(v.trim_ascii()));
+    let first = values.next()??;
+    values.all(|v| v == Some(first)).then_some(first)
+}
+
 /// Whether a `Transfer-Encoding` value's last coding is `chunked`.
 pub fn ends_chunked(v: &[u8]) -> bool {
     std::str::from_utf8(v)
@@ -290,6 +302,16 @@ mod tests {
                 "{:?}",
                 String::from_utf8_lossy(bad)
             );
+        }
+    }
+
+    #[test]
+    fn response_lengths_may_be_lists_of_one_value() {
+        assert_eq!(content_length_list(b"2, 2"), Some(2));
+        assert_eq!(content_length_list(b"2,2,2"), Some(2));
+        assert_eq!(content_length_list(b"7"), Some(7));
+        for bad in [&b"2, 3"[..], b"", b",", b"2,", b"+2, 2"] {
+            assert_eq!(content_length_list(bad), None, "{bad:?}");
         }
     }
 

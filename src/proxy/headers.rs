@@ -54,6 +54,42 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap, keep_te_trailers: bool) {
     }
 }
 
+/// Restates a response's framing field for the client (RFC 9112 §6.3): a
+/// `Content-Length` beside a `Transfer-Encoding` is removed (the body was
+/// read as chunks; forwarding the length would promise bytes that never
+/// come), and a list of equal lengths (`2, 2`, or the field twice), which
+/// hyper accepts, becomes one value. Runs before [`strip_hop_by_hop`], which
+/// removes `Transfer-Encoding` itself; the fast path restates the same way
+/// (docs/behaviour.md#protocols).
+pub(crate) fn restate_length(h: &mut HeaderMap) {
+    if h.contains_key(header::TRANSFER_ENCODING) {
+        h.remove(header::CONTENT_LENGTH);
+        return;
+    }
+    let mut all = h.get_all(header::CONTENT_LENGTH).iter();
+    let single = match (all.next(), all.next()) {
+        (None, _) => return,
+        (Some(v), None) => !v.as_bytes().contains(&b','),
+        _ => false,
+    };
+    if single {
+        return;
+    }
+    let mut values = h
+        .get_all(header::CONTENT_LENGTH)
+        .iter()
+        .map(|v| super::h1::content_length_list(v.as_bytes()));
+    let Some(Some(first)) = values.next() else {
+        return;
+    };
+    if values.all(|v| v == Some(first)) {
+        let mut buf = [0u8; 20];
+        if let Ok(v) = HeaderValue::from_bytes(decimal(first, &mut buf)) {
+            h.insert(header::CONTENT_LENGTH, v);
+        }
+    }
+}
+
 /// Removes every `x-weir-*` header.
 pub(crate) fn strip_weir(h: &mut HeaderMap) {
     if !h.keys().any(|k| k.as_str().starts_with("x-weir-")) {
@@ -177,6 +213,29 @@ mod tests {
         assert!(h.get(header::CONNECTION).is_none());
         assert_eq!(h.get(header::TE).unwrap(), "trailers");
         assert_eq!(h.get("x-kept").unwrap(), "1");
+    }
+
+    #[test]
+    fn framing_fields_are_restated() {
+        let restated = |fields: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (n, v) in fields {
+                h.append(*n, HeaderValue::from_static(v));
+            }
+            restate_length(&mut h);
+            h.get_all(header::CONTENT_LENGTH)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(restated(&[("content-length", "2, 2")]), ["2"]);
+        assert_eq!(
+            restated(&[("content-length", "2"), ("content-length", "2")]),
+            ["2"]
+        );
+        assert_eq!(restated(&[("content-length", "30")]), ["30"]);
+        assert!(restated(&[("content-length", "30"), ("transfer-encoding", "chunked")]).is_empty());
+        assert!(restated(&[]).is_empty());
     }
 
     #[test]

@@ -85,8 +85,8 @@ pub fn parse_response<'b>(
         let n = h.name;
         dated |= eq(n, "date");
         if eq(n, "content-length") {
-            let v =
-                h1::content_length(h.value).ok_or("the upstream sent an invalid Content-Length")?;
+            let v = h1::content_length_list(h.value)
+                .ok_or("the upstream sent an invalid Content-Length")?;
             if length.is_some_and(|l| l != v) {
                 return Err("the upstream sent conflicting Content-Lengths");
             }
