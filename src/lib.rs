@@ -63,6 +63,8 @@ pub mod chaos;
 pub mod cli;
 pub mod clock;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;

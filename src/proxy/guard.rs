@@ -173,6 +173,44 @@ enum Scan {
 /// Follows framing through `data` in place (also what [`process`] runs on
 /// the stash).
 fn scan_slice(state: &mut State, data: &[u8], max_head: usize) -> Scan {
+    scan_marked(state, data, max_head, &mut |_| {})
+}
+
+/// What the guard decided at an offset of the bytes it scanned: the view
+/// [`frame`] reports (the fuzz targets and tests compare it with a strict
+/// reference). Production passes a closure that ignores them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// A request head from `start` to `end`, accepted and followed.
+    Head { start: usize, end: usize },
+    /// The request before this offset (head and body) ended here.
+    End(usize),
+    /// The guard stopped following at this offset, and why.
+    Stop(usize, Stop),
+}
+
+/// Why the guard stopped following a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// A head hyper's parser refuses (hyper answers 400 and closes).
+    Unparsed,
+    /// A chunked body hyper's decoder refuses (hyper ends the connection).
+    BadChunked,
+    /// A request that turns the connection into a tunnel (CONNECT, an
+    /// upgrade): what follows is not HTTP/1.
+    Tunnel,
+    /// The HTTP/2 preface: hyper's HTTP/2 server reads what follows.
+    Http2,
+    /// A head weir answers itself (the marker's request) and closes.
+    Refused(&'static str),
+}
+
+fn scan_marked(
+    state: &mut State,
+    data: &[u8],
+    max_head: usize,
+    mark: &mut impl FnMut(Mark),
+) -> Scan {
     let mut i = 0;
     loop {
         match *state {
@@ -187,42 +225,123 @@ fn scan_slice(state: &mut State, data: &[u8], max_head: usize) -> Scan {
                 return Scan::All;
             }
             State::Head => {
-                while i < data.len() && (data[i] == b'\r' || data[i] == b'\n') {
-                    i += 1;
+                // Empty lines before a request line are skipped (RFC 9112
+                // §2.2), CRLF or a bare LF as httparse skips them; a lone CR
+                // is left for the parser, which refuses it.
+                loop {
+                    match data.get(i..).unwrap_or_default() {
+                        [b'\n', ..] => i += 1,
+                        [b'\r', b'\n', ..] => i += 2,
+                        _ => break,
+                    }
                 }
-                if i == data.len() {
-                    return Scan::All;
+                if i == data.len() || &data[i..] == b"\r" {
+                    return if i == data.len() {
+                        Scan::All
+                    } else {
+                        Scan::Partial(i)
+                    };
                 }
                 let head = &data[i..];
                 if head.starts_with(b"PRI * HTTP/2.0") {
+                    mark(Mark::Stop(i, Stop::Http2));
                     *state = State::H2Preface { seen: 0 };
                     continue;
                 }
                 match find_head_end(head) {
                     None => {
                         if head.len() > max_head {
+                            mark(Mark::Stop(i, Stop::Refused(TOO_LARGE_PATH)));
                             return Scan::Reject(i, TOO_LARGE_MARKER);
                         }
                         return Scan::Partial(i);
                     }
-                    Some(end) if end > max_head => return Scan::Reject(i, TOO_LARGE_MARKER),
+                    Some(end) if end > max_head => {
+                        mark(Mark::Stop(i, Stop::Refused(TOO_LARGE_PATH)));
+                        return Scan::Reject(i, TOO_LARGE_MARKER);
+                    }
                     Some(end) => match judge(&head[..end]) {
-                        Judged::Reject(marker) => return Scan::Reject(i, marker),
+                        Judged::Reject(marker, path) => {
+                            mark(Mark::Stop(i, Stop::Refused(path)));
+                            return Scan::Reject(i, marker);
+                        }
+                        Judged::Stop(why) => {
+                            mark(Mark::Stop(i, why));
+                            *state = State::Passthrough;
+                            return Scan::All;
+                        }
                         Judged::Next(next) => {
+                            mark(Mark::Head {
+                                start: i,
+                                end: i + end,
+                            });
                             *state = next;
                             i += end;
+                            if next == State::Head {
+                                mark(Mark::End(i));
+                            }
                         }
                     },
                 }
             }
             _ => {
                 i += advance_body(state, &data[i..]);
+                match *state {
+                    State::Head => mark(Mark::End(i)),
+                    State::Passthrough => mark(Mark::Stop(i, Stop::BadChunked)),
+                    _ => {}
+                }
                 if i == data.len() {
                     return Scan::All;
                 }
             }
         }
     }
+}
+
+/// What the guard makes of a connection's bytes, read in pieces of the given
+/// sizes (the rest in one): every [`Mark`], offsets from the first byte.
+/// Used by the fuzz targets (`fuzz/`) and the framing tests.
+pub(crate) fn frame(bytes: &[u8], pieces: &[usize], max_head: usize) -> Vec<Mark> {
+    let mut state = State::Head;
+    let mut stash = Vec::new();
+    let mut ready = 0;
+    let mut marks = Vec::new();
+    let mut at = 0;
+    let ends = pieces
+        .iter()
+        .scan(0usize, |end, n| {
+            *end = (*end + n).min(bytes.len());
+            Some(*end)
+        })
+        .chain(std::iter::once(bytes.len()));
+    for end in ends {
+        if state == State::Rejected {
+            break;
+        }
+        if end < at {
+            continue;
+        }
+        stash.extend_from_slice(&bytes[at..end]);
+        at = end;
+        let base = ready;
+        let mut shift = |m: Mark| {
+            marks.push(match m {
+                Mark::Head { start, end } => Mark::Head {
+                    start: start + base,
+                    end: end + base,
+                },
+                Mark::End(e) => Mark::End(e + base),
+                Mark::Stop(e, why) => Mark::Stop(e + base, why),
+            })
+        };
+        match scan_marked(&mut state, &stash[ready..], max_head, &mut shift) {
+            Scan::All => ready = stash.len(),
+            Scan::Partial(h) => ready += h,
+            Scan::Reject(..) => state = State::Rejected,
+        }
+    }
+    marks
 }
 
 /// Where a request head ends: after the empty line that closes it. Lines
@@ -243,8 +362,12 @@ fn find_head_end(b: &[u8]) -> Option<usize> {
 }
 
 enum Judged {
-    /// Answered by weir itself: replaced with this marker.
-    Reject(&'static [u8]),
+    /// Answered by weir itself: replaced with this marker (whose path is
+    /// the second).
+    Reject(&'static [u8], &'static str),
+    /// No longer followed (hyper decides, or it is not HTTP/1 any more).
+    Stop(Stop),
+    /// Followed: the body's framing.
     Next(State),
 }
 
@@ -256,7 +379,7 @@ fn judge(head: &[u8]) -> Judged {
     match req.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}
         // hyper will answer whatever this is; stop following.
-        _ => return Judged::Next(State::Passthrough),
+        _ => return Judged::Stop(Stop::Unparsed),
     }
     // Only a request weir will upgrade (`Upgrade` with `Connection:
     // upgrade`, as `proxy::upgrade` asks; or CONNECT) may turn the
@@ -273,9 +396,6 @@ fn judge(head: &[u8]) -> Judged {
         .headers
         .iter()
         .any(|h| h.name.eq_ignore_ascii_case("upgrade"));
-    if req.method == Some("CONNECT") || (names_upgrade && has_upgrade) {
-        return Judged::Next(State::Passthrough);
-    }
     // Two Host fields: which one routes is anyone's guess (RFC 9112 §3.2: 400).
     let hosts = req
         .headers
@@ -283,16 +403,26 @@ fn judge(head: &[u8]) -> Judged {
         .filter(|h| h.name.eq_ignore_ascii_case("host"))
         .count();
     if hosts > 1 {
-        return Judged::Reject(INVALID_MARKER);
+        return Judged::Reject(INVALID_MARKER, INVALID_PATH);
     }
     let fields = req.headers.iter().map(|h| (h.name, h.value));
-    match h1::request_framing(req.version == Some(1), fields) {
-        h1::RequestFraming::Conflict => Judged::Reject(CONFLICT_MARKER),
+    let framing = h1::request_framing(req.version == Some(1), fields);
+    // A tunnel is judged after its framing: a CONNECT with a bad
+    // Content-Length is refused like any request, by weir, with its reason.
+    let valid = matches!(
+        framing,
+        h1::RequestFraming::Length(_) | h1::RequestFraming::Chunked
+    );
+    if valid && (req.method == Some("CONNECT") || (names_upgrade && has_upgrade)) {
+        return Judged::Stop(Stop::Tunnel);
+    }
+    match framing {
+        h1::RequestFraming::Conflict => Judged::Reject(CONFLICT_MARKER, CONFLICT_PATH),
         h1::RequestFraming::Length(0) => Judged::Next(State::Head),
         h1::RequestFraming::Length(n) => Judged::Next(State::Fixed(n)),
         h1::RequestFraming::Chunked => Judged::Next(State::Chunked(h1::Chunked::whole())),
         // hyper would answer a bare 400: weir answers it, with its reason.
-        h1::RequestFraming::Invalid(_) => Judged::Reject(INVALID_MARKER),
+        h1::RequestFraming::Invalid(_) => Judged::Reject(INVALID_MARKER, INVALID_PATH),
     }
 }
 
