@@ -25,7 +25,7 @@
 //! What is weir's policy rather than the RFC's is modelled as such: CONNECT,
 //! and `Upgrade` with `Connection: upgrade`, end HTTP/1 on the connection
 //! (a tunnel); `PRI * HTTP/2.0` starts HTTP/2.
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 /// A point in the bytes where something was decided (the same shape as
 /// weir's marks, so the two can be compared).
