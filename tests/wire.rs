@@ -346,3 +346,29 @@ async fn asterisk_targets_and_response_lengths_are_relayed_correctly() {
         );
     }
 }
+
+/// Found by the `response_head` fuzz target: a HEAD response with its
+/// length given twice reached the client with both fields (the fast path
+/// kept a body-less response's lengths as they came). One, on both paths.
+#[tokio::test]
+async fn a_head_response_carries_one_length() {
+    let (up, _) = recording(
+        "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    for (path, url) in paths(&up) {
+        let weir = Weir::single(&url, "").await;
+        let out = exchange(
+            weir.addr,
+            b"HEAD / HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
+        let lower = out.to_ascii_lowercase();
+        assert_eq!(
+            lower.matches("content-length: 2\r\n").count(),
+            1,
+            "{path}: {out}"
+        );
+    }
+}

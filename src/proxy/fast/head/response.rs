@@ -128,11 +128,8 @@ pub fn parse_response<'b>(
     out.extend_from_slice(b"\r\n");
     for h in resp.headers.iter() {
         let n = h.name;
-        // A body-less response keeps its Content-Length: it describes the
-        // representation (HEAD, 304), not this message — except a 204,
-        // which must not carry one (RFC 9110 §8.6), as hyper's server drops it.
-        let framing_field = eq(n, "transfer-encoding")
-            || (eq(n, "content-length") && (framing != Framing::Empty || status == 204));
+        // The framing fields are restated below, once each.
+        let framing_field = eq(n, "transfer-encoding") || eq(n, "content-length");
         if framing_field || hop_by_hop(n) || connection.names(n) {
             continue;
         }
@@ -141,14 +138,22 @@ pub fn parse_response<'b>(
     if !dated {
         header(out, b"date", httpdate::fmt_http_date(now()).as_bytes());
     }
-    match framing {
-        Framing::Length(n) => {
-            out.extend_from_slice(b"content-length: ");
-            push_u64(out, n);
-            out.extend_from_slice(b"\r\n");
+    // A body-less response keeps its Content-Length: it describes the
+    // representation (HEAD, 304), not this message — except a 204, which
+    // must not carry one (RFC 9110 §8.6), as hyper's server drops it.
+    let restated = match framing {
+        Framing::Length(n) => Some(n),
+        Framing::Empty if status != 204 && chunked.is_none() => length,
+        Framing::Chunked => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            None
         }
-        Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
-        Framing::Empty | Framing::Close => {}
+        Framing::Empty | Framing::Close => None,
+    };
+    if let Some(n) = restated {
+        out.extend_from_slice(b"content-length: ");
+        push_u64(out, n);
+        out.extend_from_slice(b"\r\n");
     }
     Ok(Some(Head::Final(Response {
         status,
