@@ -68,6 +68,28 @@ pub struct ChaosArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum ChaosCommand {
+    /// Run the weir binary under load against the faulty upstream for a long while, and
+    /// fail (exit 1) if its RSS or open fds grow by more than 10 % after the warm-up.
+    ///
+    /// Prints RSS, fds, requests/s and 2xx share every --interval.
+    Soak {
+        /// How long to run.
+        #[arg(long, default_value = "10m", value_parser = crate::config::duration::parse)]
+        duration: std::time::Duration,
+        #[arg(long, default_value = "10s", value_parser = crate::config::duration::parse)]
+        interval: std::time::Duration,
+        /// Samples in this first stretch are shown but not judged.
+        #[arg(long, default_value = "1m", value_parser = crate::config::duration::parse)]
+        warmup: std::time::Duration,
+        /// Requests offered per second (open loop).
+        #[arg(long, default_value_t = 2000.0)]
+        rate: f64,
+        /// The weir binary to run (default: this one).
+        #[arg(long)]
+        weir: Option<PathBuf>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
     /// Run the fault-injecting upstream alone until Ctrl-C.
     ///
     /// Start from a scenario's profile and adjust it: e.g.
@@ -296,6 +318,39 @@ fn chaos(args: ChaosArgs) -> ExitCode {
     let Some(rt) = runtime() else {
         return ExitCode::FAILURE;
     };
+    if let Some(ChaosCommand::Soak {
+        duration,
+        interval,
+        warmup,
+        rate,
+        weir,
+        seed,
+    }) = args.upstream
+    {
+        let weir = match weir.map_or_else(std::env::current_exe, Ok) {
+            Ok(w) => w,
+            Err(e) => {
+                eprintln!("cannot find the weir binary: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let opts = crate::chaos::soak::SoakOptions {
+            weir,
+            duration,
+            interval,
+            warmup,
+            rate,
+            seed,
+        };
+        return match rt.block_on(crate::chaos::soak::print(&opts)) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("soak: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(ChaosCommand::Upstream {
         listen,
         profile,

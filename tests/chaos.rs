@@ -227,3 +227,37 @@ async fn config_merges_over_the_scenario_settings() {
     assert_eq!(r.deadline, Duration::from_secs(3));
     no_late(&r);
 }
+
+/// `weir chaos soak` runs the real binary as a child, samples its RSS and
+/// fds each interval, judges only what comes after the warm-up, and stops
+/// the child when it ends. (Its 10-minute figures are in the README; this
+/// checks the machinery in seconds.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_soak_samples_the_weir_process_and_stops_it() {
+    use weir::chaos::soak::{run, SoakOptions};
+    let _one = serial().await;
+    let opts = SoakOptions {
+        weir: env!("CARGO_BIN_EXE_weir").into(),
+        duration: Duration::from_secs(6),
+        interval: Duration::from_secs(1),
+        warmup: Duration::from_secs(2),
+        rate: 200.0,
+        seed: 1,
+    };
+    let mut shown = 0;
+    let r = run(&opts, |_| shown += 1).await.unwrap();
+    assert_eq!(shown, r.samples.len());
+    assert!(r.samples.len() >= 5, "{:?}", r.samples);
+    for s in &r.samples {
+        assert!(s.rss_kib > 1024 && s.fds > 3, "{s:?}");
+    }
+    assert!(r.requests > 600 && r.ok > 0, "{r:?}");
+    // Judged on the samples after the warm-up only.
+    let judged = r.samples.iter().filter(|s| s.at > opts.warmup).count();
+    assert!(judged >= 2 && judged < r.samples.len(), "{r:?}");
+    assert!(r.verdict.is_some());
+    assert!(
+        !std::path::Path::new(&format!("/proc/{}", r.weir_pid)).exists(),
+        "the weir child is still running"
+    );
+}

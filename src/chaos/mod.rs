@@ -8,6 +8,7 @@
 
 pub mod driver;
 pub mod report;
+pub mod soak;
 pub mod timeline;
 pub mod upstream;
 
