@@ -516,7 +516,7 @@ async fn serve(config: Config, workers: usize) -> ExitCode {
     let rt = match crate::runtime::Runtime::start(config, opts).await {
         Ok(r) => r,
         Err(e) => {
-            tracing::error!(error = %e, "cannot start");
+            tracing::error!("cannot start: {e}");
             return ExitCode::FAILURE;
         }
     };

@@ -116,8 +116,10 @@ impl ProxyHandle {
         };
         let mut bound = Vec::new();
         for (addr, role) in missing {
-            let sockets = bind(addr, self.workers.len().max(1))
-                .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+            let sockets = bind(addr, self.workers.len().max(1)).map_err(|e| match e.kind() {
+                io::ErrorKind::AddrInUse => e,
+                _ => io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")),
+            })?;
             bound.push(((addr, role), sockets));
         }
         let mut out = Vec::new();
@@ -263,8 +265,29 @@ impl ProxyHandle {
 
 /// `n` listening sockets on `addr` (SO_REUSEPORT when more than one; port 0
 /// picks one port for all of them).
+///
+/// SO_REUSEPORT would also let a second weir (or anything else with the
+/// option, same user) share the port and take part of the traffic unnoticed
+/// — an old instance with an old config. So the address is first bound
+/// alone, without the option: that fails while anyone is listening there,
+/// and weir refuses to start (docs/behaviour.md#listeners).
 fn bind(addr: SocketAddr, n: usize) -> io::Result<Vec<std::net::TcpListener>> {
     use socket2::{Domain, Protocol, Socket, Type};
+    let in_use = |e: io::Error| {
+        if e.kind() == io::ErrorKind::AddrInUse {
+            io::Error::new(
+                e.kind(),
+                format!("{addr} is already in use by another process"),
+            )
+        } else {
+            e
+        }
+    };
+    if addr.port() != 0 {
+        let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        probe.set_reuse_address(true)?;
+        probe.bind(&addr.into()).map_err(in_use)?;
+    }
     let mut out: Vec<std::net::TcpListener> = Vec::with_capacity(n);
     let mut at = addr;
     for _ in 0..n {
@@ -275,7 +298,7 @@ fn bind(addr: SocketAddr, n: usize) -> io::Result<Vec<std::net::TcpListener>> {
             s.set_reuse_port(true)?;
         }
         s.set_nonblocking(true)?;
-        s.bind(&at.into())?;
+        s.bind(&at.into()).map_err(in_use)?;
         s.listen(4096)?;
         let l: std::net::TcpListener = s.into();
         at = l.local_addr()?;
