@@ -51,6 +51,11 @@ pub const ATTEMPT_RESULTS: [&str; 9] = [
     "cancelled",
 ];
 
+/// The `upstream` label of requests that reached no upstream (no route, a
+/// malformed request): a fixed value, so a query can select them. No upstream
+/// may be named this (the config refuses it).
+pub const NO_UPSTREAM: &str = "none";
+
 const STATES: [StateKind; 3] = [StateKind::Closed, StateKind::Open, StateKind::HalfOpen];
 
 /// The metric families and their registry.
@@ -71,7 +76,7 @@ pub struct Metrics {
     tunnels: IntGaugeVec,
     reloads: IntCounterVec,
     last_reload: IntGauge,
-    /// `weir_requests_total{upstream="", code="no_route"}`.
+    /// `weir_requests_total{upstream="none", code="no_route"}`.
     no_route: IntCounter,
     bad_request: IntCounter,
 }
@@ -196,11 +201,32 @@ impl Metrics {
         .expect("static metric definition");
         r.register(Box::new(last_reload.clone()))
             .expect("metric registered once");
+        // process_cpu_seconds_total, process_resident_memory_bytes,
+        // process_open_fds, process_max_fds, process_virtual_memory_bytes,
+        // process_start_time_seconds, process_threads: read from /proc when
+        // scraped (Linux; elsewhere the collector reports nothing).
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))
+        .expect("metric registered once");
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "weir_build_info",
+                "Always 1; the labels say which weir is running.",
+            ),
+            &["version"],
+        )
+        .expect("static metric definition");
+        r.register(Box::new(build_info.clone()))
+            .expect("metric registered once");
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
         reloads.with_label_values(&["ok"]);
         reloads.with_label_values(&["error"]);
         last_reload.set(1);
-        let no_route = requests.with_label_values(&["", "no_route"]);
-        let bad_request = requests.with_label_values(&["", "bad_request"]);
+        let no_route = requests.with_label_values(&[NO_UPSTREAM, "no_route"]);
+        let bad_request = requests.with_label_values(&[NO_UPSTREAM, "bad_request"]);
         Metrics {
             registry: r,
             requests,
@@ -270,6 +296,20 @@ impl Metrics {
         for c in ERROR_CODES {
             self.requests.remove_label_values(&[name, c]).ok();
         }
+        let causes = [
+            Cause::ConnectFailure,
+            Cause::RefusedStream,
+            Cause::Reset,
+            Cause::Timeout,
+        ]
+        .into_iter()
+        .chain((100..=599).map(Cause::Status))
+        .chain((0..32).map(Cause::Grpc));
+        for c in causes {
+            self.retries
+                .remove_label_values(&[name, &c.to_string()])
+                .ok();
+        }
         for s in 100..=599u16 {
             self.requests
                 .remove_label_values(&[name, &s.to_string()])
@@ -285,19 +325,19 @@ impl Metrics {
         self.bad_request.inc();
     }
 
-    /// `weir_requests_total{upstream="", code="header_too_large"}` (rare: not
+    /// `weir_requests_total{upstream="none", code="header_too_large"}` (rare: not
     /// worth a cached handle).
     pub fn header_too_large(&self) {
         self.requests
-            .with_label_values(&["", "header_too_large"])
+            .with_label_values(&[NO_UPSTREAM, "header_too_large"])
             .inc();
     }
 
-    /// `weir_requests_total{upstream="", code="connect_not_allowed"}`: a
+    /// `weir_requests_total{upstream="none", code="connect_not_allowed"}`: a
     /// CONNECT that routes to no upstream.
     pub fn connect_not_allowed(&self) {
         self.requests
-            .with_label_values(&["", "connect_not_allowed"])
+            .with_label_values(&[NO_UPSTREAM, "connect_not_allowed"])
             .inc();
     }
 
@@ -415,6 +455,18 @@ impl UpstreamMetrics {
             self.attempts[i].inc();
         }
         self.attempt_duration.observe(took.as_secs_f64());
+    }
+
+    /// Creates the `weir_retries_total` series of these causes at zero, so a
+    /// rate over them reads 0 before the first retry, not nothing.
+    pub fn precreate_retries(&self, causes: &[Cause]) {
+        let mut m = self.retries.lock().expect("metrics lock poisoned");
+        for cause in causes {
+            m.entry(*cause).or_insert_with(|| {
+                self.retries_vec
+                    .with_label_values(&[self.name.as_str(), &cause.to_string()])
+            });
+        }
     }
 
     pub fn retry(&self, cause: Cause) {

@@ -45,6 +45,7 @@ impl UpstreamState {
         let now = clock.now();
         let metrics = metrics.upstream(&u.name);
         metrics.set_breaker(crate::policy::StateKind::Closed);
+        metrics.precreate_retries(&u.retry.retry_on.causes());
         UpstreamState {
             name: u.name.clone(),
             clock,
@@ -66,6 +67,7 @@ impl UpstreamState {
     /// how the upstream is reached changed).
     fn update(&self, u: &UpstreamConfig, client: Option<UpstreamClient>) {
         let now = self.clock.now();
+        self.metrics.precreate_retries(&u.retry.retry_on.causes());
         {
             let mut live = self.live();
             if live.breaker.params() != &u.breaker {

@@ -57,7 +57,9 @@ fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
         }
         if let Some(rest) = line.strip_prefix("# ") {
             assert!(
-                rest.starts_with("HELP weir_") || rest.starts_with("TYPE weir_"),
+                ["HELP weir_", "TYPE weir_", "HELP process_", "TYPE process_"]
+                    .iter()
+                    .any(|p| rest.starts_with(p)),
                 "bad comment: {line}"
             );
             if let Some(t) = rest.strip_prefix("TYPE ") {
@@ -73,7 +75,7 @@ fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
         assert!(
             name.chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
-                && name.starts_with("weir_"),
+                && (name.starts_with("weir_") || name.starts_with("process_")),
             "bad metric name: {line}"
         );
         let mut rest = &line[name_end..];
@@ -262,7 +264,17 @@ burst = 2
         ),
         ("weir_rate_limited_total{upstream=limited}", 1.0),
         ("weir_in_flight_requests{upstream=flaky}", 0.0),
-        ("weir_requests_total{upstream=,code=no_route}", 1.0),
+        ("weir_requests_total{upstream=none,code=no_route}", 1.0),
+        // Created at zero before the first retry, for every cause retry_on can produce.
+        ("weir_retries_total{upstream=limited,cause=status_503}", 0.0),
+        (
+            "weir_retries_total{upstream=limited,cause=refused_stream}",
+            0.0,
+        ),
+        (
+            "weir_retries_total{upstream=fragile,cause=connect_failure}",
+            0.0,
+        ),
         ("weir_config_reloads_total{result=ok}", 1.0),
         ("weir_config_reloads_total{result=error}", 0.0),
         ("weir_config_last_reload_success{}", 1.0),
@@ -275,6 +287,18 @@ burst = 2
     for (k, v) in expect {
         assert_eq!(val(&m, k), v, "{k}");
     }
+    let build = format!("weir_build_info{{version={}}}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(val(&m, &build), 1.0);
+    // The process collector (Linux /proc).
+    for k in [
+        "process_resident_memory_bytes{}",
+        "process_open_fds{}",
+        "process_start_time_seconds{}",
+        "process_max_fds{}",
+    ] {
+        assert!(val(&m, k) > 0.0, "{k}");
+    }
+    assert!(m.contains_key("process_cpu_seconds_total{}"));
     // Nothing from the requests leaked into label values.
     assert!(!text.contains("nobody"));
     rt.shutdown(Duration::from_secs(1)).await;

@@ -100,6 +100,25 @@ impl RetryOn {
         self.statuses[i / 64] & (1 << (i % 64)) != 0
     }
 
+    /// Every retry cause this list can produce, for the metric series
+    /// created at zero: refused streams (always retried), the failure kinds
+    /// listed, each listed status and gRPC code.
+    pub fn causes(&self) -> Vec<Cause> {
+        let mut out = vec![Cause::RefusedStream];
+        if self.connect_failure {
+            out.push(Cause::ConnectFailure);
+        }
+        if self.reset {
+            out.push(Cause::Reset);
+        }
+        if self.timeout {
+            out.push(Cause::Timeout);
+        }
+        out.extend((100..=599).filter(|s| self.status(*s)).map(Cause::Status));
+        out.extend((0..32).filter(|c| self.grpc(*c)).map(Cause::Grpc));
+        out
+    }
+
     /// Whether any gRPC code is listed.
     pub fn any_grpc(&self) -> bool {
         self.grpc != 0
