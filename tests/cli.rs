@@ -120,3 +120,47 @@ fn help_is_written_for_operators() {
         "{out}"
     );
 }
+
+/// `weir run` refuses what `weir check` refuses, with the same errors: a CA
+/// file that is not there is a config error at its field, before anything is
+/// bound (issue 17, item 2).
+#[test]
+fn run_refuses_a_missing_ca_file_like_check_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("w.toml");
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(
+        &p,
+        format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n[upstreams.api]\nurl = \"https://127.0.0.1:1\"\nhosts = [\"api\"]\n[upstreams.api.tls]\nca_file = {ca:?}\n"),
+    )
+    .unwrap();
+    let path = p.to_str().unwrap();
+    let (code, _, check_err) = weir(&["check", "--config", path], None);
+    assert_eq!(code, 1);
+    let want = format!(
+        "error: {path}:8:11: `upstreams.api.tls.ca_file`: cannot read {ca:?}: No such file or directory"
+    );
+    assert_eq!(check_err.trim_end(), want);
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["run", "--config", path])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Up to 20 s (1000 tries of 20 ms) to exit.
+    for _ in 0..1000 {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    if child.try_wait().unwrap().is_none() {
+        child.kill().unwrap();
+        panic!("weir run started on a config with a missing ca_file");
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&want), "{err}");
+}

@@ -2,7 +2,7 @@
 //! shipped config passes `weir check`.
 #![allow(clippy::unwrap_used)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use weir::config::{Config, ConfigError};
 
@@ -41,6 +41,14 @@ fn unknown_field() {
         "upstreams.api.retry.max_atempts",
         "unknown field `max_atempts`",
     );
+}
+
+/// `none` is the `upstream` label of requests routed nowhere: no upstream
+/// may take it.
+#[test]
+fn the_name_none_is_reserved() {
+    let src = "[upstreams.none]\nurl = \"http://127.0.0.1:8080\"\nhosts = [\"api\"]\n";
+    expect_one(src, 1, "upstreams.none", "reserved");
 }
 
 #[test]
@@ -157,6 +165,24 @@ fn defaults_merge_field_by_field() {
     assert!(a.rate_limit.is_none());
 }
 
+/// `weir check --config PATH`: (exit code, stdout, stderr).
+fn check(path: &Path) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["check", "--config"])
+        .arg(path)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Every shipped config passes `weir check` — those that name files the user
+/// provides (`/etc/weir/…`, a CA, a client certificate and key) once the
+/// files exist. As shipped, those fail with one located error per missing
+/// file, quoted in the example's own comments.
 #[test]
 fn every_shipped_config_passes_weir_check() {
     let mut files = vec!["config/weir.toml".to_string()];
@@ -164,21 +190,79 @@ fn every_shipped_config_passes_weir_check() {
         files.push(e.unwrap().path().display().to_string());
     }
     assert!(files.len() >= 3);
+    let mut with_files = 0;
     for f in files {
-        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-            .args(["check", "--config", &f])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{f}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = std::fs::read_to_string(&f).unwrap();
+        let mut dir = None;
+        let path = if text.contains("\"/etc/weir/") {
+            with_files += 1;
+            let (d, copy) = provided_files_fail_until_they_exist(&f, &text);
+            dir = Some(d);
+            copy
+        } else {
+            Path::new(&f).to_path_buf()
+        };
+        let (code, out, err) = check(&path);
+        assert_eq!(code, Some(0), "{f}: {err}");
         // The printed effective config is itself a valid config.
-        let printed = String::from_utf8(out.stdout).unwrap();
-        Config::parse(Path::new(&f), &printed)
-            .unwrap_or_else(|e| panic!("{f} effective config:\n{e}"));
+        Config::parse(Path::new(&f), &out).unwrap_or_else(|e| panic!("{f} effective config:\n{e}"));
+        drop(dir);
     }
+    assert_eq!(
+        with_files, 2,
+        "egress-private-ca.toml and mtls-upstream.toml"
+    );
+}
+
+/// Checks an example naming `/etc/weir/…` files as shipped, then writes
+/// those files (PEM, made here) and returns a copy of the example naming them.
+fn provided_files_fail_until_they_exist(f: &str, text: &str) -> (tempfile::TempDir, PathBuf) {
+    let (code, _, err) = check(Path::new(f));
+    assert_eq!(code, Some(1), "{f}: {err}");
+    let named: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.split("\"/etc/weir/").nth(1))
+        .filter_map(|r| r.split('"').next())
+        .collect();
+    let errors: Vec<&str> = err.lines().collect();
+    assert_eq!(errors.len(), named.len(), "{f}: {err}");
+    for (e, name) in errors.iter().zip(&named) {
+        assert!(e.starts_with(&format!("error: {f}:")), "{e}");
+        assert!(
+            e.contains(&format!(
+                "`: cannot read \"/etc/weir/{name}\": No such file or directory"
+            )),
+            "{e}"
+        );
+    }
+    // The error quoted in the example's comments is the real one.
+    let base = Path::new(f).file_name().unwrap().to_str().unwrap();
+    let quoted: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("#   "))
+        .filter(|l| l.starts_with(&format!("{base}:")))
+        .collect();
+    assert!(!quoted.is_empty(), "{f} does not show its error");
+    for q in quoted {
+        assert!(err.contains(&format!("/{q}")), "{f}: {q}\nnot in\n{err}");
+    }
+    // With the files in place, it passes.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let pair = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    for name in &named {
+        let pem = if name.ends_with(".key") {
+            pair.signing_key.serialize_pem()
+        } else {
+            pair.cert.pem()
+        };
+        std::fs::write(dir.join(name), pem).unwrap();
+    }
+    let copy = dir.join(base);
+    let text = text.replace("\"/etc/weir/", &format!("\"{}/", dir.display()));
+    std::fs::write(&copy, text).unwrap();
+    (tmp, copy)
 }
 
 #[test]
@@ -217,4 +301,341 @@ fn breaker_open_above_the_default_max_open_raises_it() {
     // A max_open the user wrote below open is still an error.
     let src = format!("{UP}[upstreams.api.breaker]\nopen = \"1m\"\nmax_open = \"30s\"\n");
     expect_one(&src, 6, "upstreams.api.breaker.max_open", "must be ≥ open");
+}
+
+// ---------------------------------------------------------------------------
+// Every unknown field and wrong type in one pass (issue 17, item 3).
+
+/// The issue's file: `timout` on line 9, `max_atempts` on line 11.
+const TWO_TYPOS: &str = "# two typos\n[server]\nlisten = \"127.0.0.1:15001\"\n\n[upstreams.api]\nurl = \"http://127.0.0.1:8080\"\nhosts = [\"api\"]\nprotocol = \"http1\"\ntimout = \"5s\"\n[upstreams.api.retry]\nmax_atempts = 3\n";
+
+#[test]
+fn two_typos_are_both_reported_in_file_order_with_hints() {
+    let errs = errors(TWO_TYPOS);
+    let got: Vec<(usize, usize, &str)> = errs
+        .iter()
+        .map(|e| (e.line, e.column, e.field.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (9, 1, "upstreams.api.timout"),
+            (11, 1, "upstreams.api.retry.max_atempts")
+        ],
+        "{errs:#?}"
+    );
+    assert_eq!(
+        errs[0].message,
+        "unknown field `timout`: did you mean `timeout`?"
+    );
+    assert_eq!(
+        errs[1].message,
+        "unknown field `max_atempts`: did you mean `max_attempts`?"
+    );
+}
+
+#[test]
+fn type_errors_and_unknown_fields_are_reported_together() {
+    let src = "[defaults]\nconect_timeout = \"1s\"\n[defaults.breaker]\nfailure_rate = \"high\"\n\n[upstreams.api]\nurl = \"http://127.0.0.1:8080\"\nhosts = [\"api\", 5]\ntimeout = 10\nlisten_tls = { cert = \"a.pem\" }\n[upstreams.api.retry]\nmax_attempts = 3\nfrobnicate = true\n[upstreams.api.retry.backoff]\njitter = { proportionl = 0.2 }\n";
+    let errs = errors(src);
+    let got: Vec<(usize, &str)> = errs.iter().map(|e| (e.line, e.field.as_str())).collect();
+    assert_eq!(
+        got,
+        [
+            (2, "defaults.conect_timeout"),
+            (4, "defaults.breaker.failure_rate"),
+            (8, "upstreams.api.hosts[1]"),
+            (9, "upstreams.api.timeout"),
+            (10, "upstreams.api.listen_tls"),
+            (13, "upstreams.api.retry.frobnicate"),
+            (15, "upstreams.api.retry.backoff.jitter.proportionl"),
+        ],
+        "{errs:#?}"
+    );
+    let msg = |i: usize| errs[i].message.as_str();
+    assert!(
+        msg(0).contains("did you mean `connect_timeout`?"),
+        "{}",
+        msg(0)
+    );
+    assert!(
+        msg(1).contains("invalid type: string \"high\""),
+        "{}",
+        msg(1)
+    );
+    assert!(msg(2).contains("invalid type: integer `5`"), "{}", msg(2));
+    assert!(msg(3).contains("bare number"), "{}", msg(3));
+    assert_eq!(errs[3].column, 11);
+    assert!(msg(4).contains("missing field `key`"), "{}", msg(4));
+    // No close name: the fields valid there are listed instead.
+    assert!(
+        msg(5).contains("expected one of `max_attempts`, `retry_on`"),
+        "{}",
+        msg(5)
+    );
+    assert!(
+        msg(6).contains("did you mean `proportional`?"),
+        "{}",
+        msg(6)
+    );
+}
+
+#[test]
+fn a_field_written_in_the_wrong_table_is_pointed_to_the_right_one() {
+    let src = format!("{UP}max_attempts = 2\n");
+    expect_one(
+        &src,
+        4,
+        "upstreams.api.max_attempts",
+        "did you mean `retry.max_attempts`?",
+    );
+    let src = format!("timeout = \"1s\"\n{UP}");
+    expect_one(&src, 1, "timeout", "did you mean `defaults.timeout`?");
+}
+
+/// Validation comes after the schema, and it too reports everything at once.
+#[test]
+fn once_the_schema_passes_every_validation_error_is_reported() {
+    let src = format!("{UP}timeout = \"0s\"\n[upstreams.api.retry]\nmax_attempts = 25\n[upstreams.api.breaker]\nfailure_rate = 1.5\n");
+    let errs = errors(&src);
+    let lines: Vec<usize> = errs.iter().map(|e| e.line).collect();
+    assert_eq!(lines, [4, 6, 8], "{errs:#?}");
+}
+
+// ---------------------------------------------------------------------------
+// The files a config names are loaded with it (issue 17, item 2).
+
+/// A config naming every kind of file: (the config's path, its text).
+fn with_files(dir: &Path, ca: &Path, cert: &Path, key: &Path) -> PathBuf {
+    let p = dir.join("weir.toml");
+    let src = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\ntls = {{ cert = {cert:?}, key = {key:?} }}\n\n[upstreams.api]\nurl = \"https://127.0.0.1:1\"\nhosts = [\"api\"]\n\n[upstreams.api.tls]\nca_file = {ca:?}\nclient_cert = {cert:?}\nclient_key = {key:?}\n"
+    );
+    std::fs::write(&p, src).unwrap();
+    p
+}
+
+fn pem_pair() -> (String, String) {
+    let pair = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    (pair.cert.pem(), pair.signing_key.serialize_pem())
+}
+
+#[test]
+fn missing_files_fail_check_at_the_field_that_names_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (ca, cert, key) = (d.join("ca.pem"), d.join("client.pem"), d.join("client.key"));
+    let p = with_files(d, &ca, &cert, &key);
+    let (code, out, err) = check(&p);
+    assert_eq!(code, Some(1), "{out}");
+    let at = |line: usize, col: usize, field: &str, file: &Path| {
+        format!(
+            "error: {}:{line}:{col}: `{field}`: cannot read {file:?}: No such file or directory",
+            p.display()
+        )
+    };
+    let col = |field: &str| field.len() + 4;
+    let want = [
+        at(4, 16, "server.tls.cert", &cert),
+        at(
+            4,
+            16 + format!("{cert:?}").len() + 8,
+            "server.tls.key",
+            &key,
+        ),
+        at(11, col("ca_file"), "upstreams.api.tls.ca_file", &ca),
+        at(
+            12,
+            col("client_cert"),
+            "upstreams.api.tls.client_cert",
+            &cert,
+        ),
+        at(13, col("client_key"), "upstreams.api.tls.client_key", &key),
+    ];
+    assert_eq!(err.lines().collect::<Vec<_>>(), want, "{err}");
+
+    // Present and valid: the same file passes.
+    let (c, k) = pem_pair();
+    std::fs::write(&ca, &c).unwrap();
+    std::fs::write(&cert, &c).unwrap();
+    std::fs::write(&key, &k).unwrap();
+    let (code, _, err) = check(&p);
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn files_that_are_not_pem_fail_check_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (ca, cert, key) = (d.join("ca.pem"), d.join("client.pem"), d.join("client.key"));
+    let p = with_files(d, &ca, &cert, &key);
+    let (c, k) = pem_pair();
+    std::fs::write(&ca, "not a certificate\n").unwrap();
+    std::fs::write(
+        &cert,
+        "-----BEGIN CERTIFICATE-----\n!!!not base64!!!\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    std::fs::write(&key, &c).unwrap(); // a certificate where the key should be
+    let (code, _, err) = check(&p);
+    assert_eq!(code, Some(1));
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 5, "{err}");
+    let has = |i: usize, place: &str, why: &str| {
+        assert!(
+            lines[i].starts_with(&format!("error: {}:{place}", p.display()))
+                && lines[i].contains(why),
+            "{}",
+            lines[i]
+        );
+    };
+    has(
+        0,
+        "4:16: `server.tls.cert`",
+        "is not a PEM certificate file",
+    );
+    has(1, "4:", "holds no PEM private key");
+    has(
+        2,
+        "11:11: `upstreams.api.tls.ca_file`",
+        "holds no PEM certificate",
+    );
+    has(
+        3,
+        "12:15: `upstreams.api.tls.client_cert`",
+        "is not a PEM certificate file",
+    );
+    has(
+        4,
+        "13:14: `upstreams.api.tls.client_key`",
+        "holds no PEM private key",
+    );
+
+    // A key that does not go with its certificate.
+    let (_, other) = pem_pair();
+    std::fs::write(&ca, &c).unwrap();
+    std::fs::write(&cert, &c).unwrap();
+    std::fs::write(&key, &other).unwrap();
+    let (code, _, err) = check(&p);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("`server.tls.key`: this key cannot be used with cert"),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "13:14: `upstreams.api.tls.client_key`: this key cannot be used with client_cert"
+        ),
+        "{err}"
+    );
+    std::fs::write(&key, &k).unwrap();
+    assert_eq!(check(&p).0, Some(0));
+}
+
+/// Missing files and validation errors come out together.
+#[test]
+fn file_errors_join_the_other_validation_errors() {
+    let src = "[upstreams.api]\nurl = \"https://127.0.0.1:1\"\nhosts = [\"api\"]\ntimeout = \"0s\"\n[upstreams.api.tls]\nca_file = \"/nonexistent/weir-test/ca.pem\"\n";
+    let errs = errors(src);
+    let got: Vec<(usize, &str)> = errs.iter().map(|e| (e.line, e.field.as_str())).collect();
+    assert_eq!(
+        got,
+        [
+            (4, "upstreams.api.timeout"),
+            (6, "upstreams.api.tls.ca_file")
+        ],
+        "{errs:#?}"
+    );
+    assert_eq!(
+        errs[1].message,
+        "cannot read \"/nonexistent/weir-test/ca.pem\": No such file or directory"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// POST /reload: 422 with every error; the running config stays.
+
+async fn post_reload(admin: std::net::SocketAddr) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(admin).await.unwrap();
+    s.write_all(b"POST /reload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test]
+async fn a_failed_reload_answers_422_with_every_error_and_keeps_the_running_config() {
+    use std::time::Duration;
+    use weir::runtime::{Options, Runtime};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    let good = "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n[upstreams.api]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"api\"]\ntimeout = \"7s\"\n";
+    std::fs::write(&path, good).unwrap();
+    let opts = Options {
+        watch: false,
+        sighup: false,
+        workers: 0,
+    };
+    let rt = Runtime::start(Config::load(&path).unwrap(), opts)
+        .await
+        .unwrap();
+
+    // Three errors, lines 8, 9 and 11: all in the one answer, in file order.
+    std::fs::write(
+        &path,
+        format!(
+            "{good}timout = \"5s\"\nconnect_timeout = 2\n[upstreams.api.retry]\nmax_atempts = 3\n"
+        ),
+    )
+    .unwrap();
+    let (status, body) = post_reload(rt.admin_addr).await;
+    assert_eq!(status, 422, "{body}");
+    let p = path.display();
+    let lines: Vec<&str> = body.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(
+        lines,
+        [
+            format!("error: {p}:8:1: `upstreams.api.timout`: unknown field `timout`: did you mean `timeout`?"),
+            format!("error: {p}:9:19: `upstreams.api.connect_timeout`: a bare number (2) is not a duration: write it as a string with a unit, e.g. \"2s\" or \"2ms\""),
+            format!("error: {p}:11:1: `upstreams.api.retry.max_atempts`: unknown field `max_atempts`: did you mean `max_attempts`?"),
+        ],
+        "{body}"
+    );
+
+    // A CA file that is not there: 422 at its field.
+    std::fs::write(
+        &path,
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n[upstreams.api]\nurl = \"https://127.0.0.1:1\"\nhosts = [\"api\"]\n[upstreams.api.tls]\nca_file = \"/nonexistent/weir-test/ca.pem\"\n",
+    )
+    .unwrap();
+    let (status, body) = post_reload(rt.admin_addr).await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body.contains(&format!(
+            "{p}:8:11: `upstreams.api.tls.ca_file`: cannot read"
+        )),
+        "{body}"
+    );
+
+    // The running config is the first one throughout.
+    let snap = rt.proxy.snapshot();
+    assert_eq!(snap.config.upstreams[0].timeout, Duration::from_secs(7));
+    assert_eq!(
+        snap.config.upstreams[0].url.scheme,
+        weir::config::Scheme::Http
+    );
+    rt.shutdown(Duration::from_secs(1)).await;
 }

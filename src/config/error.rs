@@ -184,7 +184,7 @@ impl SpanIndex {
     }
 }
 
-fn join(prefix: &str, key: &str) -> String {
+pub(super) fn join(prefix: &str, key: &str) -> String {
     let key = if key
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')

@@ -1,14 +1,19 @@
-//! Configuration: the raw serde model ([`raw`]) is merged (`[upstreams.NAME]`
-//! over `[defaults]` over the built-in defaults) and validated (`validate`)
-//! into a typed [`Config`] snapshot. Only validated snapshots are ever handed
-//! to the data plane; a file that fails leaves the running config in place.
+//! Configuration (docs/behaviour.md#configuration-and-defaults): the text is
+//! checked against the raw serde model ([`raw`]) table by table (`schema`:
+//! every unknown field and wrong type at once), merged (`[upstreams.NAME]`
+//! over `[defaults]` over the built-in defaults), validated (`validate`),
+//! and the files it names are loaded ([`files`]), into a typed [`Config`]
+//! snapshot. Only validated snapshots are ever handed to the data plane; a
+//! file that fails leaves the running config in place.
 //!
-//! Owns: parsing, defaults, validation, error locations. Must not: touch the
-//! network or any live state.
+//! Owns: parsing, defaults, validation, the files a config names, error
+//! locations. Must not: touch the network or any live state.
 
 pub mod duration;
 pub mod error;
+pub mod files;
 pub mod raw;
+mod schema;
 mod validate;
 
 pub use error::{ConfigError, ConfigErrors};
@@ -32,6 +37,19 @@ pub struct Config {
     pub effective: raw::RawConfig,
 }
 
+/// Which requests get an access-log line (docs/behaviour.md#logs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessLog {
+    /// None.
+    Off,
+    /// Those answered with one of weir's errors or a 5xx.
+    #[default]
+    Errors,
+    /// Every request.
+    All,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
@@ -49,6 +67,8 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     pub shutdown_timeout: Duration,
     pub tls: Option<ListenerTls>,
+    /// Which requests get an access-log line.
+    pub access_log: AccessLog,
     /// Whether plain-TCP HTTP/1.1 client connections start on the fast
     /// path. Not part of the TOML schema: always `true` from a file.
     /// Tests set this to false to force every request onto the general path
@@ -180,7 +200,7 @@ pub struct UpstreamConfig {
 }
 
 impl Config {
-    /// Reads, parses and validates a config file.
+    /// Reads a config file, then [`Config::parse`].
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
         let src = std::fs::read_to_string(path).map_err(|e| {
             ConfigErrors(vec![ConfigError {
@@ -194,11 +214,14 @@ impl Config {
         Config::parse(path, &src)
     }
 
-    /// Parses and validates config text; `path` is only used in messages.
+    /// Parses and validates config text, and loads the files it names
+    /// (certificates, keys, CA bundles): the one path `weir check`, `weir
+    /// run` and every reload take. `path` names the file in messages.
+    /// Every unknown field and wrong type is reported in one pass; then, if
+    /// there are none, every validation error and unreadable file.
     pub fn parse(path: &Path, src: &str) -> Result<Config, ConfigErrors> {
         let idx = error::SpanIndex::new(src);
-        let raw: raw::RawConfig = toml::from_str(src)
-            .map_err(|e| ConfigErrors(vec![error::from_toml(path, src, &idx, &e)]))?;
+        let raw = schema::read(path, src, &idx)?;
         validate::validate(raw, path, &idx)
     }
 

@@ -78,6 +78,9 @@ pub struct RawServer {
     /// Optional inbound TLS on the shared listener.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<RawListenerTls>,
+    /// One log line per request: `off`, `errors` (default) or `all`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub access_log: Option<super::AccessLog>,
 }
 
 impl RawServer {
@@ -94,10 +97,11 @@ impl RawServer {
             max_header_bytes: Some(65_536),
             shutdown_timeout: Some(Dur(std::time::Duration::from_secs(30))),
             tls: None,
+            access_log: Some(super::AccessLog::Errors),
         }
     }
 }
-mergeable!(RawServer { listen, admin, max_connections, header_read_timeout, client_idle_timeout, client_write_timeout, max_streams_per_connection, max_resets_per_second, max_header_bytes, shutdown_timeout, tls } nested {});
+mergeable!(RawServer { listen, admin, max_connections, header_read_timeout, client_idle_timeout, client_write_timeout, max_streams_per_connection, max_resets_per_second, max_header_bytes, shutdown_timeout, tls, access_log } nested {});
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

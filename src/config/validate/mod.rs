@@ -1,5 +1,6 @@
-//! Stage two: merged raw tables → typed, validated values. Collects every
-//! error it can find rather than stopping at the first.
+//! Stage two: merged raw tables → typed, validated values, and the files
+//! they name loaded (`files`). Collects every error it can find rather than
+//! stopping at the first (docs/behaviour.md#configuration-and-defaults).
 
 use super::error::{ConfigError, ConfigErrors, SpanIndex};
 use super::raw::{RawConfig, RawPolicy, RawServer, RawUpstream};
@@ -7,6 +8,7 @@ use super::*;
 use crate::policy::{PolicyError, RateLimitParams};
 use std::collections::BTreeMap;
 
+mod files;
 mod policy;
 use policy::{breaker, open_within_default_max, retry_policy};
 
@@ -183,6 +185,13 @@ fn server(cx: &mut Ctx, s: &RawServer) -> Option<ServerConfig> {
             );
         }
     }
+    let tls = s.tls.as_ref().map(|t| ListenerTls {
+        cert: PathBuf::from(&t.cert),
+        key: PathBuf::from(&t.key),
+    });
+    if let Some(t) = &tls {
+        files::listener(cx, "server.tls", t);
+    }
     Some(ServerConfig {
         listen: listen?,
         admin: admin?,
@@ -192,12 +201,10 @@ fn server(cx: &mut Ctx, s: &RawServer) -> Option<ServerConfig> {
         client_write_timeout,
         max_streams_per_connection,
         max_resets_per_second,
+        access_log: s.access_log.unwrap_or_default(),
         max_header_bytes: max_header_bytes as usize,
         shutdown_timeout: s.shutdown_timeout.map(|d| d.0).unwrap_or_default(),
-        tls: s.tls.as_ref().map(|t| ListenerTls {
-            cert: PathBuf::from(&t.cert),
-            key: PathBuf::from(&t.key),
-        }),
+        tls,
         fast_path: true,
     })
 }
@@ -284,6 +291,12 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
             "upstream names may use letters, digits, `-`, `_` and `.` only (they become metric labels)",
         );
     }
+    if name == crate::metrics::NO_UPSTREAM {
+        cx.err(
+            format!("upstreams.{q}"),
+            "`none` is reserved: it is the metric and log label of requests routed to no upstream",
+        );
+    }
     let url = url(cx, name, up.url.as_deref());
 
     let mut hosts = Vec::new();
@@ -331,6 +344,9 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
         cert: PathBuf::from(&t.cert),
         key: PathBuf::from(&t.key),
     });
+    if let Some(t) = &listen_tls {
+        files::listener(cx, &format!("upstreams.{q}.listen_tls"), t);
+    }
     if listen_tls.is_some() && up.listen.is_none() {
         cx.err(
             format!("upstreams.{q}.listen_tls"),
@@ -344,6 +360,7 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
         client_key: t.client_key.as_ref().map(PathBuf::from),
     });
     if let Some(t) = &tls {
+        files::upstream(cx, &format!("upstreams.{q}.tls"), t);
         if t.client_cert.is_some() != t.client_key.is_some() {
             cx.err(
                 format!("upstreams.{q}.tls"),

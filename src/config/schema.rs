@@ -1,0 +1,380 @@
+//! Stage one's check (docs/behaviour.md#configuration-and-defaults): the
+//! parsed document is walked against the raw model table by table, so that
+//! **every** unknown field and every value of the wrong type is reported in
+//! one pass — serde, given the whole file, stops at the first.
+//!
+//! The raw structs stay the one schema: each field is checked by serde
+//! deserializing its table's struct from that field alone (all but a few
+//! fields are optional), with the spans toml keeps, so messages and
+//! positions are serde's and toml's own. The field names valid at each place
+//! come from the derive (`deny_unknown_fields` structs name them to serde),
+//! and feed the "did you mean" hints ([`suggest`]). The only thing written
+//! down here is which fields are tables of their own, walked in turn.
+
+use super::error::{from_toml, join, ConfigError, ConfigErrors, SpanIndex};
+use super::raw::*;
+use serde::de::{self, DeserializeOwned, Visitor};
+use std::ops::Range;
+use std::path::Path;
+use toml::de::{DeTable, DeValue, ValueDeserializer};
+use toml::Spanned;
+
+/// Deserializes a table's struct from (part of) the table.
+type Check = fn(Spanned<DeValue<'_>>) -> Result<(), toml::de::Error>;
+
+/// One table of the raw model.
+struct Schema {
+    check: Check,
+    /// The field names serde accepts here.
+    fields: fn() -> &'static [&'static str],
+    /// Fields that are tables of their own, walked field by field too.
+    nested: &'static [(&'static str, Nested)],
+}
+
+enum Nested {
+    /// A table of this schema (when the value is a table at all).
+    Table(&'static Schema),
+    /// A table of named tables of this schema (`[upstreams.NAME]`).
+    MapOf(&'static Schema),
+}
+
+fn check<T: DeserializeOwned>(v: Spanned<DeValue<'_>>) -> Result<(), toml::de::Error> {
+    T::deserialize(ValueDeserializer::from(v)).map(drop)
+}
+
+/// The field names a `deny_unknown_fields` struct gives serde.
+fn fields<T: DeserializeOwned>() -> &'static [&'static str] {
+    let mut names: &'static [&'static str] = &[];
+    let _ = T::deserialize(FieldNames(&mut names));
+    names
+}
+
+/// A deserializer that only records the field names of the struct asked for.
+struct FieldNames<'a>(&'a mut &'static [&'static str]);
+
+impl<'de> de::Deserializer<'de> for FieldNames<'_> {
+    type Error = de::value::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+        Err(de::Error::custom("not a struct"))
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        fields: &'static [&'static str],
+        _: V,
+    ) -> Result<V::Value, Self::Error> {
+        *self.0 = fields;
+        Err(de::Error::custom("field names recorded"))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map enum identifier ignored_any
+    }
+}
+
+macro_rules! schema {
+    ($name:ident: $ty:ty { $($field:literal => $nested:expr),* $(,)? }) => {
+        static $name: Schema = Schema {
+            check: check::<$ty>,
+            fields: fields::<$ty>,
+            nested: &[$(($field, $nested)),*],
+        };
+    };
+}
+
+schema!(CONFIG: RawConfig {
+    "server" => Nested::Table(&SERVER),
+    "defaults" => Nested::Table(&POLICY),
+    "upstreams" => Nested::MapOf(&UPSTREAM),
+});
+schema!(SERVER: RawServer { "tls" => Nested::Table(&LISTENER_TLS) });
+schema!(LISTENER_TLS: RawListenerTls {});
+schema!(POLICY: RawPolicy {
+    "retry" => Nested::Table(&RETRY),
+    "breaker" => Nested::Table(&BREAKER),
+    "concurrency" => Nested::Table(&CONCURRENCY),
+    "rate_limit" => Nested::Table(&RATE_LIMIT),
+});
+schema!(RETRY: RawRetry {
+    "backoff" => Nested::Table(&BACKOFF),
+    "budget" => Nested::Table(&BUDGET),
+});
+schema!(BACKOFF: RawBackoff { "jitter" => Nested::Table(&PROPORTIONAL) });
+schema!(PROPORTIONAL: RawProportional {});
+schema!(BUDGET: RawBudget {});
+schema!(BREAKER: RawBreaker {});
+schema!(CONCURRENCY: RawConcurrency {});
+schema!(RATE_LIMIT: RawRateLimit { "window" => Nested::Table(&WINDOW) });
+schema!(WINDOW: RawWindow {});
+schema!(UPSTREAM_TLS: RawUpstreamTls {});
+schema!(UPSTREAM: RawUpstream {
+    "listen_tls" => Nested::Table(&LISTENER_TLS),
+    "tls" => Nested::Table(&UPSTREAM_TLS),
+    "retry" => Nested::Table(&RETRY),
+    "breaker" => Nested::Table(&BREAKER),
+    "concurrency" => Nested::Table(&CONCURRENCY),
+    "rate_limit" => Nested::Table(&RATE_LIMIT),
+});
+
+/// Parses config text into the raw model, or returns every unknown field and
+/// every value of the wrong type, in file order.
+pub(super) fn read(file: &Path, src: &str, idx: &SpanIndex) -> Result<RawConfig, ConfigErrors> {
+    let syntax = |e: toml::de::Error| ConfigErrors(vec![from_toml(file, src, idx, &e)]);
+    let doc = DeTable::parse(src).map_err(syntax)?;
+    let mut walk = Walk {
+        file,
+        idx,
+        errors: Vec::new(),
+    };
+    walk.table(&CONFIG, "", doc.get_ref(), doc.span());
+    if !walk.errors.is_empty() {
+        walk.errors.sort_by_key(|e| (e.line, e.column));
+        return Err(ConfigErrors(walk.errors));
+    }
+    // The walk found nothing: this is the one deserialization kept.
+    let span = doc.span();
+    let root = Spanned::new(span, DeValue::Table(doc.into_inner()));
+    <RawConfig as serde::Deserialize>::deserialize(ValueDeserializer::from(root)).map_err(syntax)
+}
+
+struct Walk<'a> {
+    file: &'a Path,
+    idx: &'a SpanIndex,
+    errors: Vec<ConfigError>,
+}
+
+/// `{ key = value }` alone, to check one field.
+fn alone<'i>(
+    key: &Spanned<toml::de::DeString<'i>>,
+    value: &Spanned<DeValue<'i>>,
+    span: Range<usize>,
+) -> Spanned<DeValue<'i>> {
+    let mut t = DeTable::new();
+    t.insert(key.clone(), value.clone());
+    Spanned::new(span, DeValue::Table(t))
+}
+
+/// The field serde found missing, from its message.
+fn missing_field(e: &toml::de::Error) -> Option<&str> {
+    e.message()
+        .strip_prefix("missing field `")
+        .and_then(|r| r.split('`').next())
+}
+
+impl Walk<'_> {
+    fn push(&mut self, offset: usize, field: String, message: String) {
+        let (line, column) = self.idx.line_col(offset);
+        self.errors.push(ConfigError {
+            file: self.file.to_path_buf(),
+            line,
+            column,
+            field,
+            message,
+        });
+    }
+
+    /// A serde error for the field at `path`: at the span toml gives, named
+    /// by the innermost field there (an array element, an inline table's key).
+    fn serde_error(&mut self, path: &str, fallback: usize, e: &toml::de::Error) {
+        let offset = e.span().map_or(fallback, |s| s.start);
+        let field = match self.idx.path_at(offset) {
+            Some(p) if p.len() > path.len() && p.starts_with(path) => p.to_string(),
+            _ => path.to_string(),
+        };
+        self.push(offset, field, e.message().trim().to_string());
+    }
+
+    fn table(&mut self, schema: &Schema, path: &str, t: &DeTable<'_>, span: Range<usize>) {
+        let known = (schema.fields)();
+        let mut good = DeTable::new();
+        // Hints given here: a required field one of them names is not
+        // reported missing as well.
+        let mut meant = Vec::new();
+        for (k, v) in t.iter() {
+            let name: &str = k.get_ref();
+            let p = join(path, name);
+            let nested = schema.nested.iter().find(|(n, _)| *n == name);
+            match (nested.map(|(_, n)| n), v.get_ref()) {
+                (Some(Nested::Table(s)), DeValue::Table(inner)) => {
+                    let before = self.errors.len();
+                    self.table(s, &p, inner, v.span());
+                    if self.errors.len() == before {
+                        good.insert(k.clone(), v.clone());
+                    }
+                    continue;
+                }
+                (Some(Nested::MapOf(s)), DeValue::Table(inner)) => {
+                    for (n, entry) in inner.iter() {
+                        let q = join(&p, n.get_ref());
+                        match entry.get_ref() {
+                            DeValue::Table(e) => self.table(s, &q, e, entry.span()),
+                            _ => {
+                                let one = alone(k, &alone(n, entry, v.span()), span.clone());
+                                if let Err(e) = (schema.check)(one) {
+                                    self.serde_error(&q, entry.span().start, &e);
+                                }
+                            }
+                        }
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            if !known.contains(&name) {
+                let message = match suggest(schema, name) {
+                    Some(s) => {
+                        let m = format!("unknown field `{name}`: did you mean `{s}`?");
+                        meant.push(s);
+                        m
+                    }
+                    None => format!(
+                        "unknown field `{name}`: expected one of {}",
+                        known
+                            .iter()
+                            .map(|f| format!("`{f}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                };
+                self.push(k.span().start, p, message);
+                continue;
+            }
+            match (schema.check)(alone(k, v, span.clone())) {
+                Err(e) if missing_field(&e).is_none_or(|m| m == name) => {
+                    self.serde_error(&p, v.span().start, &e);
+                }
+                _ => {
+                    good.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        // A required field absent (serde names the first), checked on the
+        // fields that passed so that a bad one is not reported twice.
+        if let Err(e) = (schema.check)(Spanned::new(span.clone(), DeValue::Table(good))) {
+            let reported = |m: &str| t.contains_key(m) || meant.iter().any(|s| s == m);
+            if let Some(m) = missing_field(&e).filter(|m| !reported(m)) {
+                let field = path.to_string();
+                let at = self.idx.locate(path).unwrap_or(span.start);
+                self.push(at, field, format!("missing field `{m}`"));
+            }
+        }
+    }
+}
+
+/// The field meant by an unknown `name`, among those valid at this place:
+/// one of a nested table's fields by that exact name (`retry.max_attempts`
+/// written in the upstream's own table), else the closest by edit distance
+/// (at most 2, and at most half the name), else the one field the name is a
+/// clear prefix of or extends.
+fn suggest(schema: &Schema, name: &str) -> Option<String> {
+    for (table, nested) in schema.nested {
+        let (Nested::Table(s) | Nested::MapOf(s)) = nested;
+        if (s.fields)().contains(&name) && !matches!(nested, Nested::MapOf(_)) {
+            return Some(format!("{table}.{name}"));
+        }
+    }
+    let known = (schema.fields)();
+    let close = known
+        .iter()
+        .map(|k| (distance(name, k), *k))
+        .filter(|(d, _)| *d <= 2 && *d <= name.chars().count() / 2)
+        .min_by_key(|(d, _)| *d);
+    if let Some((_, k)) = close {
+        return Some(k.to_string());
+    }
+    let prefixed: Vec<&str> = known
+        .iter()
+        .copied()
+        .filter(|k| {
+            (name.len() >= 3 && k.starts_with(name)) || (k.len() >= 3 && name.starts_with(k))
+        })
+        .collect();
+    match prefixed.as_slice() {
+        [one] => Some(one.to_string()),
+        _ => None,
+    }
+}
+
+/// Edit distance counting a swap of two neighbours as one edit
+/// (optimal string alignment).
+fn distance(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distances() {
+        assert_eq!(distance("timout", "timeout"), 1);
+        assert_eq!(distance("max_atempts", "max_attempts"), 1);
+        assert_eq!(distance("rsp", "rps"), 1);
+        assert_eq!(distance("", "abc"), 3);
+    }
+
+    #[test]
+    fn suggestions_come_from_the_fields_valid_at_that_place() {
+        assert_eq!(suggest(&POLICY, "timout").as_deref(), Some("timeout"));
+        assert_eq!(
+            suggest(&RETRY, "max_atempts").as_deref(),
+            Some("max_attempts")
+        );
+        assert_eq!(
+            suggest(&UPSTREAM, "max_attempts").as_deref(),
+            Some("retry.max_attempts")
+        );
+        assert_eq!(suggest(&POLICY, "timeout_ms").as_deref(), Some("timeout"));
+        assert_eq!(suggest(&RATE_LIMIT, "rsp").as_deref(), Some("rps"));
+        assert_eq!(suggest(&RETRY, "frobnicate"), None);
+        // `max` is a prefix of two rate_limit fields: no clear one.
+        assert_eq!(suggest(&RATE_LIMIT, "max"), None);
+        assert_eq!(suggest(&RETRY, "max").as_deref(), Some("backoff.max"));
+        assert_eq!(suggest(&BREAKER, "max").as_deref(), Some("max_open"));
+    }
+
+    /// Every table written as nested here is a field serde knows there.
+    #[test]
+    fn nested_tables_are_real_fields() {
+        let all = [
+            &CONFIG,
+            &SERVER,
+            &POLICY,
+            &RETRY,
+            &BACKOFF,
+            &RATE_LIMIT,
+            &UPSTREAM,
+        ];
+        for s in all {
+            for (name, _) in s.nested {
+                assert!((s.fields)().contains(name), "{name}");
+            }
+        }
+        assert!((fields::<RawRetry>)().contains(&"max_attempts"));
+    }
+}
