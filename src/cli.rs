@@ -211,8 +211,13 @@ fn init_logging(level: &str, format: LogFormat) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour only for a person at a terminal: never in a file, a pipe or a
+    // container log, and never with NO_COLOR set.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => b.try_init(),
@@ -524,14 +529,20 @@ async fn serve(config: Config, workers: usize) -> ExitCode {
         config = %path.display(),
         listen = %rt.proxy.listen_addr(),
         admin = %rt.admin_addr,
-        dedicated = ?rt.proxy.upstream_addrs(),
-        upstreams = ?names,
+        dedicated = %rt
+            .proxy
+            .upstream_addrs()
+            .iter()
+            .map(|(n, a)| format!("{n}={a}"))
+            .collect::<Vec<_>>()
+            .join(","),
+        upstreams = %names.join(","),
         workers,
         "weir is serving"
     );
     shutdown_signal().await;
     tracing::info!(
-        ?grace,
+        grace = %crate::config::duration::format(grace),
         "shutting down: /readyz is 503, no new connections, finishing requests in flight"
     );
     tokio::select! {

@@ -59,11 +59,21 @@ impl Reloader {
             Err(e) => return self.failed(why, e.to_string()),
         };
         let upstreams = config.upstreams.len();
+        let changes = Changes::between(&self.proxy.snapshot().config, &config);
         if let Err(e) = self.proxy.reload(config).await {
             return self.failed(why, e.to_string());
         }
         self.metrics.reload(true);
-        tracing::info!(trigger = why, config = %self.path.display(), upstreams, "config reloaded");
+        tracing::info!(
+            trigger = why,
+            config = %self.path.display(),
+            upstreams,
+            added = %changes.added.join(","),
+            removed = %changes.removed.join(","),
+            changed = %changes.changed.join(","),
+            server_changed = changes.server,
+            "config reloaded"
+        );
         Ok(())
     }
 
@@ -83,5 +93,81 @@ impl Reloader {
         self.metrics.reload(false);
         tracing::error!(trigger = why, error = %e, "config reload rejected; the running config stays");
         Err(e)
+    }
+}
+
+/// What a reload changed, for its log line: upstreams by name, and whether
+/// `[server]` changed. Compared on the effective configs (every default
+/// filled in), so a field written out with its default value is no change.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+    pub server: bool,
+}
+
+impl Changes {
+    pub fn between(old: &Config, new: &Config) -> Changes {
+        let table =
+            |c: &Config| toml::from_str::<toml::Table>(&c.effective_toml()).unwrap_or_default();
+        let (old_t, new_t) = (table(old), table(new));
+        let section = |t: &toml::Table, key: &str| t.get(key).cloned();
+        let ups = |t: &toml::Table| match t.get("upstreams") {
+            Some(toml::Value::Table(u)) => u.clone(),
+            _ => toml::Table::new(),
+        };
+        let (old_u, new_u) = (ups(&old_t), ups(&new_t));
+        let mut c = Changes {
+            server: section(&old_t, "server") != section(&new_t, "server"),
+            ..Changes::default()
+        };
+        for (name, v) in &new_u {
+            match old_u.get(name) {
+                None => c.added.push(name.clone()),
+                Some(o) if o != v => c.changed.push(name.clone()),
+                Some(_) => {}
+            }
+        }
+        c.removed = old_u
+            .keys()
+            .filter(|n| !new_u.contains_key(*n))
+            .cloned()
+            .collect();
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn config(extra: &str) -> Config {
+        let src = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+             [upstreams.a]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"a\"]\n\
+             [upstreams.b]\nurl = \"http://127.0.0.1:2\"\nhosts = [\"b\"]\n{extra}"
+        );
+        Config::parse(Path::new("t.toml"), &src).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_reload_names_what_it_changed() {
+        let old = config("");
+        assert_eq!(Changes::between(&old, &old), Changes::default());
+        let new = config(
+            "[upstreams.b.retry]\nmax_attempts = 5\n\
+             [upstreams.c]\nurl = \"http://127.0.0.1:3\"\nhosts = [\"c\"]\n",
+        );
+        let c = Changes::between(&old, &new);
+        assert_eq!(c.added, ["c"]);
+        assert_eq!(c.changed, ["b"]);
+        assert!(c.removed.is_empty() && !c.server);
+        let c = Changes::between(&new, &old);
+        assert_eq!(c.removed, ["c"]);
+        // A default written out is no change.
+        let same = config("[upstreams.a.retry]\nmax_attempts = 3\n");
+        assert!(Changes::between(&old, &same).changed.is_empty());
     }
 }

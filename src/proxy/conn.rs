@@ -126,10 +126,10 @@ where
             if ending == Ending::Stalled {
                 // A client that takes nothing of a response: let it go, and
                 // with it every slot its requests hold.
-                tracing::debug!(%peer, ?write_timeout, "client stopped reading; connection closed");
+                tracing::debug!(%peer, write_timeout = %crate::config::duration::format(write_timeout), "client stopped reading; connection closed");
                 return;
             }
-            tracing::debug!(%peer, ?idle_timeout, "closing an idle client connection");
+            tracing::debug!(%peer, idle_timeout = %crate::config::duration::format(idle_timeout), "closing an idle client connection");
             // An HTTP/2 goodbye waits for the client to answer a PING; one
             // that never answers is not waited for longer than a head.
             conn.as_mut().graceful_shutdown();

@@ -8,6 +8,7 @@ use super::headers;
 use super::replay::RequestBody;
 use super::route::{request_host, upstream_path};
 use super::{ListenerRole, Snapshot, Upstream};
+use crate::metrics::NO_UPSTREAM;
 use http::header;
 use http::uri::Authority;
 use http::{Request, Response, Uri, Version};
@@ -23,24 +24,31 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let (parts, body) = req.into_parts();
+    let start = Instant::now();
+    let log = |upstream: &str, method: &http::Method, uri: &Uri, resp: Response<Body>| {
+        access_log(snap, upstream, method, uri, start, resp)
+    };
     if parts.uri.path() == super::guard::TOO_LARGE_PATH {
         snap.metrics.header_too_large();
         let limit = snap.config.server.max_header_bytes;
-        return ProxyError::HeadTooLarge(limit).to_response(None);
+        let resp = ProxyError::HeadTooLarge(limit).to_response(None);
+        return log(NO_UPSTREAM, &parts.method, &parts.uri, resp);
     }
     if parts.uri.path() == super::guard::INVALID_PATH {
         snap.metrics.bad_request();
-        return ProxyError::BadRequest(
+        let resp = ProxyError::BadRequest(
             "the request head is invalid: a Content-Length that is not digits (or too large), Content-Lengths that disagree, a Transfer-Encoding that does not end in chunked, or two Host fields".into(),
         )
         .to_response(None);
+        return log(NO_UPSTREAM, &parts.method, &parts.uri, resp);
     }
     if parts.uri.path() == super::guard::CONFLICT_PATH {
         snap.metrics.bad_request();
-        return ProxyError::BadRequest(
+        let resp = ProxyError::BadRequest(
             "a request may not carry both Content-Length and Transfer-Encoding".into(),
         )
         .to_response(None);
+        return log(NO_UPSTREAM, &parts.method, &parts.uri, resp);
     }
     let connect = parts.method == http::Method::CONNECT;
     // A CONNECT's target is `host:port`, with no path: route it as `/`.
@@ -57,11 +65,11 @@ pub(crate) async fn handle(
     let grpc = is_grpc(&parts.headers);
     let Some(up) = upstream else {
         snap.metrics.no_route();
-        tracing::debug!(method = %parts.method, path = parts.uri.path(), "no route");
-        return ProxyError::NoRoute.respond(None, grpc);
+        let resp = ProxyError::NoRoute.respond(None, grpc);
+        return log(NO_UPSTREAM, &parts.method, &parts.uri, resp);
     };
-    let start = Instant::now();
     let method = parts.method.clone();
+    let uri = parts.uri.clone();
     let resp = match forward(up, conn, parts, body, start, grpc).await {
         Ok(resp) => resp,
         Err(e) => {
@@ -69,14 +77,39 @@ pub(crate) async fn handle(
             e.respond(Some(&up.config.name), grpc)
         }
     };
-    tracing::debug!(
-        upstream = %up.config.name,
-        %method,
-        status = resp.status().as_u16(),
-        error = resp.headers().get("x-weir-error").and_then(|v| v.to_str().ok()),
-        took = ?start.elapsed(),
-        "request"
-    );
+    log(&up.config.name, &method, &uri, resp)
+}
+
+/// Writes the access-log line for a response weir is about to send; the
+/// attempts, stop reason and error come from the annotations weir wrote.
+fn access_log(
+    snap: &Snapshot,
+    upstream: &str,
+    method: &http::Method,
+    uri: &Uri,
+    start: Instant,
+    resp: Response<Body>,
+) -> Response<Body> {
+    let mode = snap.config.server.access_log;
+    let status = resp.status().as_u16();
+    let h = resp.headers();
+    let error = h.get("x-weir-error").and_then(|v| v.to_str().ok());
+    if super::access::wanted(mode, status, error.is_some()) {
+        let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+        super::access::write(
+            mode,
+            &super::access::Entry {
+                upstream,
+                method: method.as_str(),
+                path: uri.path(),
+                status,
+                error,
+                attempts: text("x-weir-attempts").and_then(|v| v.parse().ok()),
+                retry_stop: text("x-weir-retry-stop"),
+                took: start.elapsed(),
+            },
+        );
+    }
     resp
 }
 

@@ -5,6 +5,7 @@
 //! each request arrives; a request keeps its snapshot to the end, so a reload
 //! never changes the rules under a request in flight.
 
+pub(crate) mod access;
 pub(crate) mod attempt;
 pub(crate) mod body;
 pub(crate) mod client;
@@ -40,6 +41,16 @@ pub enum ListenerRole {
     Shared,
     /// An upstream's dedicated listener: everything goes to that upstream.
     Dedicated(String),
+}
+
+impl std::fmt::Display for ListenerRole {
+    /// `shared`, or `upstream NAME` for a dedicated listener (log fields).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenerRole::Shared => f.write_str("shared"),
+            ListenerRole::Dedicated(name) => write!(f, "upstream {name}"),
+        }
+    }
 }
 
 /// An upstream as one snapshot sees it: its config and its live state.

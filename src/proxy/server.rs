@@ -134,7 +134,7 @@ impl ProxyHandle {
                     None => tokio::spawn(fut),
                 });
             }
-            tracing::info!(listen = %local, role = ?role, workers = tasks.len(), "listening");
+            tracing::info!(listen = %local, role = %role, workers = tasks.len(), "listening");
             out.push((
                 (addr, role),
                 Listening {
@@ -185,7 +185,7 @@ impl ProxyHandle {
             .collect();
         for k in gone {
             if let Some(l) = table.remove(&k) {
-                tracing::info!(listen = %l.bound, role = ?k.1, "closing listener (draining its connections)");
+                tracing::info!(listen = %l.bound, role = %k.1, "closing listener (draining its connections)");
                 let _ = l.stop.send(true);
             }
         }

@@ -187,7 +187,7 @@ impl<'a> Attempts<'a> {
         let name = &self.up.config.name;
         match verdict {
             Verdict::Retry { delay, cause } => {
-                tracing::debug!(upstream = %name, attempt = self.made, %cause, ?delay, "retrying");
+                tracing::debug!(upstream = %name, attempt = self.made, %cause, delay = %crate::config::duration::format(delay), "retrying");
                 state.metrics.retry(cause);
                 if let Some(a) = admission {
                     self.ticket = Ticket::new(state, a);

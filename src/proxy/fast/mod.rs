@@ -24,6 +24,7 @@ pub(crate) mod pool;
 mod rewind;
 mod transport;
 
+use super::access;
 use super::attempt::{self, Attempts};
 use super::conn::{serve_io, Conn};
 use super::error::ProxyError;
@@ -232,6 +233,7 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
             pool: &pool,
             stop: &conn.stop,
             write_timeout: conn.write_timeout,
+            access: snap.config.server.access_log,
         };
         let open = ctx.serve(up, planned).await;
         if !open || *conn.stop.borrow() {
@@ -254,9 +256,24 @@ struct Ctx<'c> {
     /// `client_write_timeout`: a write to the client that makes no progress
     /// for this long ends the connection.
     write_timeout: Duration,
+    /// `[server] access_log`.
+    access: crate::config::AccessLog,
 }
 
 impl Ctx<'_> {
+    /// The access-log line of the request whose head starts the client
+    /// buffer (docs/behaviour.md#logs); the request line is read only when
+    /// a line is written.
+    /// `e`'s method and path are filled in here.
+    fn access_log(&self, p: &Planned, e: access::Entry<'_>) {
+        if !access::wanted(self.access, e.status, e.error.is_some()) {
+            return;
+        }
+        let head = self.bufs.client.get(..p.head_len).unwrap_or_default();
+        let (method, path) = access::request_line(head);
+        access::write(self.access, &access::Entry { method, path, ..e });
+    }
+
     /// Serves one planned request; returns whether the client connection
     /// stays open for the next one.
     async fn serve(&mut self, up: &Upstream, p: Planned) -> bool {
@@ -342,8 +359,9 @@ impl Ctx<'_> {
             return false;
         };
         let (result, stop, ended) = (driven.result, driven.stop, driven.ended);
+        let made = attempts.made();
         let annotations = cfg.annotate.then_some(Annotations {
-            attempts: attempts.made(),
+            attempts: made,
             stop,
         });
         drop(attempts);
@@ -353,7 +371,17 @@ impl Ctx<'_> {
                 let status = x.status;
                 up.state.metrics.status(status, took);
                 let open = self.relay(up, addr, x, annotations, &p, ended).await;
-                tracing::debug!(upstream = %cfg.name, status, took = ?start.elapsed(), "request");
+                let entry = access::Entry {
+                    upstream: &cfg.name,
+                    method: "",
+                    path: "",
+                    status,
+                    error: None,
+                    attempts: Some(made),
+                    retry_stop: stop.map(|s| s.as_str()),
+                    took,
+                };
+                self.access_log(&p, entry);
                 open && !p.close
             }
             Err(error) => {
@@ -371,7 +399,21 @@ impl Ctx<'_> {
     async fn fail(&mut self, up: &Upstream, start: Instant, p: &Planned, f: Failure) -> bool {
         let took = start.elapsed();
         up.state.metrics.error(f.error.code(), took);
-        tracing::debug!(upstream = %up.config.name, error = f.error.code(), ?took, "request");
+        let (made, stop) = match f.attempts {
+            Some(a) => (Some(a.attempts), a.stop.map(|s| s.as_str())),
+            None => (None, None),
+        };
+        let entry = access::Entry {
+            upstream: &up.config.name,
+            method: "",
+            path: "",
+            status: f.error.status().as_u16(),
+            error: Some(f.error.code()),
+            attempts: made,
+            retry_stop: stop,
+            took,
+        };
+        self.access_log(p, entry);
         let close =
             p.close || *self.stop.borrow() || self.bufs.client.len() < p.head_len + p.body_len;
         self.bufs.out.clear();
@@ -463,7 +505,7 @@ impl Ctx<'_> {
                     Err(_) => return false,
                 },
                 () = self.timer.at(until) => {
-                    tracing::debug!(upstream = %up.config.name, ?idle, "response body idle; cut");
+                    tracing::debug!(upstream = %up.config.name, idle = %crate::config::duration::format(idle), "response body idle; cut");
                     return false;
                 }
             };
