@@ -1,7 +1,9 @@
 //! The admin listener (docs/behaviour.md#admin-listener): `GET /metrics`, `/healthz`, `/readyz`,
-//! `/config`, `POST /reload`. `/config` and `/reload` answer loopback peers
-//! only, whatever address the listener binds: the effective config names every
-//! upstream, and a reload is a write.
+//! `/config`, `POST /reload`, and the status page, `GET /` and
+//! `/status.json` (docs/behaviour.md#status-page, served by `status`).
+//! `/config` and `/reload` answer loopback peers only, whatever address the
+//! listener binds: the effective config names every upstream, and a reload
+//! is a write. The status page answers requests that name a loopback host.
 
 use crate::proxy::body::{full, Body};
 use crate::reload::Reloader;
@@ -54,6 +56,10 @@ pub async fn serve(
     reloader: Arc<Reloader>,
     mut stop: watch::Receiver<bool>,
 ) {
+    tokio::spawn(crate::status::sample(
+        reloader.proxy().clone(),
+        stop.clone(),
+    ));
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -104,6 +110,12 @@ pub async fn route<B>(reloader: &Reloader, peer: SocketAddr, req: Request<B>) ->
             );
             r
         }
+        (&Method::GET, "/" | "/status.json") if !names_loopback(&req) => text(
+            StatusCode::FORBIDDEN,
+            "the status page answers requests to a loopback host only, without a foreign Origin\n",
+        ),
+        (&Method::GET, "/") => crate::status::page(),
+        (&Method::GET, "/status.json") => crate::status::json(proxy),
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {
             if proxy.draining() {
@@ -132,12 +144,12 @@ pub async fn route<B>(reloader: &Reloader, peer: SocketAddr, req: Request<B>) ->
             Ok(()) => text(StatusCode::OK, "reloaded\n"),
             Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}\n")),
         },
-        (_, "/metrics" | "/healthz" | "/readyz" | "/config" | "/reload") => {
+        (_, "/" | "/status.json" | "/metrics" | "/healthz" | "/readyz" | "/config" | "/reload") => {
             text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "admin endpoints: GET /metrics /healthz /readyz /config, POST /reload\n",
+            "admin endpoints: GET / /status.json /metrics /healthz /readyz /config, POST /reload\n",
         ),
     }
 }

@@ -49,7 +49,9 @@
 //! - [`state`]: live per-upstream state keyed by name, surviving reloads.
 //! - [`tls`]: certificates, keys and TLS configurations; failures in words.
 //! - [`metrics`]: every metric family, handles resolved once per upstream.
-//! - [`admin`]: the admin endpoints; [`runtime`]: a running weir — worker
+//! - [`admin`]: the admin endpoints; [`status`]: the status page they
+//!   serve at `/` and `/status.json`, its per-upstream sample ring and the
+//!   task that fills it; [`runtime`]: a running weir — worker
 //!   threads, SIGHUP and the file watch; [`reload`]: the reloader they and
 //!   `POST /reload` call; [`shutdown`]: the stop signal (a leaf).
 //! - [`chaos`]: the fault-injecting upstream, load driver and scenarios
@@ -72,4 +74,5 @@ pub mod reload;
 pub mod runtime;
 pub mod shutdown;
 pub mod state;
+pub mod status;
 pub mod tls;

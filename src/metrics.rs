@@ -401,6 +401,23 @@ impl Default for Metrics {
     }
 }
 
+/// Read access for the status page's sampler (docs/behaviour.md#status-page).
+impl Metrics {
+    /// The current values of the four families the status page samples
+    /// (requests, retries, retry stops, request duration), collected from
+    /// those families alone, not the whole registry.
+    pub fn status_families(&self) -> Vec<prometheus::proto::MetricFamily> {
+        use prometheus::core::Collector;
+        let families: [&dyn Collector; 4] = [
+            &self.requests,
+            &self.retries,
+            &self.stops,
+            &self.request_duration,
+        ];
+        families.iter().flat_map(|f| f.collect()).collect()
+    }
+}
+
 /// One upstream's handles, resolved once.
 #[derive(Debug)]
 pub struct UpstreamMetrics {

@@ -11,6 +11,7 @@ use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::policy::{Breaker, KeyedLimiter, RetryBudget, SeededRandom, Transition};
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::gate::Gate;
+use crate::status::ring::Recent;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -38,6 +39,9 @@ pub struct UpstreamState {
     client: Mutex<UpstreamClient>,
     /// TLS failures already logged, so each cause is logged once, not per request.
     tls_logged: Mutex<std::collections::HashSet<String>>,
+    /// The status page's samples and recent breaker transitions
+    /// (docs/behaviour.md#status-page); bounded, never touched per request.
+    pub recent: Recent,
 }
 
 impl UpstreamState {
@@ -60,6 +64,7 @@ impl UpstreamState {
             sticky_conns: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             client: Mutex::new(client),
             tls_logged: Mutex::new(std::collections::HashSet::new()),
+            recent: Recent::new(now),
         }
     }
 
@@ -133,11 +138,12 @@ impl UpstreamState {
     /// Logs and counts a breaker transition.
     pub fn log_transition(&self, t: &Transition) {
         self.metrics.transition(t.to);
+        self.recent.transition(self.clock.now(), t);
         tracing::info!(
             upstream = %self.name,
             from = t.from.as_str(),
             to = t.to.as_str(),
-            open_for = ?t.open_for,
+            open_for = %t.open_for.map_or_else(|| "-".into(), crate::config::duration::format),
             "circuit breaker transition"
         );
     }

@@ -7,7 +7,7 @@
 //! threaded by an intrusive LRU list). Keys come from the data plane, which
 //! extracts them per [`KeySource`](super::limiter::KeySource).
 
-use super::limiter::{Limiter, RateLimitParams};
+use super::limiter::{Left, Limiter, RateLimitParams};
 use super::Now;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -108,6 +108,12 @@ impl KeyedLimiter {
             },
         };
         limiter.time_until(now)
+    }
+
+    /// What the shared limiter (requests without a key) has left at `now`,
+    /// without touching it.
+    pub fn peek_shared(&self, now: Now) -> Left {
+        self.shared.peek(now)
     }
 
     /// Size, evictions and clock regressions.

@@ -299,6 +299,15 @@ impl SlidingWindow {
     }
 }
 
+/// What a [`Limiter`] has left, from [`Limiter::peek`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Left {
+    /// The token bucket's tokens, when there is a bucket.
+    pub bucket_tokens: Option<f64>,
+    /// Admissions the sliding window still allows, when there is a window.
+    pub window_remaining: Option<u64>,
+}
+
 /// One limiter: a token bucket, a sliding window, or both (both must admit).
 #[derive(Debug, Clone)]
 pub struct Limiter {
@@ -353,6 +362,23 @@ impl Limiter {
             None => Duration::ZERO,
         };
         Some(b.max(w))
+    }
+
+    /// What is left at `now`, without taking or changing anything: the
+    /// bucket's tokens and the window's remaining admissions (for the status
+    /// page, docs/behaviour.md#status-page).
+    pub fn peek(&self, now: Now) -> Left {
+        Left {
+            bucket_tokens: self.bucket.as_ref().map(|b| {
+                let dt = now.saturating_sub(b.last).as_secs_f64();
+                (b.tokens + dt * b.rps).min(b.burst)
+            }),
+            window_remaining: self.window.as_ref().map(|w| {
+                let mut probe = w.clone();
+                probe.advance(now);
+                probe.limit.saturating_sub(probe.total)
+            }),
+        }
     }
 
     /// Updates the limits in place (config reload); tokens and counts survive
@@ -463,5 +489,21 @@ mod tests {
         assert!(l.try_acquire(ms(1_100)));
         let b = l.bucket.as_mut().unwrap();
         assert!(b.available(ms(1_100)) >= 1.0);
+    }
+
+    #[test]
+    fn peek_reads_what_is_left_and_changes_nothing() {
+        let p = params(Some((10.0, 5)), Some((3, ms(1_000))), 10);
+        let mut l = Limiter::new(&p, ms(0));
+        assert!(l.try_acquire(ms(0)));
+        assert!(l.try_acquire(ms(0)));
+        let left = l.peek(ms(100));
+        assert!((left.bucket_tokens.unwrap() - 4.0).abs() < 1e-9, "{left:?}");
+        assert_eq!(left.window_remaining, Some(1));
+        assert_eq!(l.peek(ms(100)), left);
+        // after a full period the window has forgotten both admissions
+        assert_eq!(l.peek(ms(1_200)).window_remaining, Some(3));
+        assert!(l.try_acquire(ms(100)));
+        assert_eq!(l.peek(ms(100)).window_remaining, Some(0));
     }
 }

@@ -47,7 +47,7 @@ pub use decide::{
     Delivery, FixedGates, Gates, Outcome, RequestFacts, RetryOn, RetryPolicy, StopReason, Verdict,
 };
 pub use keyed::{KeyedLimiter, KeyedStats};
-pub use limiter::{Limiter, RateLimitParams, SlidingWindow, TokenBucket};
+pub use limiter::{Left, Limiter, RateLimitParams, SlidingWindow, TokenBucket};
 pub use random::{FixedRandom, Random, SeededRandom};
 pub use report::{schedule_report, schedule_report_with};
 pub use retry_after::parse_retry_after;

@@ -80,6 +80,11 @@ impl Gate {
         self.in_flight.load(Ordering::Acquire)
     }
 
+    /// Requests waiting for a slot now.
+    pub fn queued(&self) -> u32 {
+        self.queued.load(Ordering::Acquire)
+    }
+
     /// Applies reloaded limits. Raising takes effect at once; lowering takes
     /// slots away as requests in flight finish.
     pub fn set_limits(&self, max_in_flight: u32, max_queue: u32) {

@@ -1,0 +1,479 @@
+//! The status page on the admin listener (docs/behaviour.md#status-page):
+//! `/status.json`'s fields over plain HTTP, the Host/Origin guard, reloads
+//! adding and removing rows, and the page itself rendered by a real headless
+//! Chromium against a weir whose breaker is open (its rows are drawn by the
+//! page's script, so this proves the script works).
+//!
+//! Chromium is Debian's `chromium` package (`/usr/bin/chromium`, or
+//! `WEIR_CHROMIUM`); without it the browser test says SKIPPED, unless
+//! WEIR_REQUIRE_THIRD_PARTY is set (`.ci/run` sets it and installs chromium).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::third_party::{require, run_bounded};
+use common::*;
+use hyper::Request;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use weir::config::Config;
+use weir::runtime::{Options, Runtime};
+
+const CHROMIUM_TOOL: &str = "chromium (apt-get install chromium, or set WEIR_CHROMIUM)";
+
+/// How long one Chromium run may take before it is killed.
+const CHROMIUM_LIMIT: Duration = Duration::from_secs(90);
+
+const NO_WATCH: Options = Options {
+    watch: false,
+    sighup: false,
+    workers: 0,
+};
+
+/// $WEIR_CHROMIUM, else /usr/bin/chromium, if it exists.
+fn chromium() -> Option<PathBuf> {
+    let p = std::env::var_os("WEIR_CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    p.exists().then_some(p)
+}
+
+/// Two upstreams: `dead` (nothing listens; its breaker opens after 3
+/// failures and stays open a minute) and `ok` (answers 200; rate-limited).
+fn config(dead: &str, ok: &str) -> String {
+    format!(
+        r#"[server]
+listen = "127.0.0.1:0"
+admin = "127.0.0.1:0"
+
+[upstreams.dead]
+url = "{dead}"
+hosts = ["dead"]
+[upstreams.dead.retry]
+max_attempts = 1
+[upstreams.dead.breaker]
+consecutive_failures = 3
+open = "60s"
+max_open = "60s"
+
+[upstreams.ok]
+url = "{ok}"
+hosts = ["ok"]
+[upstreams.ok.rate_limit]
+rps = 1000
+"#
+    )
+}
+
+async fn start(dir: &Path, toml: &str) -> (Runtime, PathBuf) {
+    let path = dir.join("weir.toml");
+    std::fs::write(&path, toml).unwrap();
+    let config = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    (Runtime::start(config, NO_WATCH).await.unwrap(), path)
+}
+
+/// A request to the admin listener, `Host: 127.0.0.1:PORT` plus `headers`.
+async fn admin(
+    rt: &Runtime,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, http::HeaderMap, String) {
+    let mut req = Request::builder()
+        .method(method)
+        .uri(format!("http://{}{path}", rt.admin_addr));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let (parts, b) = read_body(client().request(req.body(body("")).unwrap()).await.unwrap()).await;
+    (
+        parts.status.as_u16(),
+        parts.headers,
+        String::from_utf8_lossy(&b).into_owned(),
+    )
+}
+
+async fn status(rt: &Runtime) -> Value {
+    let (s, h, b) = admin(rt, "GET", "/status.json", &[]).await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(h["content-type"], "application/json");
+    serde_json::from_str(&b).unwrap_or_else(|e| panic!("{e}: {b}"))
+}
+
+fn upstream<'a>(s: &'a Value, name: &str) -> &'a Value {
+    s["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == name)
+        .unwrap_or_else(|| panic!("no upstream {name} in {s}"))
+}
+
+async fn through(rt: &Runtime, host: &str) -> u16 {
+    let url = format!("http://{}/", rt.proxy.listen_addr());
+    read_body(get(&client(), &url, host).await)
+        .await
+        .0
+        .status
+        .as_u16()
+}
+
+/// Sends requests to `dead` until /status.json says its breaker is open.
+async fn open_the_breaker(rt: &Runtime) {
+    for _ in 0..50 {
+        through(rt, "dead").await;
+        if upstream(&status(rt).await, "dead")["breaker"]["state"] == "open" {
+            return;
+        }
+    }
+    panic!("the breaker of `dead` did not open");
+}
+
+#[tokio::test]
+async fn status_json_reports_every_field() {
+    let up = TestUpstream::text("ok").await;
+    let dead_url = format!("http://{}", refused_addr().await);
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, path) = start(dir.path(), &config(&dead_url, &up.url())).await;
+    for _ in 0..5 {
+        assert_eq!(through(&rt, "ok").await, 200);
+    }
+    open_the_breaker(&rt).await;
+    assert_eq!(through(&rt, "dead").await, 503);
+    // Long enough for a second sample (one every 2 s): rates and history.
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+
+    let s = status(&rt).await;
+    for k in [
+        "generated_at_unix_ms",
+        "sample_interval_s",
+        "history_s",
+        "draining",
+        "upstreams",
+    ] {
+        assert!(s.get(k).is_some(), "no {k} in {s}");
+    }
+    assert_eq!(s["sample_interval_s"], 2.0);
+    assert_eq!(s["history_s"], 300.0);
+    assert_eq!(s["draining"], false);
+    let names: Vec<&str> = s["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["dead", "ok"], "config order");
+
+    let fields = [
+        "name",
+        "target",
+        "breaker",
+        "window_s",
+        "requests_per_s",
+        "success_rate",
+        "retries_per_s",
+        "retry_stops_per_s",
+        "retry_stops_total",
+        "retry_budget_tokens",
+        "in_flight",
+        "queued",
+        "max_in_flight",
+        "max_queue",
+        "rate_limit",
+        "latency_window_s",
+        "p50_ms",
+        "p99_ms",
+        "history",
+    ];
+    for name in ["dead", "ok"] {
+        let u = upstream(&s, name);
+        let keys: Vec<&str> = u.as_object().unwrap().keys().map(|k| k.as_str()).collect();
+        let mut want = fields.to_vec();
+        want.sort_unstable();
+        let mut got = keys.clone();
+        got.sort_unstable();
+        assert_eq!(got, want, "{name}: {u}");
+        let stops = u["retry_stops_total"].as_object().unwrap();
+        assert_eq!(stops.len(), 8, "{u}");
+        assert_eq!(u["retry_stops_per_s"].as_object().unwrap().len(), 8);
+        assert_eq!(u["in_flight"], 0);
+        assert_eq!(u["queued"], 0);
+        assert_eq!(u["max_in_flight"], 1024);
+        assert_eq!(u["max_queue"], 0);
+        assert!(u["retry_budget_tokens"].as_f64().unwrap() > 0.0, "{u}");
+        let w = u["window_s"].as_f64().unwrap();
+        assert!((1.0..=12.0).contains(&w), "{u}");
+        assert!(!u["history"].as_array().unwrap().is_empty(), "{u}");
+        for p in u["history"].as_array().unwrap() {
+            for k in ["ago_s", "requests_per_s", "success_rate", "retries_per_s"] {
+                assert!(p.get(k).is_some(), "{k} in {p}");
+            }
+        }
+    }
+
+    let ok = upstream(&s, "ok");
+    assert_eq!(ok["target"], up.url());
+    assert_eq!(ok["breaker"]["state"], "closed");
+    assert_eq!(ok["breaker"]["transitions"].as_array().unwrap().len(), 0);
+    assert!(ok["breaker"]["since_s"].as_f64().unwrap() >= 2.0, "{ok}");
+    assert_eq!(ok["success_rate"], 1.0);
+    assert!(ok["requests_per_s"].as_f64().unwrap() > 0.0, "{ok}");
+    assert_eq!(ok["retries_per_s"], 0.0);
+    assert!(ok["p50_ms"].as_f64().unwrap() > 0.0, "{ok}");
+    assert!(ok["p99_ms"].as_f64().unwrap() >= ok["p50_ms"].as_f64().unwrap());
+    let rl = &ok["rate_limit"];
+    assert_eq!(rl["rps"], 1000.0);
+    assert_eq!(rl["burst"], 1000);
+    let tokens = rl["tokens"].as_f64().unwrap();
+    assert!((900.0..=1000.0).contains(&tokens), "{rl}");
+    assert_eq!(rl["keyed"], false);
+    assert_eq!(rl["window_remaining"], Value::Null);
+
+    let dead = upstream(&s, "dead");
+    let b = &dead["breaker"];
+    assert_eq!(b["enabled"], true);
+    assert_eq!(b["state"], "open");
+    let since = b["since_s"].as_f64().unwrap();
+    assert!((2.0..30.0).contains(&since), "{b}");
+    let until = b["half_open_in_s"].as_f64().unwrap();
+    assert!(until > 10.0 && until <= 72.0, "{b}");
+    let t = &b["transitions"][0];
+    assert_eq!(
+        (&t["from"], &t["to"]),
+        (&"closed".into(), &"open".into()),
+        "{b}"
+    );
+    let open_for = t["open_for_s"].as_f64().unwrap();
+    assert!((48.0..=72.0).contains(&open_for), "{t}");
+    assert!((t["ago_s"].as_f64().unwrap() - since).abs() < 0.01, "{b}");
+    assert!(t["at_unix_ms"].as_u64().unwrap() > 1_600_000_000_000, "{t}");
+    assert_eq!(dead["success_rate"], 0.0);
+    assert_eq!(dead["rate_limit"], Value::Null);
+    // Each of the three connect failures was retryable, and max_attempts = 1
+    // stopped it; the requests refused by the open breaker made no attempt.
+    assert_eq!(dead["retry_stops_total"]["attempts"], 3, "{dead}");
+    assert_eq!(stops_total(dead), 3, "{dead}");
+
+    // The page itself: one file, nothing loaded from anywhere else.
+    let (st, h, page) = admin(&rt, "GET", "/", &[]).await;
+    assert_eq!(st, 200);
+    assert_eq!(h["content-type"], "text/html; charset=utf-8");
+    let csp = h["content-security-policy"].to_str().unwrap();
+    assert!(csp.starts_with("default-src 'none'"), "{csp}");
+    assert!(csp.contains("connect-src 'self'"), "{csp}");
+    for external in ["<link", " src=", "@import", "url("] {
+        assert!(
+            !page.contains(external),
+            "the page loads something: {external}"
+        );
+    }
+    assert!(page.contains("<tbody id=\"rows\"></tbody>"));
+    assert!(page.contains("/status.json"));
+
+    // The DNS-rebinding guard of /config applies; wrong methods get 405.
+    for path in ["/", "/status.json"] {
+        for (k, v) in [("host", "evil.example"), ("origin", "http://evil.example")] {
+            let (st, _, _) = admin(&rt, "GET", path, &[(k, v)]).await;
+            assert_eq!(st, 403, "{path} with {k}: {v}");
+        }
+        let (st, _, _) = admin(&rt, "GET", path, &[("host", "localhost:15000")]).await;
+        assert_eq!(st, 200, "{path}");
+        assert_eq!(admin(&rt, "POST", path, &[]).await.0, 405, "{path}");
+    }
+
+    // A reload that removes `ok` and adds `fresh`: the rows follow.
+    let fresh = TestUpstream::text("fresh").await;
+    let mut next = config(&dead_url, &up.url());
+    let cut = next.find("[upstreams.ok]").unwrap();
+    next.truncate(cut);
+    next.push_str(&format!(
+        "[upstreams.fresh]\nurl = \"{}\"\nhosts = [\"fresh\"]\n",
+        fresh.url()
+    ));
+    std::fs::write(&path, next).unwrap();
+    assert_eq!(admin(&rt, "POST", "/reload", &[]).await.0, 200);
+    let s = status(&rt).await;
+    let names: Vec<&str> = s["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["dead", "fresh"]);
+    // `dead` kept its live state, breaker and history included.
+    let dead = upstream(&s, "dead");
+    assert_eq!(dead["breaker"]["state"], "open");
+    assert!(!dead["history"].as_array().unwrap().is_empty());
+    let fresh_row = upstream(&s, "fresh");
+    assert_eq!(fresh_row["breaker"]["state"], "closed");
+    assert_eq!(
+        fresh_row["requests_per_s"],
+        Value::Null,
+        "too new for a rate"
+    );
+    assert_eq!(fresh_row["history"].as_array().unwrap().len(), 0);
+    rt.shutdown(Duration::from_secs(1)).await;
+}
+
+fn stops_total(u: &Value) -> u64 {
+    u["retry_stops_total"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum()
+}
+
+/// The `<tr …>…</tr>` of upstream `name` in Chromium's serialised DOM.
+fn row<'a>(dom: &'a str, name: &str) -> &'a str {
+    let at = dom
+        .find(&format!("data-upstream=\"{name}\""))
+        .unwrap_or_else(|| panic!("no row for {name} in the rendered page:\n{dom}"));
+    let start = dom[..at].rfind("<tr").unwrap();
+    let end = at + dom[at..].find("</tr>").unwrap();
+    &dom[start..end]
+}
+
+/// Runs headless Chromium on `url` with `args`, bounded in time, with its
+/// own profile directory; returns its stdout.
+fn run_chromium(bin: &Path, url: &str, args: &[&str]) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--hide-scrollbars",
+    ])
+    .arg(format!("--user-data-dir={}", profile.path().display()))
+    .args(args)
+    .arg(url);
+    let out = run_bounded(&mut cmd, CHROMIUM_LIMIT);
+    assert!(
+        out.status.success(),
+        "chromium failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_renders_the_open_breaker() {
+    let bin = chromium();
+    if !require(CHROMIUM_TOOL, bin.is_some()) {
+        return;
+    }
+    let bin = bin.unwrap();
+    let up = TestUpstream::text("ok").await;
+    let dead_url = format!("http://{}", refused_addr().await);
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = start(dir.path(), &config(&dead_url, &up.url())).await;
+    for _ in 0..3 {
+        assert_eq!(through(&rt, "ok").await, 200);
+    }
+    open_the_breaker(&rt).await;
+
+    let url = format!("http://{}/", rt.admin_addr);
+    let dom = tokio::task::spawn_blocking(move || {
+        run_chromium(&bin, &url, &["--virtual-time-budget=5000", "--dump-dom"])
+    })
+    .await
+    .unwrap();
+    let dead = row(&dom, "dead");
+    assert!(dead.contains("data-state=\"open\""), "{dead}");
+    assert!(dead.contains(">open</span>"), "{dead}");
+    assert!(dead.contains("closed → open"), "{dead}");
+    assert!(dead.contains("<svg"), "no sparkline: {dead}");
+    let ok = row(&dom, "ok");
+    assert!(ok.contains(">closed</span>"), "{ok}");
+    assert!(ok.contains(" / 1000"), "rate limit: {ok}");
+    assert!(dom.contains("2 upstreams; updated"), "{dom}");
+    assert!(
+        !dom.contains("<span id=\"status\" class=\"error\""),
+        "{dom}"
+    );
+    rt.shutdown(Duration::from_secs(1)).await;
+}
+
+/// Writes docs/status-page.png (the README's screenshot): `ok` with 150 s
+/// of traffic, some of it failing and retried (40 % of it from 50 s to
+/// 90 s), and `dead` with its breaker open. Run it with
+/// `cargo test --test status_page -- --ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes docs/status-page.png; run on purpose"]
+async fn write_the_readme_screenshot() {
+    let bin = chromium();
+    if !require(CHROMIUM_TOOL, bin.is_some()) {
+        return;
+    }
+    let bin = bin.unwrap();
+    let n = Arc::new(AtomicUsize::new(0));
+    let bad = Arc::new(AtomicBool::new(false));
+    let (count, failing) = (n.clone(), bad.clone());
+    // Every 12th request a 503 (retried), two in five while `bad`; 2–9 ms each.
+    let up = TestUpstream::start(move |_req| {
+        let i = count.fetch_add(1, Ordering::Relaxed);
+        let failing = failing.load(Ordering::Relaxed);
+        async move {
+            tokio::time::sleep(Duration::from_millis(2 + (i * 7 % 8) as u64)).await;
+            let mut r = hyper::Response::new(body("ok"));
+            if i % 12 == 5 || (failing && i % 5 < 2) {
+                *r.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+            }
+            r
+        }
+    })
+    .await;
+    let dead_url = format!("http://{}", refused_addr().await);
+    let dir = tempfile::tempdir().unwrap();
+    let toml = config(&dead_url, &up.url()).replace(
+        "open = \"60s\"\nmax_open = \"60s\"",
+        "open = \"4s\"\nmax_open = \"16s\"",
+    );
+    let (rt, _) = start(dir.path(), &toml).await;
+    let load: Vec<_> = (0..2)
+        .map(|_| {
+            let url = format!("http://{}/", rt.proxy.listen_addr());
+            tokio::spawn(async move {
+                let c = client();
+                for i in 0..100_000u32 {
+                    let host = if i % 20 == 0 { "dead" } else { "ok" };
+                    let _ = read_body(get(&c, &url, host).await).await;
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(50)).await;
+    bad.store(true, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    bad.store(false, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let url = format!("http://{}/", rt.admin_addr);
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/status-page.png");
+    let shot = format!("--screenshot={}", out.display());
+    tokio::task::spawn_blocking(move || {
+        run_chromium(
+            &bin,
+            &url,
+            &[
+                "--virtual-time-budget=3000",
+                "--window-size=1280,720",
+                &shot,
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    for l in load {
+        l.abort();
+    }
+    rt.shutdown(Duration::from_secs(1)).await;
+}
