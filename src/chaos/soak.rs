@@ -2,7 +2,9 @@
 //! between an open-loop load and the fault-injecting upstream for a long
 //! while, its resident memory and open file descriptors sampled every
 //! interval. It fails when either has grown by more than 10 % after the
-//! warm-up: a leak that a minute-long benchmark cannot see.
+//! warm-up — the lowest value of the last third of the samples above the
+//! highest of the first third: a leak that a minute-long benchmark cannot
+//! see.
 //!
 //! The upstream answers 20 % of requests 503 and resets 5 % (half before
 //! reading them, half after), after 1–10 ms; a tenth of the load is POSTs
@@ -50,7 +52,8 @@ pub struct Sample {
 /// The verdict on the samples after warm-up.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
-    /// Mean over the first third of the judged samples, and over the last.
+    /// The highest value in the first third of the judged samples, and the
+    /// lowest in the last third.
     pub rss_kib: (f64, f64),
     pub fds: (f64, f64),
     pub rss_growth: f64,
@@ -58,21 +61,21 @@ pub struct Verdict {
     pub pass: bool,
 }
 
-/// Judges samples taken after the warm-up: the mean of the last third
-/// against the mean of the first third (one sample's noise — a burst of
-/// connections, an allocator's arena — does not decide it). `None` with
-/// fewer than two samples.
+/// Judges samples taken after the warm-up: the lowest value of the last
+/// third against the highest of the first third. A leak raises even the
+/// floor of the end above the peak of the start; a burst of connections
+/// (more buffers for a moment, more descriptors) raises one sample, not the
+/// floor, and does not decide it. `None` with fewer than two samples.
 pub fn judge(samples: &[Sample]) -> Option<Verdict> {
     if samples.len() < 2 {
         return None;
     }
     let third = (samples.len() / 3).max(1);
-    let mean = |s: &[Sample], f: fn(&Sample) -> u64| {
-        s.iter().map(|x| f(x) as f64).sum::<f64>() / s.len() as f64
-    };
     let (first, last) = (&samples[..third], &samples[samples.len() - third..]);
-    let rss_kib = (mean(first, |s| s.rss_kib), mean(last, |s| s.rss_kib));
-    let fds = (mean(first, |s| s.fds), mean(last, |s| s.fds));
+    let peak = |s: &[Sample], f: fn(&Sample) -> u64| s.iter().map(f).max().unwrap_or(0) as f64;
+    let floor = |s: &[Sample], f: fn(&Sample) -> u64| s.iter().map(f).min().unwrap_or(0) as f64;
+    let rss_kib = (peak(first, |s| s.rss_kib), floor(last, |s| s.rss_kib));
+    let fds = (peak(first, |s| s.fds), floor(last, |s| s.fds));
     let growth = |(a, b): (f64, f64)| if a > 0.0 { (b - a) / a } else { 0.0 };
     let (rss_growth, fds_growth) = (growth(rss_kib), growth(fds));
     Some(Verdict {
@@ -346,7 +349,7 @@ pub async fn print(opts: &SoakOptions) -> Result<bool, String> {
         return Ok(false);
     };
     println!(
-        "RSS {:.1} → {:.1} MiB ({:+.1} %), fds {:.0} → {:.0} ({:+.1} %), first third against last third after warm-up: {}",
+        "after the warm-up, highest of the first third → lowest of the last: RSS {:.1} → {:.1} MiB ({:+.1} %), fds {:.0} → {:.0} ({:+.1} %): {}",
         v.rss_kib.0 / 1024.0,
         v.rss_kib.1 / 1024.0,
         100.0 * v.rss_growth,
@@ -377,10 +380,15 @@ mod tests {
         let flat: Vec<Sample> = (0..9).map(|i| at(i, 8000 + (i % 2) * 300, 40)).collect();
         let v = judge(&flat).unwrap_or_else(|| panic!("judged"));
         assert!(v.pass, "{v:?}");
-        let leaking: Vec<Sample> = (0..9).map(|i| at(i, 8000 + i * 200, 40)).collect();
+        let leaking: Vec<Sample> = (0..9).map(|i| at(i, 8000 + i * 400, 40)).collect();
         let v = judge(&leaking).unwrap_or_else(|| panic!("judged"));
         assert!(!v.pass && v.rss_growth > 0.10, "{v:?}");
-        let fds: Vec<Sample> = (0..6).map(|i| at(i, 8000, 40 + i * 4)).collect();
+        // A burst of connections raises one sample's fds; the floor of the
+        // end stays where the start was.
+        let mut burst = flat.clone();
+        burst[7].fds = 300;
+        assert!(judge(&burst).unwrap_or_else(|| panic!("judged")).pass);
+        let fds: Vec<Sample> = (0..6).map(|i| at(i, 8000, 40 + i * 8)).collect();
         let v = judge(&fds).unwrap_or_else(|| panic!("judged"));
         assert!(!v.pass && v.fds_growth > 0.10, "{v:?}");
         assert_eq!(judge(&flat[..1]), None);
