@@ -32,6 +32,8 @@ NGINX_PORT=18002
 HAPROXY_PORT=18003
 WEIR_OFF_PORT=18004
 WEIR_OFF_ADMIN=18005
+WEIR_NAME_PORT=18008
+WEIR_NAME_ADMIN=18009
 WEIR_BASE_PORT=18006
 WEIR_BASE_ADMIN=18007
 
@@ -61,7 +63,7 @@ else
 fi
 
 # ---- the proxies ------------------------------------------------------------
-weir_config() { # port admin policy(on|off)
+weir_config() { # port admin policy(on|off) [upstream host]
     cat <<CONF
 [server]
 listen = "127.0.0.1:$1"
@@ -69,7 +71,7 @@ admin = "127.0.0.1:$2"
 max_connections = 20000
 
 [upstreams.bench]
-url = "http://127.0.0.1:$UP_PORT"
+url = "http://${4:-127.0.0.1}:$UP_PORT"
 hosts = ["127.0.0.1", "localhost"]
 CONF
     if [ "$3" = on ]; then
@@ -95,8 +97,8 @@ CONF
 declare -A PID_OF PORT_OF
 targets=()
 
-start_weir() { # name port admin policy [binary]
-    weir_config "$2" "$3" "$4" > "$T/$1.toml"
+start_weir() { # name port admin policy [binary] [upstream host]
+    weir_config "$2" "$3" "$4" "${6:-}" > "$T/$1.toml"
     $pin_proxy "${5:-$WEIR}" --log-level error run --workers "$WORKERS" --config "$T/$1.toml" &
     PID_OF[$1]=$!; PORT_OF[$1]=$2; PIDS+=($!)
     wait_port "$2"
@@ -104,6 +106,9 @@ start_weir() { # name port admin policy [binary]
 }
 start_weir weir $WEIR_PORT $WEIR_ADMIN on
 start_weir weir-policy-off $WEIR_OFF_PORT $WEIR_OFF_ADMIN off
+# The same upstream named by DNS (`localhost`), as real sidecar configs
+# write it: resolved in the background, the fast path all the same.
+start_weir weir-by-name $WEIR_NAME_PORT $WEIR_NAME_ADMIN on "" localhost
 # Another build of weir, same config as "weir": a before/after comparison
 # in one run, the rounds alternating, so the machine's noise hits both.
 if [ -n "${WEIR_BASELINE:-}" ]; then

@@ -76,6 +76,8 @@ pub struct Metrics {
     tunnels: IntGaugeVec,
     reloads: IntCounterVec,
     last_reload: IntGauge,
+    dns_resolutions: IntCounterVec,
+    dns_addresses: IntGaugeVec,
     /// `weir_requests_total{upstream="none", code="no_route"}`.
     no_route: IntCounter,
     bad_request: IntCounter,
@@ -222,6 +224,22 @@ impl Metrics {
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        let dns_resolutions = counter(
+            &r,
+            "weir_dns_resolutions_total",
+            "Resolutions of upstream names (for the fast path), by result: ok or error (the last good addresses are kept).",
+            &["upstream", "result"],
+        );
+        let dns_addresses = IntGaugeVec::new(
+            Opts::new(
+                "weir_dns_addresses",
+                "Addresses an upstream's name resolves to now (new connections take them in turn).",
+            ),
+            &["upstream"],
+        )
+        .expect("static metric definition");
+        r.register(Box::new(dns_addresses.clone()))
+            .expect("metric registered once");
         reloads.with_label_values(&["ok"]);
         reloads.with_label_values(&["error"]);
         last_reload.set(1);
@@ -243,6 +261,8 @@ impl Metrics {
             tunnels,
             reloads,
             last_reload,
+            dns_resolutions,
+            dns_addresses,
             no_route,
             bad_request,
         }
@@ -271,8 +291,22 @@ impl Metrics {
         }
     }
 
+    /// The DNS series of an upstream whose URL names a host (created at
+    /// zero when the name is first resolved).
+    pub fn dns(&self, name: &str) -> DnsMetrics {
+        DnsMetrics {
+            ok: self.dns_resolutions.with_label_values(&[name, "ok"]),
+            error: self.dns_resolutions.with_label_values(&[name, "error"]),
+            addresses: self.dns_addresses.with_label_values(&[name]),
+        }
+    }
+
     /// Drops every series of an upstream removed by a reload.
     pub fn forget(&self, name: &str) {
+        for r in ["ok", "error"] {
+            self.dns_resolutions.remove_label_values(&[name, r]).ok();
+        }
+        self.dns_addresses.remove_label_values(&[name]).ok();
         self.request_duration.remove_label_values(&[name]).ok();
         self.attempt_duration.remove_label_values(&[name]).ok();
         self.budget_tokens.remove_label_values(&[name]).ok();
@@ -415,6 +449,22 @@ impl Metrics {
             &self.request_duration,
         ];
         families.iter().flat_map(|f| f.collect()).collect()
+    }
+}
+
+/// An upstream name's resolution counters (`proxy::resolve`).
+#[derive(Debug, Clone)]
+pub struct DnsMetrics {
+    ok: IntCounter,
+    error: IntCounter,
+    addresses: IntGauge,
+}
+
+impl DnsMetrics {
+    /// One resolution: whether it answered, and the addresses in use after it.
+    pub fn resolved(&self, ok: bool, addresses: usize) {
+        if ok { &self.ok } else { &self.error }.inc();
+        self.addresses.set(addresses as i64);
     }
 }
 

@@ -6,11 +6,12 @@
 //! snapshot — and so the last request — holding it goes away.
 
 use crate::clock::{fresh_seed, Clock};
-use crate::config::{Config, UpstreamConfig};
-use crate::metrics::{Metrics, UpstreamMetrics};
+use crate::config::{Config, Protocol, Scheme, UpstreamConfig};
+use crate::metrics::{DnsMetrics, Metrics, UpstreamMetrics};
 use crate::policy::{Breaker, KeyedLimiter, RetryBudget, SeededRandom, Transition};
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::gate::Gate;
+use crate::proxy::resolve::{Direct, Resolved};
 use crate::status::ring::Recent;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -42,11 +43,44 @@ pub struct UpstreamState {
     /// The status page's samples and recent breaker transitions
     /// (docs/behaviour.md#status-page); bounded, never touched per request.
     pub recent: Recent,
+    /// Where the fast path and held connections connect, and the config
+    /// it was made from (a reload that keeps those keeps the resolver).
+    direct: Mutex<(DirectKey, Option<Direct>)>,
+    dns: DnsMetrics,
+}
+
+/// What [`Direct`] is made from: whether weir connects itself (cleartext
+/// HTTP/1.1), the URL's host and port, `resolve_every`.
+type DirectKey = (bool, String, u16, Duration);
+
+fn direct_key(u: &UpstreamConfig) -> DirectKey {
+    let own = matches!(
+        (u.url.scheme, u.protocol),
+        (Scheme::Http, Protocol::Auto | Protocol::Http1)
+    );
+    (own, u.url.host.clone(), u.url.port, u.resolve_every)
+}
+
+/// An IP literal is used as it is; a name is resolved in the background
+/// (`proxy::resolve`).
+fn make_direct(name: &str, key: &DirectKey, dns: &DnsMetrics) -> Option<Direct> {
+    let (own, host, port, every) = key;
+    if !own {
+        return None;
+    }
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    Some(match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => Direct::Fixed(std::net::SocketAddr::new(ip, *port)),
+        Err(_) => Direct::Named(Resolved::start(name, bare, *port, *every, dns.clone())),
+    })
 }
 
 impl UpstreamState {
     fn new(u: &UpstreamConfig, clock: Clock, metrics: &Metrics, client: UpstreamClient) -> Self {
         let now = clock.now();
+        let dns = metrics.dns(&u.name);
+        let key = direct_key(u);
+        let direct = make_direct(&u.name, &key, &dns);
         let metrics = metrics.upstream(&u.name);
         metrics.set_breaker(crate::policy::StateKind::Closed);
         metrics.precreate_retries(&u.retry.retry_on.causes());
@@ -65,7 +99,14 @@ impl UpstreamState {
             client: Mutex::new(client),
             tls_logged: Mutex::new(std::collections::HashSet::new()),
             recent: Recent::new(now),
+            direct: Mutex::new((key, direct)),
+            dns,
         }
+    }
+
+    /// Where weir's own connections to this upstream go, if it makes them.
+    pub fn direct(&self) -> Option<Direct> {
+        self.direct.lock().expect("direct lock poisoned").1.clone()
     }
 
     /// Applies a reloaded config's parameters in place (and a new pool, when
@@ -89,6 +130,13 @@ impl UpstreamState {
         }
         self.gate
             .set_limits(u.concurrency.max_in_flight, u.concurrency.max_queue);
+        let key = direct_key(u);
+        let mut direct = self.direct.lock().expect("direct lock poisoned");
+        if direct.0 != key {
+            let made = make_direct(&u.name, &key, &self.dns);
+            *direct = (key, made);
+        }
+        drop(direct);
         if let Some(c) = client {
             *self.client.lock().expect("client lock poisoned") = c;
         }

@@ -52,6 +52,12 @@ fn the_name_none_is_reserved() {
 }
 
 #[test]
+fn resolve_every_has_a_floor() {
+    let src = format!("{UP}resolve_every = \"10ms\"\n");
+    expect_one(&src, 4, "upstreams.api.resolve_every", "at least 100ms");
+}
+
+#[test]
 fn bare_number_duration() {
     let src = format!("{UP}timeout = 10\n");
     let e = expect_one(&src, 4, "upstreams.api.timeout", "bare number");

@@ -401,7 +401,8 @@ async fn expect_100_continue_lets_the_upstream_refuse_before_the_upload() {
         return;
     }
     let ng = ng.unwrap();
-    // Named by DNS: the general path. (The fast path hands Expect to it.)
+    // By name and by address: the fast path hands Expect to the general path
+    // either way.
     for url in [
         format!("http://localhost:{}", ng.port),
         format!("http://127.0.0.1:{}", ng.port),

@@ -87,12 +87,14 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Two upstreams on one server: `fast` (cleartext HTTP/1.1, the fast path)
+/// and `general` (h2c, which only the general path speaks).
 fn config(listen: u16, admin: u16, port: u16, server_extra: &str, extra: &str) -> String {
     format!(
         "[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin = \"127.0.0.1:{admin}\"\n{server_extra}\n\
          [upstreams.fast]\nurl = \"http://127.0.0.1:{port}\"\nhosts = [\"fast\"]\n\
          [upstreams.fast.retry]\nmax_attempts = 2\n[upstreams.fast.retry.backoff]\nbase = \"1ms\"\n\
-         [upstreams.general]\nurl = \"http://localhost:{port}\"\nhosts = [\"general\"]\n\
+         [upstreams.general]\nurl = \"http://127.0.0.1:{port}\"\nhosts = [\"general\"]\nprotocol = \"h2c\"\n\
          [upstreams.general.retry]\nmax_attempts = 2\n[upstreams.general.retry.backoff]\nbase = \"1ms\"\n{extra}"
     )
 }

@@ -15,15 +15,24 @@ use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// The two ways one upstream can be written, and the path each takes.
+/// The upstream's URL once per data path, labelled with the path
+/// ([`weir_on`] starts weir on it).
 fn paths(up: &RawUpstream) -> [(&'static str, String); 2] {
-    [
-        ("fast path", up.url()),
-        (
-            "general path",
-            format!("http://localhost:{}", up.addr.port()),
-        ),
-    ]
+    [("fast path", up.url()), ("general path", up.url())]
+}
+
+/// The data path a [`paths`] label names.
+fn data_path(label: &str) -> DataPath {
+    if label == "general path" {
+        DataPath::General
+    } else {
+        DataPath::Fast
+    }
+}
+
+/// weir with one upstream `svc` at `url`, on the data path `label` names.
+async fn weir_on(label: &str, url: &str) -> Weir {
+    Weir::single_on(data_path(label), url, "").await
 }
 
 /// Writes `bytes` and reads until weir closes the connection.
@@ -58,7 +67,7 @@ async fn a_garbled_response_head_is_502_bad_response_and_not_retried() {
     let up = replying("NOT HTTP AT ALL\r\n\r\n".into()).await;
     for (path, url) in paths(&up) {
         let before = up.connections();
-        let weir = Weir::single(&url, "").await;
+        let weir = weir_on(path, &url).await;
         let out = exchange(weir.addr, get_close()).await;
         assert!(out.starts_with("HTTP/1.1 502"), "{path}: {out}");
         assert!(out.contains("x-weir-error: bad_response"), "{path}: {out}");
@@ -76,7 +85,7 @@ async fn a_200_kb_response_head_is_502_bad_response_and_not_retried() {
     .await;
     for (path, url) in paths(&up) {
         let before = up.connections();
-        let weir = Weir::single(&url, "").await;
+        let weir = weir_on(path, &url).await;
         let out = exchange(weir.addr, get_close()).await;
         assert!(
             out.starts_with("HTTP/1.1 502"),
@@ -133,7 +142,7 @@ async fn header_names_keep_their_case_both_ways() {
     let (up, seen) =
         recording("HTTP/1.1 200 OK\r\nX-Upstream-Case: 1\r\nContent-Length: 2\r\n\r\nok").await;
     for (path, url) in paths(&up) {
-        let weir = Weir::single(&url, "").await;
+        let weir = weir_on(path, &url).await;
         let out = exchange(
             weir.addr,
             b"GET / HTTP/1.1\r\nHost: svc\r\nX-Request-Case: 1\r\nConnection: close\r\n\r\n",
@@ -181,7 +190,8 @@ async fn a_get_with_a_chunked_body_keeps_its_body() {
     .await;
     for (path, url) in paths(&up) {
         for attempts in [1, 3] {
-            let weir = Weir::single(
+            let weir = Weir::single_on(
+                data_path(path),
                 &url,
                 &format!("[upstreams.svc.retry]\nmax_attempts = {attempts}\n"),
             )
@@ -234,7 +244,7 @@ async fn odd_request_heads_are_refused_or_cleaned() {
     let (up, seen) =
         recording("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok").await;
     for (path, url) in paths(&up) {
-        let weir = Weir::single(&url, "").await;
+        let weir = weir_on(path, &url).await;
         for head in [
             "GET / HTTP/1.1\r\nHost: svc\r\nHost: other\r\n\r\n",
             "POST / HTTP/1.1\r\nHost: svc\r\nContent-Length: 18446744073709551615\r\n\r\n",
@@ -275,14 +285,14 @@ async fn odd_response_heads_are_relayed_cleanly() {
     ))
     .await;
     for ((path, url), (_, url2)) in paths(&up).into_iter().zip(paths(&up2)) {
-        let weir = Weir::single(&url, "").await;
+        let weir = weir_on(path, &url).await;
         let out = exchange(weir.addr, get_close()).await;
         assert!(out.starts_with("HTTP/1.1 204"), "{path}: {out}");
         assert!(
             !out.to_ascii_lowercase().contains("content-length"),
             "{path}: {out}"
         );
-        let weir = Weir::single(&url2, "").await;
+        let weir = weir_on(path, &url2).await;
         let out = exchange(weir.addr, get_close()).await;
         assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
     }
@@ -305,7 +315,7 @@ async fn asterisk_targets_and_response_lengths_are_relayed_correctly() {
     for (((path, url), (_, listed)), (_, both)) in
         paths(&up).into_iter().zip(paths(&listed)).zip(paths(&both))
     {
-        let weir = Weir::single(&url, "").await;
+        let weir = weir_on(path, &url).await;
         let out = exchange(
             weir.addr,
             b"OPTIONS * HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
@@ -325,14 +335,14 @@ async fn asterisk_targets_and_response_lengths_are_relayed_correctly() {
             "{path}: GET * went upstream"
         );
 
-        let weir = Weir::single(&listed, "").await;
+        let weir = weir_on(path, &listed).await;
         let out = exchange(weir.addr, get_close()).await;
         assert!(out.starts_with("HTTP/1.1 200"), "{path}: {out}");
         let lower = out.to_ascii_lowercase();
         assert!(lower.contains("content-length: 2\r\n"), "{path}: {out}");
         assert!(out.ends_with("\r\n\r\nok"), "{path}: {out}");
 
-        let weir = Weir::single(&both, "").await;
+        let weir = weir_on(path, &both).await;
         let out = tokio::time::timeout(
             std::time::Duration::from_secs(10),
             exchange(weir.addr, get_close()),
@@ -357,7 +367,7 @@ async fn a_head_response_carries_one_length() {
     )
     .await;
     for (path, url) in paths(&up) {
-        let weir = Weir::single(&url, "").await;
+        let weir = weir_on(path, &url).await;
         let out = exchange(
             weir.addr,
             b"HEAD / HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",

@@ -186,6 +186,9 @@ pub struct UpstreamConfig {
     /// Inbound TLS on the dedicated listener.
     pub listen_tls: Option<ListenerTls>,
     pub protocol: Protocol,
+    /// How often a host name in `url` is resolved again (the fast path's
+    /// addresses, docs/behaviour.md#upstream).
+    pub resolve_every: Duration,
     pub tls: Option<UpstreamTls>,
     pub timeout: Duration,
     pub per_try_timeout: Option<Duration>,

@@ -372,6 +372,9 @@ pub struct RawUpstream {
     pub listen_tls: Option<RawListenerTls>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
+    /// How often a host name in `url` is resolved again. Default 5s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resolve_every: Option<Dur>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<RawUpstreamTls>,
     #[serde(skip_serializing_if = "Option::is_none")]

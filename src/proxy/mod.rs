@@ -18,6 +18,7 @@ pub(crate) mod guard;
 pub mod h1;
 pub(crate) mod headers;
 pub(crate) mod replay;
+pub mod resolve;
 pub(crate) mod route;
 mod server;
 pub(crate) mod sticky;
@@ -58,9 +59,10 @@ impl std::fmt::Display for ListenerRole {
 pub struct Upstream {
     pub config: Arc<UpstreamConfig>,
     pub state: Arc<UpstreamState>,
-    /// The upstream's address when held connections (`sticky`) and the
-    /// HTTP/1.1 fast path (`fast`) apply (cleartext, HTTP/1.1, an IP literal).
-    pub direct: Option<std::net::SocketAddr>,
+    /// Where held connections (`sticky`) and the HTTP/1.1 fast path
+    /// (`fast`) connect, when they apply (cleartext HTTP/1.1): the URL's IP
+    /// literal, or the addresses its name resolves to (`resolve`).
+    pub direct: Option<resolve::Direct>,
     /// The connection pool, copied from the state when the snapshot is made.
     pub client: client::UpstreamClient,
     /// Precomputed per snapshot so the hot path does no string work.
@@ -113,17 +115,7 @@ impl Snapshot {
                 h2: matches!(c.protocol, Protocol::H2c | Protocol::Grpc),
                 host: http::HeaderValue::from_str(c.url.authority.as_str())
                     .unwrap_or_else(|_| http::HeaderValue::from_static("localhost")),
-                direct: match (c.url.scheme, c.protocol) {
-                    (Scheme::Http, Protocol::Auto | Protocol::Http1) => c
-                        .url
-                        .host
-                        .trim_start_matches('[')
-                        .trim_end_matches(']')
-                        .parse::<std::net::IpAddr>()
-                        .ok()
-                        .map(|ip| std::net::SocketAddr::new(ip, c.url.port)),
-                    _ => None,
-                },
+                direct: s.direct(),
                 config: c.clone(),
                 client: s.client(),
                 state: s,

@@ -10,6 +10,10 @@ use std::collections::BTreeMap;
 
 mod files;
 mod policy;
+
+/// `resolve_every`'s default: Kubernetes Services and headless Services
+/// change, and a sidecar should follow within seconds.
+const DEFAULT_RESOLVE_EVERY: Duration = Duration::from_secs(5);
 use policy::{breaker, open_within_default_max, retry_policy};
 
 struct Ctx<'a> {
@@ -98,7 +102,11 @@ pub(super) fn validate(
         if let Some(rl) = merged.rate_limit.take() {
             merged.rate_limit = Some(rl.merge(RawPolicy::builtin_rate_limit()));
         }
-        effective_upstreams.insert(name.clone(), up.clone().with_policy(merged.clone()));
+        let mut effective = up.clone().with_policy(merged.clone());
+        effective
+            .resolve_every
+            .get_or_insert(super::duration::Dur(DEFAULT_RESOLVE_EVERY));
+        effective_upstreams.insert(name.clone(), effective);
         if let Some(u) = upstream(&mut cx, name, up, &merged) {
             upstreams.push(Arc::new(u));
         }
@@ -340,6 +348,13 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
             Protocol::Auto
         }
     };
+    let resolve_every = up.resolve_every.map_or(DEFAULT_RESOLVE_EVERY, |d| d.0);
+    if resolve_every < Duration::from_millis(100) {
+        cx.err(
+            format!("upstreams.{q}.resolve_every"),
+            "must be at least 100ms (it is how often the upstream's name is resolved)",
+        );
+    }
     let listen_tls = up.listen_tls.as_ref().map(|t| ListenerTls {
         cert: PathBuf::from(&t.cert),
         key: PathBuf::from(&t.key),
@@ -456,6 +471,7 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
         listen,
         listen_tls,
         protocol,
+        resolve_every,
         tls,
         timeout,
         per_try_timeout,

@@ -256,21 +256,23 @@ async fn dispatch(
     conn: &crate::proxy::sticky::ConnCtx,
     mut req: Request<Body>,
 ) -> Result<Response<Incoming>, crate::proxy::client::SendError> {
-    let Some(addr) = up.direct else {
+    let Some(direct) = up.direct.as_ref().filter(|d| d.ready()) else {
         return up.client.send(req).await;
     };
     let mut sender = match conn.take(&up.state) {
         Some(s) => s,
-        None if crate::proxy::sticky::reserve(&up.state.sticky_conns) => {
-            crate::proxy::sticky::connect(
-                addr,
-                up.config.connect_timeout,
-                up.state.sticky_conns.clone(),
-            )
-            .await?
-        }
-        // Over the cap: the shared pool.
-        None => return up.client.send(req).await,
+        None => match direct.next() {
+            Some(addr) if crate::proxy::sticky::reserve(&up.state.sticky_conns) => {
+                crate::proxy::sticky::connect(
+                    addr,
+                    up.config.connect_timeout,
+                    up.state.sticky_conns.clone(),
+                )
+                .await?
+            }
+            // Over the cap: the shared pool.
+            _ => return up.client.send(req).await,
+        },
     };
     // A connection of our own (always HTTP/1.1) takes the origin form of the
     // target and the authority as Host, as the shared pool's client does.

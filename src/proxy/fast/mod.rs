@@ -336,9 +336,9 @@ impl Ctx<'_> {
             };
             return self.fail(up, start, &p, f).await;
         };
-        let Some(addr) = up.direct else {
+        if up.direct.is_none() {
             return false;
-        };
+        }
         let mut t = FastTransport {
             watch: ClientWatch {
                 stream: &mut *self.stream,
@@ -352,7 +352,6 @@ impl Ctx<'_> {
             timer: &mut *self.timer,
             pool: self.pool,
             up,
-            addr,
             head_method: p.head_method,
         };
         let Some(driven) = attempt::drive(&mut attempts, &mut t, Some(t0)).await else {
@@ -370,6 +369,7 @@ impl Ctx<'_> {
             Ok(x) => {
                 let status = x.status;
                 up.state.metrics.status(status, took);
+                let addr = x.addr;
                 let open = self.relay(up, addr, x, annotations, &p, ended).await;
                 let entry = access::Entry {
                     upstream: &cfg.name,

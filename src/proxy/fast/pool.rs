@@ -8,6 +8,7 @@
 //! client connections. The newest idle connection is taken first, which
 //! keeps few connections warm and lets the rest age out.
 
+use crate::proxy::resolve::Direct;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::task::{Context, Poll, Waker};
@@ -36,13 +37,18 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// The newest idle connection to `addr` that is still open.
-    pub(crate) fn take(&self, addr: SocketAddr, now: Instant) -> Option<TcpStream> {
+    /// The newest idle connection to one of `direct`'s addresses that is
+    /// still open, and its address.
+    pub(crate) fn take_for(
+        &self,
+        direct: &Direct,
+        now: Instant,
+    ) -> Option<(SocketAddr, TcpStream)> {
         let mut idle = self.idle.lock().ok()?;
-        while let Some(at) = idle.iter().rposition(|i| i.addr == addr) {
+        while let Some(at) = idle.iter().rposition(|i| direct.has(i.addr)) {
             let i = idle.remove(at);
             if now.saturating_duration_since(i.since) < IDLE_FOR && still_open(&i.stream) {
-                return Some(i.stream);
+                return Some((i.addr, i.stream));
             }
         }
         None

@@ -19,6 +19,8 @@ use tokio::time::Instant;
 /// A response head from the upstream, and the connection it came on.
 pub(super) struct Exchange {
     pub(super) upstream: TcpStream,
+    /// The address `upstream` is connected to (its pool key).
+    pub(super) addr: SocketAddr,
     pub(super) status: u16,
     pub(super) head_len: usize,
     pub(super) framing: Framing,
@@ -41,7 +43,6 @@ pub(super) struct FastTransport<'c> {
     pub(super) timer: &'c mut Timer,
     pub(super) pool: &'c Pool,
     pub(super) up: &'c Upstream,
-    pub(super) addr: SocketAddr,
     pub(super) head_method: bool,
 }
 
@@ -113,7 +114,7 @@ impl attempt::Transport for FastTransport<'_> {
             Framing::Chunked | Framing::Close => false,
         };
         if x.reusable && whole {
-            self.pool.put(self.addr, x.upstream, Instant::now());
+            self.pool.put(x.addr, x.upstream, Instant::now());
         }
     }
 }
@@ -129,13 +130,16 @@ async fn exchange(
     out: &mut Vec<u8>,
     head_method: bool,
 ) -> Result<Exchange, Failed> {
-    let Some(addr) = up.direct else {
-        let why = "the upstream has no address of its own";
-        return Err(SendError::new(Failure::Connect, why));
-    };
-    let mut s = match pool.take(addr, now) {
-        Some(s) => s,
-        None => connect(addr, up.config.connect_timeout).await?,
+    let no_address = || SendError::new(Failure::Connect, "the upstream has no address of its own");
+    let direct = up.direct.as_ref().ok_or_else(no_address)?;
+    // An idle connection to any of the upstream's addresses; else a new one
+    // to the next address in turn.
+    let (addr, mut s) = match pool.take_for(direct, now) {
+        Some(found) => found,
+        None => {
+            let addr = direct.next().ok_or_else(no_address)?;
+            (addr, connect(addr, up.config.connect_timeout).await?)
+        }
     };
     let mut written = 0;
     while written < request.len() {
@@ -200,6 +204,7 @@ async fn exchange(
                         .and_then(|v| parse_retry_after(v, up.state.clock.wall()));
                     return Ok(Exchange {
                         upstream: s,
+                        addr,
                         status: r.status,
                         head_len: r.head_len,
                         framing: r.framing,

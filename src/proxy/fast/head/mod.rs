@@ -320,7 +320,8 @@ fn route<'s>(
             .ok_or("no upstream")?,
     };
     let up = snap.upstreams.get(index).ok_or("no upstream")?;
-    if up.direct.is_none() || up.h2 {
+    if up.h2 || !up.direct.as_ref().is_some_and(|d| d.ready()) {
+        // TLS, HTTP/2, or a name not resolved yet.
         return Err("an upstream the fast path does not speak to");
     }
     Ok((index, up))
