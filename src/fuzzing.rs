@@ -11,3 +11,12 @@ pub use crate::proxy::guard::{Mark, Stop};
 pub fn guard_frame(bytes: &[u8], pieces: &[usize], max_head: usize) -> Vec<Mark> {
     crate::proxy::guard::frame(bytes, pieces, max_head)
 }
+
+pub use crate::proxy::guard::FramingGuard;
+
+/// A client connection wrapped in the request-smuggling guard, as weir
+/// wraps every HTTP/1 connection before hyper reads it (for tests that put
+/// hyper behind it).
+pub fn guard<T>(io: T, max_head: usize) -> FramingGuard<T> {
+    FramingGuard::new(io, max_head, std::time::Duration::from_secs(10))
+}

@@ -1,8 +1,9 @@
 //! A differential property for weir's one HTTP/1 framing module
 //! (`proxy::h1`): for arbitrary request heads and bodies, the module (on
 //! heads parsed by httparse, as the guard and the fast path parse them) and
-//! hyper's server agree on where a request ends — or the module refuses the
-//! request. Where they disagree, a request could be smuggled past whichever
+//! hyper's server behind the guard — weir's general path — agree on where a
+//! request ends, or the module refuses the request and hyper serves nothing
+//! after it. Where they disagree, a request could be smuggled past whichever
 //! reads the bytes second.
 #![allow(clippy::unwrap_used)]
 
@@ -118,15 +119,28 @@ fn hyper_reads(bytes: Vec<u8>) -> Vec<(String, bool)> {
             let s = s.clone();
             async move {
                 let path = format!("{} {}", req.method(), req.uri().path());
+                // The guard's markers: weir's service answers them and
+                // closes the connection; so does this one.
+                let marker = req.uri().path().starts_with("/!weir-");
                 let ok = req.into_body().collect().await.is_ok();
                 s.lock().unwrap().push((path, ok));
-                Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(Bytes::new())))
+                let mut resp = hyper::Response::new(Full::new(Bytes::new()));
+                if marker {
+                    resp.headers_mut().insert(
+                        hyper::header::CONNECTION,
+                        hyper::header::HeaderValue::from_static("close"),
+                    );
+                }
+                Ok::<_, std::convert::Infallible>(resp)
             }
         });
+        // hyper behind the guard, as weir runs it: where the module refuses
+        // a body the guard cuts the connection, so hyper cannot read on.
+        let guarded = weir::fuzzing::guard(server, 65536);
         let conn = tokio::spawn(
             hyper::server::conn::http1::Builder::new()
                 .half_close(true)
-                .serve_connection(TokioIo::new(server), svc),
+                .serve_connection(TokioIo::new(guarded), svc),
         );
         let (mut r, mut w) = tokio::io::split(client);
         let writer = tokio::spawn(async move {

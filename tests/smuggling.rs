@@ -62,3 +62,38 @@ async fn a_conflicting_request_after_an_odd_first_one_is_refused(path: DataPath)
         );
     }
 }
+
+both_paths!(
+    #[tokio::test]
+    nothing_after_a_chunked_body_weir_refuses_is_served
+);
+/// Found by `tests/framing_props.rs`: hyper's chunked decoder takes a bare
+/// LF after the last chunk as the start of a trailer, where weir's framing
+/// refuses the body. The guard used to stop following there and let hyper
+/// read on — and serve a request it never judged. Now it cuts the
+/// connection: nothing after the body reaches the upstream.
+async fn nothing_after_a_chunked_body_weir_refuses_is_served(path: DataPath) {
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let s = seen.clone();
+    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        s.lock().unwrap().push(req.uri().path().to_string());
+        async move { Response::new(body("ok")) }
+    })
+    .await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
+    let mut c = TcpStream::connect(weir.addr).await.unwrap();
+    c.write_all(
+        b"POST /first HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\n\r\n\
+          0\r\n\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: svc\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await;
+    let paths = seen.lock().unwrap().clone();
+    assert!(
+        !paths.iter().any(|p| p == "/smuggled"),
+        "the upstream saw {paths:?}\n{}",
+        String::from_utf8_lossy(&out)
+    );
+}

