@@ -3,6 +3,8 @@
 # than CPU time on a noisy machine, for comparing two builds of weir.
 #
 #   bench/callgrind.sh [WEIR_BINARY ...]    # default: target/release/weir
+#   SHAPE=h2c bench/callgrind.sh            # an h2c upstream (the general path)
+#   KEEP=dir bench/callgrind.sh             # keep the callgrind files for callgrind_annotate
 #
 # For each binary: weir (one worker, every policy on, as in compare.sh) runs
 # under `valgrind --tool=callgrind` in front of nginx answering `return 200`,
@@ -28,7 +30,15 @@ WEIR_ADMIN=18092
 
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
+SHAPE=${SHAPE:-small}
 start_nginx_upstream $UP_PORT
+if [ "$SHAPE" = h2c ]; then
+    # The same nginx, also answering h2c (prior knowledge) on the next port.
+    UP_H2C=$((UP_PORT + 10))
+    sed -i "s|server { listen 127.0.0.1:$UP_PORT;|server { listen 127.0.0.1:$UP_H2C http2; location / { return 200 \"ok\"; } }\n    server { listen 127.0.0.1:$UP_PORT;|" "$T/up/nginx.conf"
+    kill -HUP "${PIDS[-1]}"
+    wait_port $UP_H2C
+fi
 
 cat > "$T/weir.toml" <<CONF
 [server]
@@ -36,8 +46,9 @@ listen = "127.0.0.1:$WEIR_PORT"
 admin = "127.0.0.1:$WEIR_ADMIN"
 
 [upstreams.bench]
-url = "http://127.0.0.1:$UP_PORT"
+url = "http://127.0.0.1:${UP_H2C:-$UP_PORT}"
 hosts = ["127.0.0.1", "localhost"]
+$([ "$SHAPE" = h2c ] && echo 'protocol = "h2c"')
 
 [upstreams.bench.retry]
 max_attempts = 3
@@ -60,6 +71,7 @@ run() { # binary seconds
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     local ir
     ir=$(awk '/^summary:/ {print $2}' "$out")
+    [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP"; cp "$out" "$KEEP/"; }
     echo "$ir $reqs"
 }
 

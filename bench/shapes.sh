@@ -45,6 +45,7 @@ printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$T/san.ext"
 openssl x509 -req -in "$T/leaf.csr" -CA "$T/ca.pem" -CAkey "$T/ca.key" -CAcreateserial \
     -days 2 -extfile "$T/san.ext" -out "$T/leaf.pem" 2>/dev/null
 head -c 1048576 /dev/urandom > "$T/big.bin"
+chmod a+rx "$T"; chmod a+r "$T/big.bin"   # nginx's workers do not run as root
 TEXT=$(head -c 3000 /dev/urandom | base64 -w 0)
 
 mkdir -p "$T/up/logs"
@@ -64,7 +65,6 @@ http {
     client_body_temp_path $T/up; proxy_temp_path $T/up; fastcgi_temp_path $T/up;
     uwsgi_temp_path $T/up; scgi_temp_path $T/up;
     keepalive_requests 1000000;
-    http2_max_requests 1000000;
     client_max_body_size 0;
     client_body_buffer_size 128k;
     server { listen 127.0.0.1:$UP_PORT; $locations }
