@@ -97,3 +97,40 @@ async fn nothing_after_a_chunked_body_weir_refuses_is_served(path: DataPath) {
         String::from_utf8_lossy(&out)
     );
 }
+
+both_paths!(
+    #[tokio::test]
+    an_upgrade_that_does_not_happen_ends_the_connection
+);
+/// From a review: a request that asks to upgrade makes the guard stop
+/// following the connection. When no upgrade happens — an HTTP/1.0 request
+/// (hyper upgrades HTTP/1.1 only), or an upstream that answers 200 — the
+/// connection must not carry on with requests nobody judged.
+async fn an_upgrade_that_does_not_happen_ends_the_connection(path: DataPath) {
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let s = seen.clone();
+    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        s.lock().unwrap().push(req.uri().path().to_string());
+        async move { Response::new(body("ok")) }
+    })
+    .await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
+    for first in [
+        "GET /a HTTP/1.0\r\nHost: svc\r\nConnection: keep-alive, upgrade\r\nUpgrade: x\r\n\r\n",
+        "GET /a HTTP/1.1\r\nHost: svc\r\nConnection: upgrade\r\nUpgrade: x\r\n\r\n",
+    ] {
+        seen.lock().unwrap().clear();
+        let mut c = TcpStream::connect(weir.addr).await.unwrap();
+        c.write_all(format!("{first}{CONFLICT}").as_bytes())
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await;
+        let paths = seen.lock().unwrap().clone();
+        assert!(
+            !paths.iter().any(|p| p == "/conf" || p == "/smuggled"),
+            "{first:?}: the upstream saw {paths:?}\n{}",
+            String::from_utf8_lossy(&out)
+        );
+    }
+}

@@ -23,6 +23,30 @@ pub(crate) async fn handle(
     conn: &super::sticky::ConnCtx,
     req: Request<Incoming>,
 ) -> Response<Body> {
+    // An HTTP/1 request that asks to leave HTTP/1 (CONNECT, an upgrade):
+    // the request-smuggling guard stops following the connection at its
+    // head. When it does not leave — the upstream declines, no route, an
+    // error — the connection closes after the answer, so nothing read after
+    // it is served unjudged (docs/behaviour.md#upgrades).
+    let connect = req.method() == http::Method::CONNECT;
+    let leaves = req.version() < Version::HTTP_2
+        && (connect || super::upgrade::requested(req.headers()).is_some());
+    let mut resp = serve(snap, role, conn, req).await;
+    let switched = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
+        || (connect && resp.status().is_success());
+    if leaves && !switched {
+        resp.headers_mut()
+            .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+async fn serve(
+    snap: &Snapshot,
+    role: &ListenerRole,
+    conn: &super::sticky::ConnCtx,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let start = Instant::now();
     let log = |upstream: &str, method: &http::Method, uri: &Uri, resp: Response<Body>| {

@@ -433,7 +433,10 @@ fn judge(head: &[u8]) -> Judged {
         framing,
         h1::RequestFraming::Length(_) | h1::RequestFraming::Chunked
     );
-    if valid && (req.method == Some("CONNECT") || (names_upgrade && has_upgrade)) {
+    // hyper upgrades HTTP/1.1 requests only; an HTTP/1.0 `Upgrade` is an
+    // ordinary request, and what follows it is judged.
+    let upgrade = req.version == Some(1) && names_upgrade && has_upgrade;
+    if valid && (req.method == Some("CONNECT") || upgrade) {
         return Judged::Stop(Stop::Tunnel);
     }
     match framing {

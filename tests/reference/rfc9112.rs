@@ -179,7 +179,8 @@ fn judge(lines: &[&[u8]]) -> Result<Body, &'static str> {
         (None, n) => Ok(Body::Length(n.unwrap_or(0))),
     }?;
     // A tunnel is judged on a head that is valid in every other way.
-    if method == b"CONNECT" || (upgrade && connection_upgrade) {
+    // Upgrade exists in HTTP/1.1 only (RFC 9110 §7.8).
+    if method == b"CONNECT" || (http11 && upgrade && connection_upgrade) {
         return Ok(Body::Tunnel);
     }
     Ok(body)
