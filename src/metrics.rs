@@ -292,7 +292,8 @@ impl Metrics {
     }
 
     /// The DNS series of an upstream whose URL names a host (created at
-    /// zero when the name is first resolved).
+    /// zero when its resolver starts; an upstream with an IP literal has
+    /// none).
     pub fn dns(&self, name: &str) -> DnsMetrics {
         DnsMetrics {
             ok: self.dns_resolutions.with_label_values(&[name, "ok"]),
@@ -301,12 +302,17 @@ impl Metrics {
         }
     }
 
-    /// Drops every series of an upstream removed by a reload.
-    pub fn forget(&self, name: &str) {
+    /// Drops an upstream's DNS series (removed, or no longer named).
+    pub fn forget_dns(&self, name: &str) {
         for r in ["ok", "error"] {
             self.dns_resolutions.remove_label_values(&[name, r]).ok();
         }
         self.dns_addresses.remove_label_values(&[name]).ok();
+    }
+
+    /// Drops every series of an upstream removed by a reload.
+    pub fn forget(&self, name: &str) {
+        self.forget_dns(name);
         self.request_duration.remove_label_values(&[name]).ok();
         self.attempt_duration.remove_label_values(&[name]).ok();
         self.budget_tokens.remove_label_values(&[name]).ok();

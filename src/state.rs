@@ -46,7 +46,6 @@ pub struct UpstreamState {
     /// Where the fast path and held connections connect, and the config
     /// it was made from (a reload that keeps those keeps the resolver).
     direct: Mutex<(DirectKey, Option<Direct>)>,
-    dns: DnsMetrics,
 }
 
 /// What [`Direct`] is made from: whether weir connects itself (cleartext
@@ -62,25 +61,31 @@ fn direct_key(u: &UpstreamConfig) -> DirectKey {
 }
 
 /// An IP literal is used as it is; a name is resolved in the background
-/// (`proxy::resolve`).
-fn make_direct(name: &str, key: &DirectKey, dns: &DnsMetrics) -> Option<Direct> {
+/// (`proxy::resolve`), and only then has `weir_dns_*` series.
+fn make_direct(name: &str, key: &DirectKey, metrics: &Metrics) -> Option<Direct> {
     let (own, host, port, every) = key;
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let ip = bare.parse::<std::net::IpAddr>();
+    if !own || ip.is_ok() {
+        metrics.forget_dns(name);
+    }
     if !own {
         return None;
     }
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    Some(match bare.parse::<std::net::IpAddr>() {
+    Some(match ip {
         Ok(ip) => Direct::Fixed(std::net::SocketAddr::new(ip, *port)),
-        Err(_) => Direct::Named(Resolved::start(name, bare, *port, *every, dns.clone())),
+        Err(_) => {
+            let dns: DnsMetrics = metrics.dns(name);
+            Direct::Named(Resolved::start(name, bare, *port, *every, dns))
+        }
     })
 }
 
 impl UpstreamState {
     fn new(u: &UpstreamConfig, clock: Clock, metrics: &Metrics, client: UpstreamClient) -> Self {
         let now = clock.now();
-        let dns = metrics.dns(&u.name);
         let key = direct_key(u);
-        let direct = make_direct(&u.name, &key, &dns);
+        let direct = make_direct(&u.name, &key, metrics);
         let metrics = metrics.upstream(&u.name);
         metrics.set_breaker(crate::policy::StateKind::Closed);
         metrics.precreate_retries(&u.retry.retry_on.causes());
@@ -100,7 +105,6 @@ impl UpstreamState {
             tls_logged: Mutex::new(std::collections::HashSet::new()),
             recent: Recent::new(now),
             direct: Mutex::new((key, direct)),
-            dns,
         }
     }
 
@@ -111,7 +115,7 @@ impl UpstreamState {
 
     /// Applies a reloaded config's parameters in place (and a new pool, when
     /// how the upstream is reached changed).
-    fn update(&self, u: &UpstreamConfig, client: Option<UpstreamClient>) {
+    fn update(&self, u: &UpstreamConfig, client: Option<UpstreamClient>, metrics: &Metrics) {
         let now = self.clock.now();
         self.metrics.precreate_retries(&u.retry.retry_on.causes());
         {
@@ -133,7 +137,7 @@ impl UpstreamState {
         let key = direct_key(u);
         let mut direct = self.direct.lock().expect("direct lock poisoned");
         if direct.0 != key {
-            let made = make_direct(&u.name, &key, &self.dns);
+            let made = make_direct(&u.name, &key, metrics);
             *direct = (key, made);
         }
         drop(direct);
@@ -247,7 +251,7 @@ impl StateRegistry {
             .zip(plans)
             .map(|(u, plan)| match plan {
                 Plan::Keep(s, pool) => {
-                    s.update(u, pool);
+                    s.update(u, pool, &self.metrics);
                     s
                 }
                 Plan::New(pool) => Arc::new(UpstreamState::new(u, self.clock, &self.metrics, pool)),

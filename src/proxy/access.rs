@@ -54,15 +54,30 @@ pub(crate) fn write(mode: AccessLog, e: &Entry<'_>) {
     );
 }
 
-/// The method and path of the HTTP/1 request head at the start of `head`
-/// (the fast path keeps the client's bytes, not a parsed request).
+/// The method and target of the HTTP/1 request head at the start of `head`
+/// (the fast path keeps the client's bytes, not a parsed request). An
+/// absolute-form target (`http://user:pass@host/p`) is cut to its path: the
+/// authority may carry credentials.
 pub(crate) fn request_line(head: &[u8]) -> (&str, &str) {
     fn word(w: Option<&[u8]>) -> &str {
         std::str::from_utf8(w.unwrap_or_default()).unwrap_or("-")
     }
-    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    let start = head
+        .iter()
+        .position(|b| *b != b'\r' && *b != b'\n')
+        .unwrap_or(head.len());
+    let line = head[start..]
+        .split(|b| *b == b'\n')
+        .next()
+        .unwrap_or_default();
     let mut words = line.split(|b| *b == b' ');
-    (word(words.next()), word(words.next()))
+    let method = word(words.next());
+    let target = word(words.next());
+    let path = match target.split_once("://") {
+        Some((_, rest)) if !target.starts_with('/') => rest.find('/').map_or("/", |i| &rest[i..]),
+        _ => target,
+    };
+    (method, path)
 }
 
 #[cfg(test)]
@@ -82,5 +97,13 @@ mod tests {
             ("GET", "/a?b=1")
         );
         assert_eq!(request_line(b""), ("", ""));
+        assert_eq!(
+            request_line(b"GET http://user:pass@api/charge?x=1 HTTP/1.1\r\n\r\n"),
+            ("GET", "/charge?x=1")
+        );
+        assert_eq!(
+            request_line(b"\r\nGET http://api HTTP/1.1\r\n"),
+            ("GET", "/")
+        );
     }
 }

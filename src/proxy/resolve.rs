@@ -47,6 +47,16 @@ impl Direct {
         }
     }
 
+    /// How many addresses a new connection may try: when one refuses, the
+    /// next in turn is tried (a name for `::1` and `127.0.0.1` whose server
+    /// listens on one of them), as a resolver-per-connection client would.
+    pub fn tries(&self) -> usize {
+        match self {
+            Direct::Fixed(_) => 1,
+            Direct::Named(r) => r.addrs.load().len().clamp(1, 8),
+        }
+    }
+
     /// Whether an idle connection to `addr` may serve this upstream: its
     /// address is still one the name resolves to.
     pub fn has(&self, addr: SocketAddr) -> bool {
@@ -177,6 +187,7 @@ mod tests {
         let picks: Vec<_> = (0..4).filter_map(|_| d.next()).collect();
         assert_eq!(picks.len(), 4);
         assert!(picks[0] != picks[1] && picks[0] == picks[2] && picks[1] == picks[3]);
+        assert_eq!(d.tries(), 2);
         r.addrs.store(Arc::new(vec![b]));
         assert!(!d.has(a));
         assert_eq!(Direct::Fixed(a).next(), Some(a));

@@ -107,19 +107,24 @@ impl ProxyHandle {
     /// Binds every listener `config` wants that is not bound yet. On error
     /// nothing new is kept.
     async fn bind_missing(&self, config: &Config) -> io::Result<Vec<(ListenerKey, Listening)>> {
-        let missing: Vec<ListenerKey> = {
+        // An address weir itself listens on under another role (a reload
+        // that renames a dedicated upstream) is not another process's.
+        let (missing, ours): (Vec<ListenerKey>, Vec<SocketAddr>) = {
             let have = self.listeners();
-            wanted(config)
+            let missing = wanted(config)
                 .into_iter()
                 .filter(|k| !have.contains_key(k))
-                .collect()
+                .collect();
+            (missing, have.keys().map(|(a, _)| *a).collect())
         };
         let mut bound = Vec::new();
         for (addr, role) in missing {
-            let sockets = bind(addr, self.workers.len().max(1)).map_err(|e| match e.kind() {
-                io::ErrorKind::AddrInUse => e,
-                _ => io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")),
-            })?;
+            let alone = !ours.contains(&addr);
+            let sockets =
+                bind(addr, self.workers.len().max(1), alone).map_err(|e| match e.kind() {
+                    io::ErrorKind::AddrInUse => e,
+                    _ => io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")),
+                })?;
             bound.push(((addr, role), sockets));
         }
         let mut out = Vec::new();
@@ -264,14 +269,15 @@ impl ProxyHandle {
 }
 
 /// `n` listening sockets on `addr` (SO_REUSEPORT when more than one; port 0
-/// picks one port for all of them).
+/// picks one port for all of them). `alone`: first check that nothing else
+/// listens there.
 ///
 /// SO_REUSEPORT would also let a second weir (or anything else with the
 /// option, same user) share the port and take part of the traffic unnoticed
 /// — an old instance with an old config. So the address is first bound
 /// alone, without the option: that fails while anyone is listening there,
 /// and weir refuses to start (docs/behaviour.md#listeners).
-fn bind(addr: SocketAddr, n: usize) -> io::Result<Vec<std::net::TcpListener>> {
+fn bind(addr: SocketAddr, n: usize, alone: bool) -> io::Result<Vec<std::net::TcpListener>> {
     use socket2::{Domain, Protocol, Socket, Type};
     let in_use = |e: io::Error| {
         if e.kind() == io::ErrorKind::AddrInUse {
@@ -283,7 +289,7 @@ fn bind(addr: SocketAddr, n: usize) -> io::Result<Vec<std::net::TcpListener>> {
             e
         }
     };
-    if addr.port() != 0 {
+    if alone && addr.port() != 0 {
         let probe = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
         probe.set_reuse_address(true)?;
         probe.bind(&addr.into()).map_err(in_use)?;

@@ -261,18 +261,29 @@ async fn dispatch(
     };
     let mut sender = match conn.take(&up.state) {
         Some(s) => s,
-        None => match direct.next() {
-            Some(addr) if crate::proxy::sticky::reserve(&up.state.sticky_conns) => {
-                crate::proxy::sticky::connect(
-                    addr,
-                    up.config.connect_timeout,
-                    up.state.sticky_conns.clone(),
-                )
-                .await?
+        // The next address in turn, then the ones after it if it refuses;
+        // over the cap of held connections, the shared pool. (A failed
+        // connect gives its place back.)
+        None => {
+            let held = &up.state.sticky_conns;
+            let mut tried = 0;
+            loop {
+                if !crate::proxy::sticky::reserve(held) {
+                    return up.client.send(req).await;
+                }
+                let Some(addr) = direct.next() else {
+                    held.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+                    return up.client.send(req).await;
+                };
+                tried += 1;
+                let timeout = up.config.connect_timeout;
+                match crate::proxy::sticky::connect(addr, timeout, held.clone()).await {
+                    Ok(s) => break s,
+                    Err(e) if tried >= direct.tries() => return Err(e),
+                    Err(_) => {}
+                }
             }
-            // Over the cap: the shared pool.
-            _ => return up.client.send(req).await,
-        },
+        }
     };
     // A connection of our own (always HTTP/1.1) takes the origin form of the
     // target and the authority as Host, as the shared pool's client does.

@@ -377,8 +377,9 @@ impl Ctx<'_> {
                     path: "",
                     status,
                     error: None,
-                    attempts: Some(made),
-                    retry_stop: stop.map(|s| s.as_str()),
+                    // From the annotations, as on the general path.
+                    attempts: annotations.map(|_| made),
+                    retry_stop: annotations.and(stop).map(|s| s.as_str()),
                     took,
                 };
                 self.access_log(&p, entry);

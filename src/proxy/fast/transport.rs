@@ -133,12 +133,20 @@ async fn exchange(
     let no_address = || SendError::new(Failure::Connect, "the upstream has no address of its own");
     let direct = up.direct.as_ref().ok_or_else(no_address)?;
     // An idle connection to any of the upstream's addresses; else a new one
-    // to the next address in turn.
+    // to the next address in turn, then the ones after it if it refuses.
     let (addr, mut s) = match pool.take_for(direct, now) {
         Some(found) => found,
         None => {
-            let addr = direct.next().ok_or_else(no_address)?;
-            (addr, connect(addr, up.config.connect_timeout).await?)
+            let mut tried = 0;
+            loop {
+                let addr = direct.next().ok_or_else(no_address)?;
+                tried += 1;
+                match connect(addr, up.config.connect_timeout).await {
+                    Ok(s) => break (addr, s),
+                    Err(e) if tried >= direct.tries() => return Err(e),
+                    Err(_) => {}
+                }
+            }
         }
     };
     let mut written = 0;
