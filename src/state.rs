@@ -62,7 +62,12 @@ fn direct_key(u: &UpstreamConfig) -> DirectKey {
 
 /// An IP literal is used as it is; a name is resolved in the background
 /// (`proxy::resolve`), and only then has `weir_dns_*` series.
-fn make_direct(name: &str, key: &DirectKey, metrics: &Metrics) -> Option<Direct> {
+fn make_direct(
+    name: &str,
+    key: &DirectKey,
+    metrics: &Metrics,
+    known: Arc<Vec<std::net::SocketAddr>>,
+) -> Option<Direct> {
     let (own, host, port, every) = key;
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     let ip = bare.parse::<std::net::IpAddr>();
@@ -76,7 +81,7 @@ fn make_direct(name: &str, key: &DirectKey, metrics: &Metrics) -> Option<Direct>
         Ok(ip) => Direct::Fixed(std::net::SocketAddr::new(ip, *port)),
         Err(_) => {
             let dns: DnsMetrics = metrics.dns(name);
-            Direct::Named(Resolved::start(name, bare, *port, *every, dns))
+            Direct::Named(Resolved::start(name, bare, *port, *every, dns, known))
         }
     })
 }
@@ -85,7 +90,7 @@ impl UpstreamState {
     fn new(u: &UpstreamConfig, clock: Clock, metrics: &Metrics, client: UpstreamClient) -> Self {
         let now = clock.now();
         let key = direct_key(u);
-        let direct = make_direct(&u.name, &key, metrics);
+        let direct = make_direct(&u.name, &key, metrics, Arc::default());
         let metrics = metrics.upstream(&u.name);
         metrics.set_breaker(crate::policy::StateKind::Closed);
         metrics.precreate_retries(&u.retry.retry_on.causes());
@@ -137,7 +142,15 @@ impl UpstreamState {
         let key = direct_key(u);
         let mut direct = self.direct.lock().expect("direct lock poisoned");
         if direct.0 != key {
-            let made = make_direct(&u.name, &key, metrics);
+            // The same name and port (only `resolve_every` changed): keep
+            // using the addresses known until the new resolver answers.
+            let known = match &direct.1 {
+                Some(Direct::Named(r)) if (&direct.0 .1, direct.0 .2) == (&key.1, key.2) => {
+                    r.addrs()
+                }
+                _ => Arc::default(),
+            };
+            let made = make_direct(&u.name, &key, metrics, known);
             *direct = (key, made);
         }
         drop(direct);

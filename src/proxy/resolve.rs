@@ -17,6 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+/// How long one resolution may take.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// An upstream's address for connections weir makes itself.
 #[derive(Debug, Clone)]
 pub enum Direct {
@@ -80,18 +83,20 @@ pub struct Resolved {
 
 impl Resolved {
     /// Starts resolving `host:port` every `every` on the current runtime,
-    /// until the returned value is dropped.
+    /// until the returned value is dropped; `known` are addresses to use
+    /// until the first answer (a reload that changed only `resolve_every`).
     pub fn start(
         upstream: &str,
         host: &str,
         port: u16,
         every: Duration,
         metrics: DnsMetrics,
+        known: Arc<Vec<SocketAddr>>,
     ) -> Arc<Resolved> {
         let r = Arc::new(Resolved {
             host: host.to_string(),
             port,
-            addrs: ArcSwap::from_pointee(Vec::new()),
+            addrs: ArcSwap::new(known),
             turn: AtomicUsize::new(0),
             failing: AtomicBool::new(false),
         });
@@ -114,8 +119,11 @@ impl Resolved {
     /// Asks the resolver once; publishes what it answers. `Err` keeps the
     /// last good addresses.
     async fn resolve(&self) -> Result<usize, String> {
-        let found = tokio::net::lookup_host((self.host.as_str(), self.port))
+        // A resolver that does not answer is a failure, not a stuck task.
+        let lookup = tokio::net::lookup_host((self.host.as_str(), self.port));
+        let found = tokio::time::timeout(LOOKUP_TIMEOUT, lookup)
             .await
+            .map_err(|_| format!("no answer within {}s", LOOKUP_TIMEOUT.as_secs()))?
             .map_err(|e| e.to_string())?;
         let mut addrs: Vec<SocketAddr> = Vec::new();
         for a in found {
