@@ -166,36 +166,7 @@ CONF
 fi
 
 # ---- measuring -------------------------------------------------------------
-tck=$(getconf CLK_TCK)
-family() { # pid and its children
-    echo "$1"; pgrep -P "$1" 2>/dev/null || true
-}
-cpu_ticks() { # summed utime+stime of a process and its children
-    local sum=0
-    for p in $(family "$1"); do
-        [ -r /proc/$p/stat ] || continue
-        # fields after the ")" of the command name: utime is 12th, stime 13th
-        local f; f=$(sed 's/^.*) //' /proc/$p/stat)
-        set -- $f
-        sum=$((sum + ${12} + ${13}))
-    done
-    echo $sum
-}
-peak_rss_kib() {
-    local sum=0
-    for p in $(family "$1"); do
-        local v; v=$(awk '/^VmHWM/ {print $2}' /proc/$p/status 2>/dev/null || echo 0)
-        sum=$((sum + ${v:-0}))
-    done
-    echo $sum
-}
-to_ms() { # wrk latency (e.g. 412.00us, 1.20ms, 2.00s) → ms
-    awk -v v="$1" 'BEGIN {
-        if (v ~ /us$/) { sub(/us$/, "", v); printf "%.3f", v / 1000 }
-        else if (v ~ /ms$/) { sub(/ms$/, "", v); printf "%.3f", v }
-        else if (v ~ /s$/) { sub(/s$/, "", v); printf "%.3f", v * 1000 }
-        else printf "%s", v }'
-}
+# Measuring helpers (tck, cpu_ticks, peak_rss_kib, to_ms, median): bench/lib.sh.
 
 echo "warming up…" >&2
 for t in "${targets[@]}"; do
@@ -219,8 +190,6 @@ for r in $(seq 1 "$ROUNDS"); do
             "$r" "$t" "$rps" "$p50" "$p99" "$cpu_us" "$errors" >&2
     done
 done
-
-median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else printf "%.3f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
 echo
 echo "$(date -u +%Y-%m-%d), $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), wrk -t1 -c$CONNS -d${DURATION}s × $ROUNDS rounds, medians"

@@ -1,4 +1,4 @@
-# Shared by bench/compare.sh and bench/callgrind.sh (sourced, not run):
+# Shared by bench/compare.sh, bench/shapes.sh and bench/callgrind.sh (sourced, not run):
 # a temp dir $T, processes started by PID in PIDS and stopped on exit,
 # waiting for a port, and nginx as the upstream answering `return 200 "ok"`.
 
@@ -49,3 +49,36 @@ CONF
     PIDS+=($!)
     wait_port "$port"
 }
+
+# ---- measuring (bench/compare.sh, bench/shapes.sh) ----------------------------
+tck=$(getconf CLK_TCK)
+family() { # pid and its children
+    echo "$1"; pgrep -P "$1" 2>/dev/null || true
+}
+cpu_ticks() { # summed utime+stime of a process and its children
+    local sum=0
+    for p in $(family "$1"); do
+        [ -r /proc/$p/stat ] || continue
+        # fields after the ")" of the command name: utime is 12th, stime 13th
+        local f; f=$(sed 's/^.*) //' /proc/$p/stat)
+        set -- $f
+        sum=$((sum + ${12} + ${13}))
+    done
+    echo $sum
+}
+peak_rss_kib() {
+    local sum=0
+    for p in $(family "$1"); do
+        local v; v=$(awk '/^VmHWM/ {print $2}' /proc/$p/status 2>/dev/null || echo 0)
+        sum=$((sum + ${v:-0}))
+    done
+    echo $sum
+}
+to_ms() { # wrk latency (e.g. 412.00us, 1.20ms, 2.00s) → ms
+    awk -v v="$1" 'BEGIN {
+        if (v ~ /us$/) { sub(/us$/, "", v); printf "%.3f", v / 1000 }
+        else if (v ~ /ms$/) { sub(/ms$/, "", v); printf "%.3f", v }
+        else if (v ~ /s$/) { sub(/s$/, "", v); printf "%.3f", v * 1000 }
+        else printf "%s", v }'
+}
+median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else printf "%.3f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }

@@ -184,36 +184,7 @@ wrk_args() { # shape → wrk's script and path
 }
 path_of() { case $1 in big) echo /big ;; *) echo / ;; esac; }
 
-# ---- measuring (as bench/compare.sh) -----------------------------------------
-tck=$(getconf CLK_TCK)
-family() { echo "$1"; pgrep -P "$1" 2>/dev/null || true; }
-cpu_ticks() {
-    local sum=0
-    for p in $(family "$1"); do
-        [ -r /proc/$p/stat ] || continue
-        local f; f=$(sed 's/^.*) //' /proc/$p/stat)
-        set -- $f
-        sum=$((sum + ${12} + ${13}))
-    done
-    echo $sum
-}
-peak_rss_kib() {
-    local sum=0
-    for p in $(family "$1"); do
-        local v; v=$(awk '/^VmHWM/ {print $2}' /proc/$p/status 2>/dev/null || echo 0)
-        sum=$((sum + ${v:-0}))
-    done
-    echo $sum
-}
-to_ms() {
-    awk -v v="$1" 'BEGIN {
-        if (v ~ /us$/) { sub(/us$/, "", v); printf "%.3f", v / 1000 }
-        else if (v ~ /ms$/) { sub(/ms$/, "", v); printf "%.3f", v }
-        else if (v ~ /s$/) { sub(/s$/, "", v); printf "%.3f", v * 1000 }
-        else printf "%s", v }'
-}
-median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else printf "%.3f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
-
+# ---- measuring: tck, cpu_ticks, peak_rss_kib, to_ms, median (bench/lib.sh) ----
 declare -A PID_OF PORT_OF
 echo "$(date -u +%Y-%m-%d), $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), wrk -t1 -c$CONNS -d${DURATION}s × $ROUNDS rounds, medians"
 for shape in $SHAPES; do

@@ -9,18 +9,8 @@ mod common;
 
 use common::*;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use weir::proxy::fast::head::{plan, Parse};
 use weir::proxy::ListenerRole;
-
-async fn exchange_raw(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(bytes).await.unwrap();
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out).await;
-    String::from_utf8_lossy(&out).into_owned()
-}
 
 /// `weir_dns_resolutions_total{upstream="svc"}` by result, once `want`
 /// says so (up to 5 s).

@@ -13,15 +13,6 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Writes `bytes` at once and reads until weir closes the connection.
-async fn exchange_raw(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(bytes).await.unwrap();
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out).await;
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Echoes "METHOD PATH BODY" in the body.
 async fn echo() -> TestUpstream {
     TestUpstream::start(|req: Request<hyper::body::Incoming>| async move {

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::third_party::free_port;
 use common::*;
 use hyper::{Request, Response};
 use std::io::BufRead;
@@ -77,14 +78,6 @@ impl Weir {
             .filter(|v| v["target"] == "weir::access")
             .collect()
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Two upstreams on one server: `fast` (cleartext HTTP/1.1, the fast path)

@@ -4,18 +4,13 @@
 //! share the port. Real processes, real sockets.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use common::third_party::free_port;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Weir(Child);
 

@@ -21,6 +21,28 @@ const CONFLICT: &str = "POST /conf HTTP/1.1\r\nHost: svc\r\nContent-Length: 41\r
                         Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n\
                         GET /smuggled HTTP/1.1\r\nHost: svc\r\n\r\n";
 
+/// weir on `path` in front of an upstream that records each request's path.
+async fn recording_weir(path: DataPath) -> (TestUpstream, Arc<Mutex<Vec<String>>>, Weir) {
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let s = seen.clone();
+    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        s.lock().unwrap().push(req.uri().path().to_string());
+        async move { Response::new(body("ok")) }
+    })
+    .await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
+    (up, seen, weir)
+}
+
+/// Sends `bytes` on a new connection and reads (up to 5 s) until weir closes it.
+async fn send_all(weir: &Weir, bytes: &[u8]) -> String {
+    let mut c = TcpStream::connect(weir.addr).await.unwrap();
+    c.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 const FIRSTS: [&str; 4] = [
     "GET /a HTTP/1.1\r\nHost: svc\r\nContent-Length: 5\r\nContent-Length: 05\r\n\r\nhello",
     "GET /a HTTP/1.1\nHost: svc\n\n",
@@ -34,23 +56,10 @@ both_paths!(
     a_conflicting_request_after_an_odd_first_one_is_refused
 );
 async fn a_conflicting_request_after_an_odd_first_one_is_refused(path: DataPath) {
-    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
-    let s = seen.clone();
-    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
-        s.lock().unwrap().push(req.uri().path().to_string());
-        async move { Response::new(body("ok")) }
-    })
-    .await;
-    let weir = Weir::single_on(path, &up.url(), "").await;
+    let (_up, seen, weir) = recording_weir(path).await;
     for first in FIRSTS {
         seen.lock().unwrap().clear();
-        let mut c = TcpStream::connect(weir.addr).await.unwrap();
-        c.write_all(format!("{first}{CONFLICT}").as_bytes())
-            .await
-            .unwrap();
-        let mut out = Vec::new();
-        let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await;
-        let out = String::from_utf8_lossy(&out);
+        let out = send_all(&weir, format!("{first}{CONFLICT}").as_bytes()).await;
         let paths = seen.lock().unwrap().clone();
         assert!(
             !paths.iter().any(|p| p == "/conf" || p == "/smuggled"),
@@ -73,28 +82,17 @@ both_paths!(
 /// read on — and serve a request it never judged. Now it cuts the
 /// connection: nothing after the body reaches the upstream.
 async fn nothing_after_a_chunked_body_weir_refuses_is_served(path: DataPath) {
-    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
-    let s = seen.clone();
-    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
-        s.lock().unwrap().push(req.uri().path().to_string());
-        async move { Response::new(body("ok")) }
-    })
-    .await;
-    let weir = Weir::single_on(path, &up.url(), "").await;
-    let mut c = TcpStream::connect(weir.addr).await.unwrap();
-    c.write_all(
+    let (_up, seen, weir) = recording_weir(path).await;
+    let out = send_all(
+        &weir,
         b"POST /first HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\n\r\n\
           0\r\n\n0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: svc\r\n\r\n",
     )
-    .await
-    .unwrap();
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await;
+    .await;
     let paths = seen.lock().unwrap().clone();
     assert!(
         !paths.iter().any(|p| p == "/smuggled"),
-        "the upstream saw {paths:?}\n{}",
-        String::from_utf8_lossy(&out)
+        "the upstream saw {paths:?}\n{out}"
     );
 }
 
@@ -107,30 +105,17 @@ both_paths!(
 /// (hyper upgrades HTTP/1.1 only), or an upstream that answers 200 — the
 /// connection must not carry on with requests nobody judged.
 async fn an_upgrade_that_does_not_happen_ends_the_connection(path: DataPath) {
-    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
-    let s = seen.clone();
-    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
-        s.lock().unwrap().push(req.uri().path().to_string());
-        async move { Response::new(body("ok")) }
-    })
-    .await;
-    let weir = Weir::single_on(path, &up.url(), "").await;
+    let (_up, seen, weir) = recording_weir(path).await;
     for first in [
         "GET /a HTTP/1.0\r\nHost: svc\r\nConnection: keep-alive, upgrade\r\nUpgrade: x\r\n\r\n",
         "GET /a HTTP/1.1\r\nHost: svc\r\nConnection: upgrade\r\nUpgrade: x\r\n\r\n",
     ] {
         seen.lock().unwrap().clear();
-        let mut c = TcpStream::connect(weir.addr).await.unwrap();
-        c.write_all(format!("{first}{CONFLICT}").as_bytes())
-            .await
-            .unwrap();
-        let mut out = Vec::new();
-        let _ = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut out)).await;
+        let out = send_all(&weir, format!("{first}{CONFLICT}").as_bytes()).await;
         let paths = seen.lock().unwrap().clone();
         assert!(
             !paths.iter().any(|p| p == "/conf" || p == "/smuggled"),
-            "{first:?}: the upstream saw {paths:?}\n{}",
-            String::from_utf8_lossy(&out)
+            "{first:?}: the upstream saw {paths:?}\n{out}"
         );
     }
 }

@@ -151,6 +151,16 @@ macro_rules! both_paths {
 #[allow(unused_imports)]
 pub(crate) use both_paths;
 
+/// Writes `bytes` to `addr` at once and reads until the peer closes.
+pub async fn exchange_raw(addr: SocketAddr, bytes: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// weir, started in-process on 127.0.0.1:0.
 pub struct Weir {
     pub handle: Option<ProxyHandle>,
