@@ -10,6 +10,7 @@
 //! scraped.
 
 use crate::policy::{Cause, Outcome, StateKind, StopReason};
+pub use crate::proxy::resolve::DnsMetrics;
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -455,22 +456,6 @@ impl Metrics {
             &self.request_duration,
         ];
         families.iter().flat_map(|f| f.collect()).collect()
-    }
-}
-
-/// An upstream name's resolution counters (`proxy::resolve`).
-#[derive(Debug, Clone)]
-pub struct DnsMetrics {
-    ok: IntCounter,
-    error: IntCounter,
-    addresses: IntGauge,
-}
-
-impl DnsMetrics {
-    /// One resolution: whether it answered, and the addresses in use after it.
-    pub fn resolved(&self, ok: bool, addresses: usize) {
-        if ok { &self.ok } else { &self.error }.inc();
-        self.addresses.set(addresses as i64);
     }
 }
 
