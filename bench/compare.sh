@@ -4,6 +4,7 @@
 #   bench/compare.sh                      # 5 alternating rounds of 10 s each
 #   ROUNDS=3 DURATION=5 CONNS=32 bench/compare.sh
 #   WEIR_BASELINE=/path/to/older/weir bench/compare.sh   # adds "weir-baseline"
+#   OPEN_LOOP=0 bench/compare.sh      # skip the open-loop latency phase (needs `cargo install oha`)
 #
 # Needs wrk; nginx and HAProxy are compared when installed:
 #   apt-get install -y wrk nginx-light haproxy
@@ -205,3 +206,37 @@ for t in "${targets[@]}"; do
     rss=$(awk -v k="$(peak_rss_kib "${PID_OF[$t]}")" 'BEGIN { printf "%.1f", k / 1024 }')
     echo "| $t | $rps | $p50 | $p99 | $rss | $cpu |"
 done
+
+# ---- latency added, open loop -----------------------------------------------
+# A closed loop's p99 mostly measures queueing. Here every target, and the
+# upstream on its own ("direct"), gets the same fixed rate — half the slowest
+# peer's capacity above — from oha (`cargo install oha`), whose latency
+# correction counts a request from when it was due, not when it was sent.
+# OPEN_LOOP=0 skips it.
+if [ "${OPEN_LOOP:-1}" = 1 ] && command -v oha >/dev/null; then
+    peers=""
+    for t in nginx haproxy; do [ -f "$T/$t.samples" ] && peers="$peers $t"; done
+    [ -n "$peers" ] || peers=" weir"
+    slowest=$(for t in $peers; do awk '{print $1}' "$T/$t.samples" | median; done | sort -g | head -1)
+    rate=$(awk -v r="$slowest" 'BEGIN { printf "%d", r / 2 }')
+    echo
+    echo "Open loop: $rate requests/s (half the slowest peer's closed-loop rate), oha -c $CONNS -z ${DURATION}s --latency-correction × $ROUNDS rounds, medians; added = target − direct"
+    echo
+    echo "| target | p50 ms | p99 ms | p99.9 ms | added p99 ms | added p99.9 ms |"
+    echo "|---|---|---|---|---|---|"
+    PORT_OF[direct]=$UP_PORT
+    for r in $(seq 1 "$ROUNDS"); do
+        for t in direct "${targets[@]}"; do
+            $pin_load oha -z "${DURATION}s" -q "$rate" -c "$CONNS" --latency-correction --no-tui \
+                --output-format json "http://127.0.0.1:${PORT_OF[$t]}/" 2>/dev/null \
+                | python3 -c 'import json,sys; p=json.load(sys.stdin)["latencyPercentiles"]; print("%.3f %.3f %.3f" % (p["p50"]*1e3, p["p99"]*1e3, p["p99.9"]*1e3))' \
+                >> "$T/$t.open"
+        done
+    done
+    col() { awk -v c="$2" '{print $c}' "$T/$1.open" | median; }
+    d99=$(col direct 2); d999=$(col direct 3)
+    for t in direct "${targets[@]}"; do
+        p50=$(col "$t" 1); p99=$(col "$t" 2); p999=$(col "$t" 3)
+        echo "| $t | $p50 | $p99 | $p999 | $(awk -v a="$p99" -v b="$d99" 'BEGIN { printf "%.3f", a - b }') | $(awk -v a="$p999" -v b="$d999" 'BEGIN { printf "%.3f", a - b }') |"
+    done
+fi
