@@ -143,23 +143,7 @@ CONF
 fi
 
 if [ $have_haproxy = 1 ]; then
-    cat > "$T/haproxy.cfg" <<CONF
-global
-    nbthread 1
-    maxconn 5000
-defaults
-    mode http
-    timeout connect 2s
-    timeout client 30s
-    timeout server 30s
-    option http-keep-alive
-frontend f
-    bind 127.0.0.1:$HAPROXY_PORT
-    default_backend b
-backend b
-    http-reuse always
-    server s1 127.0.0.1:$UP_PORT
-CONF
+    haproxy_config "server s1 127.0.0.1:$UP_PORT" > "$T/haproxy.cfg"
     $pin_proxy haproxy -db -f "$T/haproxy.cfg" &
     PID_OF[haproxy]=$!; PORT_OF[haproxy]=$HAPROXY_PORT; PIDS+=($!)
     wait_port $HAPROXY_PORT

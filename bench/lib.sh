@@ -82,3 +82,25 @@ to_ms() { # wrk latency (e.g. 412.00us, 1.20ms, 2.00s) → ms
         else printf "%s", v }'
 }
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else printf "%.3f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+
+# HAProxy as the peer both benches compare: one thread, keep-alive, upstream
+# connections reused; listening on $HAPROXY_PORT. haproxy_config SERVER_LINE
+haproxy_config() {
+    cat <<CONF
+global
+    nbthread 1
+    maxconn 5000
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    option http-keep-alive
+frontend f
+    bind 127.0.0.1:$HAPROXY_PORT
+    default_backend b
+backend b
+    http-reuse always
+    $1
+CONF
+}

@@ -149,23 +149,7 @@ CONF
     local server="server s1 127.0.0.1:$UP_PORT"
     [ "$shape" = tls ] && server="server s1 127.0.0.1:$UP_TLS_PORT ssl verify required ca-file $T/ca.pem sni str(localhost)"
     [ "$shape" = h2c ] && server="server s1 127.0.0.1:$UP_H2C_PORT proto h2"
-    cat > "$T/haproxy.cfg" <<CONF
-global
-    nbthread 1
-    maxconn 5000
-defaults
-    mode http
-    timeout connect 2s
-    timeout client 30s
-    timeout server 30s
-    option http-keep-alive
-frontend f
-    bind 127.0.0.1:$HAPROXY_PORT
-    default_backend b
-backend b
-    http-reuse always
-    $server
-CONF
+    haproxy_config "$server" > "$T/haproxy.cfg"
     $pin_proxy haproxy -db -f "$T/haproxy.cfg" &
     PID_OF[haproxy]=$!; PORT_OF[haproxy]=$HAPROXY_PORT; SHAPE_PIDS+=($!); PIDS+=($!)
     wait_port $HAPROXY_PORT
