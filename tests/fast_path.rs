@@ -60,13 +60,14 @@ async fn pipelined_requests_are_answered_in_order() {
 async fn a_connection_moves_to_the_general_path_without_losing_a_byte() {
     let up = echo().await;
     let weir = Weir::single(&up.url(), "").await;
-    // The chunked body is not the fast path's: the connection is handed to
-    // hyper with everything read so far, the second and third request included.
+    // A chunked body with a trailer is not the fast path's: the connection
+    // is handed to hyper with everything read so far, the third request
+    // included.
     let out = exchange_raw(
         weir.addr,
         b"GET /one HTTP/1.1\r\nHost: svc\r\n\r\n\
           POST /two HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\n\r\n\
-          5\r\nhello\r\n0\r\n\r\n\
+          5\r\nhello\r\n0\r\nx-sum: 1\r\n\r\n\
           GET /three HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
     )
     .await;
@@ -75,6 +76,98 @@ async fn a_connection_moves_to_the_general_path_without_losing_a_byte() {
     let three = out.find("GET /three ").unwrap();
     assert!(one < two && two < three, "{out}");
     assert_eq!(up.requests(), 3);
+    // hyper's client pool opened a connection of its own.
+    assert_eq!(up.connections(), 2);
+}
+
+#[tokio::test]
+async fn chunked_request_bodies_stay_on_the_fast_path() {
+    let up = echo().await;
+    let weir = Weir::single(&up.url(), "").await;
+    let out = exchange_raw(
+        weir.addr,
+        b"GET /one HTTP/1.1\r\nHost: svc\r\n\r\n\
+          POST /two HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\n\r\n\
+          5\r\nhello\r\n1;ext=\"x\"\r\n!\r\n0\r\n\r\n\
+          POST /empty HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n\
+          GET /three HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let one = out.find("GET /one ").unwrap();
+    let two = out.find("POST /two hello!").unwrap();
+    let empty = out.find("POST /empty ").unwrap();
+    let three = out.find("GET /three ").unwrap();
+    assert!(one < two && two < empty && empty < three, "{out}");
+    assert_eq!(out.matches("x-weir-attempts: 1\r\n").count(), 4, "{out}");
+    assert_eq!(up.requests(), 4);
+    // One pooled upstream connection: no request went through hyper.
+    assert_eq!(up.connections(), 1);
+}
+
+/// The upstream sees a chunked body in the plainest form of the coding:
+/// sizes in lowercase hex, no extensions, whatever the client sent.
+#[tokio::test]
+async fn a_chunked_request_body_is_coded_anew() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let up = RawUpstream::start(move |_, mut c| {
+        let s = s.clone();
+        async move {
+            let mut buf = Vec::new();
+            let mut b = [0u8; 1024];
+            while !buf.ends_with(b"0\r\n\r\n") {
+                match c.read(&mut b).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&b[..n]),
+                }
+            }
+            s.lock().unwrap().push(buf);
+            respond(&mut c, 200, "", "ok").await;
+        }
+    })
+    .await;
+    let weir = Weir::single(&up.url(), "").await;
+    let out = exchange_raw(
+        weir.addr,
+        b"POST /x HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: Chunked\r\nConnection: close\r\n\r\n\
+          000A ; a=b\r\n0123456789\r\n0\r\n\r\n",
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let sent = String::from_utf8(seen.lock().unwrap().pop().unwrap()).unwrap();
+    let (head, body) = sent.split_once("\r\n\r\n").unwrap();
+    assert!(head.contains("\r\ntransfer-encoding: chunked"), "{head}");
+    assert!(
+        !head.to_ascii_lowercase().contains("content-length"),
+        "{head}"
+    );
+    assert_eq!(body, "a\r\n0123456789\r\n0\r\n\r\n");
+}
+
+/// A chunked body that is still coming when a head would have timed out is
+/// handed to the general path with what has arrived, not dropped.
+#[tokio::test(start_paused = true)]
+async fn a_slow_chunked_body_is_handed_over_not_cut() {
+    let up = echo().await;
+    let weir = Weir::with_server(
+        "header_read_timeout = \"1s\"",
+        &format!(
+            "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",
+            up.url()
+        ),
+    )
+    .await;
+    let mut c = TcpStream::connect(weir.addr).await.unwrap();
+    c.write_all(b"POST /slow HTTP/1.1\r\nHost: svc\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.write_all(b"6\r\n world\r\n0\r\n\r\n").await.unwrap();
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).await.unwrap();
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.ends_with("POST /slow hello world"), "{out}");
 }
 
 #[tokio::test]

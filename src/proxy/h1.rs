@@ -277,10 +277,70 @@ impl Chunked {
     }
 }
 
+/// Appends the data of a chunked body that [`Chunked`] has followed to
+/// its last chunk's line (so it is known to be valid) to `out`, coded anew:
+/// each chunk's size in lowercase hex without extensions, then the last
+/// chunk and an empty trailer section. What reaches the upstream is the
+/// plainest form of the coding, whatever leniency the client's took.
+/// Returns the length of the data.
+pub fn rechunk(body: &[u8], out: &mut Vec<u8>) -> u64 {
+    let mut data = 0u64;
+    let mut at = 0;
+    loop {
+        let mut size = 0u64;
+        while let Some(d) = body.get(at).and_then(|b| (*b as char).to_digit(16)) {
+            size = size.saturating_mul(16).saturating_add(u64::from(d));
+            at += 1;
+        }
+        // Past whitespace and extensions to the end of the size line.
+        match body
+            .get(at..)
+            .and_then(|r| r.iter().position(|b| *b == b'\n'))
+        {
+            Some(lf) => at += lf + 1,
+            None => break,
+        }
+        let Some(chunk) = usize::try_from(size)
+            .ok()
+            .and_then(|n| body.get(at..at.checked_add(n)?))
+        else {
+            break;
+        };
+        if chunk.is_empty() {
+            break;
+        }
+        out.extend_from_slice(format!("{size:x}\r\n").as_bytes());
+        out.extend_from_slice(chunk);
+        out.extend_from_slice(b"\r\n");
+        data += size;
+        // Past the chunk's CRLF.
+        at += chunk.len() + 2;
+    }
+    out.extend_from_slice(b"0\r\n\r\n");
+    data
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunked_bodies_are_coded_anew() {
+        let body = b"5 ;a=b\r\nhello\r\n00006\r\n world\r\n0\r\n";
+        let mut c = Chunked::until_trailers();
+        assert_eq!(c.feed(body), Ok(Some(body.len())));
+        let mut out = Vec::new();
+        assert_eq!(rechunk(body, &mut out), 11);
+        assert_eq!(out, b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n");
+        let mut out = Vec::new();
+        assert_eq!(rechunk(b"0\r\n", &mut out), 0);
+        assert_eq!(out, b"0\r\n\r\n");
+        // Bytes that were never followed end it rather than panic.
+        let mut out = Vec::new();
+        assert_eq!(rechunk(b"ff\r\nshort", &mut out), 0);
+        assert_eq!(out, b"0\r\n\r\n");
+    }
 
     #[test]
     fn content_length_is_digits_only() {

@@ -9,8 +9,8 @@
 //! and HAProxy do what this module does: copy heads from buffer to buffer.
 //!
 //! The fast path takes the requests that make up nearly all of a sidecar's
-//! traffic: HTTP/1.1, a body of known length small enough to hold for a
-//! replay, to an upstream reached over cleartext HTTP/1.1. Anything else (see
+//! traffic: HTTP/1.1, a body (of known length or chunked without trailers)
+//! small enough to hold for a replay, to an upstream reached over cleartext HTTP/1.1. Anything else (see
 //! [`head::plan`]) hands the connection, with every byte read so far, to the
 //! general hyper path in `super::server`, which serves it from then on. The
 //! behaviour a client sees is the same on both paths: the attempts run in
@@ -185,7 +185,8 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
     let stopping = crate::shutdown::stopped(&mut stop);
     tokio::pin!(stopping);
     loop {
-        // A whole request head, planned.
+        // A whole request head (and a chunked body), planned.
+        let mut pending = false;
         let (snap, planned) = loop {
             if !bufs.client.is_empty() {
                 let snap = conn.shared.snapshot.load_full();
@@ -199,6 +200,7 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
                     }
                     Parse::Partial if bufs.client.len() >= conn.max_head => break (snap, None),
                     Parse::Partial => {}
+                    Parse::BodyPending => pending = true,
                 }
             }
             if bufs.eof {
@@ -213,7 +215,13 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
                     Ok(0) | Err(_) => return,
                     Ok(_) => {}
                 },
-                () = timer.at(deadline) => return,
+                () = timer.at(deadline) => {
+                    if !pending {
+                        return;
+                    }
+                    // A chunked body slower than a head may be is hyper's to read.
+                    break (conn.shared.snapshot.load_full(), None);
+                }
                 () = &mut stopping, if bufs.client.is_empty() => return,
             }
         };
@@ -317,8 +325,10 @@ impl Ctx<'_> {
                 }
             }
         }
-        let body = &self.bufs.client[p.head_len..need];
-        self.bufs.request.extend_from_slice(body);
+        if !p.chunked {
+            let body = &self.bufs.client[p.head_len..need];
+            self.bufs.request.extend_from_slice(body);
+        }
         let t0 = now.unwrap_or_else(Instant::now);
         let ticket = match attempt::admit_breaker_at(&up.state, t0) {
             Ok(t) => t,

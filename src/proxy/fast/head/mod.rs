@@ -6,8 +6,8 @@
 //! leaves, with the same hygiene as the general path (docs/behaviour.md#header-hygiene).
 //!
 //! Anything this path does not handle itself — another HTTP version, a body
-//! that is chunked, too large to hold for a replay or announced with
-//! `Expect`, an upgrade, gRPC, a target or route it cannot map — makes
+//! too large to hold for a replay, announced with `Expect` or chunked with
+//! trailers, an upgrade, gRPC, a target or route it cannot map — makes
 //! [`plan`] answer [`Parse::Fallback`], and the connection goes on through
 //! hyper (`super::super::server`), which sees the same bytes.
 
@@ -37,6 +37,9 @@ pub const MAX_BODY: u64 = 1 << 20;
 pub enum Parse<T> {
     /// The head is not complete yet.
     Partial,
+    /// The head is complete and its body chunked; the body's end has not
+    /// arrived yet (nor more than a body the fast path holds).
+    BodyPending,
     /// Not for the fast path; the reason is for debug logs.
     Fallback(&'static str),
     /// Parsed.
@@ -50,8 +53,12 @@ pub struct Planned {
     pub upstream: usize,
     /// Length of the client's head in the buffer.
     pub head_len: usize,
-    /// Length of the body that follows it (`Content-Length`, or 0).
+    /// Length of the body that follows it (`Content-Length`, 0, or the
+    /// whole chunked body as it came).
     pub body_len: usize,
+    /// The body was chunked: `plan` has written it for the upstream already,
+    /// coded anew ([`h1::rechunk`]).
+    pub chunked: bool,
     /// The method and idempotency key, for the retry decision.
     pub facts: RequestFacts,
     /// A HEAD request: the response has no body, whatever it announces.
@@ -154,6 +161,8 @@ struct Request<'h, 'b> {
     path_and_query: &'b str,
     host: Option<&'b str>,
     content_length: Option<u64>,
+    /// `Transfer-Encoding: chunked`, the only coding the fast path takes.
+    chunked: bool,
     connection: ConnectionField<'b>,
     lowered: Option<Duration>,
     te_trailers: bool,
@@ -167,35 +176,71 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let req = match parse(buf, &mut fields) {
         Parse::Done(r) => r,
-        Parse::Partial => return Parse::Partial,
+        Parse::Partial | Parse::BodyPending => return Parse::Partial,
         Parse::Fallback(why) => return Parse::Fallback(why),
     };
     let (up_index, up) = match route(snap, role, &req) {
         Ok(found) => found,
         Err(why) => return Parse::Fallback(why),
     };
-    let body_len = req.content_length.unwrap_or(0);
-    if body_len > up.config.retry.max_replay_body_bytes || body_len > MAX_BODY {
+    let cap = up.config.retry.max_replay_body_bytes.min(MAX_BODY);
+    let body_len = if req.chunked {
+        match chunked_end(&buf[req.head_len..], cap) {
+            Parse::Done(n) => n as u64,
+            Parse::Partial | Parse::BodyPending => return Parse::BodyPending,
+            Parse::Fallback(why) => return Parse::Fallback(why),
+        }
+    } else {
+        req.content_length.unwrap_or(0)
+    };
+    if body_len > cap {
         return Parse::Fallback("a body too large to hold");
     }
     let Some((key, has_key)) = write(up, &req, out) else {
         return Parse::Fallback("a target that cannot be mapped");
     };
-    let body = if body_len == 0 {
+    let data_len = if req.chunked {
+        let start = req.head_len;
+        h1::rechunk(&buf[start..start + body_len as usize], out)
+    } else {
+        body_len
+    };
+    let body = if data_len == 0 {
         crate::policy::BodyFacts::Empty
     } else {
-        crate::policy::BodyFacts::Buffered { len: body_len }
+        crate::policy::BodyFacts::Buffered { len: data_len }
     };
     Parse::Done(Planned {
         upstream: up_index,
         head_len: req.head_len,
         body_len: body_len as usize,
+        chunked: req.chunked,
         facts: RequestFacts::new(req.method, has_key, body),
         head_method: req.method == "HEAD",
         close: req.connection.close,
         lowered: req.lowered,
         key,
     })
+}
+
+/// Where a chunked body at the start of `rest` ends: after its last
+/// chunk's line and an empty trailer section. A body with trailers, one that
+/// is not valid chunked coding (hyper answers it) or one larger than `cap`
+/// is not the fast path's.
+fn chunked_end(rest: &[u8], cap: u64) -> Parse<usize> {
+    let mut chunks = h1::Chunked::until_trailers();
+    let last = match chunks.feed(rest) {
+        Ok(Some(n)) => n,
+        Ok(None) if rest.len() as u64 > cap => return Parse::Fallback("a body too large to hold"),
+        Ok(None) => return Parse::BodyPending,
+        Err(_) => return Parse::Fallback("invalid chunked coding"),
+    };
+    match rest.get(last..last + 2) {
+        Some(b"\r\n") => Parse::Done(last + 2),
+        Some(_) => Parse::Fallback("a chunked body with trailers"),
+        None if rest.get(last) == Some(&b'\n') => Parse::Fallback("a bare LF after the last chunk"),
+        None => Parse::BodyPending,
+    }
 }
 
 /// Parses the client's head: the request line, and one pass over the
@@ -238,6 +283,7 @@ fn parse<'h, 'b>(buf: &'b [u8], fields: &'h mut [httparse::Header<'b>]) -> Parse
 
     let mut host: Option<&str> = None;
     let mut content_length: Option<u64> = None;
+    let mut chunked = false;
     let mut connection = ConnectionField::default();
     let mut lowered = None;
     let mut te_trailers = false;
@@ -262,7 +308,10 @@ fn parse<'h, 'b>(buf: &'b [u8], fields: &'h mut [httparse::Header<'b>]) -> Parse
         } else if eq(n, "connection") {
             connection.add(h.value);
         } else if eq(n, "transfer-encoding") {
-            return Parse::Fallback("Transfer-Encoding");
+            if chunked || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                return Parse::Fallback("a Transfer-Encoding other than one chunked");
+            }
+            chunked = true;
         } else if eq(n, "upgrade") {
             return Parse::Fallback("an upgrade");
         } else if eq(n, "expect") {
@@ -284,6 +333,9 @@ fn parse<'h, 'b>(buf: &'b [u8], fields: &'h mut [httparse::Header<'b>]) -> Parse
             }
         }
     }
+    if chunked && content_length.is_some() {
+        return Parse::Fallback("Content-Length beside Transfer-Encoding");
+    }
     if connection.upgrade || connection.overflow {
         return Parse::Fallback("an unusual Connection field");
     }
@@ -294,6 +346,7 @@ fn parse<'h, 'b>(buf: &'b [u8], fields: &'h mut [httparse::Header<'b>]) -> Parse
         path_and_query,
         host,
         content_length,
+        chunked,
         connection,
         lowered,
         te_trailers,
@@ -381,6 +434,8 @@ fn write(
         out.extend_from_slice(b"content-length: ");
         push_u64(out, len);
         out.extend_from_slice(b"\r\n");
+    } else if req.chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
     }
     if req.te_trailers {
         out.extend_from_slice(b"te: trailers\r\n");
