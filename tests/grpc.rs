@@ -252,6 +252,37 @@ async fn h2load_drives_weir_over_h2c() {
     assert_eq!(up.requests(), 400);
 }
 
+/// Regression: a response that ends with trailers was counted as one the
+/// client abandoned (hyper's HTTP/2 server sends the trailers and never asks
+/// the body again), so a gRPC client making more than
+/// `max_resets_per_second` calls a second on one connection had it closed
+/// under it.
+#[tokio::test]
+async fn calls_ending_in_trailers_are_not_counted_as_abandoned() {
+    let up = TestUpstream::start(|_r| async { grpc_reply(0) }).await;
+    let weir = Weir::with_server(
+        "max_resets_per_second = 5",
+        &format!(
+            "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n{GRPC}",
+            up.url()
+        ),
+    )
+    .await;
+    // One connection for every call: weir must not close it under them.
+    let (mut send, conn) = h2_connect(weir.addr).await;
+    for i in 0..40 {
+        let resp = send
+            .send_request(grpc_request("/pkg.Svc/Unary", None))
+            .await
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        let (_, b) = resp.into_parts();
+        let trailers = b.collect().await.unwrap().trailers().cloned().unwrap();
+        assert_eq!(trailers["grpc-status"], "0", "call {i}");
+    }
+    assert!(!conn.is_finished(), "weir closed the connection");
+    assert_eq!(up.requests(), 40);
+}
+
 /// A gRPC request as real clients send it over HTTP/2: no content-length,
 /// the message in a data frame, then the end of the stream.
 fn streamed_grpc_request(path: &str) -> Request<TestBody> {

@@ -324,7 +324,15 @@ impl<B: http_body::Body> http_body::Body for Holding<B> {
                 _ => None,
             };
         }
-        if let std::task::Poll::Ready(None) = &r {
+        // The end, or trailers, which are always the last frame: hyper's
+        // HTTP/2 server ends the stream with them and never asks again, so
+        // a gRPC response is not taken for one the client abandoned.
+        let last = match &r {
+            std::task::Poll::Ready(None) => true,
+            std::task::Poll::Ready(Some(Ok(frame))) => frame.is_trailers(),
+            _ => false,
+        };
+        if last {
             this.busy.done.store(true, Ordering::Release);
         }
         r
