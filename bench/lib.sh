@@ -84,7 +84,8 @@ to_ms() { # wrk latency (e.g. 412.00us, 1.20ms, 2.00s) → ms
 median() { sort -g | awk '{ a[NR] = $1 } END { if (NR % 2) print a[(NR + 1) / 2]; else printf "%.3f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
 # HAProxy as the peer both benches compare: one thread, keep-alive, upstream
-# connections reused; listening on $HAPROXY_PORT. haproxy_config SERVER_LINE
+# connections reused; listening on $HAPROXY_PORT (with BIND_OPTIONS, e.g.
+# `proto h2`). haproxy_config SERVER_LINE [BIND_OPTIONS]
 haproxy_config() {
     cat <<CONF
 global
@@ -97,7 +98,7 @@ defaults
     timeout server 30s
     option http-keep-alive
 frontend f
-    bind 127.0.0.1:$HAPROXY_PORT
+    bind 127.0.0.1:$HAPROXY_PORT ${2:-}
     default_backend b
 backend b
     http-reuse always

@@ -8,6 +8,7 @@
 #   chunked  a chunked request and a chunked (gzip) response
 #   tls      TLS origination to an HTTPS upstream  (session reuse on every proxy)
 #   h2c      an h2c upstream (HTTP/1.1 clients)    (nginx cannot proxy to HTTP/2: HAProxy only)
+#   grpc     gRPC unary over h2c on both sides      (h2load; nginx through grpc_pass)
 #
 #   SHAPES="big tls" ROUNDS=3 DURATION=5 bench/shapes.sh
 #
@@ -22,13 +23,13 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5}
 CONNS=${CONNS:-32}
-SHAPES=${SHAPES:-"post64k big chunked tls h2c"}
+SHAPES=${SHAPES:-"post64k big chunked tls h2c grpc"}
 UP_PORT=18080 UP_TLS_PORT=18443 UP_H2C_PORT=18081
 WEIR_PORT=18001 WEIR_ADMIN=18000 NGINX_PORT=18002 HAPROXY_PORT=18003 ENVOY_PORT=18004
 ENVOY=${ENVOY:-$(command -v envoy || true)}
 
-for tool in wrk nginx haproxy openssl; do
-    command -v $tool >/dev/null || { echo "$tool is required: apt-get install -y wrk nginx-light haproxy openssl" >&2; exit 1; }
+for tool in wrk nginx haproxy openssl h2load; do
+    command -v $tool >/dev/null || { echo "$tool is required: apt-get install -y wrk nginx-light haproxy openssl nghttp2-client" >&2; exit 1; }
 done
 pin_load="taskset -c 0"
 pin_proxy="taskset -c 1"
@@ -56,6 +57,7 @@ locations='
         location / { return 200 "ok"; }
         location /post { return 200 "ok"; }
         location /big { alias '"$T"'/big.bin; }
+        location /bench.Bench/ { default_type application/grpc; add_trailer grpc-status 0 always; return 200 "okokok"; }
         location /chunked { gzip on; gzip_min_length 0; default_type text/plain; return 200 "'"$TEXT"'"; }'
 cat > "$T/up/nginx.conf" <<CONF
 worker_processes 1;
@@ -89,7 +91,7 @@ wait_port $UP_PORT
 upstream_of() {
     case $1 in
         tls) echo "https://localhost:$UP_TLS_PORT" ;;
-        h2c) echo "http://127.0.0.1:$UP_H2C_PORT" ;;
+        h2c | grpc) echo "http://127.0.0.1:$UP_H2C_PORT" ;;
         *) echo "http://127.0.0.1:$UP_PORT" ;;
     esac
 }
@@ -100,7 +102,7 @@ start_proxies() { # shape
     {
         printf '[server]\nlisten = "127.0.0.1:%s"\nadmin = "127.0.0.1:%s"\nmax_connections = 20000\n\n' $WEIR_PORT $WEIR_ADMIN
         printf '[upstreams.bench]\nurl = "%s"\nhosts = ["127.0.0.1", "localhost"]\n' "$url"
-        [ "$shape" = h2c ] && printf 'protocol = "h2c"\n'
+        case $shape in h2c | grpc) printf 'protocol = "h2c"\n' ;; esac
         printf '[upstreams.bench.retry]\nmax_attempts = 3\n'
         printf '[upstreams.bench.rate_limit]\nrps = 10000000.0\nburst = 10000000\n'
         [ "$shape" = tls ] && printf '[upstreams.bench.tls]\nca_file = "%s"\n' "$T/ca.pem"
@@ -112,8 +114,11 @@ start_proxies() { # shape
 
     if [ "$shape" != h2c ]; then
         local pass="http://up" up_block="upstream up { server 127.0.0.1:$UP_PORT; keepalive 64; keepalive_requests 1000000; }"
-        local ssl=""
-        if [ "$shape" = tls ]; then
+        local ssl="" listen="" location="proxy_pass $pass; proxy_http_version 1.1; proxy_set_header Connection \"\";"
+        if [ "$shape" = grpc ]; then
+            up_block="upstream up { server 127.0.0.1:$UP_H2C_PORT; keepalive 64; keepalive_requests 1000000; }"
+            listen=http2 location="grpc_pass grpc://up;"
+        elif [ "$shape" = tls ]; then
             pass="https://up"
             up_block="upstream up { server 127.0.0.1:$UP_TLS_PORT; keepalive 64; keepalive_requests 1000000; }"
             ssl="proxy_ssl_session_reuse on; proxy_ssl_verify on; proxy_ssl_name localhost; proxy_ssl_server_name on; proxy_ssl_trusted_certificate $T/ca.pem;"
@@ -135,8 +140,8 @@ http {
     proxy_buffers 16 64k;
     $up_block
     server {
-        listen 127.0.0.1:$NGINX_PORT;
-        location / { proxy_pass $pass; proxy_http_version 1.1; proxy_set_header Connection ""; $ssl }
+        listen 127.0.0.1:$NGINX_PORT $listen;
+        location / { $location $ssl }
     }
 }
 CONF
@@ -148,8 +153,10 @@ CONF
 
     local server="server s1 127.0.0.1:$UP_PORT"
     [ "$shape" = tls ] && server="server s1 127.0.0.1:$UP_TLS_PORT ssl verify required ca-file $T/ca.pem sni str(localhost)"
+    local bind=""
     [ "$shape" = h2c ] && server="server s1 127.0.0.1:$UP_H2C_PORT proto h2"
-    haproxy_config "$server" > "$T/haproxy.cfg"
+    [ "$shape" = grpc ] && server="server s1 127.0.0.1:$UP_H2C_PORT proto h2" && bind="proto h2"
+    haproxy_config "$server" "$bind" > "$T/haproxy.cfg"
     $pin_proxy haproxy -db -f "$T/haproxy.cfg" &
     PID_OF[haproxy]=$!; PORT_OF[haproxy]=$HAPROXY_PORT; SHAPE_PIDS+=($!); PIDS+=($!)
     wait_port $HAPROXY_PORT
@@ -169,7 +176,7 @@ CONF
           validation_context:
             trusted_ca: {filename: $T/ca.pem}
             match_typed_subject_alt_names: [{san_type: DNS, matcher: {exact: localhost}}]"
-    elif [ "$shape" = h2c ]; then
+    elif [ "$shape" = h2c ] || [ "$shape" = grpc ]; then
         up_port=$UP_H2C_PORT
         extra="
     typed_extension_protocol_options:
@@ -220,32 +227,52 @@ wrk_args() { # shape → wrk's script and path
         *) echo "" ;;
     esac
 }
-path_of() { case $1 in big) echo /big ;; *) echo / ;; esac; }
+path_of() { case $1 in big) echo /big ;; grpc) echo /bench.Bench/Unary ;; *) echo / ;; esac; }
+
+# load SHAPE PORT SECONDS → "requests req/s latency-a latency-b errors" (wrk:
+# p50 and p99; h2load, which has no percentiles: mean and max), in ms
+load() {
+    local shape=$1 port=$2 secs=$3 out
+    if [ "$shape" = grpc ]; then
+        # One gRPC message (5-byte prefix, 2-byte protobuf), one stream per
+        # connection at a time, as wrk keeps one request per connection.
+        out=$($pin_load h2load -c"$CONNS" -m1 -D"$secs" -d "$T/grpc.bin" \
+            -H 'content-type: application/grpc' -H 'te: trailers' "http://127.0.0.1:$port$(path_of grpc)")
+        echo "$out" | awk '
+            /^requests:/ { n = $8; failed = $2 - $8 }
+            /^finished in/ { rps = $4 }
+            /^time for request:/ { mean = $6; max = $5 }
+            function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; return v * 1000 }
+            END { printf "%s %s %.3f %.3f %s\n", n, rps, ms(mean), ms(max), (failed ? "failed:" failed : "") }'
+        return
+    fi
+    # shellcheck disable=SC2086
+    out=$($pin_load wrk -t1 -c"$CONNS" -d"${secs}s" --latency $(wrk_args "$shape") "http://127.0.0.1:$port$(path_of "$shape")")
+    printf '%s %s %s %s %s\n' "$(echo "$out" | awk '/requests in/ {print $1}')" \
+        "$(echo "$out" | awk '/Requests\/sec/ {print $2}')" \
+        "$(to_ms "$(echo "$out" | awk '$1 == "50%" {print $2}')")" \
+        "$(to_ms "$(echo "$out" | awk '$1 == "99%" {print $2}')")" \
+        "$(echo "$out" | awk '/Non-2xx|Socket errors/ {print}' | tr ' \n' '_ ')"
+}
+printf '\0\0\0\0\2\x08\x01' > "$T/grpc.bin"
 
 # ---- measuring: tck, cpu_ticks, peak_rss_kib, to_ms, median (bench/lib.sh) ----
 declare -A PID_OF PORT_OF
 echo "$(date -u +%Y-%m-%d), $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), wrk -t1 -c$CONNS -d${DURATION}s × $ROUNDS rounds, medians"
 for shape in $SHAPES; do
     start_proxies "$shape"
-    args=$(wrk_args "$shape"); path=$(path_of "$shape")
+    path=$(path_of "$shape")
     for t in "${targets[@]}"; do  # warm-up, and a check that it answers 2xx
         check=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${PORT_OF[$t]}$path" || true)
-        [ "$shape" = post64k ] || [ "$shape" = chunked ] || [ "$check" = 200 ] || echo "$shape/$t answered $check" >&2
-        # shellcheck disable=SC2086
-        $pin_load wrk -t1 -c"$CONNS" -d1s $args "http://127.0.0.1:${PORT_OF[$t]}$path" >/dev/null
+        case $shape in post64k | chunked | grpc) ;; *) [ "$check" = 200 ] || echo "$shape/$t answered $check" >&2 ;; esac
+        load "$shape" "${PORT_OF[$t]}" 1 >/dev/null
         rm -f "$T/$shape.$t.samples"
     done
     for r in $(seq 1 "$ROUNDS"); do
         for t in "${targets[@]}"; do
             before=$(cpu_ticks "${PID_OF[$t]}")
-            # shellcheck disable=SC2086
-            out=$($pin_load wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency $args "http://127.0.0.1:${PORT_OF[$t]}$path")
+            read -r reqs rps p50 p99 errors < <(load "$shape" "${PORT_OF[$t]}" "$DURATION")
             after=$(cpu_ticks "${PID_OF[$t]}")
-            reqs=$(echo "$out" | awk '/requests in/ {print $1}')
-            rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
-            p50=$(to_ms "$(echo "$out" | awk '$1 == "50%" {print $2}')")
-            p99=$(to_ms "$(echo "$out" | awk '$1 == "99%" {print $2}')")
-            errors=$(echo "$out" | awk '/Non-2xx|Socket errors/ {print}' | tr '\n' ' ')
             cpu_us=$(awk -v t=$((after - before)) -v hz="$tck" -v n="$reqs" 'BEGIN { printf "%.2f", t / hz * 1e6 / n }')
             echo "$rps $p50 $p99 $cpu_us" >> "$T/$shape.$t.samples"
             printf '%-8s round %d %-8s %10s req/s  p99 %7s ms  cpu %7s µs/req %s\n' \
@@ -255,7 +282,11 @@ for shape in $SHAPES; do
     echo
     echo "### $shape"
     echo
-    echo "| target | requests/s | p50 ms | p99 ms | peak RSS MiB | proxy CPU µs/request |"
+    if [ "$shape" = grpc ]; then
+        echo "| target | requests/s | mean ms | max ms | peak RSS MiB | proxy CPU µs/request |"
+    else
+        echo "| target | requests/s | p50 ms | p99 ms | peak RSS MiB | proxy CPU µs/request |"
+    fi
     echo "|---|---|---|---|---|---|"
     for t in "${targets[@]}"; do
         f="$T/$shape.$t.samples"
