@@ -4,6 +4,7 @@
 #
 #   bench/callgrind.sh [WEIR_BINARY ...]    # default: target/release/weir
 #   SHAPE=h2c bench/callgrind.sh            # an h2c upstream (the general path)
+#   SHAPE=tls bench/callgrind.sh            # an HTTPS upstream (the general path)
 #   KEEP=dir bench/callgrind.sh             # keep the callgrind files for callgrind_annotate
 #
 # For each binary: weir (one worker, every policy on, as in compare.sh) runs
@@ -39,6 +40,23 @@ if [ "$SHAPE" = h2c ]; then
     kill -HUP "${PIDS[-1]}"
     wait_port $UP_H2C
 fi
+SCHEME=http UP=${UP_H2C:-$UP_PORT}
+if [ "$SHAPE" = tls ]; then
+    # The same nginx, also answering HTTPS (session tickets on) on the next port.
+    UP=$((UP_PORT + 20)) SCHEME=https
+    # A CA and a leaf it signed: a self-signed certificate marked CA is
+    # refused as a server's own.
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+        -subj "/CN=weir bench CA" -keyout "$T/ca.key" -out "$T/ca.pem" 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=localhost" \
+        -keyout "$T/leaf.key" -out "$T/leaf.csr" 2>/dev/null
+    printf 'subjectAltName=DNS:localhost\n' > "$T/san.ext"
+    openssl x509 -req -in "$T/leaf.csr" -CA "$T/ca.pem" -CAkey "$T/ca.key" -CAcreateserial \
+        -days 2 -extfile "$T/san.ext" -out "$T/leaf.pem" 2>/dev/null
+    sed -i "s|server { listen 127.0.0.1:$UP_PORT;|server { listen 127.0.0.1:$UP ssl; ssl_certificate $T/leaf.pem; ssl_certificate_key $T/leaf.key; ssl_session_tickets on; location / { return 200 \"ok\"; } }\n    server { listen 127.0.0.1:$UP_PORT;|" "$T/up/nginx.conf"
+    kill -HUP "${PIDS[-1]}"
+    wait_port $UP
+fi
 
 cat > "$T/weir.toml" <<CONF
 [server]
@@ -46,9 +64,10 @@ listen = "127.0.0.1:$WEIR_PORT"
 admin = "127.0.0.1:$WEIR_ADMIN"
 
 [upstreams.bench]
-url = "http://127.0.0.1:${UP_H2C:-$UP_PORT}"
+url = "$SCHEME://$([ "$SHAPE" = tls ] && echo localhost || echo 127.0.0.1):$UP"
 hosts = ["127.0.0.1", "localhost"]
 $([ "$SHAPE" = h2c ] && echo 'protocol = "h2c"')
+$([ "$SHAPE" = tls ] && printf '[upstreams.bench.tls]\nca_file = "%s"' "$T/ca.pem")
 
 [upstreams.bench.retry]
 max_attempts = 3
@@ -66,7 +85,11 @@ run() { # binary seconds
     PIDS+=($pid)
     wait_port $WEIR_PORT
     local reqs
-    reqs=$(wrk -t1 -c4 -d"$2"s "http://127.0.0.1:$WEIR_PORT/" | awk '/requests in/ {print $1}')
+    local res
+    res=$(wrk -t1 -c4 -d"$2"s "http://127.0.0.1:$WEIR_PORT/")
+    # A count of weir's own errors would be no measure of proxying.
+    if echo "$res" | grep -q "Non-2xx"; then echo "weir answered errors: $res" >&2; exit 1; fi
+    reqs=$(echo "$res" | awk '/requests in/ {print $1}')
     kill -INT "$pid"
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     local ir
