@@ -171,6 +171,113 @@ fn defaults_merge_field_by_field() {
     assert!(a.rate_limit.is_none());
 }
 
+/// `[….idempotency]`: on by default with the documented defaults, merged
+/// field by field, off with `enabled = false`.
+#[test]
+fn idempotency_defaults_merge_and_disable() {
+    use std::time::Duration;
+    let c = Config::parse(Path::new("weir.toml"), UP).unwrap();
+    let i = c.upstreams[0].idempotency.clone().unwrap();
+    assert_eq!(i.ttl, Duration::from_secs(24 * 3600));
+    assert_eq!((i.max_bytes, i.max_response_bytes), (16 << 20, 1 << 20));
+    assert_eq!(i.methods, ["POST", "PATCH"]);
+    let src = format!("[defaults.idempotency]\nttl = \"1h\"\n{UP}[upstreams.api.idempotency]\nmethods = [\"POST\"]\n");
+    let c = Config::parse(Path::new("weir.toml"), &src).unwrap();
+    let i = c.upstreams[0].idempotency.clone().unwrap();
+    assert_eq!((i.ttl.as_secs(), i.max_bytes), (3600, 16 << 20));
+    assert_eq!(i.methods, ["POST"]);
+    let src = format!("{UP}[upstreams.api.idempotency]\nenabled = false\n");
+    let c = Config::parse(Path::new("weir.toml"), &src).unwrap();
+    assert!(c.upstreams[0].idempotency.is_none());
+    // The effective config spells the table out.
+    assert!(c.effective_toml().contains("[upstreams.api.idempotency]"));
+}
+
+#[test]
+fn idempotency_values_are_validated_where_they_are_written() {
+    let t = "[upstreams.api.idempotency]\n";
+    let src = format!("{UP}{t}ttl = \"0s\"\n");
+    expect_one(&src, 5, "upstreams.api.idempotency.ttl", "greater than 0");
+    let src = format!("[defaults.idempotency]\nttl = \"0s\"\n{UP}");
+    expect_one(&src, 2, "defaults.idempotency.ttl", "greater than 0");
+    let src = format!("{UP}{t}max_bytes = 1000\nmax_response_bytes = 1001\n");
+    expect_one(
+        &src,
+        6,
+        "upstreams.api.idempotency.max_response_bytes",
+        "must be ≤ max_bytes (1000)",
+    );
+    // Against the default max_bytes (16 MiB).
+    let src = format!("{UP}{t}max_response_bytes = 16777217\n");
+    expect_one(
+        &src,
+        5,
+        "upstreams.api.idempotency.max_response_bytes",
+        "must be ≤ max_bytes (16777216)",
+    );
+    // Left unset, max_response_bytes follows a smaller max_bytes.
+    let src = format!("[defaults.idempotency]\nmax_bytes = 1000\n{UP}");
+    let c = Config::parse(Path::new("weir.toml"), &src).unwrap();
+    let i = c.upstreams[0].idempotency.clone().unwrap();
+    assert_eq!((i.max_bytes, i.max_response_bytes), (1000, 1000));
+    let src = format!("{UP}{t}max_bytes = 0\nmax_response_bytes = 0\n");
+    expect_one(
+        &src,
+        5,
+        "upstreams.api.idempotency.max_bytes",
+        "enabled = false",
+    );
+    for (methods, needle) in [
+        (
+            "[\"POST\", \"GET\"]",
+            "GET is idempotent by itself and never needs a key",
+        ),
+        ("[\"PUT\"]", "PUT is idempotent by itself"),
+        ("[\"OPTIONS\"]", "never needs a key"),
+        (
+            "[\"PO ST\"]",
+            "\"PO ST\" is not a method: a method is a token",
+        ),
+        ("[\"post\"]", "case-sensitive"),
+        ("[]", "at least one method"),
+    ] {
+        let src = format!("{UP}{t}methods = {methods}\n");
+        expect_one(&src, 5, "upstreams.api.idempotency.methods", needle);
+    }
+    // Checked even when turned off.
+    let src = format!("{UP}{t}enabled = false\nttl = \"0s\"\n");
+    expect_one(&src, 6, "upstreams.api.idempotency.ttl", "greater than 0");
+}
+
+#[test]
+fn idempotency_fields_are_known_to_the_schema() {
+    let src = format!("{UP}[upstreams.api.idempotency]\ntll = \"1h\"\nmax_bytes = \"16MiB\"\n");
+    let errs = errors(&src);
+    let got: Vec<(usize, &str)> = errs.iter().map(|e| (e.line, e.field.as_str())).collect();
+    assert_eq!(
+        got,
+        [
+            (5, "upstreams.api.idempotency.tll"),
+            (6, "upstreams.api.idempotency.max_bytes"),
+        ],
+        "{errs:#?}"
+    );
+    assert!(
+        errs[0].message.contains("did you mean `ttl`?"),
+        "{}",
+        errs[0]
+    );
+    assert!(errs[1].message.contains("invalid type"), "{}", errs[1]);
+    // Written in the upstream's own table, it is pointed to the right one.
+    let src = format!("{UP}max_response_bytes = 10\n");
+    expect_one(
+        &src,
+        4,
+        "upstreams.api.max_response_bytes",
+        "did you mean `idempotency.max_response_bytes`?",
+    );
+}
+
 /// `weir check --config PATH`: (exit code, stdout, stderr).
 fn check(path: &Path) -> (Option<i32>, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_weir"))

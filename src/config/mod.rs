@@ -18,7 +18,7 @@ mod validate;
 
 pub use error::{ConfigError, ConfigErrors};
 
-use crate::policy::{BreakerParams, RateLimitParams, RetryPolicy};
+use crate::policy::{BreakerParams, IdempotencyParams, RateLimitParams, RetryPolicy};
 use http::HeaderName;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -200,6 +200,9 @@ pub struct UpstreamConfig {
     pub breaker: BreakerParams,
     pub concurrency: ConcurrencyParams,
     pub rate_limit: Option<RateLimitParams>,
+    /// The idempotency-key store (docs/behaviour.md#idempotency-keys);
+    /// `None` with `enabled = false`.
+    pub idempotency: Option<IdempotencyParams>,
 }
 
 impl Config {

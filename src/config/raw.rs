@@ -134,8 +134,10 @@ pub struct RawPolicy {
     pub concurrency: Option<RawConcurrency>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RawRateLimit>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency: Option<RawIdempotency>,
 }
-mergeable!(RawPolicy { timeout, per_try_timeout, connect_timeout, idle_timeout, annotate, idempotency_header } nested { retry, breaker, concurrency, rate_limit });
+mergeable!(RawPolicy { timeout, per_try_timeout, connect_timeout, idle_timeout, annotate, idempotency_header } nested { retry, breaker, concurrency, rate_limit, idempotency });
 
 impl RawPolicy {
     /// The built-in defaults: the schema of docs/behaviour.md#policy-defaults, written down once.
@@ -191,6 +193,14 @@ impl RawPolicy {
             }),
             // Absent = unlimited. The fields' own defaults apply once a table is set.
             rate_limit: None,
+            idempotency: Some(RawIdempotency {
+                enabled: Some(true),
+                ttl: Some(Dur(D::from_secs(24 * 3600))),
+                max_bytes: Some(16 << 20),
+                max_response_bytes: Some(1 << 20),
+                // Every method that is not idempotent by itself.
+                methods: Some(["POST", "PATCH"].map(String::from).to_vec()),
+            }),
         }
     }
 
@@ -327,6 +337,23 @@ pub struct RawRateLimit {
 }
 mergeable!(RawRateLimit { rps, burst, window, key, max_keys, max_wait } nested {});
 
+/// `[….idempotency]`: the idempotency-key store (docs/behaviour.md#idempotency-keys).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdempotency {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_response_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub methods: Option<Vec<String>>,
+}
+mergeable!(RawIdempotency { enabled, ttl, max_bytes, max_response_bytes, methods } nested {});
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawWindow {
@@ -397,6 +424,8 @@ pub struct RawUpstream {
     pub concurrency: Option<RawConcurrency>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RawRateLimit>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency: Option<RawIdempotency>,
 }
 
 impl RawUpstream {
@@ -413,6 +442,7 @@ impl RawUpstream {
             breaker: self.breaker.clone(),
             concurrency: self.concurrency.clone(),
             rate_limit: self.rate_limit.clone(),
+            idempotency: self.idempotency.clone(),
         }
     }
 
@@ -428,6 +458,7 @@ impl RawUpstream {
         self.breaker = p.breaker;
         self.concurrency = p.concurrency;
         self.rate_limit = p.rate_limit;
+        self.idempotency = p.idempotency;
         self
     }
 }

@@ -98,6 +98,7 @@ schema!(POLICY: RawPolicy {
     "breaker" => Nested::Table(&BREAKER),
     "concurrency" => Nested::Table(&CONCURRENCY),
     "rate_limit" => Nested::Table(&RATE_LIMIT),
+    "idempotency" => Nested::Table(&IDEMPOTENCY),
 });
 schema!(RETRY: RawRetry {
     "backoff" => Nested::Table(&BACKOFF),
@@ -110,6 +111,7 @@ schema!(BREAKER: RawBreaker {});
 schema!(CONCURRENCY: RawConcurrency {});
 schema!(RATE_LIMIT: RawRateLimit { "window" => Nested::Table(&WINDOW) });
 schema!(WINDOW: RawWindow {});
+schema!(IDEMPOTENCY: RawIdempotency {});
 schema!(UPSTREAM_TLS: RawUpstreamTls {});
 schema!(UPSTREAM: RawUpstream {
     "listen_tls" => Nested::Table(&LISTENER_TLS),
@@ -118,6 +120,7 @@ schema!(UPSTREAM: RawUpstream {
     "breaker" => Nested::Table(&BREAKER),
     "concurrency" => Nested::Table(&CONCURRENCY),
     "rate_limit" => Nested::Table(&RATE_LIMIT),
+    "idempotency" => Nested::Table(&IDEMPOTENCY),
 });
 
 /// Parses config text into the raw model, or returns every unknown field and
@@ -368,6 +371,7 @@ mod tests {
             &RETRY,
             &BACKOFF,
             &RATE_LIMIT,
+            &IDEMPOTENCY,
             &UPSTREAM,
         ];
         for s in all {

@@ -20,6 +20,7 @@
 //! | [`breaker`] | the circuit breaker state machine |
 //! | [`limiter`] | token bucket, sliding window, both combined |
 //! | [`keyed`] | the per-key limiter registry, bounded, LRU |
+//! | [`idempotency`] | idempotency-key records: fingerprint, `decide`, what to record, the store |
 //! | [`decide`](mod@decide) | request facts, outcomes, `classify`, `decide`, `Gates` |
 //! | [`contract`] | the versioned JSON shapes of `weir decide` |
 //! | [`report`] | the text `weir schedule` prints |
@@ -30,6 +31,7 @@ pub mod breaker;
 pub mod budget;
 pub mod contract;
 pub mod decide;
+pub mod idempotency;
 pub mod keyed;
 pub mod limiter;
 pub mod random;
@@ -45,6 +47,10 @@ pub use contract::{decide_json, DecisionInput, VerdictJson, CONTRACT_VERSION};
 pub use decide::{
     classify, decide, decide_with, is_idempotent_method, BodyFacts, Cause, Class, DecideInput,
     Delivery, FixedGates, Gates, Outcome, RequestFacts, RetryOn, RetryPolicy, StopReason, Verdict,
+};
+pub use idempotency::{
+    Action, Begin, Ending, Entry, EntryState, Fingerprint, FingerprintHasher, IdempotencyParams,
+    IdempotencyStats, IdempotencyStore, MemoryStore, Record, StoredResponse,
 };
 pub use keyed::{KeyedLimiter, KeyedStats};
 pub use limiter::{Left, Limiter, RateLimitParams, SlidingWindow, TokenBucket};

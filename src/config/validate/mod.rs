@@ -5,7 +5,7 @@
 use super::error::{ConfigError, ConfigErrors, SpanIndex};
 use super::raw::{RawConfig, RawPolicy, RawServer, RawUpstream};
 use super::*;
-use crate::policy::{PolicyError, RateLimitParams};
+use crate::policy::PolicyError;
 use std::collections::BTreeMap;
 
 mod files;
@@ -14,7 +14,10 @@ mod policy;
 /// `resolve_every`'s default: Kubernetes Services and headless Services
 /// change, and a sidecar should follow within seconds.
 const DEFAULT_RESOLVE_EVERY: Duration = Duration::from_secs(5);
-use policy::{breaker, open_within_default_max, retry_policy};
+use policy::{
+    breaker, idempotency, open_within_default_max, rate_limit, response_within_max_bytes,
+    retry_policy,
+};
 
 struct Ctx<'a> {
     file: &'a Path,
@@ -95,9 +98,16 @@ pub(super) fn validate(
         let max_open_set = [&own, &raw.defaults]
             .iter()
             .any(|p| p.breaker.as_ref().is_some_and(|b| b.max_open.is_some()));
+        let response_set = [&own, &raw.defaults].iter().any(|p| {
+            let i = p.idempotency.as_ref();
+            i.is_some_and(|i| i.max_response_bytes.is_some())
+        });
         let mut merged = own.merge(defaults.clone());
         if !max_open_set {
             open_within_default_max(&mut merged);
+        }
+        if !response_set {
+            response_within_max_bytes(&mut merged);
         }
         if let Some(rl) = merged.rate_limit.take() {
             merged.rate_limit = Some(rl.merge(RawPolicy::builtin_rate_limit()));
@@ -426,27 +436,8 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
 
     let retry = retry_policy(cx, name, p);
     let breaker = breaker(cx, name, p);
-    let rate_limit = p.rate_limit.as_ref().and_then(|r| {
-        let bucket = match (r.rps, r.burst) {
-            (Some(rps), burst) => Some((rps, burst.unwrap_or_else(|| rps.ceil().max(1.0) as u32))),
-            (None, Some(_)) => {
-                let f = cx.policy_path(name, "rate_limit.burst");
-                cx.err(f, "`burst` needs `rps`");
-                None
-            }
-            (None, None) => None,
-        };
-        let window = r.window.as_ref().map(|w| (w.limit, w.period.0));
-        RateLimitParams::try_new(
-            bucket,
-            window,
-            r.key.as_deref(),
-            r.max_keys.unwrap_or_default() as usize,
-            r.max_wait.map(|d| d.0).unwrap_or_default(),
-        )
-        .map_err(|e| cx.policy_err(name, "rate_limit", e))
-        .ok()
-    });
+    let rate_limit = rate_limit(cx, name, p);
+    let idempotency = idempotency(cx, name, p);
     let c = p.concurrency.clone().unwrap_or_default();
     let concurrency = ConcurrencyParams {
         max_in_flight: c.max_in_flight.unwrap_or_default(),
@@ -483,6 +474,7 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
         breaker: breaker?,
         concurrency,
         rate_limit,
+        idempotency,
     })
 }
 

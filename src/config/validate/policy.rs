@@ -1,12 +1,14 @@
 //! Validating the policy tables of an upstream (its `[defaults]` merged
-//! with its own): retry, backoff, budget and breaker, each into its typed
-//! parameters, with every error located in the file.
+//! with its own): retry, backoff, budget, breaker, rate limit and
+//! idempotency, each into its typed parameters, with every error located in
+//! the file.
 
 use super::super::duration;
 use super::super::raw::{RawJitter, RawPolicy};
 use super::Ctx;
 use crate::policy::{
-    BackoffPolicy, BreakerParams, BudgetParams, Growth, Jitter, RetryOn, RetryPolicy,
+    BackoffPolicy, BreakerParams, BudgetParams, Growth, IdempotencyParams, Jitter, RateLimitParams,
+    RetryOn, RetryPolicy,
 };
 
 pub(super) fn retry_policy(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<RetryPolicy> {
@@ -95,6 +97,17 @@ pub(super) fn open_within_default_max(p: &mut RawPolicy) {
     }
 }
 
+/// `max_response_bytes` left at its default never exceeds a smaller
+/// `max_bytes` the user set: a small store keeps working, with responses up
+/// to its whole size replayable, instead of failing on a field never written.
+pub(super) fn response_within_max_bytes(p: &mut RawPolicy) {
+    if let Some(i) = p.idempotency.as_mut() {
+        if let (Some(max), Some(resp)) = (i.max_bytes, i.max_response_bytes) {
+            i.max_response_bytes = Some(resp.min(max));
+        }
+    }
+}
+
 pub(super) fn breaker(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<BreakerParams> {
     let b = p.breaker.clone().unwrap_or_default();
     BreakerParams::try_new(
@@ -111,4 +124,43 @@ pub(super) fn breaker(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<Breaker
     )
     .map_err(|e| cx.policy_err(name, "breaker", e))
     .ok()
+}
+
+pub(super) fn rate_limit(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<RateLimitParams> {
+    let r = p.rate_limit.as_ref()?;
+    let bucket = match (r.rps, r.burst) {
+        (Some(rps), burst) => Some((rps, burst.unwrap_or_else(|| rps.ceil().max(1.0) as u32))),
+        (None, Some(_)) => {
+            let f = cx.policy_path(name, "rate_limit.burst");
+            cx.err(f, "`burst` needs `rps`");
+            None
+        }
+        (None, None) => None,
+    };
+    let window = r.window.as_ref().map(|w| (w.limit, w.period.0));
+    RateLimitParams::try_new(
+        bucket,
+        window,
+        r.key.as_deref(),
+        r.max_keys.unwrap_or_default() as usize,
+        r.max_wait.map(|d| d.0).unwrap_or_default(),
+    )
+    .map_err(|e| cx.policy_err(name, "rate_limit", e))
+    .ok()
+}
+
+/// The idempotency store's parameters; `None` when `enabled = false` (or on
+/// an error, which is recorded). The fields are checked either way, so that
+/// turning the store on later cannot reveal an old mistake.
+pub(super) fn idempotency(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<IdempotencyParams> {
+    let i = p.idempotency.clone().unwrap_or_default();
+    IdempotencyParams::try_new(
+        i.ttl.map(|d| d.0).unwrap_or_default(),
+        i.max_bytes.unwrap_or_default(),
+        i.max_response_bytes.unwrap_or_default(),
+        i.methods.as_deref().unwrap_or_default(),
+    )
+    .map_err(|e| cx.policy_err(name, "idempotency", e))
+    .ok()
+    .filter(|_| i.enabled.unwrap_or(true))
 }

@@ -1,0 +1,650 @@
+//! The idempotency-key store (docs/behaviour.md#idempotency-keys): the
+//! outcome of a keyed write is remembered, and a repeat of it is answered
+//! from the record instead of reaching the upstream a second time.
+//!
+//! Owns: the request [`Fingerprint`] (method, target, SHA-256 of the body,
+//! fed chunk by chunk through a [`FingerprintHasher`]); the record of a key
+//! ([`Entry`]: in flight, uncertain, completed with a stored response, or
+//! completed but not replayable); the pure decision for a keyed request
+//! ([`decide`] → [`Action`]); what the end of an exchange records
+//! ([`record`], [`recordable`]); the store's contract
+//! ([`IdempotencyStore`]) and its bounded in-memory implementation
+//! ([`MemoryStore`], in `idempotency/memory.rs`). Pure like the rest of
+//! `policy`: no I/O, no clock — every `now` is passed in.
+//!
+//! **How the data plane calls a store.** The trait is synchronous and takes
+//! `&mut self`: every operation of [`MemoryStore`] is O(1) (a hash map into a
+//! slab threaded by intrusive lists; `sweep` is O(expired)), so the data
+//! plane holds it in a `Mutex` for the length of one call and never across an
+//! await. A shared store (Redis, a later issue) cannot be synchronous: the
+//! data plane reaches stores through a small enum of its own (`Memory(Mutex<
+//! MemoryStore>)`, later `Redis(…)` with async methods of the same names),
+//! and this trait is the contract each arm keeps — in particular that
+//! [`IdempotencyStore::begin`] decides and records *in flight* atomically,
+//! which is what lets one of fifty simultaneous requests through. The trait
+//! is object-safe and `Send`, so `Mutex<Box<dyn IdempotencyStore>>` works
+//! too.
+//!
+//! **Byte accounting** ([`Entry::bytes`], bounded by `max_bytes`): per record,
+//! [`ENTRY_OVERHEAD`] + the key's bytes + the fingerprint's method and target
+//! bytes + for a completed, replayable record the stored response's header
+//! names and values and body ([`StoredResponse::bytes`]). The 32 bytes of the
+//! body hash, the status, and the allocator's own overhead are inside the
+//! constant. Every record counts; only completed and uncertain ones are
+//! evicted (uncertain first: losing one changes no answer to a repeat of the
+//! same request, which is forwarded either way; then completed ones, least
+//! recently used first). In-flight records are never evicted: each is a request in
+//! progress, so they can take the store past `max_bytes` only while that
+//! many keyed requests are running.
+
+use super::decide::is_idempotent_method;
+use super::{Now, PolicyError};
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+mod memory;
+pub use memory::MemoryStore;
+
+/// The longest idempotency key, in bytes; a longer (or empty) one is a 400.
+pub const MAX_KEY_BYTES: usize = 255;
+
+/// The fixed cost counted for every record on top of its bytes: at least
+/// what the slab slot, its links and the map entry take (a unit test holds
+/// that), rounded up for the allocator.
+pub const ENTRY_OVERHEAD: usize = 256;
+
+/// The response header a replay carries (`Idempotent-Replayed: true`).
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// An idempotency key from its header value: 1 to [`MAX_KEY_BYTES`] bytes of
+/// UTF-8; `None` (answered 400 `bad_request`) otherwise.
+pub fn parse_key(value: &[u8]) -> Option<&str> {
+    if value.is_empty() || value.len() > MAX_KEY_BYTES {
+        return None;
+    }
+    std::str::from_utf8(value).ok()
+}
+
+/// The store's parameters (`[….idempotency]`), validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyParams {
+    /// How long a record is kept after it was last written.
+    pub ttl: Duration,
+    /// The whole store's bound, in accounted bytes.
+    pub max_bytes: usize,
+    /// A response whose [`StoredResponse::bytes`] exceed this is recorded
+    /// as not replayable.
+    pub max_response_bytes: usize,
+    /// The methods a key is honoured on (case-sensitive).
+    pub methods: Vec<String>,
+}
+
+impl IdempotencyParams {
+    /// Validates the fields; an error names the field, relative to the table.
+    pub fn try_new(
+        ttl: Duration,
+        max_bytes: u64,
+        max_response_bytes: u64,
+        methods: &[String],
+    ) -> Result<Self, PolicyError> {
+        if ttl.is_zero() {
+            return Err(PolicyError::new("ttl", "must be greater than 0"));
+        }
+        if max_bytes == 0 {
+            return Err(PolicyError::new(
+                "max_bytes",
+                "must be at least 1 (`enabled = false` turns the store off)",
+            ));
+        }
+        if max_response_bytes > max_bytes {
+            return Err(PolicyError::new(
+                "max_response_bytes",
+                format!("must be ≤ max_bytes ({max_bytes}), got {max_response_bytes}: the store could never hold such a response"),
+            ));
+        }
+        if methods.is_empty() {
+            return Err(PolicyError::new(
+                "methods",
+                "list at least one method (`enabled = false` turns the store off)",
+            ));
+        }
+        for m in methods {
+            check_method(m)?;
+        }
+        let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        Ok(IdempotencyParams {
+            ttl,
+            max_bytes: size(max_bytes),
+            max_response_bytes: size(max_response_bytes),
+            methods: methods.to_vec(),
+        })
+    }
+
+    /// Whether a key on a request with this method is honoured.
+    pub fn applies_to(&self, method: &str) -> bool {
+        self.methods.iter().any(|m| m == method)
+    }
+}
+
+fn check_method(m: &str) -> Result<(), PolicyError> {
+    let tchar = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if m.is_empty() || !m.chars().all(tchar) {
+        return Err(PolicyError::new(
+            "methods",
+            format!(
+                "{m:?} is not a method: a method is a token (letters, digits and !#$%&'*+-.^_`|~)"
+            ),
+        ));
+    }
+    if is_idempotent_method(m) {
+        return Err(PolicyError::new(
+            "methods",
+            format!("{m} is idempotent by itself and never needs a key: list only methods that are not (POST, PATCH)"),
+        ));
+    }
+    let upper = m.to_ascii_uppercase();
+    let known = is_idempotent_method(&upper) || matches!(upper.as_str(), "POST" | "PATCH");
+    if upper != m && known {
+        return Err(PolicyError::new(
+            "methods",
+            format!("methods are case-sensitive: {m:?} is not {upper:?}"),
+        ));
+    }
+    if m == "CONNECT" {
+        return Err(PolicyError::new(
+            "methods",
+            "CONNECT opens a tunnel, which has no response to record",
+        ));
+    }
+    Ok(())
+}
+
+/// What makes two requests under one key the same request.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Fingerprint {
+    pub method: String,
+    /// The request target as the client sent it (path and query).
+    pub target: String,
+    pub body_sha256: [u8; 32],
+}
+
+impl Fingerprint {
+    /// The fingerprint of a request whose body is all in `body`.
+    pub fn new(method: &str, target: &str, body: &[u8]) -> Self {
+        let mut h = FingerprintHasher::new(method, target);
+        h.update(body);
+        h.finish()
+    }
+
+    /// The body hash in lower-case hex.
+    pub fn body_hex(&self) -> String {
+        self.body_sha256
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} sha256:{}",
+            self.method,
+            self.target,
+            self.body_hex()
+        )
+    }
+}
+
+/// A [`Fingerprint`] in the making: the body is fed as it streams, with no
+/// size limit.
+#[derive(Debug, Clone)]
+pub struct FingerprintHasher {
+    method: String,
+    target: String,
+    body: Sha256,
+}
+
+impl FingerprintHasher {
+    pub fn new(method: &str, target: &str) -> Self {
+        FingerprintHasher {
+            method: method.to_string(),
+            target: target.to_string(),
+            body: Sha256::new(),
+        }
+    }
+
+    /// Feeds the next chunk of the body.
+    pub fn update(&mut self, chunk: &[u8]) {
+        self.body.update(chunk);
+    }
+
+    pub fn finish(self) -> Fingerprint {
+        Fingerprint {
+            method: self.method,
+            target: self.target,
+            body_sha256: self.body.finalize().into(),
+        }
+    }
+}
+
+/// A response kept for replay: what the upstream sent, weir's own
+/// annotations not included.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    /// In the order received, names as received.
+    pub headers: Vec<(Vec<u8>, Vec<u8>)>,
+    pub body: Bytes,
+}
+
+impl StoredResponse {
+    /// Its accounted size: every header name and value, and the body.
+    pub fn bytes(&self) -> usize {
+        let heads: usize = self.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+        heads + self.body.len()
+    }
+}
+
+/// Where a key's request stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryState {
+    /// Forwarded at `since`; no outcome yet.
+    InFlight { since: Now },
+    /// The last attempt may or may not have been processed.
+    Uncertain,
+    /// Done, with the response to replay.
+    Completed(Arc<StoredResponse>),
+    /// Done, but the response was too large, streamed or an upgrade.
+    CompletedNotReplayable,
+}
+
+/// The record of one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub fingerprint: Fingerprint,
+    pub state: EntryState,
+    /// The record counts as absent from this instant on: `ttl` after it was
+    /// last written (an in-flight record's expiry is only a backstop against
+    /// a request that never reports its end).
+    pub expires: Now,
+}
+
+impl Entry {
+    pub fn new(fingerprint: Fingerprint, state: EntryState, expires: Now) -> Self {
+        Entry {
+            fingerprint,
+            state,
+            expires,
+        }
+    }
+
+    pub fn expired(&self, now: Now) -> bool {
+        now >= self.expires
+    }
+
+    /// Its accounted size under `key` (see the module doc).
+    pub fn bytes(&self, key: &str) -> usize {
+        let fp = self.fingerprint.method.len() + self.fingerprint.target.len();
+        let response = match &self.state {
+            EntryState::Completed(r) => r.bytes(),
+            _ => 0,
+        };
+        ENTRY_OVERHEAD + key.len() + fp + response
+    }
+}
+
+/// What to do with a keyed request. `R` is how a replay holds the stored
+/// response: a reference from [`decide`], an `Arc` from a store ([`Begin`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action<R> {
+    /// No live record, or an uncertain one for this request: record it in
+    /// flight and forward it (retries as usual).
+    Forward,
+    /// The same request is in flight: 409 `idempotency_in_flight`.
+    InFlight,
+    /// Answer with the stored response; the upstream sees nothing.
+    Replay(R),
+    /// The key was used for a different request: 422 `idempotency_key_reused`.
+    Reused,
+    /// Done, but nothing to replay: 409 `idempotency_not_replayable`.
+    NotReplayable,
+}
+
+/// A store's answer to [`IdempotencyStore::begin`].
+pub type Begin = Action<Arc<StoredResponse>>;
+
+impl<R> Action<R> {
+    /// The action's name in fixtures and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::Forward => "forward",
+            Action::InFlight => "in_flight",
+            Action::Replay(_) => "replay",
+            Action::Reused => "reused",
+            Action::NotReplayable => "not_replayable",
+        }
+    }
+
+    /// weir's error for a refusal, (status, code); `None` for forward and replay.
+    pub fn refusal(&self) -> Option<(u16, &'static str)> {
+        match self {
+            Action::InFlight => Some((409, "idempotency_in_flight")),
+            Action::Reused => Some((422, "idempotency_key_reused")),
+            Action::NotReplayable => Some((409, "idempotency_not_replayable")),
+            Action::Forward | Action::Replay(_) => None,
+        }
+    }
+
+    /// The `Retry-After` a refusal carries: 1 s while the request is in flight.
+    pub fn retry_after(&self) -> Option<Duration> {
+        matches!(self, Action::InFlight).then_some(Duration::from_secs(1))
+    }
+
+    pub fn map<S>(self, f: impl FnOnce(R) -> S) -> Action<S> {
+        match self {
+            Action::Forward => Action::Forward,
+            Action::InFlight => Action::InFlight,
+            Action::Replay(r) => Action::Replay(f(r)),
+            Action::Reused => Action::Reused,
+            Action::NotReplayable => Action::NotReplayable,
+        }
+    }
+}
+
+/// The decision for a request with `fingerprint` whose key's record is
+/// `entry` (`None`: no record). An expired record counts as absent; a record
+/// of a different request is [`Action::Reused`] whatever its state.
+pub fn decide<'a>(
+    entry: Option<&'a Entry>,
+    fingerprint: &Fingerprint,
+    now: Now,
+) -> Action<&'a Arc<StoredResponse>> {
+    let Some(e) = entry.filter(|e| !e.expired(now)) else {
+        return Action::Forward;
+    };
+    if e.fingerprint != *fingerprint {
+        return Action::Reused;
+    }
+    match &e.state {
+        EntryState::InFlight { .. } => Action::InFlight,
+        EntryState::Uncertain => Action::Forward,
+        EntryState::Completed(r) => Action::Replay(r),
+        EntryState::CompletedNotReplayable => Action::NotReplayable,
+    }
+}
+
+/// How a forwarded keyed request ended, as the data plane saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Ending {
+    /// The upstream answered `status`. `replayable`: the whole response was
+    /// read, within `max_response_bytes`, without trailers, and it is not a
+    /// stream (SSE, gRPC) or an upgrade.
+    Response { status: u16, replayable: bool },
+    /// The request certainly was not processed, or weir answered with one
+    /// of its own errors that is not uncertain: connect failure, refused
+    /// stream, reset before anything was written, admission refusals.
+    Failed,
+    /// The last attempt timed out or was reset after the request was
+    /// (partly) written: it may have been processed.
+    Uncertain,
+    /// The client went away while the request was in flight.
+    ClientGone,
+}
+
+/// What an [`Ending`] leaves in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Record {
+    /// [`IdempotencyStore::complete`] with the response.
+    Completed,
+    /// [`IdempotencyStore::complete_unreplayable`].
+    CompletedNotReplayable,
+    /// [`IdempotencyStore::forget`]: the key can be tried again.
+    Forget,
+    /// [`IdempotencyStore::uncertain`].
+    Uncertain,
+}
+
+/// Whether a response with `status` is final for its key: one no retry
+/// would change — 2xx, 3xx, and 4xx except 408, 409, 425 and 429.
+pub fn recordable(status: u16) -> bool {
+    matches!(status, 200..=499) && !matches!(status, 408 | 409 | 425 | 429)
+}
+
+/// What to record when a keyed request ends. A `101` (an upgrade that
+/// happened) is done but never replayable.
+pub fn record(ending: Ending) -> Record {
+    match ending {
+        Ending::Response { status: 101, .. } => Record::CompletedNotReplayable,
+        Ending::Response { status, replayable } if recordable(status) => match replayable {
+            true => Record::Completed,
+            false => Record::CompletedNotReplayable,
+        },
+        Ending::Response { .. } | Ending::Failed => Record::Forget,
+        Ending::Uncertain | Ending::ClientGone => Record::Uncertain,
+    }
+}
+
+/// A store's size and counters, for metrics (`weir_idempotency_total`'s
+/// `result` label is each counter's name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct IdempotencyStats {
+    /// Records held now, of every state.
+    pub entries: usize,
+    /// Their accounted bytes.
+    pub bytes: usize,
+    /// Outcomes recorded (completed, replayable or not).
+    pub stored: u64,
+    /// Repeats answered from a record.
+    pub replayed: u64,
+    /// Repeats refused while the first was in flight.
+    pub in_flight: u64,
+    /// Requests refused because the key was used for a different request.
+    pub reused: u64,
+    /// Repeats refused because the record holds no response.
+    pub not_replayable: u64,
+    /// Records evicted to stay within `max_bytes`.
+    pub evicted: u64,
+    /// Records dropped because their `ttl` had passed.
+    pub expired: u64,
+}
+
+/// An idempotency store: the records of one upstream's keys.
+///
+/// The calls after [`begin`](Self::begin) returned [`Action::Forward`]
+/// (`complete`, `complete_unreplayable`, `uncertain`, `forget`) act only on a
+/// record in flight, and do nothing otherwise (it expired meanwhile).
+pub trait IdempotencyStore: Send + fmt::Debug {
+    /// Decides on a keyed request ([`decide`]) and, when it is to be
+    /// forwarded, records it in flight — one atomic step.
+    fn begin(&mut self, key: &str, fingerprint: &Fingerprint, now: Now) -> Begin;
+    /// Records the response to replay (as not replayable when too large).
+    fn complete(&mut self, key: &str, response: StoredResponse, now: Now);
+    /// Records the key as done, with nothing to replay.
+    fn complete_unreplayable(&mut self, key: &str, now: Now);
+    /// Records that the request may or may not have been processed.
+    fn uncertain(&mut self, key: &str, now: Now);
+    /// Drops the record: the key may be tried again.
+    fn forget(&mut self, key: &str);
+    /// Drops expired records.
+    fn sweep(&mut self, now: Now);
+    fn stats(&self) -> IdempotencyStats;
+
+    /// The call [`record`] says to make.
+    fn finish(&mut self, key: &str, what: Record, response: Option<StoredResponse>, now: Now) {
+        match (what, response) {
+            (Record::Completed, Some(r)) => self.complete(key, r, now),
+            (Record::Completed | Record::CompletedNotReplayable, _) => {
+                self.complete_unreplayable(key, now)
+            }
+            (Record::Forget, _) => self.forget(key),
+            (Record::Uncertain, _) => self.uncertain(key, now),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn s(x: u64) -> Duration {
+        Duration::from_secs(x)
+    }
+
+    fn fp(body: &str) -> Fingerprint {
+        Fingerprint::new("POST", "/charge", body.as_bytes())
+    }
+
+    fn response() -> Arc<StoredResponse> {
+        Arc::new(StoredResponse {
+            status: 201,
+            headers: vec![(b"content-type".to_vec(), b"text/plain".to_vec())],
+            body: Bytes::from_static(b"ok"),
+        })
+    }
+
+    #[test]
+    fn fingerprint_of_a_streamed_body_is_that_of_the_whole() {
+        let whole = Fingerprint::new("POST", "/a?x=1", b"hello world");
+        let mut h = FingerprintHasher::new("POST", "/a?x=1");
+        for chunk in [&b"hel"[..], b"", b"lo w", b"orld"] {
+            h.update(chunk);
+        }
+        assert_eq!(h.finish(), whole);
+        assert_ne!(Fingerprint::new("PATCH", "/a?x=1", b"hello world"), whole);
+        assert_ne!(Fingerprint::new("POST", "/a?x=2", b"hello world"), whole);
+        assert_ne!(Fingerprint::new("POST", "/a?x=1", b"hello worle"), whole);
+        // SHA-256 of the empty string.
+        assert_eq!(
+            Fingerprint::new("POST", "/", b"").body_hex(),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert!(format!("{whole:?}").starts_with("POST /a?x=1 sha256:b94d27b9"));
+    }
+
+    #[test]
+    fn keys_are_1_to_255_bytes_of_utf8() {
+        assert_eq!(parse_key(b"k-1"), Some("k-1"));
+        assert_eq!(parse_key(&[b'a'; 255]).map(str::len), Some(255));
+        assert_eq!(parse_key(&[b'a'; 256]), None);
+        assert_eq!(parse_key(b""), None);
+        assert_eq!(parse_key(&[0xff, 0xfe]), None);
+    }
+
+    #[test]
+    fn decide_every_transition() {
+        let me = fp("a");
+        let other = fp("b");
+        let entry = |state| Entry::new(me.clone(), state, s(100));
+        let in_flight = entry(EntryState::InFlight { since: s(0) });
+        let uncertain = entry(EntryState::Uncertain);
+        let done = entry(EntryState::Completed(response()));
+        let unreplayable = entry(EntryState::CompletedNotReplayable);
+        let now = s(10);
+        let name = |e: Option<&Entry>, f: &Fingerprint| decide(e, f, now).name();
+        assert_eq!(name(None, &me), "forward");
+        assert_eq!(name(Some(&in_flight), &me), "in_flight");
+        assert_eq!(name(Some(&uncertain), &me), "forward");
+        assert_eq!(decide(Some(&done), &me, now), Action::Replay(&response()));
+        assert_eq!(name(Some(&unreplayable), &me), "not_replayable");
+        // A different request under the key: 422 whatever the state.
+        for e in [&in_flight, &uncertain, &done, &unreplayable] {
+            assert_eq!(name(Some(e), &other), "reused");
+        }
+        // An expired record is no record, for any request.
+        for e in [&in_flight, &uncertain, &done, &unreplayable] {
+            assert_eq!(decide(Some(e), &me, s(100)), Action::Forward);
+            assert_eq!(decide(Some(e), &other, s(101)), Action::Forward);
+        }
+    }
+
+    #[test]
+    fn refusals_carry_their_status_and_code() {
+        let a = |x: Action<()>| (x.refusal(), x.retry_after());
+        assert_eq!(a(Action::Forward), (None, None));
+        assert_eq!(a(Action::Replay(())), (None, None));
+        assert_eq!(
+            a(Action::InFlight),
+            (Some((409, "idempotency_in_flight")), Some(s(1)))
+        );
+        assert_eq!(
+            a(Action::Reused),
+            (Some((422, "idempotency_key_reused")), None)
+        );
+        assert_eq!(
+            a(Action::NotReplayable),
+            (Some((409, "idempotency_not_replayable")), None)
+        );
+    }
+
+    #[test]
+    fn what_is_recorded() {
+        for st in [200, 201, 204, 301, 304, 400, 401, 403, 404, 410, 422, 499] {
+            assert!(recordable(st), "{st}");
+            let r = |replayable| {
+                record(Ending::Response {
+                    status: st,
+                    replayable,
+                })
+            };
+            assert_eq!(r(true), Record::Completed, "{st}");
+            assert_eq!(r(false), Record::CompletedNotReplayable, "{st}");
+        }
+        for st in [
+            100, 101, 199, 408, 409, 425, 429, 500, 502, 503, 504, 599, 600,
+        ] {
+            assert!(!recordable(st), "{st}");
+        }
+        for st in [408, 409, 425, 429, 500, 503, 100, 600] {
+            let e = Ending::Response {
+                status: st,
+                replayable: true,
+            };
+            assert_eq!(record(e), Record::Forget, "{st}");
+        }
+        let upgrade = Ending::Response {
+            status: 101,
+            replayable: true,
+        };
+        assert_eq!(record(upgrade), Record::CompletedNotReplayable);
+        assert_eq!(record(Ending::Failed), Record::Forget);
+        assert_eq!(record(Ending::Uncertain), Record::Uncertain);
+        assert_eq!(record(Ending::ClientGone), Record::Uncertain);
+    }
+
+    #[test]
+    fn params_are_validated() {
+        let m = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let ok = IdempotencyParams::try_new(s(60), 100, 100, &m(&["POST", "PATCH", "LOCK"]));
+        let p = ok.unwrap();
+        assert!(p.applies_to("POST") && p.applies_to("LOCK"));
+        assert!(!p.applies_to("post") && !p.applies_to("GET"));
+        let err = |ttl, max, resp, methods: &[&str]| {
+            IdempotencyParams::try_new(ttl, max, resp, &m(methods)).unwrap_err()
+        };
+        assert_eq!(err(s(0), 1, 1, &["POST"]).field, "ttl");
+        assert_eq!(err(s(1), 0, 0, &["POST"]).field, "max_bytes");
+        assert_eq!(err(s(1), 10, 11, &["POST"]).field, "max_response_bytes");
+        assert_eq!(err(s(1), 10, 1, &[]).field, "methods");
+        for (method, needle) in [
+            ("GET", "idempotent by itself"),
+            ("PUT", "never needs a key"),
+            ("DELETE", "idempotent by itself"),
+            ("PO ST", "not a method"),
+            ("", "not a method"),
+            ("post", "case-sensitive"),
+            ("CONNECT", "tunnel"),
+        ] {
+            let e = err(s(1), 10, 1, &["POST", method]);
+            assert_eq!(e.field, "methods");
+            assert!(e.message.contains(needle), "{method}: {}", e.message);
+        }
+    }
+}

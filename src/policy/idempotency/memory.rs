@@ -1,0 +1,616 @@
+//! The in-memory [`IdempotencyStore`] (docs/behaviour.md#idempotency-keys):
+//! one upstream's records in a hash map into a slab threaded by intrusive
+//! lists, O(1) per operation, bounded by `max_bytes` with the accounting of
+//! [`Entry::bytes`]. Owns eviction and expiry; the decision itself is
+//! [`decide`], shared with every other store.
+
+use super::{
+    decide, Action, Begin, Entry, EntryState, Fingerprint, IdempotencyParams, IdempotencyStats,
+    IdempotencyStore, StoredResponse,
+};
+use crate::policy::Now;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+const NIL: usize = usize::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct Link {
+    /// Towards the newest end.
+    prev: usize,
+    /// Towards the oldest end.
+    next: usize,
+}
+
+const UNLINKED: Link = Link {
+    prev: NIL,
+    next: NIL,
+};
+
+#[derive(Debug, Clone, Copy)]
+struct List {
+    newest: usize,
+    oldest: usize,
+}
+
+/// The lists: uncertain and completed records (each in eviction order,
+/// through link 0), and every record in the order it was last written
+/// (through link 1), which with one `ttl` is expiry order.
+const UNCERTAIN: usize = 0;
+const COMPLETED: usize = 1;
+const EXPIRY: usize = 2;
+
+#[derive(Debug)]
+struct Node {
+    key: Box<str>,
+    entry: Entry,
+    bytes: usize,
+}
+
+/// The in-memory store: a hash map into a slab threaded by intrusive lists,
+/// O(1) per operation, bounded by `max_bytes` (see the module doc).
+#[derive(Debug)]
+pub struct MemoryStore {
+    params: IdempotencyParams,
+    map: HashMap<Box<str>, usize>,
+    nodes: Vec<Option<Node>>,
+    links: Vec<[Link; 2]>,
+    free: Vec<usize>,
+    lists: [List; 3],
+    stats: IdempotencyStats,
+}
+
+impl MemoryStore {
+    pub fn new(params: IdempotencyParams) -> Self {
+        let empty = List {
+            newest: NIL,
+            oldest: NIL,
+        };
+        MemoryStore {
+            params,
+            map: HashMap::new(),
+            nodes: Vec::new(),
+            links: Vec::new(),
+            free: Vec::new(),
+            lists: [empty; 3],
+            stats: IdempotencyStats::default(),
+        }
+    }
+
+    pub fn params(&self) -> &IdempotencyParams {
+        &self.params
+    }
+
+    /// New parameters (a reload): records keep their expiry; a smaller
+    /// `max_bytes` evicts down to it at once.
+    pub fn set_params(&mut self, params: IdempotencyParams) {
+        self.params = params;
+        self.evict();
+    }
+
+    /// `key`'s record, expired or not, without touching it.
+    pub fn entry(&self, key: &str) -> Option<&Entry> {
+        self.map.get(key).map(|&i| &self.node(i).entry)
+    }
+
+    fn node(&self, i: usize) -> &Node {
+        self.nodes[i].as_ref().expect("a mapped slot holds a node")
+    }
+
+    fn node_mut(&mut self, i: usize) -> &mut Node {
+        self.nodes[i].as_mut().expect("a mapped slot holds a node")
+    }
+
+    /// The list a record's state puts it in, besides [`EXPIRY`].
+    fn class(e: &Entry) -> Option<usize> {
+        match e.state {
+            EntryState::InFlight { .. } => None,
+            EntryState::Uncertain => Some(UNCERTAIN),
+            EntryState::Completed(_) | EntryState::CompletedNotReplayable => Some(COMPLETED),
+        }
+    }
+
+    fn push_newest(&mut self, l: usize, i: usize) {
+        let s = usize::from(l == EXPIRY);
+        let old = self.lists[l].newest;
+        self.links[i][s] = Link {
+            prev: NIL,
+            next: old,
+        };
+        match old {
+            NIL => self.lists[l].oldest = i,
+            o => self.links[o][s].prev = i,
+        }
+        self.lists[l].newest = i;
+    }
+
+    fn unlink(&mut self, l: usize, i: usize) {
+        let s = usize::from(l == EXPIRY);
+        let Link { prev, next } = self.links[i][s];
+        match prev {
+            NIL => self.lists[l].newest = next,
+            p => self.links[p][s].next = next,
+        }
+        match next {
+            NIL => self.lists[l].oldest = prev,
+            n => self.links[n][s].prev = prev,
+        }
+        self.links[i][s] = UNLINKED;
+    }
+
+    fn link_all(&mut self, i: usize) {
+        self.push_newest(EXPIRY, i);
+        if let Some(l) = Self::class(&self.node(i).entry) {
+            self.push_newest(l, i);
+        }
+    }
+
+    fn unlink_all(&mut self, i: usize) {
+        self.unlink(EXPIRY, i);
+        if let Some(l) = Self::class(&self.node(i).entry) {
+            self.unlink(l, i);
+        }
+    }
+
+    fn insert(&mut self, key: &str, entry: Entry) {
+        let bytes = entry.bytes(key);
+        let node = Some(Node {
+            key: key.into(),
+            entry,
+            bytes,
+        });
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.nodes[i] = node;
+                self.links[i] = [UNLINKED; 2];
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                self.links.push([UNLINKED; 2]);
+                self.nodes.len() - 1
+            }
+        };
+        self.map.insert(key.into(), i);
+        self.stats.bytes += bytes;
+        self.link_all(i);
+    }
+
+    fn remove(&mut self, i: usize) {
+        self.unlink_all(i);
+        if let Some(n) = self.nodes[i].take() {
+            self.map.remove(&n.key);
+            self.stats.bytes -= n.bytes;
+        }
+        self.free.push(i);
+    }
+
+    /// Rewrites slot `i`'s state and expiry; it becomes the newest of its lists.
+    fn rewrite(&mut self, i: usize, state: EntryState, expires: Now) {
+        self.unlink_all(i);
+        let n = self.node_mut(i);
+        n.entry.state = state;
+        n.entry.expires = expires;
+        let bytes = n.entry.bytes(&n.key);
+        let old = std::mem::replace(&mut n.bytes, bytes);
+        self.stats.bytes = self.stats.bytes - old + bytes;
+        self.link_all(i);
+    }
+
+    /// Evicts uncertain records, then completed ones, oldest first, until
+    /// the store is within `max_bytes` or only in-flight records are left.
+    fn evict(&mut self) {
+        while self.stats.bytes > self.params.max_bytes {
+            let victim = match self.lists[UNCERTAIN].oldest {
+                NIL => self.lists[COMPLETED].oldest,
+                u => u,
+            };
+            if victim == NIL {
+                return;
+            }
+            self.remove(victim);
+            self.stats.evicted += 1;
+        }
+    }
+
+    /// The slot of `key`'s record if it is in flight.
+    fn in_flight(&self, key: &str) -> Option<usize> {
+        let i = *self.map.get(key)?;
+        matches!(self.node(i).entry.state, EntryState::InFlight { .. }).then_some(i)
+    }
+}
+
+impl IdempotencyStore for MemoryStore {
+    fn begin(&mut self, key: &str, fingerprint: &Fingerprint, now: Now) -> Begin {
+        let mut slot = self.map.get(key).copied();
+        if let Some(i) = slot.filter(|&i| self.node(i).entry.expired(now)) {
+            self.remove(i);
+            self.stats.expired += 1;
+            slot = None;
+        }
+        let action = decide(slot.map(|i| &self.node(i).entry), fingerprint, now).map(Arc::clone);
+        let expires = now + self.params.ttl;
+        match (&action, slot) {
+            (Action::Forward, Some(i)) => {
+                self.rewrite(i, EntryState::InFlight { since: now }, expires);
+            }
+            (Action::Forward, None) => {
+                let state = EntryState::InFlight { since: now };
+                self.insert(key, Entry::new(fingerprint.clone(), state, expires));
+                self.evict();
+            }
+            (Action::InFlight, _) => self.stats.in_flight += 1,
+            (Action::Reused, _) => self.stats.reused += 1,
+            (Action::Replay(_) | Action::NotReplayable, Some(i)) => {
+                if matches!(action, Action::Replay(_)) {
+                    self.stats.replayed += 1;
+                } else {
+                    self.stats.not_replayable += 1;
+                }
+                // Recently used: last to be evicted.
+                self.unlink(COMPLETED, i);
+                self.push_newest(COMPLETED, i);
+            }
+            (Action::Replay(_) | Action::NotReplayable, None) => {}
+        }
+        action
+    }
+
+    fn complete(&mut self, key: &str, response: StoredResponse, now: Now) {
+        let Some(i) = self.in_flight(key) else { return };
+        let n = self.node(i);
+        let whole = n.bytes + response.bytes();
+        let fits =
+            response.bytes() <= self.params.max_response_bytes && whole <= self.params.max_bytes;
+        let state = match fits {
+            true => EntryState::Completed(Arc::new(response)),
+            false => EntryState::CompletedNotReplayable,
+        };
+        self.rewrite(i, state, now + self.params.ttl);
+        self.stats.stored += 1;
+        self.evict();
+    }
+
+    fn complete_unreplayable(&mut self, key: &str, now: Now) {
+        let Some(i) = self.in_flight(key) else { return };
+        let state = EntryState::CompletedNotReplayable;
+        self.rewrite(i, state, now + self.params.ttl);
+        self.stats.stored += 1;
+        self.evict();
+    }
+
+    fn uncertain(&mut self, key: &str, now: Now) {
+        let Some(i) = self.in_flight(key) else { return };
+        self.rewrite(i, EntryState::Uncertain, now + self.params.ttl);
+        self.evict();
+    }
+
+    fn forget(&mut self, key: &str) {
+        if let Some(i) = self.in_flight(key) {
+            self.remove(i);
+        }
+    }
+
+    /// Drops expired records from the oldest written, stopping at the first
+    /// live one: O(expired). (After a clock step back or a shorter `ttl`, a
+    /// few expired records may wait behind a live one; a lookup drops those.)
+    fn sweep(&mut self, now: Now) {
+        loop {
+            let i = self.lists[EXPIRY].oldest;
+            if i == NIL || !self.node(i).entry.expired(now) {
+                return;
+            }
+            self.remove(i);
+            self.stats.expired += 1;
+        }
+    }
+
+    fn stats(&self) -> IdempotencyStats {
+        IdempotencyStats {
+            entries: self.map.len(),
+            ..self.stats
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::super::{record, Ending, Record, ENTRY_OVERHEAD};
+    use super::*;
+    use bytes::Bytes;
+    use std::time::Duration;
+
+    fn s(x: u64) -> Duration {
+        Duration::from_secs(x)
+    }
+
+    fn store(max_bytes: u64, max_response_bytes: u64) -> MemoryStore {
+        let methods = ["POST".to_string()];
+        let p = IdempotencyParams::try_new(s(100), max_bytes, max_response_bytes, &methods);
+        MemoryStore::new(p.unwrap())
+    }
+
+    fn fp(body: &str) -> Fingerprint {
+        Fingerprint::new("POST", "/x", body.as_bytes())
+    }
+
+    /// A response of `n` accounted bytes: a 2-byte header and a body.
+    fn response(n: usize) -> StoredResponse {
+        StoredResponse {
+            status: 201,
+            headers: vec![(b"a".to_vec(), b"b".to_vec())],
+            body: Bytes::from(vec![b'x'; n - 2]),
+        }
+    }
+
+    /// The accounted size of a record under a one-byte key for `fp("…")`.
+    const BASE: usize = ENTRY_OVERHEAD + 1 + "POST".len() + "/x".len();
+
+    #[test]
+    fn overhead_covers_a_records_fixed_cost() {
+        let fixed = std::mem::size_of::<Option<Node>>()
+            + std::mem::size_of::<[Link; 2]>()
+            + std::mem::size_of::<(Box<str>, usize)>()
+            + 1;
+        assert!(ENTRY_OVERHEAD >= fixed, "{fixed}");
+    }
+
+    #[test]
+    fn absent_in_flight_completed_replayed() {
+        let mut st = store(1 << 20, 1 << 10);
+        assert_eq!(st.begin("k", &fp("a"), s(0)), Action::Forward);
+        assert_eq!(st.begin("k", &fp("a"), s(1)), Action::InFlight);
+        assert_eq!(st.begin("k", &fp("b"), s(1)), Action::Reused);
+        st.complete("k", response(10), s(2));
+        let Action::Replay(r) = st.begin("k", &fp("a"), s(3)) else {
+            panic!("no replay");
+        };
+        assert_eq!(*r, response(10));
+        assert_eq!(st.begin("k", &fp("b"), s(3)), Action::Reused);
+        assert_eq!(st.entry("k").unwrap().expires, s(102));
+        let stats = st.stats();
+        assert_eq!(
+            (stats.entries, stats.bytes, stats.stored, stats.replayed),
+            (1, BASE + 10, 1, 1)
+        );
+        assert_eq!((stats.in_flight, stats.reused), (1, 2));
+    }
+
+    /// Fifty simultaneous requests with one key (the data plane serialises
+    /// `begin` under its lock): exactly one is forwarded.
+    #[test]
+    fn one_of_fifty_simultaneous_requests_is_forwarded() {
+        let mut st = store(1 << 20, 1 << 10);
+        let names: Vec<_> = (0..50)
+            .map(|_| st.begin("k", &fp("a"), s(0)).name())
+            .collect();
+        assert_eq!(names.iter().filter(|n| **n == "forward").count(), 1);
+        assert_eq!(names.iter().filter(|n| **n == "in_flight").count(), 49);
+        assert_eq!(st.stats().in_flight, 49);
+    }
+
+    #[test]
+    fn uncertain_is_forwarded_again_and_forget_frees_the_key() {
+        let mut st = store(1 << 20, 1 << 10);
+        assert_eq!(st.begin("k", &fp("a"), s(0)), Action::Forward);
+        st.uncertain("k", s(1));
+        assert_eq!(st.entry("k").unwrap().state, EntryState::Uncertain);
+        assert_eq!(st.begin("k", &fp("b"), s(2)), Action::Reused);
+        assert_eq!(st.begin("k", &fp("a"), s(2)), Action::Forward);
+        assert_eq!(st.begin("k", &fp("a"), s(2)), Action::InFlight);
+        st.forget("k");
+        assert!(st.entry("k").is_none());
+        assert_eq!(st.begin("k", &fp("b"), s(3)), Action::Forward);
+        st.complete_unreplayable("k", s(4));
+        assert_eq!(st.begin("k", &fp("b"), s(5)), Action::NotReplayable);
+        assert_eq!(st.stats().not_replayable, 1);
+        // Finishing calls act on an in-flight record only.
+        st.forget("k");
+        st.uncertain("k", s(6));
+        st.complete("k", response(4), s(6));
+        assert_eq!(st.begin("k", &fp("b"), s(7)), Action::NotReplayable);
+        assert_eq!(st.stats().stored, 1);
+        st.complete("nobody", response(4), s(7));
+        assert_eq!(st.stats().entries, 1);
+    }
+
+    #[test]
+    fn finish_follows_record() {
+        let mut st = store(1 << 20, 1 << 10);
+        let cases = [
+            (
+                Ending::Response {
+                    status: 200,
+                    replayable: true,
+                },
+                "replay",
+            ),
+            (
+                Ending::Response {
+                    status: 200,
+                    replayable: false,
+                },
+                "not_replayable",
+            ),
+            (
+                Ending::Response {
+                    status: 503,
+                    replayable: true,
+                },
+                "forward",
+            ),
+            (Ending::Failed, "forward"),
+            (Ending::Uncertain, "forward"),
+            (Ending::ClientGone, "forward"),
+        ];
+        for (n, (ending, next)) in cases.into_iter().enumerate() {
+            let key = format!("k{n}");
+            assert_eq!(st.begin(&key, &fp("a"), s(0)), Action::Forward);
+            st.finish(&key, record(ending), Some(response(4)), s(1));
+            assert_eq!(st.begin(&key, &fp("a"), s(2)).name(), next, "{ending:?}");
+        }
+        // Completed without the response in hand: nothing to replay.
+        assert_eq!(st.begin("z", &fp("a"), s(0)), Action::Forward);
+        st.finish("z", Record::Completed, None, s(1));
+        assert_eq!(st.begin("z", &fp("a"), s(2)), Action::NotReplayable);
+    }
+
+    #[test]
+    fn records_expire_lazily_and_by_sweep() {
+        let mut st = store(1 << 20, 1 << 10);
+        st.begin("a", &fp("a"), s(0));
+        st.complete("a", response(4), s(10)); // expires at 110
+        st.begin("b", &fp("a"), s(20));
+        st.uncertain("b", s(30)); // expires at 130
+        st.begin("c", &fp("a"), s(40)); // in flight, backstop at 140
+        st.sweep(s(109));
+        assert_eq!(st.stats().entries, 3);
+        assert!(matches!(st.begin("a", &fp("a"), s(109)), Action::Replay(_)));
+        // Lazily, on lookup: expired means absent, whatever the request.
+        assert_eq!(st.begin("a", &fp("z"), s(110)), Action::Forward);
+        assert_eq!(st.stats().expired, 1);
+        // By the sweep, in the order written.
+        st.sweep(s(139));
+        assert_eq!(st.stats().expired, 2);
+        assert!(st.entry("b").is_none() && st.entry("c").is_some());
+        st.sweep(s(1_000));
+        assert_eq!(st.stats().expired, 4); // "c", and "a"'s new record
+        assert_eq!((st.stats().entries, st.stats().bytes), (0, 0));
+        assert_eq!(st.begin("c", &fp("a"), s(1_000)), Action::Forward);
+    }
+
+    #[test]
+    fn eviction_is_lru_with_exact_byte_accounting() {
+        // Room for exactly three records of BASE + 100 bytes.
+        let max = 3 * (BASE + 100);
+        let mut st = store(max as u64, 100);
+        for k in ["a", "b", "c"] {
+            st.begin(k, &fp(k), s(0));
+            st.complete(k, response(100), s(0));
+        }
+        assert_eq!(st.stats().bytes, max);
+        assert_eq!(st.stats().evicted, 0);
+        // Touch "a": "b" is now the least recently used.
+        assert!(matches!(st.begin("a", &fp("a"), s(1)), Action::Replay(_)));
+        // A fourth record in flight takes BASE bytes: "b" goes.
+        st.begin("d", &fp("d"), s(2));
+        assert_eq!(st.stats().evicted, 1);
+        assert!(st.entry("b").is_none());
+        assert_eq!(st.stats().bytes, 2 * (BASE + 100) + BASE);
+        // Completing it adds 100 bytes: exactly full, nothing goes.
+        st.complete("d", response(100), s(3));
+        assert_eq!(st.stats().bytes, max);
+        assert_eq!(st.stats().evicted, 1);
+        // One more in flight: "c" (used before "a" and "d") goes.
+        st.begin("e", &fp("e"), s(4));
+        assert!(st.entry("c").is_none());
+        assert!(st.entry("a").is_some() && st.entry("d").is_some());
+        assert_eq!(st.stats().bytes, 2 * (BASE + 100) + BASE);
+        assert_eq!(st.stats().evicted, 2);
+        // A not-replayable record counts its key and fingerprint only.
+        st.complete_unreplayable("e", s(5));
+        assert_eq!(st.stats().bytes, 2 * (BASE + 100) + BASE);
+        assert_eq!(st.stats().entries, 3);
+    }
+
+    #[test]
+    fn uncertain_records_are_evicted_before_completed_ones() {
+        let mut st = store((3 * BASE + 9) as u64, 10);
+        st.begin("a", &fp("a"), s(0));
+        st.uncertain("a", s(0));
+        st.begin("b", &fp("b"), s(1));
+        st.complete("b", response(10), s(1));
+        st.begin("c", &fp("c"), s(2)); // over by BASE: the uncertain "a" goes
+        assert!(st.entry("a").is_none() && st.entry("b").is_some());
+        assert_eq!(st.stats().bytes, 2 * BASE + 10);
+    }
+
+    #[test]
+    fn in_flight_records_are_never_evicted() {
+        let mut st = store((2 * BASE) as u64, 0);
+        for k in ["a", "b", "c", "d"] {
+            assert_eq!(st.begin(k, &fp(k), s(0)), Action::Forward);
+        }
+        // Over the bound, and every one still there.
+        assert_eq!(st.stats().bytes, 4 * BASE);
+        assert_eq!(st.stats().evicted, 0);
+        for k in ["a", "b", "c", "d"] {
+            assert_eq!(st.begin(k, &fp(k), s(1)), Action::InFlight);
+        }
+        // Once done they can go: completing "a" evicts it at once.
+        st.complete_unreplayable("a", s(2));
+        assert!(st.entry("a").is_none());
+        assert_eq!(st.stats().evicted, 1);
+    }
+
+    #[test]
+    fn a_response_over_max_response_bytes_is_not_replayable() {
+        let mut st = store(1 << 20, 100);
+        st.begin("k", &fp("a"), s(0));
+        st.complete("k", response(101), s(1));
+        assert_eq!(st.begin("k", &fp("a"), s(2)), Action::NotReplayable);
+        assert_eq!(st.stats().bytes, BASE);
+        st.begin("j", &fp("a"), s(0));
+        st.complete("j", response(100), s(1));
+        assert!(matches!(st.begin("j", &fp("a"), s(2)), Action::Replay(_)));
+        // One that fits max_response_bytes but not the store with its record.
+        let mut st = store((BASE + 99) as u64, 100);
+        st.begin("k", &fp("a"), s(0));
+        st.complete("k", response(100), s(1));
+        assert_eq!(st.begin("k", &fp("a"), s(2)), Action::NotReplayable);
+    }
+
+    #[test]
+    fn a_smaller_max_bytes_evicts_at_once() {
+        let mut st = store(1 << 20, 100);
+        for k in ["a", "b", "c"] {
+            st.begin(k, &fp(k), s(0));
+            st.complete(k, response(100), s(0));
+        }
+        let methods = ["POST".to_string()];
+        let max = (BASE + 100) as u64;
+        st.set_params(IdempotencyParams::try_new(s(100), max, 100, &methods).unwrap());
+        assert_eq!(st.stats().entries, 1);
+        assert!(st.entry("c").is_some());
+        assert_eq!(st.stats().evicted, 2);
+    }
+
+    #[test]
+    fn slots_are_reused_and_the_lists_stay_consistent() {
+        let mut st = store(1 << 20, 100);
+        for round in 0..50u64 {
+            for k in 0..20 {
+                let key = format!("k{k}");
+                match st.begin(&key, &fp("a"), s(round)) {
+                    Action::Forward if k % 3 == 0 => st.uncertain(&key, s(round)),
+                    Action::Forward if k % 3 == 1 => st.complete(&key, response(8), s(round)),
+                    Action::Forward => st.forget(&key),
+                    _ => {}
+                }
+            }
+            st.sweep(s(round));
+        }
+        assert!(st.nodes.len() <= 20);
+        let live: usize = st.map.values().map(|&i| st.node(i).bytes).sum();
+        assert_eq!(live, st.stats().bytes);
+        // Walked oldest to newest, each list holds what the states say.
+        let walk = |l: usize| {
+            let (mut n, mut i) = (0, st.lists[l].oldest);
+            while i != NIL {
+                n += 1;
+                i = st.links[i][usize::from(l == EXPIRY)].prev;
+            }
+            n
+        };
+        let count = |c: Option<usize>| {
+            let class = |i: usize| MemoryStore::class(&st.node(i).entry);
+            st.map.values().filter(|&&i| class(i) == c).count()
+        };
+        assert_eq!(walk(EXPIRY), st.stats().entries);
+        assert_eq!(walk(UNCERTAIN), count(Some(UNCERTAIN)));
+        assert_eq!(walk(COMPLETED), count(Some(COMPLETED)));
+        st.sweep(s(10_000));
+        assert_eq!((st.stats().entries, st.stats().bytes), (0, 0));
+    }
+}
