@@ -114,7 +114,7 @@ start_proxies() { # shape
 
     if [ "$shape" != h2c ]; then
         local pass="http://up" up_block="upstream up { server 127.0.0.1:$UP_PORT; keepalive 64; keepalive_requests 1000000; }"
-        local ssl="" listen="" location="proxy_pass $pass; proxy_http_version 1.1; proxy_set_header Connection \"\";"
+        local ssl="" listen="" location=""
         if [ "$shape" = grpc ]; then
             up_block="upstream up { server 127.0.0.1:$UP_H2C_PORT; keepalive 64; keepalive_requests 1000000; }"
             listen=http2 location="grpc_pass grpc://up;"
@@ -123,6 +123,7 @@ start_proxies() { # shape
             up_block="upstream up { server 127.0.0.1:$UP_TLS_PORT; keepalive 64; keepalive_requests 1000000; }"
             ssl="proxy_ssl_session_reuse on; proxy_ssl_verify on; proxy_ssl_name localhost; proxy_ssl_server_name on; proxy_ssl_trusted_certificate $T/ca.pem;"
         fi
+        [ -n "$location" ] || location="proxy_pass $pass; proxy_http_version 1.1; proxy_set_header Connection \"\";"
         mkdir -p "$T/nx/logs"
         cat > "$T/nx/nginx.conf" <<CONF
 worker_processes 1;
