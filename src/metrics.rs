@@ -9,6 +9,11 @@
 //! balance, breaker state, requests in flight) are read when `/metrics` is
 //! scraped.
 
+pub mod idempotency;
+mod labels;
+
+pub use labels::{ATTEMPT_RESULTS, ERROR_CODES};
+
 use crate::policy::{Cause, Outcome, StateKind, StopReason};
 pub use crate::proxy::resolve::DnsMetrics;
 use prometheus::{
@@ -21,35 +26,6 @@ use std::time::Duration;
 
 const BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-];
-
-/// weir's own error codes, the `code` label values that are not statuses.
-pub const ERROR_CODES: [&str; 12] = [
-    "no_route",
-    "bad_request",
-    "header_too_large",
-    "connect_not_allowed",
-    "bad_response",
-    "rate_limited",
-    "overloaded",
-    "circuit_open",
-    "connect_failed",
-    "upstream_reset",
-    "upstream_timeout",
-    "deadline_exceeded",
-];
-
-/// The `result` label values of `weir_upstream_attempts_total`.
-pub const ATTEMPT_RESULTS: [&str; 9] = [
-    "ok",
-    "status_4xx",
-    "status_5xx",
-    "connect_failure",
-    "reset",
-    "timeout",
-    "refused_stream",
-    "bad_response",
-    "cancelled",
 ];
 
 /// The `upstream` label of requests that reached no upstream (no route, a
@@ -79,6 +55,7 @@ pub struct Metrics {
     last_reload: IntGauge,
     dns_resolutions: IntCounterVec,
     dns_addresses: IntGaugeVec,
+    idempotency: idempotency::Families,
     /// `weir_requests_total{upstream="none", code="no_route"}`.
     no_route: IntCounter,
     bad_request: IntCounter,
@@ -241,6 +218,7 @@ impl Metrics {
         .expect("static metric definition");
         r.register(Box::new(dns_addresses.clone()))
             .expect("metric registered once");
+        let idempotency = idempotency::Families::register(&r);
         reloads.with_label_values(&["ok"]);
         reloads.with_label_values(&["error"]);
         last_reload.set(1);
@@ -264,6 +242,7 @@ impl Metrics {
             last_reload,
             dns_resolutions,
             dns_addresses,
+            idempotency,
             no_route,
             bad_request,
         }
@@ -289,6 +268,7 @@ impl Metrics {
             rate_limited: self.rate_limited.with_label_values(&[name]),
             in_flight: self.in_flight.with_label_values(&[name]),
             tunnels: self.tunnels.with_label_values(&[name]),
+            idempotency: self.idempotency.upstream(name),
         }
     }
 
@@ -314,6 +294,7 @@ impl Metrics {
     /// Drops every series of an upstream removed by a reload.
     pub fn forget(&self, name: &str) {
         self.forget_dns(name);
+        self.idempotency.forget(name);
         self.request_duration.remove_label_values(&[name]).ok();
         self.attempt_duration.remove_label_values(&[name]).ok();
         self.budget_tokens.remove_label_values(&[name]).ok();
@@ -478,6 +459,8 @@ pub struct UpstreamMetrics {
     rate_limited: IntCounter,
     in_flight: IntGauge,
     tunnels: IntGauge,
+    /// `weir_idempotency_*`, brought up to the store's counts on a scrape.
+    pub idempotency: idempotency::Series,
 }
 
 impl UpstreamMetrics {

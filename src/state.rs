@@ -8,6 +8,7 @@
 use crate::clock::{fresh_seed, Clock};
 use crate::config::{Config, Protocol, Scheme, UpstreamConfig};
 use crate::metrics::{DnsMetrics, Metrics, UpstreamMetrics};
+use crate::policy::idempotency::{IdempotencyStore, MemoryStore};
 use crate::policy::{Breaker, KeyedLimiter, RetryBudget, SeededRandom, Transition};
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::gate::Gate;
@@ -46,6 +47,9 @@ pub struct UpstreamState {
     /// Where the fast path and held connections connect, and the config
     /// it was made from (a reload that keeps those keeps the resolver).
     direct: Mutex<(DirectKey, Option<Direct>)>,
+    /// The idempotency-key store (docs/behaviour.md#idempotency-keys);
+    /// `None` when `[idempotency] enabled = false`.
+    idempotency: Mutex<Option<MemoryStore>>,
 }
 
 /// What [`Direct`] is made from: whether weir connects itself (cleartext
@@ -110,6 +114,7 @@ impl UpstreamState {
             tls_logged: Mutex::new(std::collections::HashSet::new()),
             recent: Recent::new(now),
             direct: Mutex::new((key, direct)),
+            idempotency: Mutex::new(u.idempotency.clone().map(MemoryStore::new)),
         }
     }
 
@@ -139,6 +144,14 @@ impl UpstreamState {
         }
         self.gate
             .set_limits(u.concurrency.max_in_flight, u.concurrency.max_queue);
+        {
+            let mut store = self.idempotency();
+            match (store.as_mut(), &u.idempotency) {
+                (Some(s), Some(p)) if s.params() != p => s.set_params(p.clone()),
+                (Some(_), Some(_)) => {}
+                (_, p) => *store = p.clone().map(MemoryStore::new),
+            }
+        }
         let key = direct_key(u);
         let mut direct = self.direct.lock().expect("direct lock poisoned");
         if direct.0 != key {
@@ -164,6 +177,22 @@ impl UpstreamState {
         self.live.lock().expect("policy state lock poisoned")
     }
 
+    /// The idempotency-key store, locked: for one call, never across an await.
+    pub fn idempotency(&self) -> MutexGuard<'_, Option<MemoryStore>> {
+        self.idempotency
+            .lock()
+            .expect("idempotency store lock poisoned")
+    }
+
+    /// Drops the idempotency records whose `ttl` has passed (the status
+    /// sampler calls it every second; lookups drop them too).
+    pub fn sweep(&self) {
+        let now = self.clock.now();
+        if let Some(s) = self.idempotency().as_mut() {
+            s.sweep(now);
+        }
+    }
+
     /// The connection pool requests of the next snapshot use.
     pub fn client(&self) -> UpstreamClient {
         self.client.lock().expect("client lock poisoned").clone()
@@ -180,6 +209,10 @@ impl UpstreamState {
         self.metrics.set_breaker(state);
         self.metrics.set_budget(tokens);
         self.metrics.set_in_flight(self.gate.in_flight());
+        let stats = self.idempotency().as_ref().map(|s| s.stats());
+        if let Some(stats) = stats {
+            self.metrics.idempotency.show(&stats);
+        }
     }
 
     /// Policy-core time of an instant already read.

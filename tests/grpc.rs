@@ -271,8 +271,12 @@ async fn calls_ending_in_trailers_are_not_counted_as_abandoned() {
     // One connection for every call: weir must not close it under them.
     let (mut send, conn) = h2_connect(weir.addr).await;
     for i in 0..40 {
+        // A key per call: a repeated key would be answered from its record.
+        let mut req = grpc_request("/pkg.Svc/Unary", None);
+        let key = format!("call-{i}").parse().unwrap();
+        req.headers_mut().insert("idempotency-key", key);
         let resp = send
-            .send_request(grpc_request("/pkg.Svc/Unary", None))
+            .send_request(req)
             .await
             .unwrap_or_else(|e| panic!("call {i}: {e}"));
         let (_, b) = resp.into_parts();

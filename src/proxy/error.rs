@@ -33,6 +33,12 @@ pub enum ProxyError {
     DeadlineExceeded,
     #[error("the upstream's response is not valid HTTP: {0}")]
     BadResponse(String),
+    #[error("a request with this idempotency key is in flight; try again when it has finished")]
+    IdempotencyInFlight,
+    #[error("this idempotency key was used for a different request (method, target or body)")]
+    IdempotencyKeyReused,
+    #[error("the request with this idempotency key was completed, but its response was not kept to replay")]
+    IdempotencyNotReplayable,
 }
 
 impl From<super::gate::Refused> for ProxyError {
@@ -61,6 +67,10 @@ impl ProxyError {
             ProxyError::UpstreamTimeout | ProxyError::DeadlineExceeded => {
                 StatusCode::GATEWAY_TIMEOUT
             }
+            ProxyError::IdempotencyInFlight | ProxyError::IdempotencyNotReplayable => {
+                StatusCode::CONFLICT
+            }
+            ProxyError::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
         }
     }
 
@@ -79,6 +89,9 @@ impl ProxyError {
             ProxyError::UpstreamTimeout => "upstream_timeout",
             ProxyError::DeadlineExceeded => "deadline_exceeded",
             ProxyError::BadResponse(_) => "bad_response",
+            ProxyError::IdempotencyInFlight => "idempotency_in_flight",
+            ProxyError::IdempotencyKeyReused => "idempotency_key_reused",
+            ProxyError::IdempotencyNotReplayable => "idempotency_not_replayable",
         }
     }
 
@@ -87,6 +100,8 @@ impl ProxyError {
             ProxyError::RateLimited { retry_after } | ProxyError::CircuitOpen { retry_after } => {
                 *retry_after
             }
+            // The first request is likely done within a second.
+            ProxyError::IdempotencyInFlight => Some(Duration::from_secs(1)),
             _ => None,
         }
     }
@@ -104,6 +119,9 @@ impl ProxyError {
             | ProxyError::ConnectFailed(_)
             | ProxyError::UpstreamReset(_)
             | ProxyError::BadResponse(_) => 14, // UNAVAILABLE
+            ProxyError::IdempotencyInFlight => 10, // ABORTED
+            ProxyError::IdempotencyKeyReused => 3, // INVALID_ARGUMENT
+            ProxyError::IdempotencyNotReplayable => 6, // ALREADY_EXISTS
         }
     }
 

@@ -5,6 +5,7 @@ use super::attempt::{self, Plan};
 use super::body::{boxed, Body, IdleTimeout};
 use super::error::ProxyError;
 use super::headers;
+use super::idempotent::{self, Begun};
 use super::replay::RequestBody;
 use super::route::{request_host, upstream_path};
 use super::{ListenerRole, Snapshot, Upstream};
@@ -149,6 +150,14 @@ async fn forward(
     let lowered = headers::weir_timeout(&parts.headers).map_err(ProxyError::BadRequest)?;
     let grpc = headers::grpc_timeout(&parts.headers);
     let (deadline, client_lowered) = attempt::deadline(cfg, start, [lowered, grpc]);
+    // A keyed write (docs/behaviour.md#idempotency-keys), with the target the
+    // client sent, for its fingerprint.
+    let idem_value = parts.headers.get(&cfg.idempotency_header);
+    let keyed = idempotent::key_of(cfg, parts.method.as_str(), idem_value.map(|v| v.as_bytes()))?
+        .map(|k| {
+            let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+            (k.to_owned(), target.to_owned())
+        });
 
     // The host the upstream is told: its own, or the client's with
     // `preserve_host`. It travels as the URI's authority, which the client
@@ -178,44 +187,51 @@ async fn forward(
         Version::HTTP_11
     };
 
+    // An upgrade is one attempt: its body is the connection itself.
+    let single = cfg.retry.max_attempts <= 1 || on_upgrade.is_some();
+    let stream_unknown = up.h2 || parts.version == Version::HTTP_2 || is_grpc_request;
+    let limit = cfg.retry.max_replay_body_bytes;
+
+    // A keyed write's body is read first, for its fingerprint, and a repeat
+    // is answered from the record before admission could hold it back.
+    let mut recorder = None;
+    let (held, body) = match keyed {
+        Some((k, target)) => {
+            let held = prepare(body, true, limit, stream_unknown, deadline).await?;
+            match idempotent::begin_held(&up.state, &k, parts.method.as_str(), &target, &held) {
+                Begun::Replay(stored) => {
+                    up.state.metrics.status(stored.status, start.elapsed());
+                    return Ok(idempotent::replay_response(&stored, cfg.annotate));
+                }
+                Begun::Refused(e) => return Err(e),
+                Begun::Forward(r) => recorder = Some(r),
+                Begun::Unrecorded => {}
+            }
+            (Some(held), None)
+        }
+        None => (None, Some(body)),
+    };
+
     // Admission in the order of docs/behaviour.md#admission: rate limit, concurrency; the body is
     // read (when it is to be kept for a replay) before the breaker is asked,
     // so a slow upload never holds a half-open probe slot.
     let admitted = attempt::admit(up, key.as_deref(), start, deadline, &mut attempt::Dropped).await;
     let (slot, _) = admitted.unwrap_or(Err(ProxyError::DeadlineExceeded))?;
 
-    // An upgrade is one attempt: its body is the connection itself.
-    let single = cfg.retry.max_attempts <= 1 || on_upgrade.is_some();
-    let stream_unknown = up.h2 || parts.version == Version::HTTP_2 || is_grpc_request;
     let continue_gate = (parts.version == Version::HTTP_11
-        && !http_body::Body::is_end_stream(&body)
+        && body
+            .as_ref()
+            .is_some_and(|b| !http_body::Body::is_end_stream(b))
         && parts
             .headers
             .get(header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")))
     .then(|| std::sync::Arc::new(super::replay::ContinueGate::default()));
-    let body = if let Some(gate) = &continue_gate {
-        RequestBody::gated(body, gate.clone(), !single)
-    } else {
-        match tokio::time::timeout_at(
-            deadline,
-            RequestBody::prepare(
-                body,
-                !single,
-                cfg.retry.max_replay_body_bytes,
-                stream_unknown,
-            ),
-        )
-        .await
-        {
-            Ok(Ok(b)) => b,
-            Ok(Err(e)) => {
-                return Err(ProxyError::BadRequest(format!(
-                    "the request body could not be read: {e}"
-                )))
-            }
-            Err(_) => return Err(ProxyError::DeadlineExceeded),
-        }
+    let body = match (held, body, &continue_gate) {
+        (Some(held), _, _) => held,
+        (None, Some(body), Some(gate)) => RequestBody::gated(body, gate.clone(), !single),
+        (None, Some(body), None) => prepare(body, !single, limit, stream_unknown, deadline).await?,
+        (None, None, _) => return Err(ProxyError::BadRequest("no request body".into())),
     };
     let ticket = attempt::admit_breaker(&up.state)?;
     let plan = Plan {
@@ -234,6 +250,11 @@ async fn forward(
         continue_gate,
     };
     let done = attempt::run(up, conn, plan, ticket).await;
+    if let Err(e) = &done.result {
+        if let Some(r) = recorder.take() {
+            r.finish(idempotent::ending_of(e), None);
+        }
+    }
     match done.result {
         Ok(mut resp) => {
             let switching = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
@@ -262,6 +283,10 @@ async fn forward(
             // hyper answers in the client's protocol; an HTTP/1.0 upstream must
             // not downgrade the client's connection.
             rparts.version = Version::HTTP_11;
+            let capture = recorder.map(|r| {
+                let fields = idempotent::kept_fields(&rparts.headers);
+                r.capture(rparts.status.as_u16(), fields)
+            });
             if cfg.annotate {
                 attempt::annotate(&mut rparts.headers, done.attempts, done.stop);
             }
@@ -271,7 +296,11 @@ async fn forward(
             );
             let first = done.ended + cfg.idle_timeout;
             let body = IdleTimeout::new(rbody, first, cfg.idle_timeout, Some(slot));
-            Ok(Response::from_parts(rparts, boxed(body)))
+            let body = match capture {
+                Some(c) => boxed(idempotent::Recording::new(body, c)),
+                None => boxed(body),
+            };
+            Ok(Response::from_parts(rparts, body))
         }
         Err(e) => {
             up.state
@@ -283,6 +312,25 @@ async fn forward(
             }
             Ok(resp)
         }
+    }
+}
+
+/// Prepares the request body for the attempts (see [`RequestBody::prepare`]),
+/// within the request's deadline.
+async fn prepare(
+    body: Incoming,
+    retry_possible: bool,
+    limit: u64,
+    stream_unknown: bool,
+    deadline: Instant,
+) -> Result<RequestBody, ProxyError> {
+    let prepared = RequestBody::prepare(body, retry_possible, limit, stream_unknown);
+    match tokio::time::timeout_at(deadline, prepared).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => Err(ProxyError::BadRequest(format!(
+            "the request body could not be read: {e}"
+        ))),
+        Err(_) => Err(ProxyError::DeadlineExceeded),
     }
 }
 

@@ -277,47 +277,102 @@ impl Chunked {
     }
 }
 
-/// Appends the data of a chunked body that [`Chunked`] has followed to
-/// its last chunk's line (so it is known to be valid) to `out`, coded anew:
-/// each chunk's size in lowercase hex without extensions, then the last
-/// chunk and an empty trailer section. What reaches the upstream is the
-/// plainest form of the coding, whatever leniency the client's took.
-/// Returns the length of the data.
-pub fn rechunk(body: &[u8], out: &mut Vec<u8>) -> u64 {
-    let mut data = 0u64;
-    let mut at = 0;
-    loop {
+/// The data of a chunked body that [`Chunked`] has followed (so it is known
+/// to be valid), chunk by chunk; after the last one, [`Chunks::rest`] is
+/// what follows the last chunk's line (the trailer section). Bytes that
+/// were never followed end it rather than panic.
+#[derive(Debug)]
+pub struct Chunks<'a> {
+    body: &'a [u8],
+    at: usize,
+    ended: bool,
+}
+
+impl<'a> Chunks<'a> {
+    pub fn new(body: &'a [u8]) -> Self {
+        Chunks {
+            body,
+            at: 0,
+            ended: false,
+        }
+    }
+
+    /// What follows the last chunk's line, once the iterator has ended.
+    pub fn rest(&self) -> &'a [u8] {
+        self.body.get(self.at..).unwrap_or_default()
+    }
+}
+
+impl<'a> Iterator for Chunks<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        if self.ended {
+            return None;
+        }
+        let body = self.body;
+        let mut at = self.at;
         let mut size = 0u64;
         while let Some(d) = body.get(at).and_then(|b| (*b as char).to_digit(16)) {
             size = size.saturating_mul(16).saturating_add(u64::from(d));
             at += 1;
         }
         // Past whitespace and extensions to the end of the size line.
-        match body
+        let lf = body
             .get(at..)
-            .and_then(|r| r.iter().position(|b| *b == b'\n'))
-        {
-            Some(lf) => at += lf + 1,
-            None => break,
+            .and_then(|r| r.iter().position(|b| *b == b'\n'));
+        let chunk = lf.and_then(|lf| {
+            let from = at + lf + 1;
+            let n = usize::try_from(size).ok()?;
+            Some((from, body.get(from..from.checked_add(n)?)?))
+        });
+        match chunk {
+            Some((from, c)) if !c.is_empty() => {
+                // Past the chunk and its CRLF.
+                self.at = from + c.len() + 2;
+                Some(c)
+            }
+            Some((from, _)) => {
+                self.at = from;
+                self.ended = true;
+                None
+            }
+            None => {
+                self.at = body.len();
+                self.ended = true;
+                None
+            }
         }
-        let Some(chunk) = usize::try_from(size)
-            .ok()
-            .and_then(|n| body.get(at..at.checked_add(n)?))
-        else {
-            break;
-        };
-        if chunk.is_empty() {
-            break;
-        }
-        out.extend_from_slice(format!("{size:x}\r\n").as_bytes());
+    }
+}
+
+/// Appends the data of a chunked body that [`Chunked`] has followed to its
+/// last chunk's line to `out`, coded anew: each chunk's size in lowercase
+/// hex without extensions, then the last chunk and an empty trailer
+/// section. What reaches the upstream is the plainest form of the coding,
+/// whatever leniency the client's took. Returns the length of the data.
+pub fn rechunk(body: &[u8], out: &mut Vec<u8>) -> u64 {
+    let mut data = 0u64;
+    for chunk in Chunks::new(body) {
+        out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
         out.extend_from_slice(chunk);
         out.extend_from_slice(b"\r\n");
-        data += size;
-        // Past the chunk's CRLF.
-        at += chunk.len() + 2;
+        data += chunk.len() as u64;
     }
     out.extend_from_slice(b"0\r\n\r\n");
     data
+}
+
+/// The data of a whole chunked body that [`Chunked`] has followed, and
+/// whether it carried trailer fields.
+pub fn chunk_data(body: &[u8]) -> (Vec<u8>, bool) {
+    let mut chunks = Chunks::new(body);
+    let mut data = Vec::new();
+    for c in chunks.by_ref() {
+        data.extend_from_slice(c);
+    }
+    let trailers = !matches!(chunks.rest(), b"" | b"\r\n");
+    (data, trailers)
 }
 
 #[cfg(test)]
@@ -336,6 +391,10 @@ mod tests {
         let mut out = Vec::new();
         assert_eq!(rechunk(b"0\r\n", &mut out), 0);
         assert_eq!(out, b"0\r\n\r\n");
+        let (data, trailers) = chunk_data(b"5\r\nhello\r\n0\r\n\r\n");
+        assert_eq!((&data[..], trailers), (&b"hello"[..], false));
+        let (data, trailers) = chunk_data(b"1\r\nx\r\n0\r\nx-sum: 1\r\n\r\n");
+        assert_eq!((&data[..], trailers), (&b"x"[..], true));
         // Bytes that were never followed end it rather than panic.
         let mut out = Vec::new();
         assert_eq!(rechunk(b"ff\r\nshort", &mut out), 0);

@@ -17,6 +17,7 @@ pub(crate) mod gate;
 pub(crate) mod guard;
 pub mod h1;
 pub(crate) mod headers;
+pub(crate) mod idempotent;
 pub(crate) mod replay;
 pub mod resolve;
 pub(crate) mod route;

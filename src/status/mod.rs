@@ -51,6 +51,8 @@ pub async fn sample(proxy: Arc<ProxyHandle>, mut stop: watch::Receiver<bool>) {
 pub fn sample_once(snap: &Snapshot) {
     let (mut samples, bounds) = read(&snap.metrics, snap);
     for u in &snap.upstreams {
+        // The idempotency stores' expired records go on the same tick.
+        u.state.sweep();
         if let Some(s) = samples.remove(&u.state.name) {
             u.state.recent.push(s, &bounds);
         }

@@ -20,6 +20,7 @@
 //! general one).
 
 pub mod head;
+mod io;
 pub(crate) mod pool;
 mod reply;
 mod rewind;
@@ -29,22 +30,20 @@ use super::access;
 use super::attempt::{self, Attempts};
 use super::conn::{serve_io, Conn};
 use super::error::ProxyError;
+use super::idempotent::{self, Begun, Recorder};
 use super::Upstream;
+use crate::policy::idempotency::StoredResponse;
 use head::{Annotations, Framing, Parse, Planned};
+use io::{client_gone, read_more, write_client, Timer, KEEP_CAPACITY};
 pub(crate) use pool::Pool;
 use reply::ErrorResponse;
-use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 use transport::{ClientWatch, Exchange, FastTransport};
-
-/// Buffers kept larger than this between requests are given back.
-const KEEP_CAPACITY: usize = 64 * 1024;
 
 /// One connection's buffers, reused by every request on it.
 struct Bufs {
@@ -88,94 +87,6 @@ impl Bufs {
             }
         }
     }
-}
-
-/// One timer per connection, armed lazily: it is moved only when a wait
-/// needs it earlier than it is set. Deadlines on a keep-alive connection
-/// (head, request, idle body) mostly lie later than the last one armed, so
-/// a request usually touches no timer at all; when an early arming fires,
-/// the wait re-arms it for its own deadline.
-struct Timer {
-    sleep: Pin<Box<Sleep>>,
-}
-
-impl Timer {
-    fn new(now: Instant) -> Self {
-        // Never registered at this deadline: the first wait moves it earlier.
-        Timer {
-            sleep: Box::pin(tokio::time::sleep_until(now + Duration::from_secs(86_400))),
-        }
-    }
-
-    /// Completes once `at` has passed.
-    async fn at(&mut self, at: Instant) {
-        if self.sleep.deadline() > at {
-            self.sleep.as_mut().reset(at);
-        }
-        loop {
-            self.sleep.as_mut().await;
-            if Instant::now() >= at {
-                return;
-            }
-            self.sleep.as_mut().reset(at);
-        }
-    }
-}
-
-/// Reads what has arrived onto the end of `buf`. The room it reads into
-/// starts at 4 KiB and doubles (to 64 KiB) while reads fill it, so a small
-/// exchange keeps small buffers and a large body moves in large reads.
-async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
-    let spare = buf.capacity() - buf.len();
-    if spare < 1024 {
-        buf.reserve(4096.max(buf.capacity().min(KEEP_CAPACITY)));
-    }
-    let room = buf.capacity() - buf.len();
-    let n = s.read_buf(buf).await?;
-    if n == room && buf.capacity() < KEEP_CAPACITY {
-        buf.reserve(buf.capacity());
-    }
-    Ok(n)
-}
-
-/// How far past the request being served a client may pipeline before weir
-/// stops reading from it.
-const PIPELINE_CAP: usize = 64 * 1024;
-
-/// Completes when the client goes away while the request in the first
-/// `keep` bytes of `buf` is served. Bytes it pipelines meanwhile are kept;
-/// a client that closes its side after pipelining whole requests is not
-/// gone (`eof` records it): what it sent is served first, as hyper does.
-async fn client_gone(s: &mut TcpStream, buf: &mut Vec<u8>, keep: usize, eof: &mut bool) {
-    loop {
-        if *eof || buf.len() >= keep + PIPELINE_CAP {
-            std::future::pending::<()>().await;
-        }
-        match read_more(s, buf).await {
-            Ok(0) if buf.len() > keep => *eof = true,
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-    }
-}
-
-/// Writes `bytes` to the client. A client that takes nothing for `limit`
-/// (`client_write_timeout`) is given up on: the connection ends and its
-/// slot is freed. A write that goes through at once arms no timer.
-async fn write_client(s: &mut TcpStream, mut bytes: &[u8], limit: Duration) -> bool {
-    while !bytes.is_empty() {
-        match s.try_write(bytes) {
-            Ok(0) => return false,
-            Ok(n) => bytes = &bytes[n..],
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if !matches!(tokio::time::timeout(limit, s.writable()).await, Ok(Ok(()))) {
-                    return false;
-                }
-            }
-            Err(_) => return false,
-        }
-    }
-    true
 }
 
 /// Serves a cleartext client connection.
@@ -295,6 +206,23 @@ impl Ctx<'_> {
             error: e,
             attempts: None,
         };
+        // A keyed write's body is read first, for its fingerprint; a repeat
+        // is answered from the record before admission could hold it back.
+        let mut recorder = None;
+        let read_first = p.idem.is_some() && self.bufs.client.len() < need;
+        if let Some(k) = p.idem.as_deref() {
+            if let Err(open) = self.read_body(up, start, &p, deadline).await {
+                return open;
+            }
+            let body = &self.bufs.client[p.head_len..need];
+            let fp = idempotent::fingerprint(&k.method, &k.target, body, p.chunked);
+            match idempotent::begin(&up.state, &k.key, &fp) {
+                Begun::Replay(stored) => return self.replay(up, start, &p, &stored).await,
+                Begun::Refused(e) => return self.fail(up, start, &p, fail(e)).await,
+                Begun::Forward(r) => recorder = Some(r),
+                Begun::Unrecorded => {}
+            }
+        }
         let mut watch = ClientWatch {
             stream: &mut *self.stream,
             client: &mut self.bufs.client,
@@ -308,24 +236,9 @@ impl Ctx<'_> {
             Some(Err(e)) => return self.fail(up, start, &p, fail(e)).await,
         };
         // Nothing waited for (admission, the body): `start` still tells the time.
-        let now = Some(start).filter(|_| !waited && self.bufs.client.len() >= need);
-        while self.bufs.client.len() < need {
-            tokio::select! {
-                biased;
-                r = read_more(self.stream, &mut self.bufs.client) => match r {
-                    Ok(0) | Err(_) => {
-                        // The body broke off: as on the general path, a bad request.
-                        let e = ProxyError::BadRequest(String::new());
-                        up.state.metrics.error(e.code(), start.elapsed());
-                        return false;
-                    }
-                    Ok(_) => {}
-                },
-                () = self.timer.at(deadline) => {
-                    let f = fail(ProxyError::DeadlineExceeded);
-                    return self.fail(up, start, &p, f).await;
-                }
-            }
+        let now = Some(start).filter(|_| !waited && !read_first && self.bufs.client.len() >= need);
+        if let Err(open) = self.read_body(up, start, &p, deadline).await {
+            return open;
         }
         if !p.chunked {
             let body = &self.bufs.client[p.head_len..need];
@@ -382,7 +295,11 @@ impl Ctx<'_> {
                 let status = x.status;
                 up.state.metrics.status(status, took);
                 let addr = x.addr;
-                let open = self.relay(up, addr, x, annotations, &p, ended).await;
+                let kept = Kept {
+                    annotations,
+                    recorder,
+                };
+                let open = self.relay(up, addr, x, kept, &p, ended).await;
                 let entry = access::Entry {
                     upstream: &cfg.name,
                     method: "",
@@ -398,6 +315,9 @@ impl Ctx<'_> {
                 open && !p.close
             }
             Err(error) => {
+                if let Some(r) = recorder {
+                    r.finish(idempotent::ending_of(&error), None);
+                }
                 let f = Failure {
                     error,
                     attempts: annotations,
@@ -405,6 +325,66 @@ impl Ctx<'_> {
                 self.fail(up, start, &p, f).await
             }
         }
+    }
+
+    /// Reads the rest of the request's body, within the request's deadline.
+    /// `Err` says whether the connection stays open when it does not come.
+    async fn read_body(
+        &mut self,
+        up: &Upstream,
+        start: Instant,
+        p: &Planned,
+        deadline: Instant,
+    ) -> Result<(), bool> {
+        while self.bufs.client.len() < p.head_len + p.body_len {
+            tokio::select! {
+                biased;
+                r = read_more(self.stream, &mut self.bufs.client) => match r {
+                    Ok(0) | Err(_) => {
+                        // The body broke off: as on the general path, a bad request.
+                        let e = ProxyError::BadRequest(String::new());
+                        up.state.metrics.error(e.code(), start.elapsed());
+                        return Err(false);
+                    }
+                    Ok(_) => {}
+                },
+                () = self.timer.at(deadline) => {
+                    let f = Failure { error: ProxyError::DeadlineExceeded, attempts: None };
+                    return Err(self.fail(up, start, p, f).await);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers a repeat of a keyed write from its record
+    /// (docs/behaviour.md#idempotency-keys). Returns whether the connection
+    /// stays open.
+    async fn replay(
+        &mut self,
+        up: &Upstream,
+        start: Instant,
+        p: &Planned,
+        stored: &StoredResponse,
+    ) -> bool {
+        let took = start.elapsed();
+        up.state.metrics.status(stored.status, took);
+        let entry = access::Entry {
+            upstream: &up.config.name,
+            method: "",
+            path: "",
+            status: stored.status,
+            error: None,
+            attempts: up.config.annotate.then_some(0),
+            retry_stop: None,
+            took,
+        };
+        self.access_log(p, entry);
+        let close = p.close || *self.stop.borrow();
+        let (parts, body) = idempotent::replay_parts(stored, up.config.annotate);
+        self.bufs.out.clear();
+        reply::write_parts(&parts, None, &body, close, true, &mut self.bufs.out);
+        write_client(self.stream, &self.bufs.out, self.write_timeout).await && !close
     }
 
     /// Answers with weir's own error. Returns whether the connection stays
@@ -453,14 +433,16 @@ impl Ctx<'_> {
         up: &Upstream,
         addr: SocketAddr,
         x: Exchange,
-        annotations: Option<Annotations>,
+        kept: Kept,
         p: &Planned,
         ended: Instant,
     ) -> bool {
+        let annotations = kept.annotations;
         let close = p.close || *self.stop.borrow();
         let need = p.head_len + p.body_len;
         let Exchange {
             mut upstream,
+            status,
             head_len,
             framing,
             mut reusable,
@@ -468,12 +450,17 @@ impl Ctx<'_> {
         } = x;
         let idle = up.config.idle_timeout;
         let bufs = &mut *self.bufs;
-        // The head was begun when the upstream's was parsed.
+        // A keyed write's response is kept as it passes, its fields as the
+        // client gets them (the head was begun when the upstream's was parsed).
+        let mut capture = kept
+            .recorder
+            .map(|r| r.capture(status, head::fields(&bufs.out)));
         head::finish_response(
             &mut bufs.out,
             annotations,
             close || framing == Framing::Close,
         );
+        let head_end = bufs.out.len();
         let tail = &bufs.upstream[head_len..];
         // How much of the body is still to come, and what of `tail` is body.
         let mut chunked = head::ChunkedRelay::default();
@@ -501,6 +488,9 @@ impl Ctx<'_> {
         if framing != Framing::Chunked {
             bufs.out.extend_from_slice(&tail[..body_now]);
         }
+        if let Some(c) = capture.as_mut() {
+            c.push(&bufs.out[head_end..]);
+        }
         if !write_client(self.stream, &bufs.out, self.write_timeout).await {
             return false;
         }
@@ -525,6 +515,9 @@ impl Ctx<'_> {
             if n == 0 {
                 // Closed: the end of a close-delimited body, or a cut one;
                 // either way the client connection ends here too.
+                if let (Framing::Close, Some(c)) = (framing, capture.take()) {
+                    c.done();
+                }
                 return false;
             }
             let got = &bufs.upstream[..n];
@@ -550,15 +543,31 @@ impl Ctx<'_> {
             if pass < n {
                 reusable = false;
             }
+            if let Some(c) = capture.as_mut() {
+                c.push(send);
+            }
             if !write_client(self.stream, send, self.write_timeout).await {
                 return false;
             }
+        }
+        if let Some(mut c) = capture {
+            if framing == Framing::Chunked {
+                c.dechunk();
+            }
+            c.done();
         }
         if reusable {
             self.pool.put(addr, upstream, last);
         }
         framing != Framing::Close
     }
+}
+
+/// What a response takes along to the client besides itself: weir's
+/// annotations, and a keyed write's recorder.
+struct Kept {
+    annotations: Option<Annotations>,
+    recorder: Option<Recorder>,
 }
 
 /// weir's error for the client, with what the attempts added.

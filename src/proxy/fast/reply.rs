@@ -19,33 +19,61 @@ impl ErrorResponse<'_> {
     /// Writes [`ProxyError::parts`] as bytes, with the annotations, `Date`
     /// and `Connection: close` when the connection ends.
     pub(super) fn write(&self, out: &mut Vec<u8>) {
-        use std::io::Write;
         let (mut parts, body) = self.error.parts(Some(self.upstream));
         if let Some(a) = self.annotations {
             attempt::annotate(&mut parts.headers, a.attempts, a.stop);
         }
-        if self.close {
-            parts.headers.insert(
-                http::header::CONNECTION,
-                http::HeaderValue::from_static("close"),
-            );
-        }
-        let _ = write!(
+        let date = httpdate::fmt_http_date(self.date);
+        let date = http::HeaderValue::from_str(&date).ok();
+        write_parts(
+            &parts,
+            date.as_ref(),
+            &body,
+            self.close,
+            !self.head_method,
             out,
-            "HTTP/1.1 {} {}\r\ndate: {}\r\n",
-            parts.status.as_u16(),
-            parts.status.canonical_reason().unwrap_or(""),
-            httpdate::fmt_http_date(self.date),
         );
-        for (name, value) in &parts.headers {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Writes a response weir makes itself (an error, a replay) as HTTP/1.1
+/// bytes: the status line, `date` when given, the fields, `Connection:
+/// close` when the connection ends, the body's length, and the body when
+/// `send_body` (not for HEAD). A 204 or 304 announces no length.
+pub(super) fn write_parts(
+    parts: &http::response::Parts,
+    date: Option<&http::HeaderValue>,
+    body: &[u8],
+    close: bool,
+    send_body: bool,
+    out: &mut Vec<u8>,
+) {
+    use std::io::Write;
+    let status = parts.status;
+    let _ = write!(
+        out,
+        "HTTP/1.1 {} {}\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("")
+    );
+    let date = date.map(|d| (&http::header::DATE, d));
+    for (name, value) in date.into_iter().chain(&parts.headers) {
+        if name == http::header::CONNECTION {
+            continue;
         }
-        let _ = write!(out, "content-length: {}\r\n\r\n", body.len());
-        if !self.head_method {
-            out.extend_from_slice(&body);
-        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if close || parts.headers.contains_key(http::header::CONNECTION) {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    if !matches!(status.as_u16(), 204 | 304) {
+        let _ = write!(out, "content-length: {}\r\n", body.len());
+    }
+    out.extend_from_slice(b"\r\n");
+    if send_body && status.as_u16() != 204 && status.as_u16() != 304 {
+        out.extend_from_slice(body);
     }
 }

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 mod response;
 pub use response::{
-    finish_response, parse_response, trailer_section, Annotations, ChunkedRelay, Framing, Head,
-    Response,
+    fields, finish_response, parse_response, trailer_section, Annotations, ChunkedRelay, Framing,
+    Head, Response,
 };
 
 /// The most header fields a head may have on the fast path; a head with more
@@ -69,6 +69,18 @@ pub struct Planned {
     pub lowered: Option<Duration>,
     /// The rate limiter's key, when the upstream keys its limiter.
     pub key: Option<String>,
+    /// A keyed write, for the upstream's idempotency store.
+    pub idem: Option<Box<Keyed>>,
+}
+
+/// A request the upstream's idempotency store applies to
+/// (docs/behaviour.md#idempotency-keys): its key, and its method and target
+/// for the fingerprint.
+#[derive(Debug)]
+pub struct Keyed {
+    pub key: Box<str>,
+    pub method: Box<str>,
+    pub target: Box<str>,
 }
 
 fn eq(a: &str, b: &str) -> bool {
@@ -196,8 +208,19 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     if body_len > cap {
         return Parse::Fallback("a body too large to hold");
     }
-    let Some((key, has_key)) = write(up, &req, out) else {
+    let Some((key, idem_value)) = write(up, &req, out) else {
         return Parse::Fallback("a target that cannot be mapped");
+    };
+    let idem = match crate::proxy::idempotent::key_of(&up.config, req.method, idem_value) {
+        Ok(k) => k.map(|k| {
+            Box::new(Keyed {
+                key: k.into(),
+                method: req.method.into(),
+                target: req.path_and_query.into(),
+            })
+        }),
+        // hyper's path answers it (400).
+        Err(_) => return Parse::Fallback("an invalid idempotency key"),
     };
     let data_len = if req.chunked {
         let start = req.head_len;
@@ -215,11 +238,12 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         head_len: req.head_len,
         body_len: body_len as usize,
         chunked: req.chunked,
-        facts: RequestFacts::new(req.method, has_key, body),
+        facts: RequestFacts::new(req.method, idem_value.is_some(), body),
         head_method: req.method == "HEAD",
         close: req.connection.close,
         lowered: req.lowered,
         key,
+        idem,
     })
 }
 
@@ -383,13 +407,13 @@ fn route<'s>(
 /// Writes the upstream's head to `out` (which it clears first): the
 /// request line with the mapped target, the client's fields without
 /// hop-by-hop ones and those its `Connection` names, `Host`, the framing
-/// restated. Returns the rate limiter's key and whether the request carries
-/// an idempotency key; `None` when the target cannot be mapped.
-fn write(
+/// restated. Returns the rate limiter's key and the idempotency key's
+/// value, if any; `None` when the target cannot be mapped.
+fn write<'b>(
     up: &Upstream,
-    req: &Request<'_, '_>,
+    req: &Request<'_, 'b>,
     out: &mut Vec<u8>,
-) -> Option<(Option<String>, bool)> {
+) -> Option<(Option<String>, Option<&'b [u8]>)> {
     let cfg = &up.config;
     out.clear();
     out.extend_from_slice(req.method.as_bytes());
@@ -405,7 +429,7 @@ fn write(
         .and_then(|r| r.key.as_ref())
         .map(|crate::policy::limiter::KeySource::Header(h)| h.as_str());
     let mut key = None;
-    let mut has_key = false;
+    let mut idem_value = None;
     for h in req.fields.iter() {
         let n = h.name;
         if key.is_none() && key_header.is_some_and(|k| eq(k, n)) {
@@ -419,7 +443,9 @@ fn write(
         {
             continue;
         }
-        has_key |= eq(n, idem);
+        if idem_value.is_none() && eq(n, idem) {
+            idem_value = Some(h.value);
+        }
         header(out, n.as_bytes(), h.value);
     }
     let host_value = if cfg.preserve_host {
@@ -441,7 +467,7 @@ fn write(
         out.extend_from_slice(b"te: trailers\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    Some((key, has_key))
+    Some((key, idem_value))
 }
 
 /// Writes the upstream's request target (origin form), mapped as

@@ -185,6 +185,22 @@ pub fn finish_response(out: &mut Vec<u8>, annotations: Option<Annotations>, clos
     out.extend_from_slice(b"\r\n");
 }
 
+/// The fields of the client's response head [`parse_response`] began in
+/// `out` (before [`finish_response`]) that a stored response keeps
+/// (`idempotent::kept`): the upstream's end-to-end fields as the client
+/// gets them.
+pub fn fields(out: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    out.split(|b| *b == b'\n')
+        .skip(1)
+        .filter_map(|line| {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let colon = line.iter().position(|b| *b == b':')?;
+            let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
+            crate::proxy::idempotent::kept(name).then(|| (name.to_vec(), value.to_vec()))
+        })
+        .collect()
+}
+
 /// The largest trailer section relayed.
 const MAX_TRAILERS: usize = 16 * 1024;
 

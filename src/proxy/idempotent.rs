@@ -1,0 +1,390 @@
+//! Idempotency keys in the data plane (docs/behaviour.md#idempotency-keys):
+//! the one place both paths ask the upstream's store what a keyed request
+//! gets, answer a replay or a refusal, and record how a forwarded one ended.
+//! What the store decides is `policy::idempotency`'s; this module only
+//! carries requests and responses to and from it.
+//!
+//! A request is keyed when its upstream keeps a store, its method is one of
+//! the store's `methods` and it carries the `idempotency_header`. Its
+//! fingerprint needs its whole body, so a keyed request's body is read
+//! before admission (a replay is never held back by the breaker, the rate
+//! limit or the concurrency limit), and only a body weir holds (up to
+//! `max_replay_body_bytes`) can be fingerprinted: a keyed request whose body
+//! weir streams is forwarded without a record.
+
+use super::error::ProxyError;
+use crate::config::UpstreamConfig;
+use crate::policy::idempotency::{
+    parse_key, Action, Ending, Fingerprint, IdempotencyStore, StoredResponse, REPLAYED_HEADER,
+};
+use crate::state::UpstreamState;
+use bytes::Bytes;
+use std::sync::Arc;
+
+/// The key of a request the upstream's store applies to; `Ok(None)` when it
+/// applies to none (no store, another method, no key); an empty or
+/// over-long key is a 400.
+pub(crate) fn key_of<'v>(
+    cfg: &UpstreamConfig,
+    method: &str,
+    value: Option<&'v [u8]>,
+) -> Result<Option<&'v str>, ProxyError> {
+    let (Some(params), Some(v)) = (&cfg.idempotency, value) else {
+        return Ok(None);
+    };
+    if !params.applies_to(method) {
+        return Ok(None);
+    }
+    match parse_key(v) {
+        Some(k) => Ok(Some(k)),
+        None => Err(ProxyError::BadRequest(format!(
+            "the {} header must be 1 to 255 bytes of text",
+            cfg.idempotency_header
+        ))),
+    }
+}
+
+/// What a keyed request gets.
+#[derive(Debug)]
+pub(crate) enum Begun {
+    /// The stored response; the upstream sees nothing.
+    Replay(Arc<StoredResponse>),
+    /// weir's 409 or 422.
+    Refused(ProxyError),
+    /// Forward it, and record its end through the recorder.
+    Forward(Recorder),
+    /// The store was turned off by a reload meanwhile: forward, record nothing.
+    Unrecorded,
+}
+
+/// Asks the upstream's store about a keyed request (and records it in
+/// flight when it is to be forwarded).
+pub(crate) fn begin(state: &Arc<UpstreamState>, key: &str, fingerprint: &Fingerprint) -> Begun {
+    let now = state.now();
+    let mut store = state.idempotency();
+    let Some(store) = store.as_mut() else {
+        return Begun::Unrecorded;
+    };
+    match store.begin(key, fingerprint, now) {
+        Action::Forward => Begun::Forward(Recorder {
+            state: state.clone(),
+            key: key.into(),
+            limit: store.params().max_response_bytes,
+            done: false,
+        }),
+        Action::Replay(r) => Begun::Replay(r),
+        Action::InFlight => Begun::Refused(ProxyError::IdempotencyInFlight),
+        Action::Reused => Begun::Refused(ProxyError::IdempotencyKeyReused),
+        Action::NotReplayable => Begun::Refused(ProxyError::IdempotencyNotReplayable),
+    }
+}
+
+/// How a keyed request that weir answered with one of its own errors ended:
+/// after an attempt that may have reached the upstream (a timeout, a reset,
+/// a response that did not parse, the deadline), it may have been processed.
+pub(crate) fn ending_of(e: &ProxyError) -> Ending {
+    match e {
+        ProxyError::UpstreamTimeout
+        | ProxyError::UpstreamReset(_)
+        | ProxyError::BadResponse(_)
+        | ProxyError::DeadlineExceeded => Ending::Uncertain,
+        _ => Ending::Failed,
+    }
+}
+
+/// A forwarded keyed request's record, in flight until [`Recorder::finish`].
+/// Dropped unfinished (the client went away, the exchange was cancelled),
+/// the record becomes uncertain, so the key is not wedged.
+#[derive(Debug)]
+pub(crate) struct Recorder {
+    state: Arc<UpstreamState>,
+    key: Box<str>,
+    /// `max_response_bytes`.
+    limit: usize,
+    done: bool,
+}
+
+impl Recorder {
+    /// Records how the request ended (with the response to keep, if any).
+    pub(crate) fn finish(mut self, ending: Ending, response: Option<StoredResponse>) {
+        self.done = true;
+        let what = crate::policy::idempotency::record(ending);
+        let now = self.state.now();
+        if let Some(store) = self.state.idempotency().as_mut() {
+            store.finish(&self.key, what, response, now);
+        }
+    }
+
+    /// Starts keeping a response with `status` and `headers` (as the client
+    /// gets them, weir's own fields and the framing left out).
+    pub(crate) fn capture(self, status: u16, headers: Vec<(Vec<u8>, Vec<u8>)>) -> Capture {
+        let size = headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+        Capture {
+            over: size > self.limit,
+            size,
+            status,
+            headers,
+            body: Vec::new(),
+            recorder: Some(self),
+        }
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if !self.done {
+            let now = self.state.now();
+            if let Some(store) = self.state.idempotency().as_mut() {
+                store.uncertain(&self.key, now);
+            }
+        }
+    }
+}
+
+/// Whether a response field is kept with a stored response: not the
+/// framing, which a replay restates, nor weir's own annotations.
+pub(crate) fn kept(name: &[u8]) -> bool {
+    let is = |n: &str| name.eq_ignore_ascii_case(n.as_bytes());
+    !(is("content-length")
+        || is("transfer-encoding")
+        || is("connection")
+        || is("keep-alive")
+        || is(REPLAYED_HEADER)
+        || (name.len() >= 7 && name[..7].eq_ignore_ascii_case(b"x-weir-")))
+}
+
+/// A response being relayed to the client and kept, up to
+/// `max_response_bytes`, for replays. Dropped before [`Capture::done`] (the
+/// body broke off, the client left), the key is recorded as completed
+/// without a response to replay: the upstream did answer.
+#[derive(Debug)]
+pub(crate) struct Capture {
+    status: u16,
+    headers: Vec<(Vec<u8>, Vec<u8>)>,
+    body: Vec<u8>,
+    /// Bytes counted so far (headers and body).
+    size: usize,
+    /// Past the limit, or not replayable for another reason (trailers).
+    over: bool,
+    recorder: Option<Recorder>,
+}
+
+impl Capture {
+    /// The next bytes of the body.
+    pub(crate) fn push(&mut self, bytes: &[u8]) {
+        if self.over {
+            return;
+        }
+        self.size += bytes.len();
+        let limit = self.recorder.as_ref().map_or(0, |r| r.limit);
+        if self.size > limit {
+            self.spoil();
+        } else {
+            self.body.extend_from_slice(bytes);
+        }
+    }
+
+    /// The response cannot be replayed as it was (trailers, a stream).
+    pub(crate) fn spoil(&mut self) {
+        self.over = true;
+        self.body = Vec::new();
+    }
+
+    /// The body as it came, chunked: replaced by its data, or spoiled when it
+    /// carries trailers.
+    pub(crate) fn dechunk(&mut self) {
+        if self.over {
+            return;
+        }
+        let raw = std::mem::take(&mut self.body);
+        let (data, trailers) = super::h1::chunk_data(&raw);
+        if trailers {
+            self.spoil();
+        } else {
+            self.body = data;
+        }
+    }
+
+    /// The whole body has been relayed.
+    pub(crate) fn done(mut self) {
+        self.end(true);
+    }
+
+    fn end(&mut self, whole: bool) {
+        let Some(recorder) = self.recorder.take() else {
+            return;
+        };
+        let replayable = whole && !self.over;
+        let response = replayable.then(|| StoredResponse {
+            status: self.status,
+            headers: std::mem::take(&mut self.headers),
+            body: Bytes::from(std::mem::take(&mut self.body)),
+        });
+        let ending = Ending::Response {
+            status: self.status,
+            replayable,
+        };
+        recorder.finish(ending, response);
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.end(false);
+    }
+}
+
+/// The head and body of a replay: the stored status, fields and body, with
+/// `Idempotent-Replayed: true` and (when the upstream annotates)
+/// `x-weir-attempts: 0`. Fields that no longer parse are left out.
+pub(crate) fn replay_parts(
+    stored: &StoredResponse,
+    annotate: bool,
+) -> (http::response::Parts, Bytes) {
+    let (mut parts, ()) = http::Response::new(()).into_parts();
+    parts.status = http::StatusCode::from_u16(stored.status).unwrap_or(http::StatusCode::OK);
+    for (n, v) in &stored.headers {
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::from_bytes(n),
+            http::HeaderValue::from_bytes(v),
+        ) {
+            parts.headers.append(n, v);
+        }
+    }
+    parts.headers.insert(
+        http::HeaderName::from_static(REPLAYED_HEADER),
+        http::HeaderValue::from_static("true"),
+    );
+    if annotate {
+        super::attempt::annotate(&mut parts.headers, 0, None);
+    }
+    (parts, stored.body.clone())
+}
+
+/// The fingerprint of a keyed request whose whole body weir holds (`chunked`:
+/// as it came, chunked; its data is what counts).
+pub(crate) fn fingerprint(method: &str, target: &str, body: &[u8], chunked: bool) -> Fingerprint {
+    let mut h = crate::policy::idempotency::FingerprintHasher::new(method, target);
+    if chunked {
+        for c in super::h1::Chunks::new(body) {
+            h.update(c);
+        }
+    } else {
+        h.update(body);
+    }
+    h.finish()
+}
+
+/// What a keyed request on the general path gets, from its body as
+/// prepared for the attempts: only a body weir holds can be fingerprinted.
+pub(crate) fn begin_held(
+    state: &Arc<UpstreamState>,
+    key: &str,
+    method: &str,
+    target: &str,
+    body: &super::replay::RequestBody,
+) -> Begun {
+    match body {
+        super::replay::RequestBody::Buffered {
+            data,
+            trailers: None,
+        } => begin(state, key, &Fingerprint::new(method, target, data)),
+        _ => {
+            tracing::debug!(upstream = %state.name, "a keyed request whose body is streamed is forwarded without a record");
+            Begun::Unrecorded
+        }
+    }
+}
+
+/// A replay as the general path sends it.
+pub(crate) fn replay_response(
+    stored: &StoredResponse,
+    annotate: bool,
+) -> http::Response<super::body::Body> {
+    let (parts, body) = replay_parts(stored, annotate);
+    http::Response::from_parts(parts, super::body::full(body))
+}
+
+/// The fields of a response kept for replays (see [`kept`]).
+pub(crate) fn kept_fields(h: &http::HeaderMap) -> Vec<(Vec<u8>, Vec<u8>)> {
+    h.iter()
+        .filter(|(n, _)| kept(n.as_str().as_bytes()))
+        .map(|(n, v)| (n.as_str().as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect()
+}
+
+pin_project_lite::pin_project! {
+    /// A response body on its way to the client, kept as it passes.
+    pub(crate) struct Recording<B> {
+        #[pin]
+        inner: B,
+        capture: std::sync::Mutex<Option<Capture>>,
+    }
+}
+
+impl<B> Recording<B> {
+    pub(crate) fn new(inner: B, capture: Capture) -> Self {
+        Recording {
+            inner,
+            capture: std::sync::Mutex::new(Some(capture)),
+        }
+    }
+}
+
+impl<B: http_body::Body<Data = Bytes>> http_body::Body for Recording<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
+        use std::task::Poll;
+        let mut this = self.project();
+        let r = this.inner.as_mut().poll_frame(cx);
+        let Ok(slot) = this.capture.get_mut() else {
+            return r;
+        };
+        match &r {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(c), Some(d)) = (slot.as_mut(), frame.data_ref()) {
+                    c.push(d);
+                }
+                if frame.is_trailers() {
+                    if let Some(c) = slot.as_mut() {
+                        c.spoil();
+                    }
+                }
+                // hyper may not ask again once the body says it has ended.
+                if this.inner.is_end_stream() || frame.is_trailers() {
+                    if let Some(c) = slot.take() {
+                        c.done();
+                    }
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some(c) = slot.take() {
+                    c.done();
+                }
+            }
+            // An error drops the capture: completed, nothing to replay.
+            Poll::Ready(Some(Err(_))) => drop(slot.take()),
+            Poll::Pending => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let end = self.inner.is_end_stream();
+        if end {
+            if let Some(c) = self.capture.lock().ok().and_then(|mut s| s.take()) {
+                c.done();
+            }
+        }
+        end
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}

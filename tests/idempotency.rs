@@ -1,0 +1,403 @@
+//! Idempotency keys (docs/behaviour.md#idempotency-keys), on both paths,
+//! counting what the upstream received: a repeat of a completed keyed write
+//! is answered from the record, a repeat while it runs is 409, a key reused
+//! for another request is 422, outcomes a retry could change are not kept,
+//! an uncertain one is forwarded again, and the store's bounds hold.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::BodyExt;
+use hyper::{Request, Response};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use weir::policy::idempotency::ENTRY_OVERHEAD;
+
+/// An upstream that answers every POST `201` with `order N` (N counts the
+/// POSTs it received) and `x-order: N`; `status` overrides the status
+/// while it is not 0.
+struct Orders {
+    up: TestUpstream,
+    status: Arc<AtomicUsize>,
+    release: Arc<tokio::sync::Semaphore>,
+}
+
+async fn orders(size: usize) -> Orders {
+    let status = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Semaphore::new(1_000_000));
+    let n = Arc::new(AtomicUsize::new(0));
+    let (s, r) = (status.clone(), release.clone());
+    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        let (s, r, n) = (s.clone(), r.clone(), n.clone());
+        async move {
+            let _ = req.into_body().collect().await;
+            let _permit = r.acquire().await.unwrap();
+            let i = n.fetch_add(1, Ordering::SeqCst) + 1;
+            let status = match s.load(Ordering::SeqCst) {
+                0 => 201,
+                other => other as u16,
+            };
+            let mut text = format!("order {i}").into_bytes();
+            text.resize(text.len().max(size), b'.');
+            Response::builder()
+                .status(status)
+                .header("x-order", i.to_string())
+                .body(body(text))
+                .unwrap()
+        }
+    })
+    .await;
+    Orders {
+        up,
+        status,
+        release,
+    }
+}
+
+/// A POST to `/orders` with `key` (when given) and `payload`: status, the
+/// head, the body.
+async fn post(
+    weir: &Weir,
+    key: Option<&str>,
+    payload: &'static str,
+) -> (u16, http::response::Parts, Bytes) {
+    let mut b = Request::post(weir.url("/orders")).header("host", "svc");
+    if let Some(k) = key {
+        b = b.header("idempotency-key", k);
+    }
+    let resp = client()
+        .request(b.body(body(payload)).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = read_body(resp).await;
+    (parts.status.as_u16(), parts, body)
+}
+
+const NO_RETRY: &str = "[upstreams.svc.retry]\nmax_attempts = 1\n";
+
+both_paths!(
+    #[tokio::test]
+    a_repeat_is_answered_from_the_record
+);
+async fn a_repeat_is_answered_from_the_record(path: DataPath) {
+    let o = orders(0).await;
+    let weir = Weir::single_on(path, &o.up.url(), "").await;
+    let (status, first, b) = post(&weir, Some("k1"), "pay 10").await;
+    assert_eq!((status, &b[..]), (201, &b"order 1"[..]));
+    assert_eq!(header(&first, "idempotent-replayed"), "");
+    for _ in 0..3 {
+        let (status, again, b) = post(&weir, Some("k1"), "pay 10").await;
+        assert_eq!((status, &b[..]), (201, &b"order 1"[..]));
+        assert_eq!(header(&again, "idempotent-replayed"), "true");
+        assert_eq!(header(&again, "x-weir-attempts"), "0");
+        assert_eq!(header(&again, "x-order"), "1");
+        assert_eq!(header(&again, "date"), header(&first, "date"));
+    }
+    assert_eq!(o.up.requests(), 1);
+    // Another key, and no key at all, reach the upstream.
+    assert_eq!(&post(&weir, Some("k2"), "pay 10").await.2[..], b"order 2");
+    assert_eq!(&post(&weir, None, "pay 10").await.2[..], b"order 3");
+    assert_eq!(&post(&weir, None, "pay 10").await.2[..], b"order 4");
+    assert_eq!(o.up.requests(), 4);
+}
+
+both_paths!(
+    #[tokio::test]
+    a_key_reused_for_another_request_is_422
+);
+async fn a_key_reused_for_another_request_is_422(path: DataPath) {
+    let o = orders(0).await;
+    let weir = Weir::single_on(path, &o.up.url(), "").await;
+    assert_eq!(post(&weir, Some("k1"), "pay 10").await.0, 201);
+    let (status, parts, _) = post(&weir, Some("k1"), "pay 99").await;
+    assert_eq!(status, 422);
+    assert_eq!(header(&parts, "x-weir-error"), "idempotency_key_reused");
+    assert_eq!(o.up.requests(), 1);
+}
+
+both_paths!(
+    #[tokio::test]
+    fifty_at_once_with_one_key_reach_the_upstream_once
+);
+async fn fifty_at_once_with_one_key_reach_the_upstream_once(path: DataPath) {
+    let o = orders(0).await;
+    let weir = Arc::new(Weir::single_on(path, &o.up.url(), "").await);
+    // The upstream holds every request until the 49 refusals are in.
+    let held = o.release.acquire_many(1_000_000).await.unwrap();
+    let mut calls = Vec::new();
+    for _ in 0..50 {
+        let w = weir.clone();
+        calls.push(tokio::spawn(async move {
+            post(&w, Some("once"), "pay 10").await
+        }));
+    }
+    let mut refused = 0;
+    let mut pending = Vec::new();
+    for c in calls {
+        // Refusals come at once; the one forwarded waits for the upstream.
+        match tokio::time::timeout(Duration::from_secs(2), &mut Box::pin(c)).await {
+            Ok(r) => {
+                let (status, parts, _) = r.unwrap();
+                assert_eq!(status, 409);
+                assert_eq!(header(&parts, "x-weir-error"), "idempotency_in_flight");
+                assert_eq!(header(&parts, "retry-after"), "1");
+                refused += 1;
+            }
+            Err(_) => pending.push(()),
+        }
+        if refused + pending.len() == 50 {
+            break;
+        }
+    }
+    assert_eq!((refused, pending.len()), (49, 1));
+    drop(held);
+    // The first completes; a repeat now replays it.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, again, _) = post(&weir, Some("once"), "pay 10").await;
+    assert_eq!(
+        (status, header(&again, "idempotent-replayed").as_str()),
+        (201, "true")
+    );
+    assert_eq!(o.up.requests(), 1);
+}
+
+both_paths!(
+    #[tokio::test]
+    outcomes_a_retry_could_change_are_not_kept
+);
+async fn outcomes_a_retry_could_change_are_not_kept(path: DataPath) {
+    let o = orders(0).await;
+    let weir = Weir::single_on(path, &o.up.url(), NO_RETRY).await;
+    for status in [503, 500, 429, 409, 408] {
+        o.status.store(status, Ordering::SeqCst);
+        assert_eq!(post(&weir, Some("k"), "pay").await.0, status as u16);
+    }
+    // A final 4xx is kept like a 2xx.
+    o.status.store(404, Ordering::SeqCst);
+    assert_eq!(post(&weir, Some("k"), "pay").await.0, 404);
+    o.status.store(0, Ordering::SeqCst);
+    let (status, parts, _) = post(&weir, Some("k"), "pay").await;
+    assert_eq!(
+        (status, header(&parts, "idempotent-replayed").as_str()),
+        (404, "true")
+    );
+    assert_eq!(o.up.requests(), 6);
+}
+
+both_paths!(
+    #[tokio::test]
+    an_uncertain_attempt_is_forwarded_again
+);
+async fn an_uncertain_attempt_is_forwarded_again(path: DataPath) {
+    // Reads the request, then resets the first connection; answers 201 after.
+    let up = RawUpstream::start(|n, mut s| async move {
+        if !read_head(&mut s).await {
+            return;
+        }
+        if n == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            reset(s);
+        } else {
+            respond(&mut s, 201, "", "done").await;
+        }
+    })
+    .await;
+    let weir = Weir::single_on(path, &up.url(), NO_RETRY).await;
+    let (status, parts, _) = post(&weir, Some("k"), "pay").await;
+    assert_eq!(
+        (status, header(&parts, "x-weir-error").as_str()),
+        (502, "upstream_reset")
+    );
+    let (status, parts, b) = post(&weir, Some("k"), "pay").await;
+    assert_eq!((status, &b[..]), (201, &b"done"[..]));
+    assert_eq!(header(&parts, "idempotent-replayed"), "");
+    assert_eq!(up.connections(), 2);
+}
+
+both_paths!(
+    #[tokio::test]
+    a_response_too_large_to_keep_is_not_delivered_twice
+);
+async fn a_response_too_large_to_keep_is_not_delivered_twice(path: DataPath) {
+    let o = orders(4096).await;
+    let weir = Weir::single_on(
+        path,
+        &o.up.url(),
+        "[upstreams.svc.idempotency]\nmax_response_bytes = 1024\n",
+    )
+    .await;
+    let (status, _, b) = post(&weir, Some("big"), "pay").await;
+    assert_eq!((status, b.len()), (201, 4096));
+    let (status, parts, _) = post(&weir, Some("big"), "pay").await;
+    assert_eq!(status, 409);
+    assert_eq!(header(&parts, "x-weir-error"), "idempotency_not_replayable");
+    assert_eq!(o.up.requests(), 1);
+}
+
+both_paths!(
+    #[tokio::test]
+    an_open_breaker_never_blocks_a_replay
+);
+async fn an_open_breaker_never_blocks_a_replay(path: DataPath) {
+    let o = orders(0).await;
+    let weir = Weir::single_on(
+        path,
+        &o.up.url(),
+        "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 3\nopen = \"60s\"\n[upstreams.svc.rate_limit]\nrps = 0.001\nburst = 5\n",
+    )
+    .await;
+    assert_eq!(post(&weir, Some("paid"), "pay").await.0, 201);
+    o.status.store(503, Ordering::SeqCst);
+    for _ in 0..3 {
+        assert_eq!(post(&weir, None, "x").await.0, 503);
+    }
+    // Open, and the rate limit spent: a new request is refused...
+    let (status, parts, _) = post(&weir, None, "x").await;
+    assert_eq!(
+        (status, header(&parts, "x-weir-error").as_str()),
+        (503, "circuit_open")
+    );
+    // ...and the recorded one still answered.
+    let (status, parts, b) = post(&weir, Some("paid"), "pay").await;
+    assert_eq!((status, &b[..]), (201, &b"order 1"[..]));
+    assert_eq!(header(&parts, "idempotent-replayed"), "true");
+    assert_eq!(o.up.requests(), 4);
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    records_expire_after_their_ttl
+);
+async fn records_expire_after_their_ttl(path: DataPath) {
+    let o = orders(0).await;
+    let weir = Weir::single_on(
+        path,
+        &o.up.url(),
+        "[upstreams.svc.idempotency]\nttl = \"1h\"\n",
+    )
+    .await;
+    assert_eq!(post(&weir, Some("k"), "pay").await.0, 201);
+    tokio::time::sleep(Duration::from_secs(3599)).await;
+    assert_eq!(
+        header(
+            &post(&weir, Some("k"), "pay").await.1,
+            "idempotent-replayed"
+        ),
+        "true"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (status, parts, b) = post(&weir, Some("k"), "pay").await;
+    assert_eq!((status, &b[..]), (201, &b"order 2"[..]));
+    assert_eq!(header(&parts, "idempotent-replayed"), "");
+}
+
+/// The bytes one record of a `POST /orders` answered by [`orders`] counts:
+/// the fixed overhead, the key, the method and target, the kept fields
+/// (`date`, `x-order`; not the framing) and the body.
+fn record_bytes(key: &str, parts: &http::response::Parts, body: &[u8]) -> usize {
+    let fields: usize = ["date", "x-order"]
+        .iter()
+        .map(|n| n.len() + header(parts, n).len())
+        .sum();
+    ENTRY_OVERHEAD + key.len() + "POST".len() + "/orders".len() + fields + body.len()
+}
+
+fn store_bytes(weir: &Weir) -> usize {
+    let snap = weir.handle.as_ref().unwrap().snapshot();
+    let state = &snap.upstreams[0].state;
+    let store = state.idempotency();
+    store
+        .as_ref()
+        .map(|s| {
+            use weir::policy::idempotency::IdempotencyStore;
+            s.stats().bytes
+        })
+        .unwrap()
+}
+
+both_paths!(
+    #[tokio::test]
+    the_store_counts_every_byte_and_evicts_the_oldest
+);
+async fn the_store_counts_every_byte_and_evicts_the_oldest(path: DataPath) {
+    let o = orders(0).await;
+    // Room for two records of this size, not three.
+    let weir = Weir::single_on(
+        path,
+        &o.up.url(),
+        "[upstreams.svc.idempotency]\nmax_bytes = 800\nmax_response_bytes = 200\n",
+    )
+    .await;
+    let (_, p1, b1) = post(&weir, Some("key-1"), "a").await;
+    let one = record_bytes("key-1", &p1, &b1);
+    assert_eq!(store_bytes(&weir), one);
+    let (_, p2, b2) = post(&weir, Some("key-2"), "a").await;
+    assert_eq!(store_bytes(&weir), one + record_bytes("key-2", &p2, &b2));
+    let (_, p3, b3) = post(&weir, Some("key-3"), "a").await;
+    assert_eq!(
+        store_bytes(&weir),
+        record_bytes("key-2", &p2, &b2) + record_bytes("key-3", &p3, &b3)
+    );
+    // key-1 was evicted: forwarded again; key-3 still replays.
+    assert_eq!(&post(&weir, Some("key-1"), "a").await.2[..], b"order 4");
+    assert_eq!(
+        header(
+            &post(&weir, Some("key-3"), "a").await.1,
+            "idempotent-replayed"
+        ),
+        "true"
+    );
+    assert_eq!(o.up.requests(), 4);
+}
+
+both_paths!(
+    #[tokio::test]
+    a_client_that_leaves_does_not_wedge_its_key
+);
+async fn a_client_that_leaves_does_not_wedge_its_key(path: DataPath) {
+    let o = orders(0).await;
+    let weir = Arc::new(Weir::single_on(path, &o.up.url(), NO_RETRY).await);
+    let held = o.release.acquire_many(1_000_000).await.unwrap();
+    let w = weir.clone();
+    let first = tokio::spawn(async move { post(&w, Some("k"), "pay").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.abort();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(held);
+    // The record became uncertain when the client left: forwarded again.
+    let (status, parts, _) = post(&weir, Some("k"), "pay").await;
+    assert_eq!(status, 201);
+    assert_eq!(header(&parts, "idempotent-replayed"), "");
+}
+
+both_paths!(
+    #[tokio::test]
+    bad_keys_are_400_and_other_methods_are_not_recorded
+);
+async fn bad_keys_are_400_and_other_methods_are_not_recorded(path: DataPath) {
+    let o = orders(0).await;
+    let weir = Weir::single_on(path, &o.up.url(), "").await;
+    let long = "k".repeat(256);
+    for bad in ["", long.as_str()] {
+        let req = format!(
+            "POST /orders HTTP/1.1\r\nHost: svc\r\nIdempotency-Key: {bad}\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx"
+        );
+        let out = exchange_raw(weir.addr, req.as_bytes()).await;
+        assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+        assert!(out.contains("x-weir-error: bad_request"), "{out}");
+    }
+    // A PUT is idempotent by itself: its key is passed on, not recorded.
+    for _ in 0..2 {
+        let req = Request::put(weir.url("/orders"))
+            .header("host", "svc")
+            .header("idempotency-key", "put")
+            .body(body("x"))
+            .unwrap();
+        let (parts, _) = read_body(client().request(req).await.unwrap()).await;
+        assert_eq!(header(&parts, "idempotent-replayed"), "");
+    }
+    assert_eq!(o.up.requests(), 2);
+}
