@@ -52,14 +52,15 @@ pub struct UpstreamState {
     idempotency: Mutex<Option<MemoryStore>>,
 }
 
-/// What [`Direct`] is made from: whether weir connects itself (cleartext
-/// HTTP/1.1), the URL's host and port, `resolve_every`.
+/// What [`Direct`] is made from: whether weir connects itself (HTTP/1.1:
+/// cleartext, or over TLS when pinned to `http1`), the URL's host and port,
+/// `resolve_every`.
 type DirectKey = (bool, String, u16, Duration);
 
 fn direct_key(u: &UpstreamConfig) -> DirectKey {
     let own = matches!(
         (u.url.scheme, u.protocol),
-        (Scheme::Http, Protocol::Auto | Protocol::Http1)
+        (Scheme::Http, Protocol::Auto | Protocol::Http1) | (Scheme::Https, Protocol::Http1)
     );
     (own, u.url.host.clone(), u.url.port, u.resolve_every)
 }

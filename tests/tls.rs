@@ -75,6 +75,8 @@ fn server_config(
 struct TlsUpstream {
     addr: SocketAddr,
     hits: Arc<AtomicUsize>,
+    /// TLS connections accepted.
+    accepted: Arc<AtomicUsize>,
     versions: Arc<Mutex<Vec<http::Version>>>,
     config: Arc<Mutex<Arc<rustls::ServerConfig>>>,
     task: tokio::task::JoinHandle<()>,
@@ -87,14 +89,26 @@ impl Drop for TlsUpstream {
 }
 
 async fn tls_upstream(config: Arc<rustls::ServerConfig>) -> TlsUpstream {
+    tls_upstream_with(config, true).await
+}
+
+/// A TLS upstream answering "secure"; `close`: with `Connection: close`.
+async fn tls_upstream_with(config: Arc<rustls::ServerConfig>, close: bool) -> TlsUpstream {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let hits = Arc::new(AtomicUsize::new(0));
+    let accepted = Arc::new(AtomicUsize::new(0));
     let versions = Arc::new(Mutex::new(Vec::new()));
     let config = Arc::new(Mutex::new(config));
-    let (h, v, c) = (hits.clone(), versions.clone(), config.clone());
+    let (h, v, c, a) = (
+        hits.clone(),
+        versions.clone(),
+        config.clone(),
+        accepted.clone(),
+    );
     let task = tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
+            a.fetch_add(1, Ordering::SeqCst);
             let acceptor = tokio_rustls::TlsAcceptor::from(c.lock().unwrap().clone());
             let (h, v) = (h.clone(), v.clone());
             tokio::spawn(async move {
@@ -105,12 +119,11 @@ async fn tls_upstream(config: Arc<rustls::ServerConfig>) -> TlsUpstream {
                     h.fetch_add(1, Ordering::SeqCst);
                     v.lock().unwrap().push(req.version());
                     async move {
-                        Ok::<_, std::convert::Infallible>(
-                            Response::builder()
-                                .header("connection", "close")
-                                .body(body("secure"))
-                                .unwrap(),
-                        )
+                        let mut b = Response::builder();
+                        if close {
+                            b = b.header("connection", "close");
+                        }
+                        Ok::<_, std::convert::Infallible>(b.body(body("secure")).unwrap())
                     }
                 });
                 let b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -121,6 +134,7 @@ async fn tls_upstream(config: Arc<rustls::ServerConfig>) -> TlsUpstream {
     TlsUpstream {
         addr,
         hits,
+        accepted,
         versions,
         config,
         task,
@@ -415,4 +429,135 @@ async fn inbound_tls_on_a_dedicated_listener() {
         !matches!(plain, Ok(Ok(ref r)) if r.status() == 200),
         "plain HTTP was served on a TLS listener"
     );
+}
+
+// An `https://` upstream pinned to `protocol = "http1"` is reached by the
+// fast path's own TLS connections (and by hyper's on the general path):
+// the same verification, the same answers, connections kept and reused.
+
+const HTTP1: &str = "protocol = \"http1\"\n";
+
+both_paths!(
+    #[tokio::test]
+    http1_over_tls_keeps_one_connection_for_many_requests
+);
+async fn http1_over_tls_keeps_one_connection_for_many_requests(path: DataPath) {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ca("private");
+    let (cert, key) = leaf(&ca, &["localhost"]);
+    let up = tls_upstream_with(server_config(&cert, &key, &["h2", "http/1.1"], None), false).await;
+    let ca_file = write(dir.path(), "ca.pem", &ca.pem());
+    // An IP literal: a name would send the first request through hyper's
+    // pool while the resolver has not answered yet.
+    let weir = Weir::single_on(
+        path,
+        &format!("https://127.0.0.1:{}", up.addr.port()),
+        &format!(
+            "{HTTP1}[upstreams.svc.tls]\nca_file = {:?}\nserver_name = \"localhost\"\n",
+            ca_file.display().to_string()
+        ),
+    )
+    .await;
+    for _ in 0..10 {
+        assert_eq!(through(&weir).await, (200, String::new(), "secure".into()));
+    }
+    let req = Request::post(weir.url("/"))
+        .header("host", "svc")
+        .body(body("x".repeat(20_000)))
+        .unwrap();
+    assert_eq!(client().request(req).await.unwrap().status(), 200);
+    assert_eq!(up.hits.load(Ordering::SeqCst), 11);
+    assert_eq!(
+        up.accepted.load(Ordering::SeqCst),
+        1,
+        "the connection was not reused"
+    );
+    assert!(up
+        .versions
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|v| *v == http::Version::HTTP_11));
+}
+
+both_paths!(
+    #[tokio::test]
+    http1_over_tls_verifies_like_the_general_path
+);
+async fn http1_over_tls_verifies_like_the_general_path(path: DataPath) {
+    let dir = tempfile::tempdir().unwrap();
+    let (real, other) = (ca("real"), ca("other"));
+    let (cert, key) = leaf(&real, &["api.internal.example"]);
+    let up = tls_upstream_with(server_config(&cert, &key, &["http/1.1"], None), false).await;
+    let url = format!("https://localhost:{}", up.addr.port());
+    let tls = |ca: &Issuer, extra: &str| {
+        let f = write(dir.path(), "ca.pem", &ca.pem());
+        format!(
+            "{HTTP1}[upstreams.svc.tls]\nca_file = {:?}\n{extra}",
+            f.display().to_string()
+        )
+    };
+    for (ca, extra, cause) in [
+        (
+            &other,
+            "server_name = \"api.internal.example\"\n",
+            "unknown issuer",
+        ),
+        (&real, "", "name mismatch"),
+    ] {
+        let weir = Weir::single_on(path, &url, &tls(ca, extra)).await;
+        let (status, code, json) = json_error(get(&client(), &weir.url("/"), "svc").await).await;
+        assert_eq!((status, code.as_str()), (502, "connect_failed"));
+        assert!(json["message"].as_str().unwrap().contains(cause), "{json}");
+    }
+    assert_eq!(up.hits.load(Ordering::SeqCst), 0);
+    let weir = Weir::single_on(
+        path,
+        &url,
+        &tls(&real, "server_name = \"api.internal.example\"\n"),
+    )
+    .await;
+    assert_eq!(through(&weir).await, (200, String::new(), "secure".into()));
+}
+
+both_paths!(
+    #[tokio::test]
+    http1_over_tls_presents_the_client_certificate
+);
+async fn http1_over_tls_presents_the_client_certificate(path: DataPath) {
+    let dir = tempfile::tempdir().unwrap();
+    let (server_ca, client_ca) = (ca("servers"), ca("clients"));
+    let (cert, key) = leaf(&server_ca, &["localhost"]);
+    let config = server_config(&cert, &key, &["http/1.1"], Some(&client_ca));
+    let up = tls_upstream_with(config, false).await;
+    let ca_file = write(dir.path(), "ca.pem", &server_ca.pem());
+    let (ccert, ckey) = leaf(&client_ca, &["weir.client"]);
+    let cc = write(dir.path(), "client.pem", &ccert);
+    let ck = write(dir.path(), "client.key", &ckey);
+    let url = format!("https://localhost:{}", up.addr.port());
+    let tls = format!(
+        "{HTTP1}[upstreams.svc.tls]\nca_file = {:?}\n",
+        ca_file.display().to_string()
+    );
+    let without = Weir::single_on(
+        path,
+        &url,
+        &format!("{tls}[upstreams.svc.retry]\nmax_attempts = 1\n"),
+    )
+    .await;
+    let (status, code, _) = through(&without).await;
+    assert_eq!((status, code.as_str()), (502, "connect_failed"));
+    assert_eq!(up.hits.load(Ordering::SeqCst), 0);
+    let with = Weir::single_on(
+        path,
+        &url,
+        &format!(
+            "{tls}client_cert = {:?}\nclient_key = {:?}\n",
+            cc.display().to_string(),
+            ck.display().to_string()
+        ),
+    )
+    .await;
+    assert_eq!(through(&with).await, (200, String::new(), "secure".into()));
+    assert_eq!(up.hits.load(Ordering::SeqCst), 1);
 }

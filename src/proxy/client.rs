@@ -39,6 +39,54 @@ pub struct ClientKey {
 pub struct UpstreamClient {
     pub key: ClientKey,
     inner: Client<Dial<HttpsConnector<HttpConnector>>, Body>,
+    /// For an `https://` upstream pinned to `protocol = "http1"`: what the
+    /// fast path's own TLS connections use.
+    pub fast_tls: Option<std::sync::Arc<FastTls>>,
+}
+
+/// TLS for the fast path's own upstream connections: the upstream's client
+/// configuration with ALPN `http/1.1` alone (the same roots, client
+/// certificate and session cache), the name to verify, and a tag that keeps
+/// its pooled connections apart from any other upstream's at the same address.
+pub struct FastTls {
+    pub connector: tokio_rustls::TlsConnector,
+    pub name: rustls::pki_types::ServerName<'static>,
+    pub tag: u64,
+}
+
+impl std::fmt::Debug for FastTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FastTls")
+            .field("name", &self.name)
+            .field("tag", &self.tag)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FastTls {
+    fn new(
+        u: &UpstreamConfig,
+        tls: &crate::config::files::ClientTls,
+        name: Option<&str>,
+    ) -> Result<Self, String> {
+        let host = u.url.host.trim_start_matches('[').trim_end_matches(']');
+        let name = name.unwrap_or(host).to_string();
+        let server = rustls::pki_types::ServerName::try_from(name.clone())
+            .map_err(|e| format!("upstream {:?}: TLS server name {name:?}: {e}", u.name))?;
+        let mut config = (*tls.config).clone();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let tag = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (tls.fingerprint, &name, &u.name).hash(&mut h);
+            h.finish() | 1
+        };
+        Ok(FastTls {
+            connector: tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)),
+            name: server,
+            tag,
+        })
+    }
 }
 
 /// A connector that always dials `target`, whatever URI it is asked for: the
@@ -121,6 +169,14 @@ impl UpstreamClient {
         if matches!(u.protocol, Protocol::H2c | Protocol::Grpc) {
             b.http2_only(true);
         }
+        let fast_tls = match (u.url.scheme, u.protocol) {
+            (Scheme::Https, Protocol::Http1) => Some(std::sync::Arc::new(FastTls::new(
+                u,
+                &tls,
+                server_name.as_deref(),
+            )?)),
+            _ => None,
+        };
         Ok(UpstreamClient {
             key: ClientKey {
                 scheme: u.url.scheme,
@@ -131,6 +187,7 @@ impl UpstreamClient {
                 tls_files: tls.fingerprint,
             },
             inner: b.build(connector),
+            fast_tls,
         })
     }
 
@@ -255,6 +312,15 @@ impl SendError {
             kind,
             message: message.into(),
             tls: false,
+        }
+    }
+
+    /// A TLS handshake that failed: the upstream never saw the request.
+    pub fn tls(message: impl Into<String>) -> Self {
+        SendError {
+            kind: Failure::Connect,
+            message: message.into(),
+            tls: true,
         }
     }
 

@@ -256,7 +256,9 @@ async fn dispatch(
     conn: &crate::proxy::sticky::ConnCtx,
     mut req: Request<Body>,
 ) -> Result<Response<Incoming>, crate::proxy::client::SendError> {
-    let Some(direct) = up.direct.as_ref().filter(|d| d.ready()) else {
+    // Held connections are cleartext HTTP/1.1.
+    let cleartext = up.scheme == http::uri::Scheme::HTTP;
+    let Some(direct) = up.direct.as_ref().filter(|d| cleartext && d.ready()) else {
         return up.client.send(req).await;
     };
     let mut sender = match conn.take(&up.state) {

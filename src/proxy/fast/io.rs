@@ -47,7 +47,10 @@ impl Timer {
 /// Reads what has arrived onto the end of `buf`. The room it reads into
 /// starts at 4 KiB and doubles (to 64 KiB) while reads fill it, so a small
 /// exchange keeps small buffers and a large body moves in large reads.
-pub(super) async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+pub(super) async fn read_more<S: tokio::io::AsyncRead + Unpin>(
+    s: &mut S,
+    buf: &mut Vec<u8>,
+) -> io::Result<usize> {
     let spare = buf.capacity() - buf.len();
     if spare < 1024 {
         buf.reserve(4096.max(buf.capacity().min(KEEP_CAPACITY)));

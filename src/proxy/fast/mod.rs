@@ -24,6 +24,7 @@ mod io;
 pub(crate) mod pool;
 mod reply;
 mod rewind;
+mod stream;
 mod transport;
 
 use super::access;
@@ -442,6 +443,7 @@ impl Ctx<'_> {
         let need = p.head_len + p.body_len;
         let Exchange {
             mut upstream,
+            tag,
             status,
             head_len,
             framing,
@@ -557,7 +559,7 @@ impl Ctx<'_> {
             c.done();
         }
         if reusable {
-            self.pool.put(addr, upstream, last);
+            self.pool.put(addr, tag, upstream, last);
         }
         framing != Framing::Close
     }

@@ -8,12 +8,11 @@
 //! client connections. The newest idle connection is taken first, which
 //! keeps few connections warm and lets the rest age out.
 
+use super::stream::UpStream;
 use crate::proxy::resolve::Direct;
 use std::net::SocketAddr;
 use std::sync::Mutex;
-use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Idle connections kept per pool; more are closed.
@@ -26,28 +25,34 @@ pub(crate) const IDLE_FOR: Duration = Duration::from_secs(90);
 #[derive(Debug)]
 struct Idle {
     addr: SocketAddr,
-    stream: TcpStream,
+    /// 0 for cleartext; a TLS connection's configuration (`FastTls::tag`).
+    tag: u64,
+    stream: UpStream,
     since: Instant,
 }
 
-/// A pool of idle HTTP/1.1 connections to cleartext upstreams.
+/// A pool of idle HTTP/1.1 connections to upstreams, cleartext or TLS.
 #[derive(Debug, Default)]
 pub(crate) struct Pool {
     idle: Mutex<Vec<Idle>>,
 }
 
 impl Pool {
-    /// The newest idle connection to one of `direct`'s addresses that is
-    /// still open, and its address.
+    /// The newest idle connection to one of `direct`'s addresses, made
+    /// with `tag`'s TLS (0: cleartext), that is still open, and its address.
     pub(crate) fn take_for(
         &self,
         direct: &Direct,
+        tag: u64,
         now: Instant,
-    ) -> Option<(SocketAddr, TcpStream)> {
+    ) -> Option<(SocketAddr, UpStream)> {
         let mut idle = self.idle.lock().ok()?;
-        while let Some(at) = idle.iter().rposition(|i| direct.has(i.addr)) {
-            let i = idle.remove(at);
-            if now.saturating_duration_since(i.since) < IDLE_FOR && still_open(&i.stream) {
+        while let Some(at) = idle
+            .iter()
+            .rposition(|i| i.tag == tag && direct.has(i.addr))
+        {
+            let mut i = idle.remove(at);
+            if now.saturating_duration_since(i.since) < IDLE_FOR && i.stream.still_open() {
                 return Some((i.addr, i.stream));
             }
         }
@@ -58,7 +63,7 @@ impl Pool {
     /// for `IDLE_FOR` are closed on the way, and when `MAX_IDLE` are
     /// held the oldest makes room: connections to an upstream nobody asks
     /// for any more cannot crowd out those of one in use.
-    pub(crate) fn put(&self, addr: SocketAddr, stream: TcpStream, now: Instant) {
+    pub(crate) fn put(&self, addr: SocketAddr, tag: u64, stream: UpStream, now: Instant) {
         let Ok(mut idle) = self.idle.lock() else {
             return;
         };
@@ -71,6 +76,7 @@ impl Pool {
         idle.drain(..stale + over);
         idle.push(Idle {
             addr,
+            tag,
             stream,
             since: now,
         });
@@ -81,8 +87,8 @@ impl Pool {
     /// after the traffic that needed them is gone.
     pub(crate) fn reap(&self, now: Instant) {
         if let Ok(mut idle) = self.idle.lock() {
-            idle.retain(|i| {
-                now.saturating_duration_since(i.since) < IDLE_FOR && still_open(&i.stream)
+            idle.retain_mut(|i| {
+                now.saturating_duration_since(i.since) < IDLE_FOR && i.stream.still_open()
             });
         }
     }
@@ -97,23 +103,6 @@ impl Pool {
                 Some(p) => p.reap(Instant::now()),
                 None => return,
             }
-        }
-    }
-}
-
-/// Whether an idle connection is still open, without a system call in the
-/// common case: nothing has been seen on it since its last read, so the
-/// runtime reports it not readable. When it is readable, a read tells: the
-/// upstream closed it, or sent bytes nobody asked for — either way it is
-/// not used again.
-fn still_open(stream: &TcpStream) -> bool {
-    let mut cx = Context::from_waker(Waker::noop());
-    match stream.poll_read_ready(&mut cx) {
-        Poll::Pending => true,
-        Poll::Ready(Err(_)) => false,
-        Poll::Ready(Ok(())) => {
-            let mut byte = [0u8; 1];
-            matches!(stream.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
         }
     }
 }

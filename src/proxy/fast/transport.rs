@@ -4,6 +4,7 @@
 //! retried gives its connection back.
 
 use super::head::{self, Framing, Head};
+use super::stream::UpStream;
 use super::{client_gone, read_more, Pool, Timer};
 use crate::policy::{parse_retry_after, Outcome};
 use crate::proxy::attempt;
@@ -18,9 +19,11 @@ use tokio::time::Instant;
 
 /// A response head from the upstream, and the connection it came on.
 pub(super) struct Exchange {
-    pub(super) upstream: TcpStream,
-    /// The address `upstream` is connected to (its pool key).
+    pub(super) upstream: UpStream,
+    /// The address `upstream` is connected to, and its TLS (0: none): its
+    /// pool key.
     pub(super) addr: SocketAddr,
+    pub(super) tag: u64,
     pub(super) status: u16,
     pub(super) head_len: usize,
     pub(super) framing: Framing,
@@ -114,7 +117,7 @@ impl attempt::Transport for FastTransport<'_> {
             Framing::Chunked | Framing::Close => false,
         };
         if x.reusable && whole {
-            self.pool.put(x.addr, x.upstream, Instant::now());
+            self.pool.put(x.addr, x.tag, x.upstream, Instant::now());
         }
     }
 }
@@ -134,14 +137,16 @@ async fn exchange(
     let direct = up.direct.as_ref().ok_or_else(no_address)?;
     // An idle connection to any of the upstream's addresses; else a new one
     // to the next address in turn, then the ones after it if it refuses.
-    let (addr, mut s) = match pool.take_for(direct, now) {
+    let tls = up.client.fast_tls.as_deref();
+    let tag = tls.map_or(0, |t| t.tag);
+    let (addr, mut s) = match pool.take_for(direct, tag, now) {
         Some(found) => found,
         None => {
             let mut tried = 0;
             loop {
                 let addr = direct.next().ok_or_else(no_address)?;
                 tried += 1;
-                match connect(addr, up.config.connect_timeout).await {
+                match connect(up, addr, tls).await {
                     Ok(s) => break (addr, s),
                     Err(e) if tried >= direct.tries() => return Err(e),
                     Err(_) => {}
@@ -149,6 +154,27 @@ async fn exchange(
             }
         }
     };
+    let written = match &mut s {
+        UpStream::Plain(tcp) => write_plain(tcp, request).await?,
+        UpStream::Tls(t) => {
+            use tokio::io::AsyncWriteExt;
+            // rustls takes the request into its records; what reached the
+            // upstream is not known, so a failure is a reset, not "not sent".
+            let wrote = async { t.write_all(request).await.and(t.flush().await) };
+            if let Err(e) = wrote.await {
+                return Err(SendError::new(Failure::Reset, e.to_string()));
+            }
+            request.len()
+        }
+    };
+    let whole = written == request.len();
+    buf.clear();
+    read_head(up, s, addr, tag, written, whole, buf, out, head_method).await
+}
+
+/// Writes `request` on a cleartext connection; returns how much was
+/// written before the upstream answered early (without reading it all).
+async fn write_plain(s: &mut TcpStream, request: &[u8]) -> Result<usize, Failed> {
     let mut written = 0;
     while written < request.len() {
         let why = match s.try_write(&request[written..]) {
@@ -181,8 +207,22 @@ async fn exchange(
         };
         return Err(SendError::new(kind, why));
     }
-    let whole = written == request.len();
-    buf.clear();
+    Ok(written)
+}
+
+/// Reads the response head for a request of which `written` bytes went out.
+#[allow(clippy::too_many_arguments)]
+async fn read_head(
+    up: &Upstream,
+    mut s: UpStream,
+    addr: SocketAddr,
+    tag: u64,
+    written: usize,
+    whole: bool,
+    buf: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+    head_method: bool,
+) -> Result<Exchange, Failed> {
     loop {
         match read_more(&mut s, buf).await {
             Ok(0) if written == 0 => {
@@ -193,7 +233,15 @@ async fn exchange(
                 let why = "the connection closed before a response";
                 return Err(SendError::new(Failure::Reset, why));
             }
-            Err(e) => return Err(SendError::new(Failure::Reset, e.to_string())),
+            Err(e) => {
+                // A TLS alert after the handshake (TLS 1.3: a client
+                // certificate refused): the request was never processed.
+                if let Some(why) = crate::tls::describe_failure(&e) {
+                    up.state.log_tls_failure_once(&why);
+                    return Err(SendError::tls(why));
+                }
+                return Err(SendError::new(Failure::Reset, e.to_string()));
+            }
             Ok(_) => {}
         }
         loop {
@@ -213,6 +261,7 @@ async fn exchange(
                     return Ok(Exchange {
                         upstream: s,
                         addr,
+                        tag,
                         status: r.status,
                         head_len: r.head_len,
                         framing: r.framing,
@@ -226,14 +275,32 @@ async fn exchange(
     }
 }
 
-async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, Failed> {
+/// A new connection to `addr`, and its TLS handshake when the upstream
+/// has one, each within `connect_timeout`. A TLS failure is logged once
+/// per cause and answered as a connect failure naming it.
+async fn connect(
+    up: &Upstream,
+    addr: SocketAddr,
+    tls: Option<&crate::proxy::client::FastTls>,
+) -> Result<UpStream, Failed> {
+    let timeout = up.config.connect_timeout;
     let failed = |why: String| SendError::new(Failure::Connect, why);
-    match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => {
-            let _ = s.set_nodelay(true);
-            Ok(s)
+    let s = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(failed(e.to_string())),
+        Err(_) => return Err(failed(format!("connect timed out after {timeout:?}"))),
+    };
+    let _ = s.set_nodelay(true);
+    let Some(tls) = tls else {
+        return Ok(UpStream::Plain(s));
+    };
+    match tokio::time::timeout(timeout, tls.connector.connect(tls.name.clone(), s)).await {
+        Ok(Ok(t)) => Ok(UpStream::Tls(Box::new(t))),
+        Ok(Err(e)) => {
+            let why = crate::tls::describe_failure(&e).unwrap_or_else(|| e.to_string());
+            up.state.log_tls_failure_once(&why);
+            Err(SendError::tls(why))
         }
-        Ok(Err(e)) => Err(failed(e.to_string())),
-        Err(_) => Err(failed(format!("connect timed out after {timeout:?}"))),
+        Err(_) => Err(failed(format!("TLS handshake timed out after {timeout:?}"))),
     }
 }

@@ -32,6 +32,10 @@ pub const MAX_HEADERS: usize = 100;
 /// retry can replay it); a larger one is streamed by the general path.
 pub const MAX_BODY: u64 = 1 << 20;
 
+/// The largest request body the fast path sends over TLS (more may wait on
+/// an upstream that answered without reading it).
+pub const MAX_TLS_BODY: u64 = 64 << 10;
+
 /// A parse that may need more bytes or another path.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Parse<T> {
@@ -207,6 +211,11 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     };
     if body_len > cap {
         return Parse::Fallback("a body too large to hold");
+    }
+    if body_len > MAX_TLS_BODY && up.client.fast_tls.is_some() {
+        // Over TLS the fast path cannot hear an upstream that answers (413,
+        // 401) before reading a large body; hyper's client does.
+        return Parse::Fallback("a large body to a TLS upstream");
     }
     let Some((key, idem_value)) = write(up, &req, out) else {
         return Parse::Fallback("a target that cannot be mapped");
@@ -398,7 +407,7 @@ fn route<'s>(
     };
     let up = snap.upstreams.get(index).ok_or("no upstream")?;
     if up.h2 || !up.direct.as_ref().is_some_and(|d| d.ready()) {
-        // TLS, HTTP/2, or a name not resolved yet.
+        // HTTP/2, TLS without `protocol = "http1"`, or a name not resolved yet.
         return Err("an upstream the fast path does not speak to");
     }
     Ok((index, up))
