@@ -4,7 +4,8 @@
 #
 #   bench/callgrind.sh [WEIR_BINARY ...]    # default: target/release/weir
 #   SHAPE=h2c bench/callgrind.sh            # an h2c upstream (the general path)
-#   SHAPE=tls bench/callgrind.sh            # an HTTPS upstream (the general path)
+#   SHAPE=tls bench/callgrind.sh            # an HTTPS upstream, HTTP/1.1 pinned (the fast path)
+#   SHAPE=grpc bench/callgrind.sh           # gRPC unary, h2c on both sides (h2load; the general path)
 #   KEEP=dir bench/callgrind.sh             # keep the callgrind files for callgrind_annotate
 #
 # For each binary: weir (one worker, every policy on, as in compare.sh) runs
@@ -33,10 +34,12 @@ WEIR_ADMIN=18092
 source bench/lib.sh
 SHAPE=${SHAPE:-small}
 start_nginx_upstream $UP_PORT
-if [ "$SHAPE" = h2c ]; then
-    # The same nginx, also answering h2c (prior knowledge) on the next port.
+if [ "$SHAPE" = h2c ] || [ "$SHAPE" = grpc ]; then
+    # The same nginx, also answering h2c (prior knowledge) on the next port,
+    # gRPC-shaped (grpc-status in trailers) for the grpc shape.
     UP_H2C=$((UP_PORT + 10))
-    sed -i "s|server { listen 127.0.0.1:$UP_PORT;|server { listen 127.0.0.1:$UP_H2C http2; location / { return 200 \"ok\"; } }\n    server { listen 127.0.0.1:$UP_PORT;|" "$T/up/nginx.conf"
+    grpc='location /bench.Bench/ { default_type application/grpc; add_trailer grpc-status 0 always; return 200 \"okokok\"; }'
+    sed -i "s|server { listen 127.0.0.1:$UP_PORT;|server { listen 127.0.0.1:$UP_H2C http2; $grpc location / { return 200 \"ok\"; } }\n    server { listen 127.0.0.1:$UP_PORT;|" "$T/up/nginx.conf"
     kill -HUP "${PIDS[-1]}"
     wait_port $UP_H2C
 fi
@@ -66,7 +69,8 @@ admin = "127.0.0.1:$WEIR_ADMIN"
 [upstreams.bench]
 url = "$SCHEME://$([ "$SHAPE" = tls ] && echo localhost || echo 127.0.0.1):$UP"
 hosts = ["127.0.0.1", "localhost"]
-$([ "$SHAPE" = h2c ] && echo 'protocol = "h2c"')
+$(case $SHAPE in h2c | grpc) echo 'protocol = "h2c"' ;; esac)
+$([ "$SHAPE" = tls ] && echo 'protocol = "http1"')
 $([ "$SHAPE" = tls ] && printf '[upstreams.bench.tls]\nca_file = "%s"' "$T/ca.pem")
 
 [upstreams.bench.retry]
@@ -86,6 +90,20 @@ run() { # binary seconds
     wait_port $WEIR_PORT
     local reqs
     local res
+    if [ "$SHAPE" = grpc ]; then
+        printf '\0\0\0\0\2\x08\x01' > "$T/grpc.bin"
+        res=$(h2load -c4 -m1 -D"$2" -d "$T/grpc.bin" -H 'content-type: application/grpc' \
+            -H 'te: trailers' "http://127.0.0.1:$WEIR_PORT/bench.Bench/Unary")
+        echo "$res" | grep -q "status codes: [0-9]* 2xx, 0 3xx, 0 4xx, 0 5xx" || { echo "weir answered errors: $res" >&2; exit 1; }
+        reqs=$(echo "$res" | awk '/^requests:/ {print $8}')
+        kill -INT "$pid"
+        for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        local ir
+        ir=$(awk '/^summary:/ {print $2}' "$out")
+        [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP"; cp "$out" "$KEEP/"; }
+        echo "$ir $reqs"
+        return
+    fi
     res=$(wrk -t1 -c4 -d"$2"s "http://127.0.0.1:$WEIR_PORT/")
     # A count of weir's own errors would be no measure of proxying.
     if echo "$res" | grep -q "Non-2xx"; then echo "weir answered errors: $res" >&2; exit 1; fi

@@ -102,7 +102,9 @@ start_proxies() { # shape
     {
         printf '[server]\nlisten = "127.0.0.1:%s"\nadmin = "127.0.0.1:%s"\nmax_connections = 20000\n\n' $WEIR_PORT $WEIR_ADMIN
         printf '[upstreams.bench]\nurl = "%s"\nhosts = ["127.0.0.1", "localhost"]\n' "$url"
-        case $shape in h2c | grpc) printf 'protocol = "h2c"\n' ;; esac
+        # TLS: HTTP/1.1 to the upstream, as nginx and HAProxy speak it there
+        # (pinned, weir's fast path takes it; `auto` would offer h2 by ALPN).
+        case $shape in h2c | grpc) printf 'protocol = "h2c"\n' ;; tls) printf 'protocol = "http1"\n' ;; esac
         printf '[upstreams.bench.retry]\nmax_attempts = 3\n'
         printf '[upstreams.bench.rate_limit]\nrps = 10000000.0\nburst = 10000000\n'
         [ "$shape" = tls ] && printf '[upstreams.bench.tls]\nca_file = "%s"\n' "$T/ca.pem"
