@@ -92,6 +92,21 @@ impl Observed {
     pub fn later_than(&self, d: Duration) -> u64 {
         self.latencies.iter().filter(|l| **l > d).count() as u64
     }
+
+    /// The figures of `records` from a run that started at `started`.
+    pub fn of(mut records: Vec<Record>, started: Instant, refused: u64) -> Observed {
+        records.sort_by_key(|r| r.start);
+        let mut latencies: Vec<Duration> = records.iter().map(|r| r.latency).collect();
+        latencies.sort();
+        Observed {
+            requests: records.len() as u64,
+            successes: records.iter().filter(|r| r.ok).count() as u64,
+            latencies,
+            records,
+            started: Some(started),
+            refused,
+        }
+    }
 }
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -103,12 +118,10 @@ pub async fn drive(target: Target, load: Load) -> Observed {
     let client: HttpClient = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(1024)
         .build(http);
-    let next_id = Arc::new(AtomicU64::new(0));
     let refused = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut results: Vec<Record> = Vec::with_capacity(load.requests);
-    let one = |client: HttpClient, target: Target, load: Load, id: u64| {
+    let one = |id: u64| {
+        let (client, target, load) = (client.clone(), target.clone(), load.clone());
         let refused = refused.clone();
         async move {
             let t0 = Instant::now();
@@ -125,6 +138,22 @@ pub async fn drive(target: Target, load: Load) -> Observed {
             }
         }
     };
+    let results = offer(&load, started, one).await;
+    Observed::of(results, started, refused.load(Ordering::Relaxed))
+}
+
+/// Offers `load.requests` units of work (ids 0, 1, …) as `load.mode` says,
+/// none after `load.max_time` from `started`, and collects what each one
+/// returns once all have ended.
+pub async fn offer<T, F, Fut>(load: &Load, started: Instant, mut one: F) -> Vec<T>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut results: Vec<T> = Vec::with_capacity(load.requests);
+    let mut next_id = 0u64;
     match load.mode {
         Mode::Closed(n) => {
             let mut offered = 0usize;
@@ -133,8 +162,8 @@ pub async fn drive(target: Target, load: Load) -> Observed {
                     && offered < load.requests
                     && started.elapsed() < load.max_time
                 {
-                    let id = next_id.fetch_add(1, Ordering::Relaxed);
-                    tasks.spawn(one(client.clone(), target.clone(), load.clone(), id));
+                    tasks.spawn(one(next_id));
+                    next_id += 1;
                     offered += 1;
                 }
                 match tasks.join_next().await {
@@ -157,8 +186,8 @@ pub async fn drive(target: Target, load: Load) -> Observed {
                         results.push(r);
                     }
                 }
-                let id = next_id.fetch_add(1, Ordering::Relaxed);
-                tasks.spawn(one(client.clone(), target.clone(), load.clone(), id));
+                tasks.spawn(one(next_id));
+                next_id += 1;
             }
             while let Some(r) = tasks.join_next().await {
                 if let Ok(r) = r {
@@ -167,17 +196,7 @@ pub async fn drive(target: Target, load: Load) -> Observed {
             }
         }
     }
-    results.sort_by_key(|r| r.start);
-    let mut latencies: Vec<Duration> = results.iter().map(|r| r.latency).collect();
-    latencies.sort();
-    Observed {
-        requests: results.len() as u64,
-        successes: results.iter().filter(|r| r.ok).count() as u64,
-        latencies,
-        records: results,
-        started: Some(started),
-        refused: refused.load(Ordering::Relaxed),
-    }
+    results
 }
 
 /// One client request; `true` for a 2xx. Connections refused by the upstream

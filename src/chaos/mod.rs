@@ -6,6 +6,7 @@
 //! Each column gets a fresh upstream with the same profile and seed; weir runs
 //! in-process on loopback. Nothing here is used by the data plane.
 
+pub mod double_submit;
 pub mod driver;
 pub mod report;
 pub mod soak;
@@ -48,10 +49,13 @@ pub enum Scenario {
     /// POSTs; 20 % of attempts processed, then answered too late.
     #[value(name = "post-timeouts")]
     PostTimeouts,
+    /// Keyed POSTs the upstream takes 1 s over; the client re-sends each after 300 ms.
+    #[value(name = "double-submit")]
+    DoubleSubmit,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::Transient5,
         Scenario::Transient30,
         Scenario::Outage,
@@ -60,6 +64,7 @@ impl Scenario {
         Scenario::Brownout,
         Scenario::RateLimited,
         Scenario::PostTimeouts,
+        Scenario::DoubleSubmit,
     ];
 
     pub fn name(self) -> &'static str {
@@ -72,6 +77,7 @@ impl Scenario {
             Scenario::Brownout => "brownout",
             Scenario::RateLimited => "rate-limited",
             Scenario::PostTimeouts => "post-timeouts",
+            Scenario::DoubleSubmit => "double-submit",
         }
     }
 
@@ -123,6 +129,10 @@ impl Scenario {
                 hang: Duration::from_secs(1),
                 ..base
             },
+            Scenario::DoubleSubmit => Profile {
+                latency: Latency::Fixed(double_submit::UPSTREAM_TAKES),
+                ..base
+            },
         }
     }
 
@@ -137,13 +147,17 @@ impl Scenario {
             Scenario::Brownout => (2000, Mode::Closed(32), Method::GET),
             Scenario::RateLimited => (2000, Mode::Open(400.0), Method::GET),
             Scenario::PostTimeouts => (1000, Mode::Closed(32), Method::POST),
+            Scenario::DoubleSubmit => (200, Mode::Open(50.0), Method::POST),
         };
         Load {
             requests: requests.unwrap_or(n),
             mode: rate.map(Mode::Open).unwrap_or(mode),
             max_time: Duration::from_secs(120),
             method,
-            client_timeout: Duration::from_secs(10),
+            client_timeout: match self {
+                Scenario::DoubleSubmit => double_submit::CLIENT_TIMEOUT,
+                _ => Duration::from_secs(10),
+            },
         }
     }
 
@@ -156,7 +170,8 @@ impl Scenario {
             | Scenario::Transient30
             | Scenario::Outage
             | Scenario::Recovery
-            | Scenario::Restart => "",
+            | Scenario::Restart
+            | Scenario::DoubleSubmit => "",
             Scenario::Brownout => "[defaults]\ntimeout = \"2s\"\n",
             Scenario::RateLimited => {
                 "[defaults.retry]\nretry_on = [\"connect-failure\", \"reset\", \"timeout\", \"429\", \"502\", \"503\", \"504\"]\nmax_retry_after = \"2s\"\n"
@@ -196,6 +211,8 @@ pub struct Column {
     pub transitions: Option<BTreeMap<String, f64>>,
     /// weir only: retry stops by reason.
     pub stops: Option<BTreeMap<String, f64>>,
+    /// `double-submit` only: what the re-sending client saw.
+    pub resends: Option<double_submit::Resends>,
 }
 
 impl Column {
@@ -296,6 +313,9 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 
 /// Runs one scenario: three columns, one after the other.
 pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
+    if scenario == Scenario::DoubleSubmit {
+        return double_submit::run(opts).await;
+    }
     let load = scenario.load(opts.requests, opts.rate);
     let probe = weir_config(
         scenario,
@@ -425,6 +445,7 @@ fn column(
         duplicates: up.counters.duplicates(),
         transitions: None,
         stops: None,
+        resends: None,
     }
 }
 

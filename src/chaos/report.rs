@@ -37,6 +37,11 @@ fn map(m: &Option<std::collections::BTreeMap<String, f64>>) -> String {
 pub fn rows(r: &Report) -> Vec<(String, Vec<String>)> {
     let late = r.deadline + Duration::from_millis(50);
     let cell = |f: &dyn Fn(&Column) -> String| r.columns.iter().map(f).collect::<Vec<_>>();
+    if let Some(mut rows) = super::double_submit::rows(r) {
+        rows.push(("breaker transitions".into(), cell(&|c| map(&c.transitions))));
+        rows.push(("retry stops".into(), cell(&|c| map(&c.stops))));
+        return rows;
+    }
     let mut rows = vec![
         (
             "client requests".into(),
@@ -185,6 +190,9 @@ pub fn table(r: &Report) -> String {
                 .unwrap_or_default()
         );
     }
+    if let Some(story) = super::double_submit::story(r) {
+        let _ = writeln!(out, "\n{story}");
+    }
     let _ = writeln!(out, "\n{}", settings_note(r));
     out
 }
@@ -220,7 +228,7 @@ pub fn json(r: &Report) -> serde_json::Value {
         .columns
         .iter()
         .map(|c| {
-            serde_json::json!({
+            let mut v = serde_json::json!({
                 "name": c.name,
                 "client_requests": c.observed.requests,
                 "client_successes": c.observed.successes,
@@ -243,7 +251,11 @@ pub fn json(r: &Report) -> serde_json::Value {
                     .and_then(|b| first_success_after(&c.observed.records, b))
                     .map(|d| d.as_millis() as u64),
                 "success_per_second": per_second(&c.observed.records),
-            })
+            });
+            if let Some(rs) = c.resends {
+                v["resends"] = serde_json::to_value(rs).unwrap_or_default();
+            }
+            v
         })
         .collect();
     serde_json::json!({
