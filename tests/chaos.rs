@@ -207,12 +207,8 @@ async fn double_submit_counts_the_impatient_apps_duplicates() {
 /// `double-submit`, the gate: through weir every re-send of a POST whose
 /// first send is still running gets 409 + `Retry-After`, and the one after
 /// it the recorded answer — one delivery per key, every POST answered 2xx.
-///
-/// Ignored until weir keeps a keyed exchange going when its client leaves:
-/// today the data plane (src/proxy) cancels it and marks the key uncertain,
-/// so the app's re-send is forwarded again. Run it with `--ignored`.
+/// (weir keeps a keyed exchange going when its client leaves.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "weir cancels a keyed exchange whose client left (src/proxy), so re-sends are delivered again"]
 async fn double_submit_is_delivered_once_per_key_through_weir() {
     let _one = serial().await;
     let r = run(Scenario::DoubleSubmit, &opts(40, false)).await.unwrap();

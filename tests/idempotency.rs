@@ -355,9 +355,12 @@ async fn the_store_counts_every_byte_and_evicts_the_oldest(path: DataPath) {
 
 both_paths!(
     #[tokio::test]
-    a_client_that_leaves_does_not_wedge_its_key
+    a_client_that_leaves_still_gets_its_answer_recorded
 );
-async fn a_client_that_leaves_does_not_wedge_its_key(path: DataPath) {
+/// The impatient app: it gives up on a keyed POST and re-sends it. weir
+/// keeps the first exchange going, refuses the re-send while it runs, and
+/// answers the next from the record: one delivery.
+async fn a_client_that_leaves_still_gets_its_answer_recorded(path: DataPath) {
     let o = orders(0).await;
     let weir = Arc::new(Weir::single_on(path, &o.up.url(), NO_RETRY).await);
     let held = o.release.acquire_many(1_000_000).await.unwrap();
@@ -365,12 +368,43 @@ async fn a_client_that_leaves_does_not_wedge_its_key(path: DataPath) {
     let first = tokio::spawn(async move { post(&w, Some("k"), "pay").await });
     tokio::time::sleep(Duration::from_millis(200)).await;
     first.abort();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    drop(held);
-    // The record became uncertain when the client left: forwarded again.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let (status, parts, _) = post(&weir, Some("k"), "pay").await;
-    assert_eq!(status, 201);
+    assert_eq!(
+        (status, header(&parts, "x-weir-error").as_str()),
+        (409, "idempotency_in_flight")
+    );
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, parts, b) = post(&weir, Some("k"), "pay").await;
+    assert_eq!((status, &b[..]), (201, &b"order 1"[..]));
+    assert_eq!(header(&parts, "idempotent-replayed"), "true");
+    assert_eq!(o.up.requests(), 1);
+}
+
+both_paths!(
+    #[tokio::test]
+    a_key_is_not_wedged_by_an_upstream_that_never_answers
+);
+/// The exchange a departed client left behind ends at the request's
+/// deadline; the key is then uncertain, and a re-send is forwarded.
+async fn a_key_is_not_wedged_by_an_upstream_that_never_answers(path: DataPath) {
+    let o = orders(0).await;
+    let extra = format!("timeout = \"300ms\"\n{NO_RETRY}");
+    let weir = Arc::new(Weir::single_on(path, &o.up.url(), &extra).await);
+    let held = o.release.acquire_many(1_000_000).await.unwrap();
+    let w = weir.clone();
+    let first = tokio::spawn(async move { post(&w, Some("k"), "pay").await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    first.abort();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(held);
+    // (weir gave the first up and closed its connection: the upstream never
+    // finished it, so this is its first order.)
+    let (status, parts, b) = post(&weir, Some("k"), "pay").await;
+    assert_eq!((status, &b[..]), (201, &b"order 1"[..]));
     assert_eq!(header(&parts, "idempotent-replayed"), "");
+    assert_eq!(o.up.requests(), 2);
 }
 
 both_paths!(

@@ -95,7 +95,18 @@ async fn serve(
     };
     let method = parts.method.clone();
     let uri = parts.uri.clone();
-    let resp = match forward(up, conn, parts, body, start, grpc).await {
+    let cfg = &up.config;
+    let idem = parts
+        .headers
+        .get(&cfg.idempotency_header)
+        .map(|v| v.as_bytes());
+    let keyed = matches!(idempotent::key_of(cfg, method.as_str(), idem), Ok(Some(_)));
+    let forwarded = if keyed {
+        detached(up, parts, body, start, grpc).await
+    } else {
+        forward(up, conn, parts, body, start, grpc, &mut None).await
+    };
+    let resp = match forwarded {
         Ok(resp) => resp,
         Err(e) => {
             up.state.metrics.error(e.code(), start.elapsed());
@@ -138,6 +149,45 @@ fn access_log(
     resp
 }
 
+/// A keyed write (docs/behaviour.md#idempotency-keys) runs in a task of
+/// its own: when its client leaves, its attempts go on within the request's
+/// deadline and its response is read to the end and kept, so a re-send is
+/// answered from the record instead of reaching the upstream again.
+async fn detached(
+    up: &Upstream,
+    parts: http::request::Parts,
+    body: Incoming,
+    start: Instant,
+    grpc: bool,
+) -> Result<Response<Body>, ProxyError> {
+    let up = up.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        // No held connection: it belongs to a client connection.
+        let conn = super::sticky::ConnCtx::default();
+        let mut capture = None;
+        let forwarded = forward(&up, &conn, parts, body, start, grpc, &mut capture).await;
+        match (forwarded, capture) {
+            (Ok(resp), Some(c)) => {
+                let (head, body) = resp.into_parts();
+                let (frames, to_client) = tokio::sync::mpsc::channel(8);
+                let _ = tx.send(Ok(Response::from_parts(
+                    head,
+                    idempotent::channel_body(to_client),
+                )));
+                idempotent::pump(body, c, frames).await;
+            }
+            (forwarded, _) => {
+                let _ = tx.send(forwarded);
+            }
+        }
+    });
+    rx.await
+        .unwrap_or_else(|_| Err(ProxyError::UpstreamReset("the request's task ended".into())))
+}
+
+/// `capture`: set to the keeping of a keyed write's response, whose body
+/// the caller relays ([`detached`]).
 async fn forward(
     up: &Upstream,
     conn: &super::sticky::ConnCtx,
@@ -145,6 +195,7 @@ async fn forward(
     body: Incoming,
     start: Instant,
     is_grpc_request: bool,
+    capture: &mut Option<idempotent::Capture>,
 ) -> Result<Response<Body>, ProxyError> {
     let cfg = &up.config;
     let lowered = headers::weir_timeout(&parts.headers).map_err(ProxyError::BadRequest)?;
@@ -283,7 +334,7 @@ async fn forward(
             // hyper answers in the client's protocol; an HTTP/1.0 upstream must
             // not downgrade the client's connection.
             rparts.version = Version::HTTP_11;
-            let capture = recorder.map(|r| {
+            *capture = recorder.map(|r| {
                 let fields = idempotent::kept_fields(&rparts.headers);
                 r.capture(rparts.status.as_u16(), fields)
             });
@@ -296,11 +347,7 @@ async fn forward(
             );
             let first = done.ended + cfg.idle_timeout;
             let body = IdleTimeout::new(rbody, first, cfg.idle_timeout, Some(slot));
-            let body = match capture {
-                Some(c) => boxed(idempotent::Recording::new(body, c)),
-                None => boxed(body),
-            };
-            Ok(Response::from_parts(rparts, body))
+            Ok(Response::from_parts(rparts, boxed(body)))
         }
         Err(e) => {
             up.state

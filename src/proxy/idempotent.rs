@@ -313,78 +313,61 @@ pub(crate) fn kept_fields(h: &http::HeaderMap) -> Vec<(Vec<u8>, Vec<u8>)> {
         .collect()
 }
 
-pin_project_lite::pin_project! {
-    /// A response body on its way to the client, kept as it passes.
-    pub(crate) struct Recording<B> {
-        #[pin]
-        inner: B,
-        capture: std::sync::Mutex<Option<Capture>>,
-    }
-}
-
-impl<B> Recording<B> {
-    pub(crate) fn new(inner: B, capture: Capture) -> Self {
-        Recording {
-            inner,
-            capture: std::sync::Mutex::new(Some(capture)),
+/// Relays a keyed write's response body to the client through `to_client`
+/// and keeps it as it passes; when the client has gone, reads on to the end
+/// all the same (each wait bounded by the body's own idle timeout), so the
+/// record gets the whole response.
+pub(crate) async fn pump(
+    mut body: super::body::Body,
+    mut capture: Capture,
+    to_client: tokio::sync::mpsc::Sender<Frame>,
+) {
+    use http_body_util::BodyExt;
+    let mut client = true;
+    loop {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Some(d) = frame.data_ref() {
+                    capture.push(d);
+                } else if frame.is_trailers() {
+                    capture.spoil();
+                }
+                if client && to_client.send(Ok(frame)).await.is_err() {
+                    client = false;
+                }
+            }
+            Some(Err(e)) => {
+                // Broke off: completed, with nothing to replay.
+                drop(capture);
+                let _ = to_client.send(Err(e)).await;
+                return;
+            }
+            None => {
+                capture.done();
+                return;
+            }
         }
     }
 }
 
-impl<B: http_body::Body<Data = Bytes>> http_body::Body for Recording<B> {
+/// One frame of a response body, or why it broke off.
+pub(crate) type Frame = Result<http_body::Frame<Bytes>, super::body::BoxError>;
+
+/// The client's side of [`pump`].
+pub(crate) fn channel_body(frames: tokio::sync::mpsc::Receiver<Frame>) -> super::body::Body {
+    super::body::boxed(Channel(frames))
+}
+
+struct Channel(tokio::sync::mpsc::Receiver<Frame>);
+
+impl http_body::Body for Channel {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = super::body::BoxError;
 
     fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
+        mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
-        use std::task::Poll;
-        let mut this = self.project();
-        let r = this.inner.as_mut().poll_frame(cx);
-        let Ok(slot) = this.capture.get_mut() else {
-            return r;
-        };
-        match &r {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(c), Some(d)) = (slot.as_mut(), frame.data_ref()) {
-                    c.push(d);
-                }
-                if frame.is_trailers() {
-                    if let Some(c) = slot.as_mut() {
-                        c.spoil();
-                    }
-                }
-                // hyper may not ask again once the body says it has ended.
-                if this.inner.is_end_stream() || frame.is_trailers() {
-                    if let Some(c) = slot.take() {
-                        c.done();
-                    }
-                }
-            }
-            Poll::Ready(None) => {
-                if let Some(c) = slot.take() {
-                    c.done();
-                }
-            }
-            // An error drops the capture: completed, nothing to replay.
-            Poll::Ready(Some(Err(_))) => drop(slot.take()),
-            Poll::Pending => {}
-        }
-        r
-    }
-
-    fn is_end_stream(&self) -> bool {
-        let end = self.inner.is_end_stream();
-        if end {
-            if let Some(c) = self.capture.lock().ok().and_then(|mut s| s.take()) {
-                c.done();
-            }
-        }
-        end
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+    ) -> std::task::Poll<Option<Frame>> {
+        self.0.poll_recv(cx)
     }
 }

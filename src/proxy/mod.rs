@@ -56,7 +56,7 @@ impl std::fmt::Display for ListenerRole {
 }
 
 /// An upstream as one snapshot sees it: its config and its live state.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Upstream {
     pub config: Arc<UpstreamConfig>,
     pub state: Arc<UpstreamState>,

@@ -12,6 +12,50 @@ use tokio::time::{Instant, Sleep};
 /// Buffers kept larger than this between requests are given back.
 pub(super) const KEEP_CAPACITY: usize = 64 * 1024;
 
+/// One connection's buffers, reused by every request on it.
+pub(super) struct Bufs {
+    /// Bytes from the client: the current request, and any pipelined after it.
+    pub(super) client: Vec<u8>,
+    /// The upstream request: head and body, written as one.
+    pub(super) request: Vec<u8>,
+    /// Bytes from the upstream.
+    pub(super) upstream: Vec<u8>,
+    /// Bytes for the client.
+    pub(super) out: Vec<u8>,
+    /// The client closed its side after pipelining requests: they are
+    /// served, then the connection closes.
+    pub(super) eof: bool,
+}
+
+impl Bufs {
+    /// Nothing is allocated until a request needs it: an idle connection
+    /// costs its task and socket only.
+    pub(super) fn new() -> Self {
+        Bufs {
+            client: Vec::new(),
+            request: Vec::new(),
+            upstream: Vec::new(),
+            out: Vec::new(),
+            eof: false,
+        }
+    }
+
+    /// Drops the request just served; shrinks what one large message grew.
+    pub(super) fn next_request(&mut self, consumed: usize) {
+        self.client.drain(..consumed.min(self.client.len()));
+        for b in [
+            &mut self.client,
+            &mut self.request,
+            &mut self.upstream,
+            &mut self.out,
+        ] {
+            if b.capacity() > KEEP_CAPACITY && b.len() < 4096 {
+                b.shrink_to(8192);
+            }
+        }
+    }
+}
+
 /// One timer per connection, armed lazily: it is moved only when a wait
 /// needs it earlier than it is set. Deadlines on a keep-alive connection
 /// (head, request, idle body) mostly lie later than the last one armed, so

@@ -35,7 +35,7 @@ use super::idempotent::{self, Begun, Recorder};
 use super::Upstream;
 use crate::policy::idempotency::StoredResponse;
 use head::{Annotations, Framing, Parse, Planned};
-use io::{client_gone, read_more, write_client, Timer, KEEP_CAPACITY};
+use io::{client_gone, read_more, write_client, Bufs, Timer};
 pub(crate) use pool::Pool;
 use reply::ErrorResponse;
 use std::net::SocketAddr;
@@ -45,50 +45,6 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use transport::{ClientWatch, Exchange, FastTransport};
-
-/// One connection's buffers, reused by every request on it.
-struct Bufs {
-    /// Bytes from the client: the current request, and any pipelined after it.
-    client: Vec<u8>,
-    /// The upstream request: head and body, written as one.
-    request: Vec<u8>,
-    /// Bytes from the upstream.
-    upstream: Vec<u8>,
-    /// Bytes for the client.
-    out: Vec<u8>,
-    /// The client closed its side after pipelining requests: they are
-    /// served, then the connection closes.
-    eof: bool,
-}
-
-impl Bufs {
-    /// Nothing is allocated until a request needs it: an idle connection
-    /// costs its task and socket only.
-    fn new() -> Self {
-        Bufs {
-            client: Vec::new(),
-            request: Vec::new(),
-            upstream: Vec::new(),
-            out: Vec::new(),
-            eof: false,
-        }
-    }
-
-    /// Drops the request just served; shrinks what one large message grew.
-    fn next_request(&mut self, consumed: usize) {
-        self.client.drain(..consumed.min(self.client.len()));
-        for b in [
-            &mut self.client,
-            &mut self.request,
-            &mut self.upstream,
-            &mut self.out,
-        ] {
-            if b.capacity() > KEEP_CAPACITY && b.len() < 4096 {
-                b.shrink_to(8192);
-            }
-        }
-    }
-}
 
 /// Serves a cleartext client connection.
 pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
@@ -279,6 +235,7 @@ impl Ctx<'_> {
             pool: self.pool,
             up,
             head_method: p.head_method,
+            detached: recorder.is_some(),
         };
         let Some(driven) = attempt::drive(&mut attempts, &mut t, Some(t0)).await else {
             return false;
@@ -493,7 +450,10 @@ impl Ctx<'_> {
         if let Some(c) = capture.as_mut() {
             c.push(&bufs.out[head_end..]);
         }
-        if !write_client(self.stream, &bufs.out, self.write_timeout).await {
+        // A keyed write's response is read to its end and kept even when
+        // its client has left: a re-send gets it from the record.
+        let mut client_ok = write_client(self.stream, &bufs.out, self.write_timeout).await;
+        if !client_ok && capture.is_none() {
             return false;
         }
         // The last clock reading: when the connection goes back to the pool.
@@ -504,7 +464,13 @@ impl Ctx<'_> {
             let until = last + idle;
             let n = tokio::select! {
                 biased;
-                () = client_gone(self.stream, &mut bufs.client, need, &mut bufs.eof) => return false,
+                () = client_gone(self.stream, &mut bufs.client, need, &mut bufs.eof), if client_ok => {
+                    if capture.is_none() {
+                        return false;
+                    }
+                    client_ok = false;
+                    continue;
+                }
                 r = read_more(&mut upstream, &mut bufs.upstream) => match r {
                     Ok(n) => n,
                     Err(_) => return false,
@@ -548,8 +514,11 @@ impl Ctx<'_> {
             if let Some(c) = capture.as_mut() {
                 c.push(send);
             }
-            if !write_client(self.stream, send, self.write_timeout).await {
-                return false;
+            if client_ok && !write_client(self.stream, send, self.write_timeout).await {
+                if capture.is_none() {
+                    return false;
+                }
+                client_ok = false;
             }
         }
         if let Some(mut c) = capture {
@@ -561,7 +530,7 @@ impl Ctx<'_> {
         if reusable {
             self.pool.put(addr, tag, upstream, last);
         }
-        framing != Framing::Close
+        client_ok && framing != Framing::Close
     }
 }
 

@@ -47,6 +47,10 @@ pub(super) struct FastTransport<'c> {
     pub(super) pool: &'c Pool,
     pub(super) up: &'c Upstream,
     pub(super) head_method: bool,
+    /// A keyed write (docs/behaviour.md#idempotency-keys): its attempts go
+    /// on when the client leaves, within the request's deadline, so that
+    /// their outcome is recorded for a re-send.
+    pub(super) detached: bool,
 }
 
 /// The client of one request, watched while weir waits for it (admission):
@@ -72,6 +76,9 @@ impl attempt::Watch for ClientWatch<'_> {
 
 impl attempt::Watch for FastTransport<'_> {
     async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
+        if self.detached {
+            return Some(f.await);
+        }
         self.watch.unless_gone(f).await
     }
 }
@@ -89,7 +96,7 @@ impl attempt::Transport for FastTransport<'_> {
             biased;
             // The client went away: the attempt is dropped, the breaker
             // slot released without a verdict.
-            () = client_gone(self.watch.stream, self.watch.client, self.watch.need, self.watch.eof) => return None,
+            () = client_gone(self.watch.stream, self.watch.client, self.watch.need, self.watch.eof), if !self.detached => return None,
             r = exchange(self.pool, self.up, started, self.request, self.upstream, self.out, self.head_method) => r.map_err(SendError::into_parts),
             () = self.timer.at(try_deadline) => Err(attempt::timed_out(try_deadline, deadline)),
         };
