@@ -6,6 +6,8 @@
 #   SHAPE=h2c bench/callgrind.sh            # an h2c upstream (the general path)
 #   SHAPE=tls bench/callgrind.sh            # an HTTPS upstream, HTTP/1.1 pinned (the fast path)
 #   SHAPE=grpc bench/callgrind.sh           # gRPC unary, h2c on both sides (h2load; the general path)
+#   SHAPE=post bench/callgrind.sh           # a 1 KiB POST (the fast path)
+#   SHAPE=post-keyed bench/callgrind.sh     # the same with a new Idempotency-Key on each (recorded)
 #   KEEP=dir bench/callgrind.sh             # keep the callgrind files for callgrind_annotate
 #
 # For each binary: weir (one worker, every policy on, as in compare.sh) runs
@@ -104,7 +106,12 @@ run() { # binary seconds
         echo "$ir $reqs"
         return
     fi
-    res=$(wrk -t1 -c4 -d"$2"s "http://127.0.0.1:$WEIR_PORT/")
+    local script=()
+    case $SHAPE in
+        post) script=(-s bench/shapes/post1k.lua) ;;
+        post-keyed) script=(-s bench/shapes/post1k-keyed.lua) ;;
+    esac
+    res=$(wrk -t1 -c4 -d"$2"s "${script[@]}" "http://127.0.0.1:$WEIR_PORT/")
     # A count of weir's own errors would be no measure of proxying.
     if echo "$res" | grep -q "Non-2xx"; then echo "weir answered errors: $res" >&2; exit 1; fi
     reqs=$(echo "$res" | awk '/requests in/ {print $1}')

@@ -4,6 +4,8 @@
 # alternating rounds, medians):
 #
 #   post64k  a 64 KiB POST                        (wrk -s bench/shapes/post64k.lua)
+#   post1k, post1k-keyed                          a 1 KiB POST, without and with a new
+#            Idempotency-Key on each (weir records it; the peers pass the header on)
 #   big      a 1 MiB response
 #   chunked  a chunked request and a chunked (gzip) response
 #   tls      TLS origination to an HTTPS upstream  (session reuse on every proxy)
@@ -225,6 +227,8 @@ stop_proxies() {
 wrk_args() { # shape → wrk's script and path
     case $1 in
         post64k) echo "-s bench/shapes/post64k.lua" ;;
+        post1k) echo "-s bench/shapes/post1k.lua" ;;
+        post1k-keyed) echo "-s bench/shapes/post1k-keyed.lua" ;;
         chunked) echo "-s bench/shapes/chunked.lua" ;;
         big) echo "" ;;
         *) echo "" ;;
@@ -267,7 +271,7 @@ for shape in $SHAPES; do
     path=$(path_of "$shape")
     for t in "${targets[@]}"; do  # warm-up, and a check that it answers 2xx
         check=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${PORT_OF[$t]}$path" || true)
-        case $shape in post64k | chunked | grpc) ;; *) [ "$check" = 200 ] || echo "$shape/$t answered $check" >&2 ;; esac
+        case $shape in post* | chunked | grpc) ;; *) [ "$check" = 200 ] || echo "$shape/$t answered $check" >&2 ;; esac
         load "$shape" "${PORT_OF[$t]}" 1 >/dev/null
         rm -f "$T/$shape.$t.samples"
     done

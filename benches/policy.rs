@@ -136,5 +136,49 @@ fn benches(c: &mut Criterion) {
     });
 }
 
-criterion_group!(policy_benches, benches);
+/// A keyed write's policy work (docs/behaviour.md#idempotency-keys): the
+/// fingerprint of a 1 KiB body, and a store that is full (every new record
+/// evicts the oldest) taking a new key through begin and complete.
+fn idempotency(c: &mut Criterion) {
+    use bytes::Bytes;
+    use weir::policy::idempotency::{
+        Fingerprint, IdempotencyParams, IdempotencyStore, MemoryStore, StoredResponse,
+    };
+    let body = vec![b'x'; 1024];
+    c.bench_function("fingerprint (SHA-256, 1 KiB body)", |b| {
+        b.iter(|| black_box(Fingerprint::new("POST", "/orders", black_box(&body))))
+    });
+    let params = IdempotencyParams::try_new(
+        Duration::from_secs(86_400),
+        16 << 20,
+        1 << 20,
+        &["POST".to_string()],
+    )
+    .unwrap();
+    let mut store = MemoryStore::new(params);
+    let fields = Bytes::from_static(b"content-type: application/json\r\ndate: Tue, 01 Dec 2026 10:00:00 GMT\r\n");
+    let fp = Fingerprint::new("POST", "/orders", &body);
+    let mut n = 0u64;
+    let mut now = Duration::ZERO;
+    let mut step = |store: &mut MemoryStore| {
+        n += 1;
+        now += Duration::from_micros(1);
+        let key = format!("key-{n}");
+        black_box(store.begin(&key, &fp, now));
+        let r = StoredResponse {
+            status: 201,
+            fields: fields.clone(),
+            body: Bytes::from(vec![b'o'; 64]),
+        };
+        store.complete(&key, r, now);
+    };
+    while store.stats().evicted == 0 {
+        step(&mut store);
+    }
+    c.bench_function("idempotency store begin+complete (full, evicting)", |b| {
+        b.iter(|| step(&mut store))
+    });
+}
+
+criterion_group!(policy_benches, benches, idempotency);
 criterion_main!(policy_benches);

@@ -53,15 +53,13 @@ struct Response {
 
 impl Response {
     fn stored(&self) -> StoredResponse {
-        StoredResponse {
-            status: self.status,
-            headers: self
-                .headers
+        StoredResponse::new(
+            self.status,
+            self.headers
                 .iter()
-                .map(|(n, v)| (n.clone().into_bytes(), v.clone().into_bytes()))
-                .collect(),
-            body: Bytes::from(self.body.clone()),
-        }
+                .map(|(n, v)| (n.as_bytes(), v.as_bytes())),
+            Bytes::from(self.body.clone()),
+        )
     }
 }
 

@@ -26,11 +26,13 @@
 //! too.
 //!
 //! **Byte accounting** ([`Entry::bytes`], bounded by `max_bytes`): per record,
-//! [`ENTRY_OVERHEAD`] + the key's bytes + the fingerprint's method and target
-//! bytes + for a completed, replayable record the stored response's header
-//! names and values and body ([`StoredResponse::bytes`]). The 32 bytes of the
-//! body hash, the status, and the allocator's own overhead are inside the
-//! constant. Every record counts; only completed and uncertain ones are
+//! [`ENTRY_OVERHEAD`] + the key's bytes + for a completed, replayable record
+//! the stored response's field block and body ([`StoredResponse::bytes`]).
+//! The constant stands for what a record really costs beyond those bytes:
+//! the slab slot and its links, the map's bucket, the key's two copies' and
+//! the response's allocations, each rounded up by the allocator, with the
+//! slab's and the map's spare capacity (measured: RSS of a full store
+//! against its accounted bytes, README "Exactly-once writes"). Every record counts; only completed and uncertain ones are
 //! evicted (uncertain first: losing one changes no answer to a repeat of the
 //! same request, which is forwarded either way; then completed ones, least
 //! recently used first). In-flight records are never evicted: each is a request in
@@ -51,10 +53,10 @@ pub use memory::MemoryStore;
 /// The longest idempotency key, in bytes; a longer (or empty) one is a 400.
 pub const MAX_KEY_BYTES: usize = 255;
 
-/// The fixed cost counted for every record on top of its bytes: at least
-/// what the slab slot, its links and the map entry take (a unit test holds
-/// that), rounded up for the allocator.
-pub const ENTRY_OVERHEAD: usize = 256;
+/// The fixed cost counted for every record on top of its bytes (see the
+/// module doc; a unit test holds that it covers the slot, its links and
+/// the map entry with room to spare).
+pub const ENTRY_OVERHEAD: usize = 512;
 
 /// The response header a replay carries (`Idempotent-Replayed: true`).
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -162,13 +164,12 @@ fn check_method(m: &str) -> Result<(), PolicyError> {
     Ok(())
 }
 
-/// What makes two requests under one key the same request.
-#[derive(Clone, PartialEq, Eq, Hash)]
+/// What makes two requests under one key the same request: one SHA-256 over
+/// the method, the target and the body (each delimited, so no two requests
+/// share an input), 32 bytes however large the request.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint {
-    pub method: String,
-    /// The request target as the client sent it (path and query).
-    pub target: String,
-    pub body_sha256: [u8; 32],
+    pub sha256: [u8; 32],
 }
 
 impl Fingerprint {
@@ -179,24 +180,15 @@ impl Fingerprint {
         h.finish()
     }
 
-    /// The body hash in lower-case hex.
-    pub fn body_hex(&self) -> String {
-        self.body_sha256
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+    /// The hash in lower-case hex.
+    pub fn hex(&self) -> String {
+        self.sha256.iter().map(|b| format!("{b:02x}")).collect()
     }
 }
 
 impl fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {} sha256:{}",
-            self.method,
-            self.target,
-            self.body_hex()
-        )
+        write!(f, "sha256:{}", self.hex())
     }
 }
 
@@ -204,50 +196,83 @@ impl fmt::Debug for Fingerprint {
 /// size limit.
 #[derive(Debug, Clone)]
 pub struct FingerprintHasher {
-    method: String,
-    target: String,
-    body: Sha256,
+    sha: Sha256,
 }
 
 impl FingerprintHasher {
+    /// Starts with the method and the target (path and query as sent).
     pub fn new(method: &str, target: &str) -> Self {
-        FingerprintHasher {
-            method: method.to_string(),
-            target: target.to_string(),
-            body: Sha256::new(),
+        let mut sha = Sha256::new();
+        // Lengths first: "POST" + "/ab" never hashes like "POST/" + "ab".
+        for part in [method.as_bytes(), target.as_bytes()] {
+            sha.update((part.len() as u64).to_be_bytes());
+            sha.update(part);
         }
+        FingerprintHasher { sha }
     }
 
     /// Feeds the next chunk of the body.
     pub fn update(&mut self, chunk: &[u8]) {
-        self.body.update(chunk);
+        self.sha.update(chunk);
     }
 
     pub fn finish(self) -> Fingerprint {
         Fingerprint {
-            method: self.method,
-            target: self.target,
-            body_sha256: self.body.finalize().into(),
+            sha256: self.sha.finalize().into(),
         }
     }
 }
 
 /// A response kept for replay: what the upstream sent, weir's own
-/// annotations not included.
+/// annotations and the framing not included.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     pub status: u16,
-    /// In the order received, names as received.
-    pub headers: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The header fields in the order received, each `name: value\r\n`:
+    /// one allocation however many there are.
+    pub fields: Bytes,
     pub body: Bytes,
 }
 
 impl StoredResponse {
-    /// Its accounted size: every header name and value, and the body.
-    pub fn bytes(&self) -> usize {
-        let heads: usize = self.headers.iter().map(|(n, v)| n.len() + v.len()).sum();
-        heads + self.body.len()
+    /// A response from its fields as (name, value) pairs.
+    pub fn new<'a>(
+        status: u16,
+        fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+        body: Bytes,
+    ) -> Self {
+        let mut block = Vec::new();
+        for (n, v) in fields {
+            push_field(&mut block, n, v);
+        }
+        StoredResponse {
+            status,
+            fields: Bytes::from(block),
+            body,
+        }
     }
+
+    /// The fields as (name, value) pairs.
+    pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.fields.split(|b| *b == b'\n').filter_map(|line| {
+            let line = line.strip_suffix(b"\r")?;
+            let colon = line.iter().position(|b| *b == b':')?;
+            Some((&line[..colon], line.get(colon + 2..).unwrap_or_default()))
+        })
+    }
+
+    /// Its accounted size: the field block and the body.
+    pub fn bytes(&self) -> usize {
+        self.fields.len() + self.body.len()
+    }
+}
+
+/// Appends `name: value\r\n` to a field block.
+pub fn push_field(block: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    block.extend_from_slice(name);
+    block.extend_from_slice(b": ");
+    block.extend_from_slice(value);
+    block.extend_from_slice(b"\r\n");
 }
 
 /// Where a key's request stands.
@@ -289,12 +314,11 @@ impl Entry {
 
     /// Its accounted size under `key` (see the module doc).
     pub fn bytes(&self, key: &str) -> usize {
-        let fp = self.fingerprint.method.len() + self.fingerprint.target.len();
         let response = match &self.state {
             EntryState::Completed(r) => r.bytes(),
             _ => 0,
         };
-        ENTRY_OVERHEAD + key.len() + fp + response
+        ENTRY_OVERHEAD + key.len() + response
     }
 }
 
@@ -503,11 +527,11 @@ mod tests {
     }
 
     fn response() -> Arc<StoredResponse> {
-        Arc::new(StoredResponse {
-            status: 201,
-            headers: vec![(b"content-type".to_vec(), b"text/plain".to_vec())],
-            body: Bytes::from_static(b"ok"),
-        })
+        Arc::new(StoredResponse::new(
+            201,
+            [(&b"content-type"[..], &b"text/plain"[..])],
+            Bytes::from_static(b"ok"),
+        ))
     }
 
     #[test]
@@ -521,12 +545,17 @@ mod tests {
         assert_ne!(Fingerprint::new("PATCH", "/a?x=1", b"hello world"), whole);
         assert_ne!(Fingerprint::new("POST", "/a?x=2", b"hello world"), whole);
         assert_ne!(Fingerprint::new("POST", "/a?x=1", b"hello worle"), whole);
-        // SHA-256 of the empty string.
-        assert_eq!(
-            Fingerprint::new("POST", "/", b"").body_hex(),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        // The parts are delimited: moving a byte from one to the next changes it.
+        assert_ne!(
+            Fingerprint::new("POST", "/a", b"b"),
+            Fingerprint::new("POST", "/ab", b"")
         );
-        assert!(format!("{whole:?}").starts_with("POST /a?x=1 sha256:b94d27b9"));
+        assert_ne!(
+            Fingerprint::new("POS", "T/a", b""),
+            Fingerprint::new("POST", "/a", b"")
+        );
+        assert!(format!("{whole:?}").starts_with("sha256:"));
+        assert_eq!(whole.hex().len(), 64);
     }
 
     #[test]

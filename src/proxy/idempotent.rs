@@ -115,15 +115,15 @@ impl Recorder {
         }
     }
 
-    /// Starts keeping a response with `status` and `headers` (as the client
-    /// gets them, weir's own fields and the framing left out).
-    pub(crate) fn capture(self, status: u16, headers: Vec<(Vec<u8>, Vec<u8>)>) -> Capture {
-        let size = headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+    /// Starts keeping a response with `status` and `fields` (a block of
+    /// `name: value\r\n` lines as the client gets them, weir's own fields
+    /// and the framing left out).
+    pub(crate) fn capture(self, status: u16, fields: Vec<u8>) -> Capture {
         Capture {
-            over: size > self.limit,
-            size,
+            over: fields.len() > self.limit,
+            size: fields.len(),
             status,
-            headers,
+            fields,
             body: Vec::new(),
             recorder: Some(self),
         }
@@ -160,7 +160,7 @@ pub(crate) fn kept(name: &[u8]) -> bool {
 #[derive(Debug)]
 pub(crate) struct Capture {
     status: u16,
-    headers: Vec<(Vec<u8>, Vec<u8>)>,
+    fields: Vec<u8>,
     body: Vec<u8>,
     /// Bytes counted so far (headers and body).
     size: usize,
@@ -217,7 +217,7 @@ impl Capture {
         let replayable = whole && !self.over;
         let response = replayable.then(|| StoredResponse {
             status: self.status,
-            headers: std::mem::take(&mut self.headers),
+            fields: Bytes::from(std::mem::take(&mut self.fields)),
             body: Bytes::from(std::mem::take(&mut self.body)),
         });
         let ending = Ending::Response {
@@ -243,7 +243,7 @@ pub(crate) fn replay_parts(
 ) -> (http::response::Parts, Bytes) {
     let (mut parts, ()) = http::Response::new(()).into_parts();
     parts.status = http::StatusCode::from_u16(stored.status).unwrap_or(http::StatusCode::OK);
-    for (n, v) in &stored.headers {
+    for (n, v) in stored.fields() {
         if let (Ok(n), Ok(v)) = (
             http::HeaderName::from_bytes(n),
             http::HeaderValue::from_bytes(v),
@@ -305,12 +305,15 @@ pub(crate) fn replay_response(
     http::Response::from_parts(parts, super::body::full(body))
 }
 
-/// The fields of a response kept for replays (see [`kept`]).
-pub(crate) fn kept_fields(h: &http::HeaderMap) -> Vec<(Vec<u8>, Vec<u8>)> {
-    h.iter()
-        .filter(|(n, _)| kept(n.as_str().as_bytes()))
-        .map(|(n, v)| (n.as_str().as_bytes().to_vec(), v.as_bytes().to_vec()))
-        .collect()
+/// The fields of a response kept for replays (see [`kept`]), as a block.
+pub(crate) fn kept_fields(h: &http::HeaderMap) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (n, v) in h {
+        if kept(n.as_str().as_bytes()) {
+            crate::policy::idempotency::push_field(&mut block, n.as_str().as_bytes(), v.as_bytes());
+        }
+    }
+    block
 }
 
 /// Relays a keyed write's response body to the client through `to_client`

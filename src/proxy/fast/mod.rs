@@ -167,13 +167,14 @@ impl Ctx<'_> {
         // is answered from the record before admission could hold it back.
         let mut recorder = None;
         let read_first = p.idem.is_some() && self.bufs.client.len() < need;
-        if let Some(k) = p.idem.as_deref() {
+        if let Some(k) = p.idem.clone() {
             if let Err(open) = self.read_body(up, start, &p, deadline).await {
                 return open;
             }
+            let (key, method, target) = k.parts(&self.bufs.client);
             let body = &self.bufs.client[p.head_len..need];
-            let fp = idempotent::fingerprint(&k.method, &k.target, body, p.chunked);
-            match idempotent::begin(&up.state, &k.key, &fp) {
+            let fp = idempotent::fingerprint(method, target, body, p.chunked);
+            match idempotent::begin(&up.state, key, &fp) {
                 Begun::Replay(stored) => return self.replay(up, start, &p, &stored).await,
                 Begun::Refused(e) => return self.fail(up, start, &p, fail(e)).await,
                 Begun::Forward(r) => recorder = Some(r),

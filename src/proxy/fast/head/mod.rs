@@ -74,17 +74,36 @@ pub struct Planned {
     /// The rate limiter's key, when the upstream keys its limiter.
     pub key: Option<String>,
     /// A keyed write, for the upstream's idempotency store.
-    pub idem: Option<Box<Keyed>>,
+    pub idem: Option<Keyed>,
 }
 
 /// A request the upstream's idempotency store applies to
-/// (docs/behaviour.md#idempotency-keys): its key, and its method and target
-/// for the fingerprint.
-#[derive(Debug)]
+/// (docs/behaviour.md#idempotency-keys): where its key, method and target
+/// (for the fingerprint) are in the head, which stays at the start of the
+/// client's buffer while the request is served.
+#[derive(Debug, Clone)]
 pub struct Keyed {
-    pub key: Box<str>,
-    pub method: Box<str>,
-    pub target: Box<str>,
+    pub key: std::ops::Range<usize>,
+    pub method: std::ops::Range<usize>,
+    pub target: std::ops::Range<usize>,
+}
+
+impl Keyed {
+    /// The key, method and target, read from the head in `buf`.
+    pub fn parts<'b>(&self, buf: &'b [u8]) -> (&'b str, &'b str, &'b str) {
+        let text = |r: &std::ops::Range<usize>| {
+            buf.get(r.clone())
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .unwrap_or_default()
+        };
+        (text(&self.key), text(&self.method), text(&self.target))
+    }
+}
+
+/// Where `part` (a slice of `buf`) lies in `buf`.
+fn range_in(buf: &[u8], part: &[u8]) -> std::ops::Range<usize> {
+    let start = (part.as_ptr() as usize).saturating_sub(buf.as_ptr() as usize);
+    start..start + part.len()
 }
 
 fn eq(a: &str, b: &str) -> bool {
@@ -221,12 +240,10 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         return Parse::Fallback("a target that cannot be mapped");
     };
     let idem = match crate::proxy::idempotent::key_of(&up.config, req.method, idem_value) {
-        Ok(k) => k.map(|k| {
-            Box::new(Keyed {
-                key: k.into(),
-                method: req.method.into(),
-                target: req.path_and_query.into(),
-            })
+        Ok(k) => k.map(|k| Keyed {
+            key: range_in(buf, k.as_bytes()),
+            method: range_in(buf, req.method.as_bytes()),
+            target: range_in(buf, req.path_and_query.as_bytes()),
         }),
         // hyper's path answers it (400).
         Err(_) => return Parse::Fallback("an invalid idempotency key"),

@@ -187,18 +187,17 @@ pub fn finish_response(out: &mut Vec<u8>, annotations: Option<Annotations>, clos
 
 /// The fields of the client's response head [`parse_response`] began in
 /// `out` (before [`finish_response`]) that a stored response keeps
-/// (`idempotent::kept`): the upstream's end-to-end fields as the client
-/// gets them.
-pub fn fields(out: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
-    out.split(|b| *b == b'\n')
-        .skip(1)
-        .filter_map(|line| {
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            let colon = line.iter().position(|b| *b == b':')?;
-            let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
-            crate::proxy::idempotent::kept(name).then(|| (name.to_vec(), value.to_vec()))
-        })
-        .collect()
+/// (`idempotent::kept`), as one block of `name: value\r\n` lines: the
+/// upstream's end-to-end fields as the client gets them.
+pub fn fields(out: &[u8]) -> Vec<u8> {
+    let mut block = Vec::with_capacity(out.len());
+    for line in out.split_inclusive(|b| *b == b'\n').skip(1) {
+        let name = line.split(|b| *b == b':').next().unwrap_or_default();
+        if line.ends_with(b"\r\n") && crate::proxy::idempotent::kept(name) {
+            block.extend_from_slice(line);
+        }
+    }
+    block
 }
 
 /// The largest trailer section relayed.
