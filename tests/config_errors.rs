@@ -278,6 +278,127 @@ fn idempotency_fields_are_known_to_the_schema() {
     );
 }
 
+/// `[….cache]`: off by default; on, the documented defaults, merged field
+/// by field.
+#[test]
+fn cache_is_off_by_default_and_merges_field_by_field() {
+    use std::time::Duration;
+    let c = Config::parse(Path::new("weir.toml"), UP).unwrap();
+    assert!(c.upstreams[0].cache.is_none());
+    // The effective config spells the table out, off.
+    let eff = c.effective_toml();
+    assert!(eff.contains("[upstreams.api.cache]"), "{eff}");
+    let src = format!("[defaults.cache]\nenabled = true\n{UP}");
+    let c = Config::parse(Path::new("weir.toml"), &src).unwrap();
+    let k = c.upstreams[0].cache.clone().unwrap();
+    assert_eq!((k.max_bytes, k.max_object_bytes), (32 << 20, 1 << 20));
+    assert_eq!(k.default_ttl, Duration::ZERO);
+    assert_eq!(k.stale_while_revalidate, Duration::ZERO);
+    assert_eq!(k.stale_if_error, Duration::ZERO);
+    assert!(!k.store_set_cookie);
+    let src = format!(
+        "[defaults.cache]\nenabled = true\nstale_if_error = \"10m\"\n{UP}[upstreams.api.cache]\ndefault_ttl = \"30s\"\nstale_while_revalidate = \"5s\"\nstore_set_cookie = true\n"
+    );
+    let c = Config::parse(Path::new("weir.toml"), &src).unwrap();
+    let k = c.upstreams[0].cache.clone().unwrap();
+    assert_eq!(k.default_ttl, Duration::from_secs(30));
+    assert_eq!(k.stale_while_revalidate, Duration::from_secs(5));
+    assert_eq!(k.stale_if_error, Duration::from_secs(600));
+    assert!(k.store_set_cookie);
+    // One upstream may turn off what [defaults] turned on.
+    let src =
+        format!("[defaults.cache]\nenabled = true\n{UP}[upstreams.api.cache]\nenabled = false\n");
+    let c = Config::parse(Path::new("weir.toml"), &src).unwrap();
+    assert!(c.upstreams[0].cache.is_none());
+    // The printed effective config is itself valid, and says the same.
+    let again = Config::parse(Path::new("weir.toml"), &c.effective_toml()).unwrap();
+    assert!(again.upstreams[0].cache.is_none());
+}
+
+#[test]
+fn cache_values_are_validated_where_they_are_written() {
+    let t = "[upstreams.api.cache]\nenabled = true\n";
+    let src = format!("{UP}{t}max_bytes = 1000\nmax_object_bytes = 1001\n");
+    expect_one(
+        &src,
+        7,
+        "upstreams.api.cache.max_object_bytes",
+        "must be ≤ max_bytes (1000)",
+    );
+    let src = format!("[defaults.cache]\nmax_object_bytes = 33554433\n{UP}");
+    expect_one(
+        &src,
+        2,
+        "defaults.cache.max_object_bytes",
+        "must be ≤ max_bytes (33554432)",
+    );
+    let src = format!("{UP}{t}max_bytes = 0\n");
+    expect_one(&src, 6, "upstreams.api.cache.max_bytes", "enabled = false");
+    // Off, a zero max_bytes is no mistake; max_object_bytes followed it.
+    let src = format!("{UP}[upstreams.api.cache]\nmax_bytes = 0\n");
+    let c = Config::parse(Path::new("weir.toml"), &src).unwrap();
+    assert!(c.upstreams[0].cache.is_none());
+    // Left unset, max_object_bytes follows a smaller max_bytes.
+    let src = format!("[defaults.cache]\nenabled = true\nmax_bytes = 1000\n{UP}");
+    let c = Config::parse(Path::new("weir.toml"), &src).unwrap();
+    let k = c.upstreams[0].cache.clone().unwrap();
+    assert_eq!((k.max_bytes, k.max_object_bytes), (1000, 1000));
+    // Checked even when off.
+    let src = format!("{UP}[upstreams.api.cache]\nmax_bytes = 10\nmax_object_bytes = 11\n");
+    expect_one(
+        &src,
+        6,
+        "upstreams.api.cache.max_object_bytes",
+        "must be ≤ max_bytes (10)",
+    );
+}
+
+#[test]
+fn cache_fields_are_known_to_the_schema() {
+    let src = format!(
+        "{UP}[upstreams.api.cache]\nstale_if_eror = \"1m\"\ndefault_ttl = 30\nstore_set_cookies = true\nenabled = \"yes\"\n"
+    );
+    let errs = errors(&src);
+    let got: Vec<(usize, &str)> = errs.iter().map(|e| (e.line, e.field.as_str())).collect();
+    assert_eq!(
+        got,
+        [
+            (5, "upstreams.api.cache.stale_if_eror"),
+            (6, "upstreams.api.cache.default_ttl"),
+            (7, "upstreams.api.cache.store_set_cookies"),
+            (8, "upstreams.api.cache.enabled"),
+        ],
+        "{errs:#?}"
+    );
+    assert!(
+        errs[0].message.contains("did you mean `stale_if_error`?"),
+        "{}",
+        errs[0]
+    );
+    assert!(errs[1].message.contains("bare number"), "{}", errs[1]);
+    assert!(
+        errs[2].message.contains("did you mean `store_set_cookie`?"),
+        "{}",
+        errs[2]
+    );
+    assert!(errs[3].message.contains("invalid type"), "{}", errs[3]);
+    // Written in the upstream's own table, it is pointed to the right one.
+    let src = format!("{UP}default_ttl = \"30s\"\n");
+    expect_one(
+        &src,
+        4,
+        "upstreams.api.default_ttl",
+        "did you mean `cache.default_ttl`?",
+    );
+    let src = format!("[defaults]\nstale_while_revalidate = \"1s\"\n{UP}");
+    expect_one(
+        &src,
+        2,
+        "defaults.stale_while_revalidate",
+        "did you mean `cache.stale_while_revalidate`?",
+    );
+}
+
 /// `weir check --config PATH`: (exit code, stdout, stderr).
 fn check(path: &Path) -> (Option<i32>, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_weir"))

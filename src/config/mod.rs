@@ -18,7 +18,7 @@ mod validate;
 
 pub use error::{ConfigError, ConfigErrors};
 
-use crate::policy::{BreakerParams, IdempotencyParams, RateLimitParams, RetryPolicy};
+use crate::policy::{BreakerParams, CacheParams, IdempotencyParams, RateLimitParams, RetryPolicy};
 use http::HeaderName;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -203,6 +203,9 @@ pub struct UpstreamConfig {
     /// The idempotency-key store (docs/behaviour.md#idempotency-keys);
     /// `None` with `enabled = false`.
     pub idempotency: Option<IdempotencyParams>,
+    /// The response cache (docs/behaviour.md#response-cache); `None` with
+    /// `enabled = false`, the default.
+    pub cache: Option<CacheParams>,
 }
 
 impl Config {

@@ -136,8 +136,10 @@ pub struct RawPolicy {
     pub rate_limit: Option<RawRateLimit>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency: Option<RawIdempotency>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<RawCache>,
 }
-mergeable!(RawPolicy { timeout, per_try_timeout, connect_timeout, idle_timeout, annotate, idempotency_header } nested { retry, breaker, concurrency, rate_limit, idempotency });
+mergeable!(RawPolicy { timeout, per_try_timeout, connect_timeout, idle_timeout, annotate, idempotency_header } nested { retry, breaker, concurrency, rate_limit, idempotency, cache });
 
 impl RawPolicy {
     /// The built-in defaults: the schema of docs/behaviour.md#policy-defaults, written down once.
@@ -200,6 +202,16 @@ impl RawPolicy {
                 max_response_bytes: Some(1 << 20),
                 // Every method that is not idempotent by itself.
                 methods: Some(["POST", "PATCH"].map(String::from).to_vec()),
+            }),
+            // Off: a cache changes what the application sees.
+            cache: Some(RawCache {
+                enabled: Some(false),
+                max_bytes: Some(32 << 20),
+                max_object_bytes: Some(1 << 20),
+                default_ttl: Some(Dur(D::ZERO)),
+                stale_while_revalidate: Some(Dur(D::ZERO)),
+                stale_if_error: Some(Dur(D::ZERO)),
+                store_set_cookie: Some(false),
             }),
         }
     }
@@ -354,6 +366,27 @@ pub struct RawIdempotency {
 }
 mergeable!(RawIdempotency { enabled, ttl, max_bytes, max_response_bytes, methods } nested {});
 
+/// `[….cache]`: the response cache (docs/behaviour.md#response-cache).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCache {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_object_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_ttl: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale_while_revalidate: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale_if_error: Option<Dur>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_set_cookie: Option<bool>,
+}
+mergeable!(RawCache { enabled, max_bytes, max_object_bytes, default_ttl, stale_while_revalidate, stale_if_error, store_set_cookie } nested {});
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawWindow {
@@ -426,6 +459,8 @@ pub struct RawUpstream {
     pub rate_limit: Option<RawRateLimit>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency: Option<RawIdempotency>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<RawCache>,
 }
 
 impl RawUpstream {
@@ -443,6 +478,7 @@ impl RawUpstream {
             concurrency: self.concurrency.clone(),
             rate_limit: self.rate_limit.clone(),
             idempotency: self.idempotency.clone(),
+            cache: self.cache.clone(),
         }
     }
 
@@ -459,6 +495,7 @@ impl RawUpstream {
         self.concurrency = p.concurrency;
         self.rate_limit = p.rate_limit;
         self.idempotency = p.idempotency;
+        self.cache = p.cache;
         self
     }
 }

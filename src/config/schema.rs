@@ -99,6 +99,7 @@ schema!(POLICY: RawPolicy {
     "concurrency" => Nested::Table(&CONCURRENCY),
     "rate_limit" => Nested::Table(&RATE_LIMIT),
     "idempotency" => Nested::Table(&IDEMPOTENCY),
+    "cache" => Nested::Table(&CACHE),
 });
 schema!(RETRY: RawRetry {
     "backoff" => Nested::Table(&BACKOFF),
@@ -112,6 +113,7 @@ schema!(CONCURRENCY: RawConcurrency {});
 schema!(RATE_LIMIT: RawRateLimit { "window" => Nested::Table(&WINDOW) });
 schema!(WINDOW: RawWindow {});
 schema!(IDEMPOTENCY: RawIdempotency {});
+schema!(CACHE: RawCache {});
 schema!(UPSTREAM_TLS: RawUpstreamTls {});
 schema!(UPSTREAM: RawUpstream {
     "listen_tls" => Nested::Table(&LISTENER_TLS),
@@ -121,6 +123,7 @@ schema!(UPSTREAM: RawUpstream {
     "concurrency" => Nested::Table(&CONCURRENCY),
     "rate_limit" => Nested::Table(&RATE_LIMIT),
     "idempotency" => Nested::Table(&IDEMPOTENCY),
+    "cache" => Nested::Table(&CACHE),
 });
 
 /// Parses config text into the raw model, or returns every unknown field and
@@ -372,6 +375,7 @@ mod tests {
             &BACKOFF,
             &RATE_LIMIT,
             &IDEMPOTENCY,
+            &CACHE,
             &UPSTREAM,
         ];
         for s in all {

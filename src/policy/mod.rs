@@ -21,6 +21,7 @@
 //! | [`limiter`] | token bucket, sliding window, both combined |
 //! | [`keyed`] | the per-key limiter registry, bounded, LRU |
 //! | [`idempotency`] | idempotency-key records: fingerprint, `decide`, what to record, the store |
+//! | [`cache`] | the response cache: `storable`, `lookup_decision`, `on_error`, `on_not_modified`, `invalidates`, the store, fills in progress |
 //! | [`decide`](mod@decide) | request facts, outcomes, `classify`, `decide`, `Gates` |
 //! | [`contract`] | the versioned JSON shapes of `weir decide` |
 //! | [`report`] | the text `weir schedule` prints |
@@ -29,6 +30,7 @@
 pub mod backoff;
 pub mod breaker;
 pub mod budget;
+pub mod cache;
 pub mod contract;
 pub mod decide;
 pub mod idempotency;
@@ -43,6 +45,11 @@ pub use breaker::{
     Admission, Breaker, BreakerParams, Refused, State, StateKind, StateView, Transition,
 };
 pub use budget::{BudgetParams, RetryBudget};
+pub use cache::{
+    invalidates, lookup_decision, on_error, on_not_modified, storable, Bypass, CacheParams,
+    CacheRequest, CacheResult, CacheStats, CacheStore, CachedResponse, Decision, Fill,
+    FillRegistry, Freshness, Lookup, Refreshed, ResponseFacts,
+};
 pub use contract::{decide_json, DecisionInput, VerdictJson, CONTRACT_VERSION};
 pub use decide::{
     classify, decide, decide_with, is_idempotent_method, BodyFacts, Cause, Class, DecideInput,

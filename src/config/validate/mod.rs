@@ -14,10 +14,7 @@ mod policy;
 /// `resolve_every`'s default: Kubernetes Services and headless Services
 /// change, and a sidecar should follow within seconds.
 const DEFAULT_RESOLVE_EVERY: Duration = Duration::from_secs(5);
-use policy::{
-    breaker, idempotency, open_within_default_max, rate_limit, response_within_max_bytes,
-    retry_policy,
-};
+use policy::{breaker, cache, idempotency, merged, rate_limit, retry_policy};
 
 struct Ctx<'a> {
     file: &'a Path,
@@ -94,24 +91,7 @@ pub(super) fn validate(
     let mut upstreams = Vec::new();
     let mut effective_upstreams = BTreeMap::new();
     for (name, up) in &raw.upstreams {
-        let own = up.policy();
-        let max_open_set = [&own, &raw.defaults]
-            .iter()
-            .any(|p| p.breaker.as_ref().is_some_and(|b| b.max_open.is_some()));
-        let response_set = [&own, &raw.defaults].iter().any(|p| {
-            let i = p.idempotency.as_ref();
-            i.is_some_and(|i| i.max_response_bytes.is_some())
-        });
-        let mut merged = own.merge(defaults.clone());
-        if !max_open_set {
-            open_within_default_max(&mut merged);
-        }
-        if !response_set {
-            response_within_max_bytes(&mut merged);
-        }
-        if let Some(rl) = merged.rate_limit.take() {
-            merged.rate_limit = Some(rl.merge(RawPolicy::builtin_rate_limit()));
-        }
+        let merged = merged(up.policy(), &raw.defaults, defaults.clone());
         let mut effective = up.clone().with_policy(merged.clone());
         effective
             .resolve_every
@@ -438,6 +418,7 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
     let breaker = breaker(cx, name, p);
     let rate_limit = rate_limit(cx, name, p);
     let idempotency = idempotency(cx, name, p);
+    let cache = cache(cx, name, p);
     let c = p.concurrency.clone().unwrap_or_default();
     let concurrency = ConcurrencyParams {
         max_in_flight: c.max_in_flight.unwrap_or_default(),
@@ -475,6 +456,7 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
         concurrency,
         rate_limit,
         idempotency,
+        cache,
     })
 }
 

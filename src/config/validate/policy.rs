@@ -1,15 +1,51 @@
-//! Validating the policy tables of an upstream (its `[defaults]` merged
-//! with its own): retry, backoff, budget, breaker, rate limit and
-//! idempotency, each into its typed parameters, with every error located in
-//! the file.
+//! An upstream's policy tables: merged (its own over `[defaults]` over the
+//! built-ins, with the defaults that follow another field adjusted), then
+//! validated — retry, backoff, budget, breaker, rate limit, idempotency and
+//! cache, each into its typed parameters, with every error located in the
+//! file.
 
 use super::super::duration;
 use super::super::raw::{RawJitter, RawPolicy};
 use super::Ctx;
 use crate::policy::{
-    BackoffPolicy, BreakerParams, BudgetParams, Growth, IdempotencyParams, Jitter, RateLimitParams,
-    RetryOn, RetryPolicy,
+    BackoffPolicy, BreakerParams, BudgetParams, CacheParams, Growth, IdempotencyParams, Jitter,
+    RateLimitParams, RetryOn, RetryPolicy,
 };
+
+/// An upstream's policy: its own fields (`own`) over `[defaults]`
+/// (`raw_defaults` as written, `defaults` merged over the built-ins). A
+/// default that follows another field is adjusted when the user set it
+/// nowhere (see [`open_within_default_max`], [`response_within_max_bytes`],
+/// [`object_within_max_bytes`]); a `rate_limit` table gets its fields'
+/// defaults.
+pub(super) fn merged(own: RawPolicy, raw_defaults: &RawPolicy, defaults: RawPolicy) -> RawPolicy {
+    let written = [&own, raw_defaults];
+    let max_open_set = written
+        .iter()
+        .any(|p| p.breaker.as_ref().is_some_and(|b| b.max_open.is_some()));
+    let response_set = written.iter().any(|p| {
+        let i = p.idempotency.as_ref();
+        i.is_some_and(|i| i.max_response_bytes.is_some())
+    });
+    let object_set = written.iter().any(|p| {
+        let c = p.cache.as_ref();
+        c.is_some_and(|c| c.max_object_bytes.is_some())
+    });
+    let mut merged = own.merge(defaults);
+    if !max_open_set {
+        open_within_default_max(&mut merged);
+    }
+    if !response_set {
+        response_within_max_bytes(&mut merged);
+    }
+    if !object_set {
+        object_within_max_bytes(&mut merged);
+    }
+    if let Some(rl) = merged.rate_limit.take() {
+        merged.rate_limit = Some(rl.merge(RawPolicy::builtin_rate_limit()));
+    }
+    merged
+}
 
 pub(super) fn retry_policy(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<RetryPolicy> {
     let r = p.retry.clone().unwrap_or_default();
@@ -87,7 +123,7 @@ pub(super) fn retry_policy(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<Re
 /// above it: a config written for longer open intervals (`open = "1m"`) keeps
 /// working, open for `open` each time, instead of failing validation on a
 /// field it never mentioned.
-pub(super) fn open_within_default_max(p: &mut RawPolicy) {
+fn open_within_default_max(p: &mut RawPolicy) {
     if let Some(b) = p.breaker.as_mut() {
         if let (Some(open), Some(max)) = (b.open, b.max_open) {
             if open.0 > max.0 {
@@ -100,10 +136,20 @@ pub(super) fn open_within_default_max(p: &mut RawPolicy) {
 /// `max_response_bytes` left at its default never exceeds a smaller
 /// `max_bytes` the user set: a small store keeps working, with responses up
 /// to its whole size replayable, instead of failing on a field never written.
-pub(super) fn response_within_max_bytes(p: &mut RawPolicy) {
+fn response_within_max_bytes(p: &mut RawPolicy) {
     if let Some(i) = p.idempotency.as_mut() {
         if let (Some(max), Some(resp)) = (i.max_bytes, i.max_response_bytes) {
             i.max_response_bytes = Some(resp.min(max));
+        }
+    }
+}
+
+/// The cache's `max_object_bytes` left at its default likewise follows a
+/// smaller `max_bytes`.
+fn object_within_max_bytes(p: &mut RawPolicy) {
+    if let Some(c) = p.cache.as_mut() {
+        if let (Some(max), Some(obj)) = (c.max_bytes, c.max_object_bytes) {
+            c.max_object_bytes = Some(obj.min(max));
         }
     }
 }
@@ -163,4 +209,30 @@ pub(super) fn idempotency(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<Ide
     .map_err(|e| cx.policy_err(name, "idempotency", e))
     .ok()
     .filter(|_| i.enabled.unwrap_or(true))
+}
+
+/// The response cache's parameters; `None` when `enabled = false` (the
+/// default) or on an error, which is recorded. `max_object_bytes` ≤
+/// `max_bytes` is checked either way, so that turning the cache on later
+/// cannot reveal an old mistake; `max_bytes` ≥ 1 only when it is on.
+pub(super) fn cache(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<CacheParams> {
+    let c = p.cache.clone().unwrap_or_default();
+    let enabled = c.enabled.unwrap_or(false);
+    let dur = |d: Option<duration::Dur>| d.map(|d| d.0).unwrap_or_default();
+    let params = CacheParams::try_new(
+        c.max_bytes.unwrap_or_default(),
+        c.max_object_bytes.unwrap_or_default(),
+        dur(c.default_ttl),
+        dur(c.stale_while_revalidate),
+        dur(c.stale_if_error),
+        c.store_set_cookie.unwrap_or(false),
+    );
+    match params {
+        Ok(params) => enabled.then_some(params),
+        Err(e) if !enabled && e.field == "max_bytes" => None,
+        Err(e) => {
+            cx.policy_err(name, "cache", e);
+            None
+        }
+    }
 }
