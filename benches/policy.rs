@@ -156,7 +156,9 @@ fn idempotency(c: &mut Criterion) {
     )
     .unwrap();
     let mut store = MemoryStore::new(params);
-    let fields = Bytes::from_static(b"content-type: application/json\r\ndate: Tue, 01 Dec 2026 10:00:00 GMT\r\n");
+    let fields = Bytes::from_static(
+        b"content-type: application/json\r\ndate: Tue, 01 Dec 2026 10:00:00 GMT\r\n",
+    );
     let fp = Fingerprint::new("POST", "/orders", &body);
     let mut n = 0u64;
     let mut now = Duration::ZERO;

@@ -571,7 +571,7 @@ mod tests {
     fn decide_every_transition() {
         let me = fp("a");
         let other = fp("b");
-        let entry = |state| Entry::new(me.clone(), state, s(100));
+        let entry = |state| Entry::new(me, state, s(100));
         let in_flight = entry(EntryState::InFlight { since: s(0) });
         let uncertain = entry(EntryState::Uncertain);
         let done = entry(EntryState::Completed(response()));

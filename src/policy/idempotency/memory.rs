@@ -236,7 +236,7 @@ impl IdempotencyStore for MemoryStore {
             }
             (Action::Forward, None) => {
                 let state = EntryState::InFlight { since: now };
-                self.insert(key, Entry::new(fingerprint.clone(), state, expires));
+                self.insert(key, Entry::new(*fingerprint, state, expires));
                 self.evict();
             }
             (Action::InFlight, _) => self.stats.in_flight += 1,
