@@ -8,6 +8,7 @@
 #   SHAPE=grpc bench/callgrind.sh           # gRPC unary, h2c on both sides (h2load; the general path)
 #   SHAPE=post bench/callgrind.sh           # a 1 KiB POST (the fast path)
 #   SHAPE=post-keyed bench/callgrind.sh     # the same with a new Idempotency-Key on each (recorded)
+#   SHAPE=post64k bench/callgrind.sh        # a 64 KiB POST (the fast path)
 #   KEEP=dir bench/callgrind.sh             # keep the callgrind files for callgrind_annotate
 #
 # For each binary: weir (one worker, every policy on, as in compare.sh) runs
@@ -110,6 +111,7 @@ run() { # binary seconds
     case $SHAPE in
         post) script=(-s bench/shapes/post1k.lua) ;;
         post-keyed) script=(-s bench/shapes/post1k-keyed.lua) ;;
+        post64k) script=(-s bench/shapes/post64k.lua) ;;
     esac
     res=$(wrk -t1 -c4 -d"$2"s "${script[@]}" "http://127.0.0.1:$WEIR_PORT/")
     # A count of weir's own errors would be no measure of proxying.
