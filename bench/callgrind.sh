@@ -92,19 +92,26 @@ run() { # binary seconds
     PIDS+=($pid)
     wait_port $WEIR_PORT
     local reqs
+    reqs=$(load "$2")
+    kill -INT "$pid"
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    local ir
+    ir=$(awk '/^summary:/ {print $2}' "$out")
+    [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP"; cp "$out" "$KEEP/"; }
+    echo "$ir $reqs"
+}
+
+# The load of one run: SECONDS of it; prints the requests completed, or
+# stops the script when weir answered any with an error (a count of weir's
+# own errors would be no measure of proxying).
+load() { # seconds
     local res
     if [ "$SHAPE" = grpc ]; then
         printf '\0\0\0\0\2\x08\x01' > "$T/grpc.bin"
-        res=$(h2load -c4 -m1 -D"$2" -d "$T/grpc.bin" -H 'content-type: application/grpc' \
+        res=$(h2load -c4 -m1 -D"$1" -d "$T/grpc.bin" -H 'content-type: application/grpc' \
             -H 'te: trailers' "http://127.0.0.1:$WEIR_PORT/bench.Bench/Unary")
         echo "$res" | grep -q "status codes: [0-9]* 2xx, 0 3xx, 0 4xx, 0 5xx" || { echo "weir answered errors: $res" >&2; exit 1; }
-        reqs=$(echo "$res" | awk '/^requests:/ {print $8}')
-        kill -INT "$pid"
-        for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        local ir
-        ir=$(awk '/^summary:/ {print $2}' "$out")
-        [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP"; cp "$out" "$KEEP/"; }
-        echo "$ir $reqs"
+        echo "$res" | awk '/^requests:/ {print $8}'
         return
     fi
     local script=()
@@ -113,16 +120,9 @@ run() { # binary seconds
         post-keyed) script=(-s bench/shapes/post1k-keyed.lua) ;;
         post64k) script=(-s bench/shapes/post64k.lua) ;;
     esac
-    res=$(wrk -t1 -c4 -d"$2"s "${script[@]}" "http://127.0.0.1:$WEIR_PORT/")
-    # A count of weir's own errors would be no measure of proxying.
+    res=$(wrk -t1 -c4 -d"$1"s "${script[@]}" "http://127.0.0.1:$WEIR_PORT/")
     if echo "$res" | grep -q "Non-2xx"; then echo "weir answered errors: $res" >&2; exit 1; fi
-    reqs=$(echo "$res" | awk '/requests in/ {print $1}')
-    kill -INT "$pid"
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    local ir
-    ir=$(awk '/^summary:/ {print $2}' "$out")
-    [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP"; cp "$out" "$KEEP/"; }
-    echo "$ir $reqs"
+    echo "$res" | awk '/requests in/ {print $1}'
 }
 
 echo "| build | requests (2 s, 6 s) | instructions per request |"
