@@ -19,10 +19,12 @@
 //! and both answers of `on_error`.
 #![allow(clippy::unwrap_used)]
 
+#[path = "common/fixtures.rs"]
+mod fixtures;
+
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use weir::policy::cache::{
@@ -387,20 +389,10 @@ impl Seen {
 
 #[test]
 fn cache_fixtures() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cache");
-    let mut paths: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    paths.sort();
-    assert!(paths.len() >= 25, "only {} fixtures", paths.len());
+    let fixtures = fixtures::load("cache", 25);
 
     let mut seen = Seen::default();
-    for path in &paths {
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap())
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    for (name, doc) in fixtures {
         assert!(doc["description"].is_string(), "{name}: no description");
         let input = doc["input"].clone();
         let expected = &doc["expected"];

@@ -14,11 +14,13 @@
 //! Together they must cover every action and every record outcome.
 #![allow(clippy::unwrap_used)]
 
+#[path = "common/fixtures.rs"]
+mod fixtures;
+
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use weir::policy::idempotency::{
@@ -247,20 +249,10 @@ impl Seen {
 
 #[test]
 fn idempotency_fixtures() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/idempotency");
-    let mut paths: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    paths.sort();
-    assert!(paths.len() >= 20, "only {} fixtures", paths.len());
+    let fixtures = fixtures::load("idempotency", 20);
 
     let mut seen = Seen::default();
-    for path in &paths {
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap())
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    for (name, doc) in fixtures {
         assert!(doc["description"].is_string(), "{name}: no description");
         let input = doc["input"].clone();
         let expected = &doc["expected"];

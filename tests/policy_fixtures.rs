@@ -4,29 +4,21 @@
 //! must cover every stop reason of docs/behaviour.md#the-retry-decision.
 #![allow(clippy::unwrap_used)]
 
+#[path = "common/fixtures.rs"]
+mod fixtures;
+
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::path::Path;
 use weir::policy::{decide_json, DecisionInput, StopReason};
 
 #[test]
 fn decision_fixtures() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/decisions");
-    let mut paths: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    paths.sort();
-    assert!(paths.len() >= 25, "only {} fixtures", paths.len());
+    let fixtures = fixtures::load("decisions", 25);
 
     let mut failures = Vec::new();
     let mut reasons = BTreeSet::new();
     let mut decisions = BTreeSet::new();
-    for path in &paths {
-        let name = path.file_name().unwrap().to_string_lossy().into_owned();
-        let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap())
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    for (name, doc) in fixtures {
         let input: DecisionInput = serde_json::from_value(doc["input"].clone())
             .unwrap_or_else(|e| panic!("{name}: input: {e}"));
         let expected = doc["expected"]
