@@ -165,7 +165,9 @@ impl Ctx<'_> {
         };
         // Room for the whole body at once: grown by doubling as it arrives,
         // a 64 KiB body would be copied over and over.
-        self.bufs.client.reserve(need.saturating_sub(self.bufs.client.len()));
+        self.bufs
+            .client
+            .reserve(need.saturating_sub(self.bufs.client.len()));
         self.bufs.request.reserve(p.body_len);
         // A keyed write's body is read first, for its fingerprint; a repeat
         // is answered from the record before admission could hold it back.
