@@ -18,15 +18,15 @@
 
 use super::driver::{offer, Load, Observed, Record, Target};
 use super::upstream::{ChaosUpstream, REQUEST_ID};
-use super::{start_upstream, weir_config, BreakerTrace, Column, Options, Report, Scenario};
-use crate::metrics::Metrics;
-use crate::proxy::Proxy;
+use super::{
+    start_upstream, start_weir, weir_config, weir_rows, BreakerTrace, Column, Options, Report,
+    Scenario,
+};
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -119,19 +119,9 @@ pub(super) async fn run(opts: &Options) -> Result<Report, String> {
         columns.push(measure("naive retries", naive, &load, opts.seed, &up).await);
         drop(up);
     }
-    let up = start_upstream(scenario, opts.seed).await?;
-    let config = weir_config(scenario, up.addr, opts.config.as_deref())?;
-    let metrics = Arc::new(Metrics::new());
-    let proxy = Proxy::start_with(config, metrics.clone())
-        .await
-        .map_err(|e| e.to_string())?;
-    let target = Target::Weir {
-        addr: proxy.listen_addr(),
-        host: "chaos".into(),
-    };
+    let (up, proxy, metrics, target) = start_weir(scenario, opts).await?;
     let mut col = measure("weir", target, &load, opts.seed, &up).await;
-    col.transitions = Some(metrics.values("weir_breaker_transitions_total", "chaos", "to"));
-    col.stops = Some(metrics.values("weir_retry_stops_total", "chaos", "reason"));
+    weir_rows(&mut col, &metrics);
     columns.push(col);
     proxy.shutdown(Duration::from_secs(1)).await;
     Ok(Report {

@@ -348,16 +348,7 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
     }
 
     // 3. weir.
-    let up = start_upstream(scenario, opts.seed).await?;
-    let config = weir_config(scenario, up.addr, opts.config.as_deref())?;
-    let metrics = Arc::new(Metrics::new());
-    let proxy = Proxy::start_with(config, metrics.clone())
-        .await
-        .map_err(|e| e.to_string())?;
-    let target = Target::Weir {
-        addr: proxy.listen_addr(),
-        host: "chaos".into(),
-    };
+    let (up, proxy, metrics, target) = start_weir(scenario, opts).await?;
     let snap = proxy.snapshot();
     let state = snap
         .upstreams
@@ -385,8 +376,7 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
         .get("connect_failure")
         .copied()
         .unwrap_or(0.0) as u64;
-    col.transitions = Some(metrics.values("weir_breaker_transitions_total", "chaos", "to"));
-    col.stops = Some(metrics.values("weir_retry_stops_total", "chaos", "reason"));
+    weir_rows(&mut col, &metrics);
     columns.push(col);
     proxy.shutdown(Duration::from_secs(1)).await;
 
@@ -400,6 +390,39 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
         columns,
         breaker: trace,
     })
+}
+
+/// The weir column's setup: a fresh upstream, and weir in front of it on
+/// the scenario's policy (and `--config`'s), with its own metrics.
+async fn start_weir(
+    scenario: Scenario,
+    opts: &Options,
+) -> Result<
+    (
+        ChaosUpstream,
+        crate::proxy::ProxyHandle,
+        Arc<Metrics>,
+        Target,
+    ),
+    String,
+> {
+    let up = start_upstream(scenario, opts.seed).await?;
+    let config = weir_config(scenario, up.addr, opts.config.as_deref())?;
+    let metrics = Arc::new(Metrics::new());
+    let proxy = Proxy::start_with(config, metrics.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    let target = Target::Weir {
+        addr: proxy.listen_addr(),
+        host: "chaos".into(),
+    };
+    Ok((up, proxy, metrics, target))
+}
+
+/// The rows only weir's column has: breaker transitions and retry stops.
+fn weir_rows(col: &mut Column, metrics: &Metrics) {
+    col.transitions = Some(metrics.values("weir_breaker_transitions_total", "chaos", "to"));
+    col.stops = Some(metrics.values("weir_retry_stops_total", "chaos", "reason"));
 }
 
 async fn start_upstream(scenario: Scenario, seed: u64) -> Result<ChaosUpstream, String> {

@@ -96,15 +96,14 @@ async fn serve(
     let method = parts.method.clone();
     let uri = parts.uri.clone();
     let cfg = &up.config;
-    let idem = parts
-        .headers
-        .get(&cfg.idempotency_header)
-        .map(|v| v.as_bytes());
-    let keyed = matches!(idempotent::key_of(cfg, method.as_str(), idem), Ok(Some(_)));
-    let forwarded = if keyed {
-        detached(up, parts, body, start, grpc).await
-    } else {
-        forward(up, conn, parts, body, start, grpc, &mut None).await
+    // A keyed write (docs/behaviour.md#idempotency-keys); a bad key is
+    // forward's to answer (400).
+    let idem = parts.headers.get(&cfg.idempotency_header);
+    let key = idempotent::key_of(cfg, method.as_str(), idem.map(|v| v.as_bytes()))
+        .map(|k| k.map(str::to_owned));
+    let forwarded = match key {
+        Ok(Some(k)) => detached(up, parts, body, start, grpc, k).await,
+        key => forward(up, conn, parts, body, start, grpc, key, &mut None).await,
     };
     let resp = match forwarded {
         Ok(resp) => resp,
@@ -159,6 +158,7 @@ async fn detached(
     body: Incoming,
     start: Instant,
     grpc: bool,
+    key: String,
 ) -> Result<Response<Body>, ProxyError> {
     let up = up.clone();
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -166,7 +166,8 @@ async fn detached(
         // No held connection: it belongs to a client connection.
         let conn = super::sticky::ConnCtx::default();
         let mut capture = None;
-        let forwarded = forward(&up, &conn, parts, body, start, grpc, &mut capture).await;
+        let key = Ok(Some(key));
+        let forwarded = forward(&up, &conn, parts, body, start, grpc, key, &mut capture).await;
         match (forwarded, capture) {
             (Ok(resp), Some(c)) => {
                 let (head, body) = resp.into_parts();
@@ -186,8 +187,10 @@ async fn detached(
         .unwrap_or_else(|_| Err(ProxyError::UpstreamReset("the request's task ended".into())))
 }
 
+/// `key`: the request's idempotency key, as [`idempotent::key_of`] found it;
 /// `capture`: set to the keeping of a keyed write's response, whose body
 /// the caller relays ([`detached`]).
+#[allow(clippy::too_many_arguments)]
 async fn forward(
     up: &Upstream,
     conn: &super::sticky::ConnCtx,
@@ -195,20 +198,18 @@ async fn forward(
     body: Incoming,
     start: Instant,
     is_grpc_request: bool,
+    key: Result<Option<String>, ProxyError>,
     capture: &mut Option<idempotent::Capture>,
 ) -> Result<Response<Body>, ProxyError> {
     let cfg = &up.config;
     let lowered = headers::weir_timeout(&parts.headers).map_err(ProxyError::BadRequest)?;
     let grpc = headers::grpc_timeout(&parts.headers);
     let (deadline, client_lowered) = attempt::deadline(cfg, start, [lowered, grpc]);
-    // A keyed write (docs/behaviour.md#idempotency-keys), with the target the
-    // client sent, for its fingerprint.
-    let idem_value = parts.headers.get(&cfg.idempotency_header);
-    let keyed = idempotent::key_of(cfg, parts.method.as_str(), idem_value.map(|v| v.as_bytes()))?
-        .map(|k| {
-            let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-            (k.to_owned(), target.to_owned())
-        });
+    // A keyed write, with the target the client sent, for its fingerprint.
+    let keyed = key?.map(|k| {
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        (k, target.to_owned())
+    });
 
     // The host the upstream is told: its own, or the client's with
     // `preserve_host`. It travels as the URI's authority, which the client

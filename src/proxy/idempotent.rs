@@ -121,7 +121,6 @@ impl Recorder {
     pub(crate) fn capture(self, status: u16, fields: Vec<u8>) -> Capture {
         Capture {
             over: fields.len() > self.limit,
-            size: fields.len(),
             status,
             fields,
             body: Vec::new(),
@@ -162,8 +161,6 @@ pub(crate) struct Capture {
     status: u16,
     fields: Vec<u8>,
     body: Vec<u8>,
-    /// Bytes counted so far (headers and body).
-    size: usize,
     /// Past the limit, or not replayable for another reason (trailers).
     over: bool,
     recorder: Option<Recorder>,
@@ -175,9 +172,9 @@ impl Capture {
         if self.over {
             return;
         }
-        self.size += bytes.len();
+        let size = self.fields.len() + self.body.len() + bytes.len();
         let limit = self.recorder.as_ref().map_or(0, |r| r.limit);
-        if self.size > limit {
+        if size > limit {
             self.spoil();
         } else {
             self.body.extend_from_slice(bytes);
