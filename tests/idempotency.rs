@@ -435,3 +435,62 @@ async fn bad_keys_are_400_and_other_methods_are_not_recorded(path: DataPath) {
     }
     assert_eq!(o.up.requests(), 2);
 }
+
+/// A keyed POST of `payload` to `/orders`: status, the head, the body.
+async fn post_bytes(
+    weir: &Weir,
+    key: &str,
+    payload: Vec<u8>,
+) -> (u16, http::response::Parts, Bytes) {
+    let req = Request::post(weir.url("/orders"))
+        .header("host", "svc")
+        .header("idempotency-key", key)
+        .body(body(payload))
+        .unwrap();
+    let (parts, body) = read_body(client().request(req).await.unwrap()).await;
+    (parts.status.as_u16(), parts, body)
+}
+
+both_paths!(
+    #[tokio::test]
+    a_body_too_large_to_hold_is_fingerprinted_as_it_streams
+);
+async fn a_body_too_large_to_hold_is_fingerprinted_as_it_streams(path: DataPath) {
+    let o = orders(0).await;
+    let cfg = "[upstreams.svc.retry]\nmax_replay_body_bytes = 1024\n";
+    let weir = Arc::new(Weir::single_on(path, &o.up.url(), cfg).await);
+    let big = |last: u8| {
+        let mut b = vec![b'a'; 64 * 1024];
+        b.push(last);
+        b
+    };
+    // The first streams to an upstream that holds it: a repeat meanwhile is 409.
+    let held = o.release.acquire_many(1_000_000).await.unwrap();
+    let w = weir.clone();
+    let first = tokio::spawn(async move { post_bytes(&w, "big", big(b'1')).await });
+    for _ in 0..200 {
+        if o.up.requests() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(o.up.requests(), 1);
+    let (status, parts, _) = post_bytes(&weir, "big", big(b'1')).await;
+    assert_eq!(
+        (status, header(&parts, "x-weir-error").as_str()),
+        (409, "idempotency_in_flight")
+    );
+    drop(held);
+    let (status, _, b) = first.await.unwrap();
+    assert_eq!((status, &b[..]), (201, &b"order 1"[..]));
+    // Done: the same body is replayed, another body under the key is 422.
+    let (status, again, b) = post_bytes(&weir, "big", big(b'1')).await;
+    assert_eq!((status, &b[..]), (201, &b"order 1"[..]));
+    assert_eq!(header(&again, "idempotent-replayed"), "true");
+    let (status, parts, _) = post_bytes(&weir, "big", big(b'2')).await;
+    assert_eq!(
+        (status, header(&parts, "x-weir-error").as_str()),
+        (422, "idempotency_key_reused")
+    );
+    assert_eq!(o.up.requests(), 1);
+}

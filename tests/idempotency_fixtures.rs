@@ -21,7 +21,6 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 use weir::policy::idempotency::{
     decide, record, Action, Ending, Entry, EntryState, Fingerprint, IdempotencyParams,
@@ -96,7 +95,7 @@ impl RecordIn {
             StateName::Completed => {
                 let r = self.response.as_ref();
                 let r = r.unwrap_or_else(|| panic!("{name}: a completed record needs a response"));
-                EntryState::Completed(Arc::new(r.stored()))
+                EntryState::Completed(r.stored())
             }
             StateName::CompletedNotReplayable => EntryState::CompletedNotReplayable,
         };

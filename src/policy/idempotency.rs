@@ -29,8 +29,8 @@
 //! [`ENTRY_OVERHEAD`] + the key's bytes + for a completed, replayable record
 //! the stored response's field block and body ([`StoredResponse::bytes`]).
 //! The constant stands for what a record really costs beyond those bytes:
-//! the slab slot and its links, the map's bucket, the key's two copies' and
-//! the response's allocations, each rounded up by the allocator, with the
+//! the slab slot and its links, the table's bucket, the key's and the
+//! response's allocations, each rounded up by the allocator, with the
 //! slab's and the map's spare capacity (measured: RSS of a full store
 //! against its accounted bytes, README "Exactly-once writes"). Every record counts; only completed and uncertain ones are
 //! evicted (uncertain first: losing one changes no answer to a repeat of the
@@ -44,7 +44,6 @@ use super::{Now, PolicyError};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 mod memory;
@@ -173,6 +172,15 @@ pub struct Fingerprint {
 }
 
 impl Fingerprint {
+    /// The fingerprint of a request whose body is still streaming to the
+    /// upstream ([`IdempotencyStore::claim`]): until the body has passed
+    /// whole, its record is of the key alone and matches any request.
+    pub const PENDING: Fingerprint = Fingerprint { sha256: [0; 32] };
+
+    pub fn is_pending(&self) -> bool {
+        *self == Self::PENDING
+    }
+
     /// The fingerprint of a request whose body is all in `body`.
     pub fn new(method: &str, target: &str, body: &[u8]) -> Self {
         let mut h = FingerprintHasher::new(method, target);
@@ -283,7 +291,7 @@ pub enum EntryState {
     /// The last attempt may or may not have been processed.
     Uncertain,
     /// Done, with the response to replay.
-    Completed(Arc<StoredResponse>),
+    Completed(StoredResponse),
     /// Done, but the response was too large, streamed or an upgrade.
     CompletedNotReplayable,
 }
@@ -323,7 +331,8 @@ impl Entry {
 }
 
 /// What to do with a keyed request. `R` is how a replay holds the stored
-/// response: a reference from [`decide`], an `Arc` from a store ([`Begin`]).
+/// response: a reference from [`decide`], a (cheap, shared) clone from a
+/// store ([`Begin`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action<R> {
     /// No live record, or an uncertain one for this request: record it in
@@ -340,7 +349,7 @@ pub enum Action<R> {
 }
 
 /// A store's answer to [`IdempotencyStore::begin`].
-pub type Begin = Action<Arc<StoredResponse>>;
+pub type Begin = Action<StoredResponse>;
 
 impl<R> Action<R> {
     /// The action's name in fixtures and logs.
@@ -387,11 +396,11 @@ pub fn decide<'a>(
     entry: Option<&'a Entry>,
     fingerprint: &Fingerprint,
     now: Now,
-) -> Action<&'a Arc<StoredResponse>> {
+) -> Action<&'a StoredResponse> {
     let Some(e) = entry.filter(|e| !e.expired(now)) else {
         return Action::Forward;
     };
-    if e.fingerprint != *fingerprint {
+    if e.fingerprint != *fingerprint && !e.fingerprint.is_pending() {
         return Action::Reused;
     }
     match &e.state {
@@ -479,6 +488,22 @@ pub struct IdempotencyStats {
     pub expired: u64,
 }
 
+/// A store's answer to [`IdempotencyStore::claim`]: what a keyed request
+/// whose body is too large to hold gets before its fingerprint is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// No live record, or an uncertain one: recorded in flight with a
+    /// [`Fingerprint::PENDING`] fingerprint; forward the body as it streams
+    /// and report its fingerprint when it has passed whole
+    /// ([`IdempotencyStore::fingerprinted`]).
+    Forward,
+    /// The key is in flight: 409, whatever the body.
+    InFlight,
+    /// The key is done: read the whole body for its fingerprint, then
+    /// [`IdempotencyStore::begin`] says replay, reused or not replayable.
+    Decide,
+}
+
 /// An idempotency store: the records of one upstream's keys.
 ///
 /// The calls after [`begin`](Self::begin) returned [`Action::Forward`]
@@ -488,6 +513,12 @@ pub trait IdempotencyStore: Send + fmt::Debug {
     /// Decides on a keyed request ([`decide`]) and, when it is to be
     /// forwarded, records it in flight — one atomic step.
     fn begin(&mut self, key: &str, fingerprint: &Fingerprint, now: Now) -> Begin;
+    /// For a request whose body streams: claims the key in flight when it
+    /// has no live record or an uncertain one, atomically like `begin`.
+    fn claim(&mut self, key: &str, now: Now) -> Claim;
+    /// The fingerprint of a claimed request, once its body has streamed
+    /// whole; acts only on an in-flight record with a pending fingerprint.
+    fn fingerprinted(&mut self, key: &str, fingerprint: &Fingerprint);
     /// Records the response to replay (as not replayable when too large).
     fn complete(&mut self, key: &str, response: StoredResponse, now: Now);
     /// Records the key as done, with nothing to replay.
@@ -526,12 +557,12 @@ mod tests {
         Fingerprint::new("POST", "/charge", body.as_bytes())
     }
 
-    fn response() -> Arc<StoredResponse> {
-        Arc::new(StoredResponse::new(
+    fn response() -> StoredResponse {
+        StoredResponse::new(
             201,
             [(&b"content-type"[..], &b"text/plain"[..])],
             Bytes::from_static(b"ok"),
-        ))
+        )
     }
 
     #[test]

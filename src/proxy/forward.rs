@@ -250,7 +250,8 @@ async fn forward(
     let (held, body) = match keyed {
         Some((k, target)) => {
             let held = prepare(body, true, limit, stream_unknown, deadline).await?;
-            match idempotent::begin_held(&up.state, &k, parts.method.as_str(), &target, &held) {
+            let method = parts.method.as_str();
+            match idempotent::begin_body(&up.state, &k, method, &target, &held, deadline).await {
                 Begun::Replay(stored) => {
                     up.state.metrics.status(stored.status, start.elapsed());
                     return Ok(idempotent::replay_response(&stored, cfg.annotate));
@@ -337,7 +338,8 @@ async fn forward(
             rparts.version = Version::HTTP_11;
             *capture = recorder.map(|r| {
                 let fields = idempotent::kept_fields(&rparts.headers);
-                r.capture(rparts.status.as_u16(), fields)
+                let hint = http_body::Body::size_hint(&rbody).exact().unwrap_or(0);
+                r.capture(rparts.status.as_u16(), fields, hint)
             });
             if cfg.annotate {
                 attempt::annotate(&mut rparts.headers, done.attempts, done.stop);

@@ -8,14 +8,15 @@
 //! the store's `methods` and it carries the `idempotency_header`. Its
 //! fingerprint needs its whole body, so a keyed request's body is read
 //! before admission (a replay is never held back by the breaker, the rate
-//! limit or the concurrency limit), and only a body weir holds (up to
-//! `max_replay_body_bytes`) can be fingerprinted: a keyed request whose body
-//! weir streams is forwarded without a record.
+//! limit or the concurrency limit) when weir holds it (up to
+//! `max_replay_body_bytes`); a body weir streams claims the key first and is
+//! fingerprinted on its way to the upstream ([`begin_body`]).
 
 use super::error::ProxyError;
 use crate::config::UpstreamConfig;
 use crate::policy::idempotency::{
-    parse_key, Action, Ending, Fingerprint, IdempotencyStore, StoredResponse, REPLAYED_HEADER,
+    parse_key, Action, Claim, Ending, Fingerprint, FingerprintHasher, IdempotencyStore,
+    StoredResponse, REPLAYED_HEADER,
 };
 use crate::state::UpstreamState;
 use bytes::Bytes;
@@ -48,7 +49,7 @@ pub(crate) fn key_of<'v>(
 #[derive(Debug)]
 pub(crate) enum Begun {
     /// The stored response; the upstream sees nothing.
-    Replay(Arc<StoredResponse>),
+    Replay(StoredResponse),
     /// weir's 409 or 422.
     Refused(ProxyError),
     /// Forward it, and record its end through the recorder.
@@ -76,6 +77,17 @@ pub(crate) fn begin(state: &Arc<UpstreamState>, key: &str, fingerprint: &Fingerp
         Action::InFlight => Begun::Refused(ProxyError::IdempotencyInFlight),
         Action::Reused => Begun::Refused(ProxyError::IdempotencyKeyReused),
         Action::NotReplayable => Begun::Refused(ProxyError::IdempotencyNotReplayable),
+    }
+}
+
+/// The recorder of a key claimed in flight.
+fn recorder(state: &Arc<UpstreamState>, key: &str) -> Recorder {
+    let limit = (state.idempotency().as_ref()).map_or(0, |s| s.params().max_response_bytes);
+    Recorder {
+        state: state.clone(),
+        key: key.into(),
+        limit,
+        done: false,
     }
 }
 
@@ -115,15 +127,28 @@ impl Recorder {
         }
     }
 
+    /// `max_response_bytes`: no more of a response is kept.
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
     /// Starts keeping a response with `status` and `fields` (a block of
     /// `name: value\r\n` lines as the client gets them, weir's own fields
-    /// and the framing left out).
-    pub(crate) fn capture(self, status: u16, fields: Vec<u8>) -> Capture {
+    /// and the framing left out). The body is appended to the same buffer,
+    /// so a kept response is one allocation; `body_hint` is room to make
+    /// for it at once (its length, when the head says).
+    pub(crate) fn capture(self, status: u16, mut fields: Vec<u8>, body_hint: u64) -> Capture {
+        let fields_len = fields.len();
+        let over = fields_len > self.limit;
+        if !over {
+            let room = usize::try_from(body_hint).unwrap_or(usize::MAX);
+            fields.reserve_exact(room.min(self.limit - fields_len));
+        }
         Capture {
-            over: fields.len() > self.limit,
+            over,
             status,
-            fields,
-            body: Vec::new(),
+            fields_len,
+            buf: fields,
             recorder: Some(self),
         }
     }
@@ -159,8 +184,9 @@ pub(crate) fn kept(name: &[u8]) -> bool {
 #[derive(Debug)]
 pub(crate) struct Capture {
     status: u16,
-    fields: Vec<u8>,
-    body: Vec<u8>,
+    /// The field block, then the body as it passes.
+    buf: Vec<u8>,
+    fields_len: usize,
     /// Past the limit, or not replayable for another reason (trailers).
     over: bool,
     recorder: Option<Recorder>,
@@ -172,19 +198,18 @@ impl Capture {
         if self.over {
             return;
         }
-        let size = self.fields.len() + self.body.len() + bytes.len();
         let limit = self.recorder.as_ref().map_or(0, |r| r.limit);
-        if size > limit {
+        if self.buf.len() + bytes.len() > limit {
             self.spoil();
         } else {
-            self.body.extend_from_slice(bytes);
+            self.buf.extend_from_slice(bytes);
         }
     }
 
     /// The response cannot be replayed as it was (trailers, a stream).
     pub(crate) fn spoil(&mut self) {
         self.over = true;
-        self.body = Vec::new();
+        self.buf = Vec::new();
     }
 
     /// The body as it came, chunked: replaced by its data, or spoiled when it
@@ -193,12 +218,12 @@ impl Capture {
         if self.over {
             return;
         }
-        let raw = std::mem::take(&mut self.body);
-        let (data, trailers) = super::h1::chunk_data(&raw);
+        let (data, trailers) = super::h1::chunk_data(&self.buf[self.fields_len..]);
         if trailers {
             self.spoil();
         } else {
-            self.body = data;
+            self.buf.truncate(self.fields_len);
+            self.buf.extend_from_slice(&data);
         }
     }
 
@@ -212,10 +237,13 @@ impl Capture {
             return;
         };
         let replayable = whole && !self.over;
-        let response = replayable.then(|| StoredResponse {
-            status: self.status,
-            fields: Bytes::from(std::mem::take(&mut self.fields)),
-            body: Bytes::from(std::mem::take(&mut self.body)),
+        let response = replayable.then(|| {
+            let mut body = Bytes::from(std::mem::take(&mut self.buf));
+            StoredResponse {
+                status: self.status,
+                fields: body.split_to(self.fields_len),
+                body,
+            }
         });
         let ending = Ending::Response {
             status: self.status,
@@ -273,23 +301,128 @@ pub(crate) fn fingerprint(method: &str, target: &str, body: &[u8], chunked: bool
 }
 
 /// What a keyed request on the general path gets, from its body as
-/// prepared for the attempts: only a body weir holds can be fingerprinted.
-pub(crate) fn begin_held(
+/// prepared for the attempts. A body weir holds is fingerprinted at once. A
+/// body that streams (larger than `max_replay_body_bytes`) claims the key
+/// first ([`IdempotencyStore::claim`]) and is fingerprinted as it passes to
+/// the upstream; when the key is done, the body is read through for its
+/// fingerprint (and not forwarded) to tell a replay from a reused key.
+pub(crate) async fn begin_body(
     state: &Arc<UpstreamState>,
     key: &str,
     method: &str,
     target: &str,
     body: &super::replay::RequestBody,
+    deadline: tokio::time::Instant,
 ) -> Begun {
-    match body {
-        super::replay::RequestBody::Buffered {
-            data,
-            trailers: None,
-        } => begin(state, key, &Fingerprint::new(method, target, data)),
-        _ => {
-            tracing::debug!(upstream = %state.name, "a keyed request whose body is streamed is forwarded without a record");
-            Begun::Unrecorded
+    use super::replay::RequestBody;
+    let slot = match body {
+        RequestBody::Buffered { data, .. } => {
+            return begin(state, key, &Fingerprint::new(method, target, data));
         }
+        RequestBody::Streamed { slot, .. } => slot,
+        RequestBody::Direct(..) => return Begun::Unrecorded,
+    };
+    let now = state.now();
+    let claim = match state.idempotency().as_mut() {
+        Some(store) => store.claim(key, now),
+        None => return Begun::Unrecorded,
+    };
+    let taken = slot.lock().ok().and_then(|mut b| b.take());
+    let Some(streamed) = taken else {
+        return Begun::Unrecorded;
+    };
+    let mut hasher = FingerprintHasher::new(method, target);
+    match claim {
+        Claim::InFlight => Begun::Refused(ProxyError::IdempotencyInFlight),
+        Claim::Forward => {
+            let hashing = Hashing {
+                inner: streamed,
+                hasher: Some(hasher),
+                state: state.clone(),
+                key: key.into(),
+            };
+            if let Ok(mut b) = slot.lock() {
+                *b = Some(super::body::boxed(hashing));
+            }
+            Begun::Forward(recorder(state, key))
+        }
+        Claim::Decide => {
+            // Read through for the fingerprint; the body is not forwarded.
+            let read = tokio::time::timeout_at(deadline, async {
+                use http_body_util::BodyExt;
+                let mut b = streamed;
+                while let Some(frame) = b.frame().await {
+                    let frame = frame.map_err(|e| {
+                        ProxyError::BadRequest(format!("the request body could not be read: {e}"))
+                    })?;
+                    if let Some(d) = frame.data_ref() {
+                        hasher.update(d);
+                    }
+                }
+                Ok(hasher.finish())
+            });
+            let fingerprint = match read.await {
+                Ok(Ok(fp)) => fp,
+                Ok(Err(e)) => return Begun::Refused(e),
+                Err(_) => return Begun::Refused(ProxyError::DeadlineExceeded),
+            };
+            match begin(state, key, &fingerprint) {
+                // The record went (expired, evicted) while the body was read,
+                // and the body is spent: the client is to send it again.
+                Begun::Forward(r) => {
+                    r.finish(Ending::Failed, None);
+                    Begun::Refused(ProxyError::IdempotencyInFlight)
+                }
+                other => other,
+            }
+        }
+    }
+}
+
+/// A claimed request's body on its way to the upstream, fingerprinted as it
+/// passes; the fingerprint goes to the store when the body ends whole.
+struct Hashing {
+    inner: super::body::Body,
+    hasher: Option<FingerprintHasher>,
+    state: Arc<UpstreamState>,
+    key: Box<str>,
+}
+
+impl http_body::Body for Hashing {
+    type Data = Bytes;
+    type Error = super::body::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Frame>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        let ended = match &polled {
+            std::task::Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(d), Some(h)) = (frame.data_ref(), self.hasher.as_mut()) {
+                    h.update(d);
+                }
+                // A sender that knows the length stops polling at its end.
+                self.inner.is_end_stream()
+            }
+            std::task::Poll::Ready(None) => true,
+            _ => false,
+        };
+        if let Some(h) = self.hasher.take_if(|_| ended) {
+            let fingerprint = h.finish();
+            if let Some(store) = self.state.idempotency().as_mut() {
+                store.fingerprinted(&self.key, &fingerprint);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -5,12 +5,12 @@
 //! [`decide`], shared with every other store.
 
 use super::{
-    decide, Action, Begin, Entry, EntryState, Fingerprint, IdempotencyParams, IdempotencyStats,
-    IdempotencyStore, StoredResponse,
+    decide, Action, Begin, Claim, Entry, EntryState, Fingerprint, IdempotencyParams,
+    IdempotencyStats, IdempotencyStore, StoredResponse,
 };
 use crate::policy::Now;
-use std::collections::HashMap;
-use std::sync::Arc;
+use hashbrown::HashTable;
+use std::hash::{BuildHasher, RandomState};
 
 const NIL: usize = usize::MAX;
 
@@ -43,6 +43,9 @@ const EXPIRY: usize = 2;
 #[derive(Debug)]
 struct Node {
     key: Box<str>,
+    /// `key`'s hash: an eviction finds the record's place in the table by it
+    /// without hashing or reading the key again.
+    hash: u64,
     entry: Entry,
     bytes: usize,
 }
@@ -52,7 +55,10 @@ struct Node {
 #[derive(Debug)]
 pub struct MemoryStore {
     params: IdempotencyParams,
-    map: HashMap<Box<str>, usize>,
+    /// Slots by their key's hash; the key itself is kept once, in its node.
+    map: HashTable<usize>,
+    /// Keyed per store, so clients cannot aim their keys at one bucket.
+    hasher: RandomState,
     nodes: Vec<Option<Node>>,
     links: Vec<[Link; 2]>,
     free: Vec<usize>,
@@ -68,7 +74,8 @@ impl MemoryStore {
         };
         MemoryStore {
             params,
-            map: HashMap::new(),
+            map: HashTable::new(),
+            hasher: RandomState::new(),
             nodes: Vec::new(),
             links: Vec::new(),
             free: Vec::new(),
@@ -90,7 +97,19 @@ impl MemoryStore {
 
     /// `key`'s record, expired or not, without touching it.
     pub fn entry(&self, key: &str) -> Option<&Entry> {
-        self.map.get(key).map(|&i| &self.node(i).entry)
+        self.slot(key).map(|i| &self.node(i).entry)
+    }
+
+    /// The slot holding `key`'s record.
+    fn slot(&self, key: &str) -> Option<usize> {
+        let hash = self.hasher.hash_one(key);
+        let nodes = &self.nodes;
+        let found = self.map.find(hash, |&i| {
+            nodes[i]
+                .as_ref()
+                .is_some_and(|n| n.hash == hash && *n.key == *key)
+        });
+        found.copied()
     }
 
     fn node(&self, i: usize) -> &Node {
@@ -154,8 +173,10 @@ impl MemoryStore {
 
     fn insert(&mut self, key: &str, entry: Entry) {
         let bytes = entry.bytes(key);
+        let hash = self.hasher.hash_one(key);
         let node = Some(Node {
             key: key.into(),
+            hash,
             entry,
             bytes,
         });
@@ -171,7 +192,9 @@ impl MemoryStore {
                 self.nodes.len() - 1
             }
         };
-        self.map.insert(key.into(), i);
+        let nodes = &self.nodes;
+        self.map
+            .insert_unique(hash, i, |&j| nodes[j].as_ref().map_or(0, |n| n.hash));
         self.stats.bytes += bytes;
         self.link_all(i);
     }
@@ -179,7 +202,9 @@ impl MemoryStore {
     fn remove(&mut self, i: usize) {
         self.unlink_all(i);
         if let Some(n) = self.nodes[i].take() {
-            self.map.remove(&n.key);
+            if let Ok(found) = self.map.find_entry(n.hash, |&j| j == i) {
+                found.remove();
+            }
             self.stats.bytes -= n.bytes;
         }
         self.free.push(i);
@@ -215,20 +240,29 @@ impl MemoryStore {
 
     /// The slot of `key`'s record if it is in flight.
     fn in_flight(&self, key: &str) -> Option<usize> {
-        let i = *self.map.get(key)?;
+        let i = self.slot(key)?;
         matches!(self.node(i).entry.state, EntryState::InFlight { .. }).then_some(i)
+    }
+}
+
+impl MemoryStore {
+    /// The slot of `key`'s live record; an expired one is dropped.
+    fn live(&mut self, key: &str, now: Now) -> Option<usize> {
+        let slot = self.slot(key);
+        if let Some(i) = slot.filter(|&i| self.node(i).entry.expired(now)) {
+            self.remove(i);
+            self.stats.expired += 1;
+            return None;
+        }
+        slot
     }
 }
 
 impl IdempotencyStore for MemoryStore {
     fn begin(&mut self, key: &str, fingerprint: &Fingerprint, now: Now) -> Begin {
-        let mut slot = self.map.get(key).copied();
-        if let Some(i) = slot.filter(|&i| self.node(i).entry.expired(now)) {
-            self.remove(i);
-            self.stats.expired += 1;
-            slot = None;
-        }
-        let action = decide(slot.map(|i| &self.node(i).entry), fingerprint, now).map(Arc::clone);
+        let slot = self.live(key, now);
+        let action =
+            decide(slot.map(|i| &self.node(i).entry), fingerprint, now).map(StoredResponse::clone);
         let expires = now + self.params.ttl;
         match (&action, slot) {
             (Action::Forward, Some(i)) => {
@@ -256,6 +290,42 @@ impl IdempotencyStore for MemoryStore {
         action
     }
 
+    fn claim(&mut self, key: &str, now: Now) -> Claim {
+        let slot = self.live(key, now);
+        let state = slot.map(|i| &self.node(i).entry.state);
+        match state {
+            Some(EntryState::InFlight { .. }) => {
+                self.stats.in_flight += 1;
+                Claim::InFlight
+            }
+            Some(EntryState::Completed(_) | EntryState::CompletedNotReplayable) => Claim::Decide,
+            None | Some(EntryState::Uncertain) => {
+                let state = EntryState::InFlight { since: now };
+                let expires = now + self.params.ttl;
+                match slot {
+                    Some(i) => {
+                        self.node_mut(i).entry.fingerprint = Fingerprint::PENDING;
+                        self.rewrite(i, state, expires);
+                    }
+                    None => {
+                        self.insert(key, Entry::new(Fingerprint::PENDING, state, expires));
+                        self.evict();
+                    }
+                }
+                Claim::Forward
+            }
+        }
+    }
+
+    fn fingerprinted(&mut self, key: &str, fingerprint: &Fingerprint) {
+        if let Some(i) = self.in_flight(key) {
+            let e = &mut self.node_mut(i).entry;
+            if e.fingerprint.is_pending() {
+                e.fingerprint = *fingerprint;
+            }
+        }
+    }
+
     fn complete(&mut self, key: &str, response: StoredResponse, now: Now) {
         let Some(i) = self.in_flight(key) else { return };
         let n = self.node(i);
@@ -263,7 +333,7 @@ impl IdempotencyStore for MemoryStore {
         let fits =
             response.bytes() <= self.params.max_response_bytes && whole <= self.params.max_bytes;
         let state = match fits {
-            true => EntryState::Completed(Arc::new(response)),
+            true => EntryState::Completed(response),
             false => EntryState::CompletedNotReplayable,
         };
         self.rewrite(i, state, now + self.params.ttl);
@@ -351,7 +421,7 @@ mod tests {
     fn overhead_covers_a_records_fixed_cost() {
         let fixed = std::mem::size_of::<Option<Node>>()
             + std::mem::size_of::<[Link; 2]>()
-            + std::mem::size_of::<(Box<str>, usize)>()
+            + std::mem::size_of::<usize>()
             + 1;
         assert!(ENTRY_OVERHEAD >= fixed, "{fixed}");
     }
@@ -366,7 +436,7 @@ mod tests {
         let Action::Replay(r) = st.begin("k", &fp("a"), s(3)) else {
             panic!("no replay");
         };
-        assert_eq!(*r, response(10));
+        assert_eq!(r, response(10));
         assert_eq!(st.begin("k", &fp("b"), s(3)), Action::Reused);
         assert_eq!(st.entry("k").unwrap().expires, s(102));
         let stats = st.stats();
@@ -413,6 +483,38 @@ mod tests {
         assert_eq!(st.stats().stored, 1);
         st.complete("nobody", response(4), s(7));
         assert_eq!(st.stats().entries, 1);
+    }
+
+    /// A request whose body streams claims its key before its fingerprint
+    /// is known, and reports it when the body has passed.
+    #[test]
+    fn a_streamed_request_claims_its_key_then_reports_its_fingerprint() {
+        let mut st = store(1 << 20, 1 << 10);
+        assert_eq!(st.claim("k", s(0)), Claim::Forward);
+        assert!(st.entry("k").unwrap().fingerprint.is_pending());
+        // While the body streams, any request under the key is in flight.
+        assert_eq!(st.claim("k", s(1)), Claim::InFlight);
+        assert_eq!(st.begin("k", &fp("b"), s(1)), Action::InFlight);
+        st.fingerprinted("k", &fp("a"));
+        st.fingerprinted("k", &fp("c")); // only a pending one is set
+        assert_eq!(st.entry("k").unwrap().fingerprint, fp("a"));
+        st.complete("k", response(3), s(2));
+        // Done: the next one reads its body and asks begin.
+        assert_eq!(st.claim("k", s(3)), Claim::Decide);
+        assert_eq!(st.begin("k", &fp("a"), s(3)), Action::Replay(response(3)));
+        assert_eq!(st.begin("k", &fp("b"), s(3)), Action::Reused);
+        // An uncertain record is claimed again, its fingerprint pending anew.
+        assert_eq!(st.claim("u", s(4)), Claim::Forward);
+        st.fingerprinted("u", &fp("a"));
+        st.uncertain("u", s(5));
+        assert_eq!(st.claim("u", s(6)), Claim::Forward);
+        assert!(st.entry("u").unwrap().fingerprint.is_pending());
+        // A body that never passed whole leaves a record of the key alone.
+        st.uncertain("u", s(7));
+        assert_eq!(st.begin("u", &fp("z"), s(8)), Action::Forward);
+        // Expired records are absent.
+        assert_eq!(st.claim("k", s(200)), Claim::Forward);
+        assert_eq!(st.stats().expired, 1);
     }
 
     #[test]
@@ -592,7 +694,7 @@ mod tests {
             st.sweep(s(round));
         }
         assert!(st.nodes.len() <= 20);
-        let live: usize = st.map.values().map(|&i| st.node(i).bytes).sum();
+        let live: usize = st.map.iter().map(|&i| st.node(i).bytes).sum();
         assert_eq!(live, st.stats().bytes);
         // Walked oldest to newest, each list holds what the states say.
         let walk = |l: usize| {
@@ -605,7 +707,7 @@ mod tests {
         };
         let count = |c: Option<usize>| {
             let class = |i: usize| MemoryStore::class(&st.node(i).entry);
-            st.map.values().filter(|&&i| class(i) == c).count()
+            st.map.iter().filter(|&&i| class(i) == c).count()
         };
         assert_eq!(walk(EXPIRY), st.stats().entries);
         assert_eq!(walk(UNCERTAIN), count(Some(UNCERTAIN)));

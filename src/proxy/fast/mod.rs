@@ -418,9 +418,14 @@ impl Ctx<'_> {
         let bufs = &mut *self.bufs;
         // A keyed write's response is kept as it passes, its fields as the
         // client gets them (the head was begun when the upstream's was parsed).
-        let mut capture = kept
-            .recorder
-            .map(|r| r.capture(status, head::fields(&bufs.out)));
+        let mut capture = kept.recorder.map(|r| {
+            let hint = match framing {
+                Framing::Length(n) => n,
+                _ => 0,
+            };
+            let room = usize::try_from(hint).unwrap_or(usize::MAX).min(r.limit());
+            r.capture(status, head::fields(&bufs.out, room), hint)
+        });
         head::finish_response(
             &mut bufs.out,
             annotations,

@@ -188,9 +188,10 @@ pub fn finish_response(out: &mut Vec<u8>, annotations: Option<Annotations>, clos
 /// The fields of the client's response head [`parse_response`] began in
 /// `out` (before [`finish_response`]) that a stored response keeps
 /// (`idempotent::kept`), as one block of `name: value\r\n` lines: the
-/// upstream's end-to-end fields as the client gets them.
-pub fn fields(out: &[u8]) -> Vec<u8> {
-    let mut block = Vec::with_capacity(out.len());
+/// upstream's end-to-end fields as the client gets them. `room`: what to
+/// leave for the body kept after them (its length, when known).
+pub fn fields(out: &[u8], room: usize) -> Vec<u8> {
+    let mut block = Vec::with_capacity(out.len() + room);
     for line in out.split_inclusive(|b| *b == b'\n').skip(1) {
         let name = line.split(|b| *b == b':').next().unwrap_or_default();
         if line.ends_with(b"\r\n") && crate::proxy::idempotent::kept(name) {
