@@ -47,6 +47,10 @@
 //!   `gate` (concurrency), `upgrade` (WebSocket pass-through), `error`
 //!   (weir's own responses), `headers`, `route`, `body`.
 //! - [`state`]: live per-upstream state keyed by name, surviving reloads.
+//! - [`fleet`]: the state a fleet of weirs shares on Redis (`[state]`):
+//!   published breaker trips and the one half-open probe, leased
+//!   rate-limit tokens, the idempotency store; every call bounded by
+//!   `[state] timeout`, the caller deciding locally when it fails.
 //! - [`tls`]: certificates, keys and TLS configurations; failures in words.
 //! - [`metrics`]: every metric family, handles resolved once per upstream.
 //! - [`admin`]: the admin endpoints; [`status`]: the status page they
@@ -65,6 +69,7 @@ pub mod chaos;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod fleet;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod metrics;

@@ -11,6 +11,7 @@
 
 pub mod idempotency;
 mod labels;
+pub mod state;
 
 pub use labels::{ATTEMPT_RESULTS, ERROR_CODES};
 
@@ -56,6 +57,7 @@ pub struct Metrics {
     dns_resolutions: IntCounterVec,
     dns_addresses: IntGaugeVec,
     idempotency: idempotency::Families,
+    state: state::StateMetrics,
     /// `weir_requests_total{upstream="none", code="no_route"}`.
     no_route: IntCounter,
     bad_request: IntCounter,
@@ -219,6 +221,7 @@ impl Metrics {
         r.register(Box::new(dns_addresses.clone()))
             .expect("metric registered once");
         let idempotency = idempotency::Families::register(&r);
+        let state = state::StateMetrics::register(&r);
         reloads.with_label_values(&["ok"]);
         reloads.with_label_values(&["error"]);
         last_reload.set(1);
@@ -243,6 +246,7 @@ impl Metrics {
             dns_resolutions,
             dns_addresses,
             idempotency,
+            state,
             no_route,
             bad_request,
         }
@@ -291,9 +295,15 @@ impl Metrics {
         self.dns_addresses.remove_label_values(&[name]).ok();
     }
 
+    /// The shared state's families (`weir_state_*`).
+    pub fn state(&self) -> &state::StateMetrics {
+        &self.state
+    }
+
     /// Drops every series of an upstream removed by a reload.
     pub fn forget(&self, name: &str) {
         self.forget_dns(name);
+        self.state.forget(name);
         self.idempotency.forget(name);
         self.request_duration.remove_label_values(&[name]).ok();
         self.attempt_duration.remove_label_values(&[name]).ok();

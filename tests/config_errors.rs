@@ -873,3 +873,168 @@ async fn a_failed_reload_answers_422_with_every_error_and_keeps_the_running_conf
     );
     rt.shutdown(Duration::from_secs(1)).await;
 }
+
+// ---------------------------------------------------------------------------
+// `[state]` and the scopes (docs/behaviour.md#fleet-state, issue 20).
+
+/// Without `[state]`: memory, with the documented defaults spelt out in the
+/// effective config; every breaker's scope `fleet`, every rate limit's
+/// `instance`.
+#[test]
+fn state_defaults_to_memory_and_scopes_to_their_defaults() {
+    use std::time::Duration;
+    use weir::config::StateBackend;
+    use weir::policy::Scope;
+    let src = format!("{UP}[upstreams.api.rate_limit]\nrps = 10.0\n");
+    let c = Config::parse(Path::new("weir.toml"), &src).unwrap();
+    assert_eq!(c.state.backend, StateBackend::Memory);
+    assert_eq!(c.state.redis_url(), None);
+    assert_eq!(c.state.key_prefix, "weir:");
+    assert_eq!(c.state.timeout, Duration::from_millis(5));
+    assert_eq!(c.state.refresh, Duration::from_secs(1));
+    let u = &c.upstreams[0];
+    assert_eq!(u.breaker.scope, Scope::Fleet);
+    let rl = u.rate_limit.clone().unwrap();
+    assert_eq!((rl.scope, rl.expected_instances), (Scope::Instance, None));
+    let eff = c.effective_toml();
+    for line in [
+        "[state]",
+        "backend = \"memory\"",
+        "key_prefix = \"weir:\"",
+        "timeout = \"5ms\"",
+        "refresh = \"1s\"",
+        "scope = \"fleet\"",
+        "scope = \"instance\"",
+    ] {
+        assert!(eff.contains(line), "{line} not in:\n{eff}");
+    }
+    let again = Config::parse(Path::new("weir.toml"), &eff).unwrap();
+    assert_eq!(again.state, c.state);
+}
+
+#[test]
+fn a_redis_state_with_fleet_scopes_merges_field_by_field() {
+    use weir::config::StateBackend;
+    use weir::policy::Scope;
+    let src = format!(
+        "[state]\nbackend = \"redis\"\nurl = \"rediss://:s3cret@cache.internal:6380/2\"\nkey_prefix = \"prod:weir:\"\ntimeout = \"10ms\"\nrefresh = \"500ms\"\n\n[defaults.rate_limit]\nrps = 100.0\nscope = \"fleet\"\nexpected_instances = 4\n[defaults.breaker]\nscope = \"instance\"\n{UP}[upstreams.api.breaker]\nscope = \"fleet\"\n"
+    );
+    let c = Config::parse(Path::new("weir.toml"), &src).unwrap();
+    assert_eq!(c.state.backend, StateBackend::Redis);
+    assert_eq!(
+        c.state.redis_url(),
+        Some("rediss://:s3cret@cache.internal:6380/2")
+    );
+    assert_eq!(c.state.key_prefix, "prod:weir:");
+    assert_eq!(c.state.timeout.as_millis(), 10);
+    assert_eq!(c.state.refresh.as_millis(), 500);
+    let u = &c.upstreams[0];
+    assert_eq!(u.breaker.scope, Scope::Fleet);
+    let rl = u.rate_limit.clone().unwrap();
+    assert_eq!((rl.scope, rl.expected_instances), (Scope::Fleet, Some(4)));
+    // Alone, each instance takes its share: 100 / 4 rps, burst ⌈100 / 4⌉.
+    let alone = rl.fallback();
+    assert_eq!(
+        (alone.bucket, alone.scope),
+        (Some((25.0, 25)), Scope::Instance)
+    );
+    // The password never reaches the effective config.
+    let eff = c.effective_toml();
+    assert!(!eff.contains("s3cret"), "{eff}");
+    assert!(
+        eff.contains("url = \"rediss://:***@cache.internal:6380/2\""),
+        "{eff}"
+    );
+}
+
+#[test]
+fn state_values_are_validated_with_their_place() {
+    let state = |body: &str| format!("[state]\n{body}\n{UP}");
+    expect_one(
+        &state("backend = \"redis\""),
+        1,
+        "state.url",
+        "missing `url`: backend = \"redis\" needs the server",
+    );
+    for (url, needle) in [
+        (
+            "http://cache:6379",
+            "scheme \"http\" is not redis or rediss",
+        ),
+        ("cache:6379", "invalid url"),
+        ("redis://cache:6379/0?protocol=resp3", "query string"),
+        ("rediss://cache:6379/0#insecure", "always verifies"),
+        ("redis://cache:6379/zero", "the path is the database number"),
+        ("redis:///0", "invalid url"),
+    ] {
+        let src = state(&format!("backend = \"redis\"\nurl = \"{url}\""));
+        expect_one(&src, 3, "state.url", needle);
+    }
+    // Checked with the memory backend too, so switching later reveals nothing.
+    expect_one(
+        &state("url = \"http://cache\""),
+        2,
+        "state.url",
+        "not redis or rediss",
+    );
+    expect_one(
+        &state("timeout = \"0s\""),
+        2,
+        "state.timeout",
+        "greater than 0 and at most 1s",
+    );
+    expect_one(&state("timeout = \"2s\""), 2, "state.timeout", "at most 1s");
+    expect_one(
+        &state("refresh = \"10ms\""),
+        2,
+        "state.refresh",
+        "between 100ms and 1m",
+    );
+    expect_one(
+        &state("key_prefix = \"weir prod:\""),
+        2,
+        "state.key_prefix",
+        "whitespace",
+    );
+    expect_one(
+        &state("backend = \"postgres\""),
+        2,
+        "state.backend",
+        "unknown variant `postgres`, expected `memory` or `redis`",
+    );
+    expect_one(
+        &state("timout = \"5ms\""),
+        2,
+        "state.timout",
+        "did you mean `timeout`?",
+    );
+    expect_one(&state("timeout = 5"), 2, "state.timeout", "bare number");
+}
+
+#[test]
+fn scopes_are_validated_where_they_are_written() {
+    let src = format!("{UP}[upstreams.api.breaker]\nscope = \"global\"\n");
+    expect_one(
+        &src,
+        5,
+        "upstreams.api.breaker.scope",
+        "unknown variant `global`, expected `instance` or `fleet`",
+    );
+    // A fleet bucket needs `rps`: a window stays per instance.
+    let src = format!("{UP}[upstreams.api.rate_limit]\nwindow = {{ limit = 10, period = \"1s\" }}\nscope = \"fleet\"\n");
+    expect_one(
+        &src,
+        6,
+        "upstreams.api.rate_limit.scope",
+        "shares the token bucket: it needs `rps`",
+    );
+    let src = format!("[defaults.rate_limit]\nrps = 5.0\nexpected_instances = 0\n{UP}");
+    expect_one(
+        &src,
+        3,
+        "defaults.rate_limit.expected_instances",
+        "must be at least 1",
+    );
+    let src = format!("{UP}[upstreams.api.rate_limit]\nrps = 5.0\nexpected_instances = -2\n");
+    expect_one(&src, 6, "upstreams.api.rate_limit.expected_instances", "-2");
+}

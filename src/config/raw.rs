@@ -7,6 +7,7 @@
 //! place each default is written down.
 
 use super::duration::Dur;
+use crate::policy::Scope;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -33,6 +34,9 @@ macro_rules! mergeable {
 pub struct RawConfig {
     #[serde(default)]
     pub server: RawServer,
+    /// Where the state a fleet shares is kept (docs/behaviour.md#fleet-state).
+    #[serde(default)]
+    pub state: RawState,
     #[serde(default)]
     pub defaults: RawPolicy,
     #[serde(default)]
@@ -102,6 +106,41 @@ impl RawServer {
     }
 }
 mergeable!(RawServer { listen, admin, max_connections, header_read_timeout, client_idle_timeout, client_write_timeout, max_streams_per_connection, max_resets_per_second, max_header_bytes, shutdown_timeout, tls, access_log } nested {});
+
+/// `[state]`: the backend of the state a fleet of weirs shares
+/// (docs/behaviour.md#fleet-state).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawState {
+    /// `memory` (default: each instance alone) or `redis`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<super::StateBackend>,
+    /// `redis://host:port/db` or `rediss://…` (TLS); required for `redis`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Every key weir writes starts with this. Default `weir:`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_prefix: Option<String>,
+    /// The longest one call to the backend may take. Default 5ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Dur>,
+    /// How often shared breaker state is read. Default 1s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refresh: Option<Dur>,
+}
+mergeable!(RawState { backend, url, key_prefix, timeout, refresh } nested {});
+
+impl RawState {
+    pub fn builtin() -> Self {
+        RawState {
+            backend: Some(super::StateBackend::Memory),
+            url: None,
+            key_prefix: Some("weir:".into()),
+            timeout: Some(Dur(std::time::Duration::from_millis(5))),
+            refresh: Some(Dur(std::time::Duration::from_secs(1))),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -188,6 +227,7 @@ impl RawPolicy {
                 max_open: Some(Dur(D::from_secs(30))),
                 open_jitter: Some(0.2),
                 half_open_probes: Some(1),
+                scope: Some(Scope::Fleet),
             }),
             concurrency: Some(RawConcurrency {
                 max_in_flight: Some(1024),
@@ -225,6 +265,8 @@ impl RawPolicy {
             key: None,
             max_keys: Some(10_000),
             max_wait: Some(Dur(std::time::Duration::ZERO)),
+            scope: Some(Scope::Instance),
+            expected_instances: None,
         }
     }
 }
@@ -318,8 +360,12 @@ pub struct RawBreaker {
     pub open_jitter: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub half_open_probes: Option<u32>,
+    /// `fleet` (default) or `instance`: whether trips and the half-open
+    /// probe are shared through `[state]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
 }
-mergeable!(RawBreaker { enabled, consecutive_failures, window, min_samples, failure_rate, failure_statuses, open, max_open, open_jitter, half_open_probes } nested {});
+mergeable!(RawBreaker { enabled, consecutive_failures, window, min_samples, failure_rate, failure_statuses, open, max_open, open_jitter, half_open_probes, scope } nested {});
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -346,8 +392,16 @@ pub struct RawRateLimit {
     pub max_keys: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_wait: Option<Dur>,
+    /// `instance` (default) or `fleet`: whether the token bucket is shared
+    /// through `[state]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+    /// How many instances share a fleet bucket: each takes its share
+    /// locally while the shared state is away.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_instances: Option<u32>,
 }
-mergeable!(RawRateLimit { rps, burst, window, key, max_keys, max_wait } nested {});
+mergeable!(RawRateLimit { rps, burst, window, key, max_keys, max_wait, scope, expected_instances } nested {});
 
 /// `[….idempotency]`: the idempotency-key store (docs/behaviour.md#idempotency-keys).
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -90,9 +90,13 @@ schema!(CONFIG: RawConfig {
     "server" => Nested::Table(&SERVER),
     "defaults" => Nested::Table(&POLICY),
     "upstreams" => Nested::MapOf(&UPSTREAM),
+    // Last: a policy field written at the top (`timeout`) is pointed to
+    // `defaults`, not to `state`'s field of the same name.
+    "state" => Nested::Table(&STATE),
 });
 schema!(SERVER: RawServer { "tls" => Nested::Table(&LISTENER_TLS) });
 schema!(LISTENER_TLS: RawListenerTls {});
+schema!(STATE: RawState {});
 schema!(POLICY: RawPolicy {
     "retry" => Nested::Table(&RETRY),
     "breaker" => Nested::Table(&BREAKER),

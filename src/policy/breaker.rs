@@ -8,7 +8,7 @@
 //! *returned* so the data plane logs and counts them.
 
 use super::random::Random;
-use super::{Now, PolicyError};
+use super::{Now, PolicyError, Scope};
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -35,12 +35,22 @@ pub struct BreakerParams {
     pub open_jitter: f64,
     /// Probes admitted at a time while half-open; all must succeed to close.
     pub half_open_probes: u32,
+    /// Whether trips and the half-open probe are shared with the fleet
+    /// (`breaker.scope`, default [`Scope::Fleet`]; it matters only with a
+    /// shared `[state]` backend). Set with [`BreakerParams::with_scope`].
+    pub scope: Scope,
 }
 
 impl BreakerParams {
     /// Whether a response with this status is a failure for the breaker.
     pub fn is_failure_status(&self, status: u16) -> bool {
         self.failure_statuses.contains(&status)
+    }
+
+    /// The same parameters with `scope`.
+    pub fn with_scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
     }
 
     /// Validates breaker parameters (see each field).
@@ -116,6 +126,7 @@ impl BreakerParams {
             max_open,
             open_jitter,
             half_open_probes,
+            scope: Scope::Fleet,
         })
     }
 }
@@ -420,6 +431,43 @@ impl Breaker {
         self.consecutive = 0;
     }
 
+    /// The fleet published a trip with `remaining` to run at `now`
+    /// (docs/behaviour.md#fleet-state): open until then, as if this breaker
+    /// had tripped (its next own opening doubles from it), unless it is
+    /// already open at least that long — an open interval is only extended.
+    /// A half-open breaker re-opens (its probes' verdicts are then ignored).
+    /// Returns the transition, if it was not open already.
+    pub fn adopt_open(&mut self, remaining: Duration, now: Now) -> Option<Transition> {
+        if !self.params.enabled || remaining.is_zero() {
+            return None;
+        }
+        let until = now.saturating_add(remaining);
+        match self.state {
+            State::Open { until: u } if u >= until => None,
+            State::Open { .. } if self.state(now).state == StateKind::Open => {
+                self.state = State::Open { until };
+                None
+            }
+            _ => {
+                self.opens = self.opens.saturating_add(1);
+                self.clear_history();
+                Some(self.enter(State::Open { until }, Some(remaining)))
+            }
+        }
+    }
+
+    /// Another instance's probe succeeded: a breaker waiting to probe
+    /// (half-open, or open past its interval) closes as its own probes would
+    /// close it. One still inside its own open interval stays open.
+    pub fn adopt_closed(&mut self, now: Now) -> Option<Transition> {
+        if !self.params.enabled || self.state(now).state != StateKind::HalfOpen {
+            return None;
+        }
+        self.opens = 0;
+        self.clear_history();
+        Some(self.enter(State::Closed, None))
+    }
+
     /// Opens it for `open × 2^(opens−1)`, capped at `max_open`, ± jitter, and
     /// never longer than `max_open`.
     fn trip(&mut self, now: Now, rng: &mut dyn Random) -> Transition {
@@ -507,6 +555,53 @@ mod tests {
     /// Trips a fresh-params breaker by consecutive failures at `now`.
     fn trip(b: &mut Breaker, now: Now) -> Transition {
         run(b, 5, true, now).unwrap()
+    }
+
+    #[test]
+    fn a_published_trip_is_adopted_and_only_ever_extends() {
+        let mut b = Breaker::new(params());
+        let t = b.adopt_open(s(10), s(100)).unwrap();
+        assert_eq!(
+            (t.from, t.to, t.open_for),
+            (StateKind::Closed, StateKind::Open, Some(s(10)))
+        );
+        assert_eq!(b.raw_state(), State::Open { until: s(110) });
+        // Read again at the next refresh: nothing changes; a longer one extends.
+        assert_eq!(b.adopt_open(s(9), s(101)), None);
+        assert_eq!(b.raw_state(), State::Open { until: s(110) });
+        assert_eq!(b.adopt_open(s(20), s(101)), None);
+        assert_eq!(b.raw_state(), State::Open { until: s(121) });
+        assert!(b.try_acquire(s(120)).is_err());
+        // Past it: half-open, and a probe here that fails doubles from it.
+        let probe = b.try_acquire(s(121)).unwrap();
+        assert!(probe.probe);
+        let t = b
+            .record(probe, true, s(122), &mut FixedRandom(0.5))
+            .unwrap();
+        assert_eq!(t.open_for, Some(s(60)), "second opening: 2 × open");
+    }
+
+    #[test]
+    fn a_half_open_breaker_reopens_or_closes_with_the_fleet() {
+        let mut b = Breaker::new(params());
+        trip(&mut b, s(0));
+        let probe = b.try_acquire(s(40)).unwrap();
+        // Another instance's trip: open again; the probe's verdict is moot.
+        let t = b.adopt_open(s(5), s(41)).unwrap();
+        assert_eq!((t.from, t.to), (StateKind::HalfOpen, StateKind::Open));
+        assert_eq!(b.record(probe, false, s(42), &mut FixedRandom(0.5)), None);
+        // Inside its interval it stays open whatever the fleet says.
+        assert_eq!(b.adopt_closed(s(44)), None);
+        assert_eq!(b.state(s(44)).state, StateKind::Open);
+        // Waiting to probe, another instance's success closes it.
+        let t = b.adopt_closed(s(46)).unwrap();
+        assert_eq!((t.from, t.to), (StateKind::Open, StateKind::Closed));
+        assert_eq!(b.adopt_closed(s(47)), None);
+        // Closed: the next opening starts from `open` again.
+        assert_eq!(trip(&mut b, s(50)).open_for, Some(s(30)));
+        let mut off = params();
+        off.enabled = false;
+        assert_eq!(Breaker::new(off).adopt_open(s(5), s(0)), None);
     }
 
     #[test]

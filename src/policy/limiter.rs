@@ -8,7 +8,7 @@
 //! back never creates tokens. Waiting (`max_wait`) is the data plane's job; it
 //! asks [`Limiter::time_until`] how long.
 
-use super::{Now, PolicyError};
+use super::{Now, PolicyError, Scope};
 use std::time::Duration;
 
 /// Where a keyed limiter reads its key from.
@@ -31,6 +31,13 @@ pub struct RateLimitParams {
     pub max_keys: usize,
     /// How long a first attempt may wait for a token.
     pub max_wait: Duration,
+    /// Whether the token bucket is shared by the fleet (`rate_limit.scope`,
+    /// default [`Scope::Instance`]); a `window` is always the instance's.
+    pub scope: Scope,
+    /// How many instances share a fleet bucket, as configured: while the
+    /// shared state is away each takes `rps / expected_instances` locally
+    /// ([`RateLimitParams::fallback`]).
+    pub expected_instances: Option<u32>,
 }
 
 impl RateLimitParams {
@@ -91,7 +98,47 @@ impl RateLimitParams {
             key,
             max_keys,
             max_wait,
+            scope: Scope::Instance,
+            expected_instances: None,
         })
+    }
+
+    /// The same parameters shared as `scope`, with `expected_instances`
+    /// (at least 1; `scope = "fleet"` needs the token bucket, `rps`).
+    pub fn with_scope(
+        mut self,
+        scope: Scope,
+        expected_instances: Option<u32>,
+    ) -> Result<Self, PolicyError> {
+        if expected_instances == Some(0) {
+            return Err(PolicyError::new("expected_instances", "must be at least 1"));
+        }
+        if scope == Scope::Fleet && self.bucket.is_none() {
+            return Err(PolicyError::new(
+                "scope",
+                "`scope = \"fleet\"` shares the token bucket: it needs `rps` (a `window` is always per instance)",
+            ));
+        }
+        self.scope = scope;
+        self.expected_instances = expected_instances;
+        Ok(self)
+    }
+
+    /// The limits an instance applies alone while a fleet bucket's shared
+    /// state is away (docs/behaviour.md#fleet-state): its share of the token
+    /// bucket, `rps / expected_instances` with `burst / expected_instances`
+    /// (rounded up, at least 1), or the whole bucket when
+    /// `expected_instances` is unset; the `window` and everything else as
+    /// configured. With `scope = "instance"`, the parameters themselves.
+    pub fn fallback(&self) -> RateLimitParams {
+        let mut p = self.clone();
+        if self.scope == Scope::Fleet {
+            p.bucket = self.bucket.map(|(rps, burst)| {
+                super::lease::fallback_bucket(rps, burst, self.expected_instances)
+            });
+            p.scope = Scope::Instance;
+        }
+        p
     }
 }
 

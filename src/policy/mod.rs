@@ -20,6 +20,7 @@
 //! | [`breaker`] | the circuit breaker state machine |
 //! | [`limiter`] | token bucket, sliding window, both combined |
 //! | [`keyed`] | the per-key limiter registry, bounded, LRU |
+//! | [`lease`] | a fleet-wide bucket's tokens leased in batches and spent locally; the fallback when the shared state is away |
 //! | [`idempotency`] | idempotency-key records: fingerprint, `decide`, what to record, the store |
 //! | [`cache`] | the response cache: `storable`, `lookup_decision`, `on_error`, `on_not_modified`, `invalidates`, the store, fills in progress |
 //! | [`decide`](mod@decide) | request facts, outcomes, `classify`, `decide`, `Gates` |
@@ -35,6 +36,7 @@ pub mod contract;
 pub mod decide;
 pub mod idempotency;
 pub mod keyed;
+pub mod lease;
 pub mod limiter;
 pub mod random;
 pub mod report;
@@ -60,6 +62,7 @@ pub use idempotency::{
     IdempotencyStats, IdempotencyStore, MemoryStore, Record, StoredResponse,
 };
 pub use keyed::{KeyedLimiter, KeyedStats};
+pub use lease::{LeasedBucket, Take};
 pub use limiter::{Left, Limiter, RateLimitParams, SlidingWindow, TokenBucket};
 pub use random::{FixedRandom, Random, SeededRandom};
 pub use report::{schedule_report, schedule_report_with};
@@ -82,6 +85,26 @@ impl PolicyError {
         PolicyError {
             field,
             message: message.into(),
+        }
+    }
+}
+
+/// Whose a piece of policy state is (`breaker.scope`, `rate_limit.scope`;
+/// docs/behaviour.md#fleet-state): this instance's alone, or shared by every
+/// instance through the `[state]` backend. With `backend = "memory"` every
+/// scope is the instance's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    Instance,
+    Fleet,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Instance => "instance",
+            Scope::Fleet => "fleet",
         }
     }
 }

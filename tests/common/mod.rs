@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 use weir::config::Config;
 use weir::proxy::{Proxy, ProxyHandle};
 
+pub mod redis_server;
 pub mod third_party;
 
 pub type TestBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;

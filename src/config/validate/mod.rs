@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 mod files;
 mod policy;
+mod state;
 
 /// `resolve_every`'s default: Kubernetes Services and headless Services
 /// change, and a sidecar should follow within seconds.
@@ -86,6 +87,8 @@ pub(super) fn validate(
     };
     let server_raw = raw.server.clone().merge(RawServer::builtin());
     let server = server(&mut cx, &server_raw);
+    let state_raw = raw.state.clone().merge(super::raw::RawState::builtin());
+    let state = state::state(&mut cx, &state_raw);
     let defaults = raw.defaults.clone().merge(RawPolicy::builtin());
 
     let mut upstreams = Vec::new();
@@ -113,15 +116,17 @@ pub(super) fn validate(
         cx.errors.sort_by_key(|e| (e.line, e.column));
         return Err(ConfigErrors(cx.errors));
     }
-    let Some(server) = server else {
+    let (Some(server), Some(state)) = (server, state) else {
         return Err(ConfigErrors(cx.errors));
     };
     Ok(Config {
         path: file.to_path_buf(),
         server,
+        state,
         upstreams,
         effective: RawConfig {
             server: server_raw,
+            state: state::effective(state_raw),
             defaults,
             upstreams: effective_upstreams,
         },

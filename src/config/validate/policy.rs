@@ -9,7 +9,7 @@ use super::super::raw::{RawJitter, RawPolicy};
 use super::Ctx;
 use crate::policy::{
     BackoffPolicy, BreakerParams, BudgetParams, CacheParams, Growth, IdempotencyParams, Jitter,
-    RateLimitParams, RetryOn, RetryPolicy,
+    RateLimitParams, RetryOn, RetryPolicy, Scope,
 };
 
 /// An upstream's policy: its own fields (`own`) over `[defaults]`
@@ -168,6 +168,7 @@ pub(super) fn breaker(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<Breaker
         b.open_jitter.unwrap_or_default(),
         b.half_open_probes.unwrap_or_default(),
     )
+    .map(|p| p.with_scope(b.scope.unwrap_or(Scope::Fleet)))
     .map_err(|e| cx.policy_err(name, "breaker", e))
     .ok()
 }
@@ -191,6 +192,7 @@ pub(super) fn rate_limit(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<Rate
         r.max_keys.unwrap_or_default() as usize,
         r.max_wait.map(|d| d.0).unwrap_or_default(),
     )
+    .and_then(|p| p.with_scope(r.scope.unwrap_or(Scope::Instance), r.expected_instances))
     .map_err(|e| cx.policy_err(name, "rate_limit", e))
     .ok()
 }

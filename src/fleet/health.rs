@@ -1,0 +1,194 @@
+//! Whether the backend is up, what went wrong lately, and the warnings about
+//! it: at most one a minute per operation, with how many were held back.
+//! Time is tokio's (`tokio::time::Instant`), so paused-clock tests move it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A warning per operation at most this often.
+pub(super) const LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Timeouts in a row that take the backend for down (a single slow answer
+/// does not; a backend that stopped answering does, so later calls fail at
+/// once instead of each waiting out `timeout`).
+pub(super) const TIMEOUTS_FOR_DOWN: u32 = 3;
+
+#[derive(Debug, Default)]
+struct LogSlot {
+    last: Option<Instant>,
+    held_back: u64,
+}
+
+/// Errors per second over the last minute.
+#[derive(Debug)]
+struct Window {
+    counts: [u64; 60],
+    /// The second (since `origin`) `counts` was last written at.
+    head: u64,
+}
+
+impl Window {
+    fn roll(&mut self, sec: u64) {
+        if sec <= self.head {
+            return;
+        }
+        let gap = (sec - self.head).min(60);
+        for i in 1..=gap {
+            self.counts[((self.head + i) % 60) as usize] = 0;
+        }
+        self.head = sec;
+    }
+
+    fn add(&mut self, sec: u64) {
+        self.roll(sec);
+        self.counts[(sec % 60) as usize] += 1;
+    }
+
+    fn total(&mut self, sec: u64) -> u64 {
+        self.roll(sec);
+        self.counts.iter().sum()
+    }
+}
+
+#[derive(Debug)]
+struct Log {
+    /// When `up` last changed (or the fleet started).
+    since: Instant,
+    last_error: Option<String>,
+    window: Window,
+    slots: HashMap<&'static str, LogSlot>,
+}
+
+/// The backend's health as calls see it.
+#[derive(Debug)]
+pub(super) struct Health {
+    origin: Instant,
+    up: AtomicBool,
+    timeouts: AtomicU32,
+    log: Mutex<Log>,
+}
+
+impl Health {
+    pub(super) fn new() -> Self {
+        let now = Instant::now();
+        Health {
+            origin: now,
+            up: AtomicBool::new(false),
+            timeouts: AtomicU32::new(0),
+            log: Mutex::new(Log {
+                since: now,
+                last_error: None,
+                window: Window {
+                    counts: [0; 60],
+                    head: 0,
+                },
+                slots: HashMap::new(),
+            }),
+        }
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log.lock().expect("state health lock poisoned")
+    }
+
+    fn second(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.origin).as_secs()
+    }
+
+    pub(super) fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
+    }
+
+    /// Sets up or down; true when that is a change.
+    pub(super) fn set_up(&self, up: bool) -> bool {
+        let changed = self.up.swap(up, Ordering::AcqRel) != up;
+        if changed {
+            self.log().since = Instant::now();
+        }
+        if up {
+            self.timeouts.store(0, Ordering::Relaxed);
+        }
+        changed
+    }
+
+    /// A call answered: the run of timeouts is over.
+    pub(super) fn answered(&self) {
+        self.timeouts.store(0, Ordering::Relaxed);
+    }
+
+    /// A call timed out; true when that makes [`TIMEOUTS_FOR_DOWN`] in a row.
+    pub(super) fn timed_out(&self) -> bool {
+        self.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_FOR_DOWN
+    }
+
+    /// Records an error of `op`; returns how many warnings of `op` were
+    /// held back since the last one when this one is to be logged.
+    pub(super) fn error(&self, op: &'static str, error: &str) -> Option<u64> {
+        let now = Instant::now();
+        let sec = self.second(now);
+        let mut log = self.log();
+        log.window.add(sec);
+        if log.last_error.as_deref() != Some(error) {
+            log.last_error = Some(error.to_string());
+        }
+        let slot = log.slots.entry(op).or_default();
+        match slot.last {
+            Some(t) if now.saturating_duration_since(t) < LOG_EVERY => {
+                slot.held_back += 1;
+                None
+            }
+            _ => {
+                slot.last = Some(now);
+                Some(std::mem::take(&mut slot.held_back))
+            }
+        }
+    }
+
+    /// (up, how long in that state, errors in the last minute, the last error).
+    pub(super) fn summary(&self) -> (bool, Duration, u64, Option<String>) {
+        let now = Instant::now();
+        let sec = self.second(now);
+        let up = self.is_up();
+        let mut log = self.log();
+        let errors = log.window.total(sec);
+        let since = now.saturating_duration_since(log.since);
+        (up, since, errors, log.last_error.clone())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn warnings_are_held_back_to_one_a_minute_per_op() {
+        let h = Health::new();
+        assert_eq!(h.error("lease", "timeout"), Some(0));
+        assert_eq!(h.error("lease", "timeout"), None);
+        assert_eq!(h.error("lease", "timeout"), None);
+        assert_eq!(h.error("idempotency_begin", "timeout"), Some(0));
+        tokio::time::advance(LOG_EVERY).await;
+        assert_eq!(h.error("lease", "refused"), Some(2));
+        let (up, _, errors, last) = h.summary();
+        assert!(!up);
+        assert_eq!(errors, 1, "only the last minute's");
+        assert_eq!(last.as_deref(), Some("refused"));
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(h.summary().2, 0);
+    }
+
+    #[test]
+    fn three_timeouts_in_a_row_are_down() {
+        let h = Health::new();
+        assert!(!h.timed_out());
+        assert!(!h.timed_out());
+        h.answered();
+        assert!(!h.timed_out());
+        assert!(!h.timed_out());
+        assert!(h.timed_out());
+    }
+}

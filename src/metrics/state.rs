@@ -1,0 +1,155 @@
+//! The shared state's series (docs/behaviour.md#fleet-state):
+//! `weir_state_backend_up`, `weir_state_commands_total{op}`,
+//! `weir_state_errors_total{op}`, `weir_state_roundtrip_seconds{op}` and
+//! `weir_state_leased_tokens_total{upstream}`. `op` is one of [`OPS`], a
+//! fixed set; every series exists at zero from the start.
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
+
+/// The `op` label values: every kind of call weir makes to the backend.
+/// `ping` is the connection's own check: connecting, and one PING a second
+/// while up (src/fleet/mod.rs); `idempotency_begin` counts begins and
+/// claims, `idempotency_finish` fingerprints filled in and outcomes.
+pub const OPS: [&str; 9] = [
+    "ping",
+    "breaker_open",
+    "breaker_probe",
+    "breaker_close",
+    "breaker_refresh",
+    "lease",
+    "idempotency_begin",
+    "idempotency_finish",
+    "idempotency_forget",
+];
+
+/// Round trips from well under a millisecond (a Redis on the same node) to
+/// the 50 ms past which no sane `timeout` goes.
+const BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+];
+
+/// The families, registered once; cheap to clone (handles).
+#[derive(Debug, Clone)]
+pub struct StateMetrics {
+    up: IntGauge,
+    commands: IntCounterVec,
+    errors: IntCounterVec,
+    roundtrip: HistogramVec,
+    leased: IntCounterVec,
+}
+
+/// One `op`'s series, resolved once.
+#[derive(Debug, Clone)]
+pub struct OpSeries {
+    pub commands: IntCounter,
+    pub errors: IntCounter,
+    pub roundtrip: Histogram,
+}
+
+impl StateMetrics {
+    pub fn register(r: &Registry) -> Self {
+        let up = IntGauge::new(
+            "weir_state_backend_up",
+            "1 while the shared-state backend answers (always 1 with backend = \"memory\"), else 0.",
+        )
+        .expect("static metric definition");
+        let commands = IntCounterVec::new(
+            Opts::new(
+                "weir_state_commands_total",
+                "Calls made to the shared-state backend (one round trip each), by operation.",
+            ),
+            &["op"],
+        )
+        .expect("static metric definition");
+        let errors = IntCounterVec::new(
+            Opts::new(
+                "weir_state_errors_total",
+                "Calls to the shared-state backend that failed, timed out or were not made because it was down, by operation; the caller fell back to local state.",
+            ),
+            &["op"],
+        )
+        .expect("static metric definition");
+        let roundtrip = HistogramVec::new(
+            HistogramOpts::new(
+                "weir_state_roundtrip_seconds",
+                "Time of calls to the shared-state backend that answered, by operation.",
+            )
+            .buckets(BUCKETS.to_vec()),
+            &["op"],
+        )
+        .expect("static metric definition");
+        let leased = IntCounterVec::new(
+            Opts::new(
+                "weir_state_leased_tokens_total",
+                "Rate-limit tokens this instance leased from fleet-wide buckets.",
+            ),
+            &["upstream"],
+        )
+        .expect("static metric definition");
+        for c in [&commands, &errors] {
+            r.register(Box::new(c.clone()))
+                .expect("metric registered once");
+        }
+        r.register(Box::new(up.clone()))
+            .expect("metric registered once");
+        r.register(Box::new(roundtrip.clone()))
+            .expect("metric registered once");
+        r.register(Box::new(leased.clone()))
+            .expect("metric registered once");
+        for op in OPS {
+            commands.with_label_values(&[op]);
+            errors.with_label_values(&[op]);
+            roundtrip.with_label_values(&[op]);
+        }
+        up.set(1);
+        StateMetrics {
+            up,
+            commands,
+            errors,
+            roundtrip,
+            leased,
+        }
+    }
+
+    /// Families on a registry of their own (tests, tools).
+    pub fn unregistered() -> Self {
+        StateMetrics::register(&Registry::new())
+    }
+
+    /// `op`'s series (any name; the callers use [`OPS`]).
+    pub fn op(&self, op: &str) -> OpSeries {
+        OpSeries {
+            commands: self.commands.with_label_values(&[op]),
+            errors: self.errors.with_label_values(&[op]),
+            roundtrip: self.roundtrip.with_label_values(&[op]),
+        }
+    }
+
+    pub fn set_up(&self, up: bool) {
+        self.up.set(i64::from(up));
+    }
+
+    pub fn up(&self) -> bool {
+        self.up.get() == 1
+    }
+
+    pub fn errors(&self, op: &str) -> u64 {
+        self.errors.with_label_values(&[op]).get()
+    }
+
+    pub fn commands(&self, op: &str) -> u64 {
+        self.commands.with_label_values(&[op]).get()
+    }
+
+    /// `weir_state_leased_tokens_total` for `upstream`.
+    pub fn leased(&self, upstream: &str) -> IntCounter {
+        self.leased.with_label_values(&[upstream])
+    }
+
+    /// Drops an upstream's series (removed by a reload).
+    pub fn forget(&self, upstream: &str) {
+        self.leased.remove_label_values(&[upstream]).ok();
+    }
+}
