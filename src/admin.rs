@@ -118,10 +118,16 @@ pub async fn route<B>(reloader: &Reloader, peer: SocketAddr, req: Request<B>) ->
         (&Method::GET, "/status.json") => crate::status::json(proxy),
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {
+            // The shared state's health is told, never a reason for 503:
+            // without it weir decides with local state.
+            let fleet = proxy.fleet().map(|f| f.status_line() + "\n");
             if proxy.draining() {
                 text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
             } else {
-                text(StatusCode::OK, "ready\n")
+                text(
+                    StatusCode::OK,
+                    format!("ready\n{}", fleet.unwrap_or_default()),
+                )
             }
         }
         (&Method::GET, "/config") | (&Method::POST, "/reload") if !loopback => text(

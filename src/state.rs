@@ -6,7 +6,9 @@
 //! snapshot — and so the last request — holding it goes away.
 
 use crate::clock::{fresh_seed, Clock};
-use crate::config::{Config, Protocol, Scheme, UpstreamConfig};
+use crate::config::{Config, Protocol, Scheme, StateBackend, StateConfig, UpstreamConfig};
+use crate::fleet::link::Link;
+use crate::fleet::Fleet;
 use crate::metrics::{DnsMetrics, Metrics, UpstreamMetrics};
 use crate::policy::idempotency::{IdempotencyStore, MemoryStore};
 use crate::policy::{Breaker, KeyedLimiter, RetryBudget, SeededRandom, Transition};
@@ -48,8 +50,20 @@ pub struct UpstreamState {
     /// it was made from (a reload that keeps those keeps the resolver).
     direct: Mutex<(DirectKey, Option<Direct>)>,
     /// The idempotency-key store (docs/behaviour.md#idempotency-keys);
-    /// `None` when `[idempotency] enabled = false`.
+    /// `None` when `[idempotency] enabled = false`. With the fleet's store
+    /// on Redis, this one decides while Redis is away.
     idempotency: Mutex<Option<MemoryStore>>,
+    /// The link to the fleet's shared state (docs/behaviour.md#fleet-state),
+    /// with `[state] backend = "redis"`.
+    fleet: arc_swap::ArcSwapOption<Link>,
+}
+
+/// A rate limit as this instance applies it: a fleet bucket's fallback
+/// share while the fleet's state is in use (the fleet bucket itself is the
+/// link's), the limit as configured otherwise.
+fn local_rate(u: &UpstreamConfig, fleet: bool) -> Option<crate::policy::RateLimitParams> {
+    let p = u.rate_limit.as_ref()?;
+    Some(if fleet { p.fallback() } else { p.clone() })
 }
 
 /// What [`Direct`] is made from: whether weir connects itself (HTTP/1.1:
@@ -92,7 +106,13 @@ fn make_direct(
 }
 
 impl UpstreamState {
-    fn new(u: &UpstreamConfig, clock: Clock, metrics: &Metrics, client: UpstreamClient) -> Self {
+    fn new(
+        u: &UpstreamConfig,
+        clock: Clock,
+        metrics: &Metrics,
+        client: UpstreamClient,
+        fleet: bool,
+    ) -> Self {
         let now = clock.now();
         let key = direct_key(u);
         let direct = make_direct(&u.name, &key, metrics, Arc::default());
@@ -105,7 +125,7 @@ impl UpstreamState {
             live: Mutex::new(Live {
                 breaker: Breaker::new(u.breaker.clone()),
                 budget: RetryBudget::new(u.retry.budget.clone(), now),
-                limiter: u.rate_limit.clone().map(|p| KeyedLimiter::new(p, now)),
+                limiter: local_rate(u, fleet).map(|p| KeyedLimiter::new(p, now)),
                 rng: SeededRandom::new(fresh_seed()),
             }),
             gate: Gate::new(u.concurrency.max_in_flight, u.concurrency.max_queue),
@@ -116,7 +136,18 @@ impl UpstreamState {
             recent: Recent::new(now),
             direct: Mutex::new((key, direct)),
             idempotency: Mutex::new(u.idempotency.clone().map(MemoryStore::new)),
+            fleet: arc_swap::ArcSwapOption::empty(),
         }
+    }
+
+    /// The fleet's leased token bucket, with `rate_limit.scope = "fleet"`.
+    pub fn fleet_bucket(&self) -> Option<crate::fleet::FleetBucket> {
+        self.fleet.load().as_ref()?.bucket.clone()
+    }
+
+    /// The link to the fleet's shared state, when there is one.
+    pub fn link(&self) -> Option<Arc<Link>> {
+        self.fleet.load_full()
     }
 
     /// Where weir's own connections to this upstream go, if it makes them.
@@ -126,8 +157,15 @@ impl UpstreamState {
 
     /// Applies a reloaded config's parameters in place (and a new pool, when
     /// how the upstream is reached changed).
-    fn update(&self, u: &UpstreamConfig, client: Option<UpstreamClient>, metrics: &Metrics) {
+    fn update(
+        &self,
+        u: &UpstreamConfig,
+        client: Option<UpstreamClient>,
+        metrics: &Metrics,
+        fleet: bool,
+    ) {
         let now = self.clock.now();
+        let rate = local_rate(u, fleet);
         self.metrics.precreate_retries(&u.retry.retry_on.causes());
         {
             let mut live = self.live();
@@ -137,7 +175,7 @@ impl UpstreamState {
             if live.budget.params() != &u.retry.budget {
                 live.budget.set_params(u.retry.budget.clone());
             }
-            match (&mut live.limiter, &u.rate_limit) {
+            match (&mut live.limiter, &rate) {
                 (Some(l), Some(p)) if l.params() != p => l.set_params(p.clone(), now),
                 (Some(_), Some(_)) => {}
                 (slot, p) => *slot = p.clone().map(|p| KeyedLimiter::new(p, now)),
@@ -211,7 +249,11 @@ impl UpstreamState {
         self.metrics.set_budget(tokens);
         self.metrics.set_in_flight(self.gate.in_flight());
         let stats = self.idempotency().as_ref().map(|s| s.stats());
-        if let Some(stats) = stats {
+        if let Some(mut stats) = stats {
+            if let Some(link) = self.link() {
+                let fleet = *link.idempotency.lock().expect("fleet stats lock poisoned");
+                stats.add(&fleet);
+            }
             self.metrics.idempotency.show(&stats);
         }
     }
@@ -234,8 +276,18 @@ impl UpstreamState {
         }
     }
 
-    /// Logs and counts a breaker transition.
+    /// Logs and counts a breaker transition this instance's evidence caused
+    /// (and publishes it to the fleet, when the breaker is shared).
     pub fn log_transition(&self, t: &Transition) {
+        self.log_fleet_transition(t);
+        if let Some(link) = self.fleet.load().as_ref() {
+            link.own_transition(t);
+        }
+    }
+
+    /// Logs and counts a breaker transition (one adopted from the fleet is
+    /// not published again).
+    pub fn log_fleet_transition(&self, t: &Transition) {
         self.metrics.transition(t.to);
         self.recent.transition(self.clock.now(), t);
         tracing::info!(
@@ -254,6 +306,17 @@ pub struct StateRegistry {
     clock: Clock,
     metrics: Arc<Metrics>,
     by_name: Mutex<HashMap<String, Arc<UpstreamState>>>,
+    /// The shared state in force, with `[state] backend = "redis"`.
+    fleet: Mutex<Option<FleetRun>>,
+}
+
+/// A started [`Fleet`], the `[state]` it was made from, and the links its
+/// refresher reads for (it stops when this is dropped).
+#[derive(Debug)]
+struct FleetRun {
+    config: StateConfig,
+    fleet: Fleet,
+    members: Arc<Mutex<Vec<std::sync::Weak<Link>>>>,
 }
 
 impl StateRegistry {
@@ -266,7 +329,39 @@ impl StateRegistry {
             clock: Clock::new(),
             metrics,
             by_name: Mutex::new(HashMap::new()),
+            fleet: Mutex::new(None),
         }
+    }
+
+    /// The shared state in force, if any (for `/readyz`).
+    pub fn fleet(&self) -> Option<Fleet> {
+        let run = self.fleet.lock().expect("fleet lock poisoned");
+        run.as_ref().map(|r| r.fleet.clone())
+    }
+
+    /// The shared state `config` asks for: the one in force when `[state]`
+    /// is unchanged, else a new one (with its refresher); `None` with the
+    /// memory backend.
+    fn fleet_for(&self, config: &Config) -> Result<Option<FleetRun>, String> {
+        if config.state.backend != StateBackend::Redis {
+            return Ok(None);
+        }
+        let mut run = self.fleet.lock().expect("fleet lock poisoned");
+        if let Some(r) = run.take().filter(|r| r.config == config.state) {
+            return Ok(Some(r));
+        }
+        let fleet = Fleet::start(&config.state, self.metrics.state().clone())
+            .map_err(|e| format!("[state]: {e}"))?;
+        let members = Arc::new(Mutex::new(Vec::new()));
+        tokio::spawn(crate::fleet::link::refresher(
+            fleet.clone(),
+            Arc::downgrade(&members),
+        ));
+        Ok(Some(FleetRun {
+            config: config.state.clone(),
+            fleet,
+            members,
+        }))
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -292,18 +387,33 @@ impl StateRegistry {
                 None => Plan::New(UpstreamClient::new(u)?),
             });
         }
+        let run = self.fleet_for(config)?;
+        let on = run.is_some();
         let out: Vec<Arc<UpstreamState>> = config
             .upstreams
             .iter()
             .zip(plans)
             .map(|(u, plan)| match plan {
                 Plan::Keep(s, pool) => {
-                    s.update(u, pool, &self.metrics);
+                    s.update(u, pool, &self.metrics, on);
                     s
                 }
-                Plan::New(pool) => Arc::new(UpstreamState::new(u, self.clock, &self.metrics, pool)),
+                Plan::New(pool) => {
+                    Arc::new(UpstreamState::new(u, self.clock, &self.metrics, pool, on))
+                }
             })
             .collect();
+        // Every upstream gets a new link (a reload may change its scopes).
+        let mut members = Vec::new();
+        for (u, s) in config.upstreams.iter().zip(&out) {
+            let link = run.as_ref().map(|r| Link::new(&r.fleet, u, s));
+            members.extend(link.as_ref().map(Arc::downgrade));
+            s.fleet.store(link);
+        }
+        if let Some(r) = &run {
+            *r.members.lock().expect("fleet members lock poisoned") = members;
+        }
+        *self.fleet.lock().expect("fleet lock poisoned") = run;
         for gone in map.keys().filter(|n| config.upstream(n).is_none()) {
             tracing::info!(upstream = %gone, "upstream removed; its state goes with its last request");
             self.metrics.forget(gone);

@@ -90,13 +90,16 @@ return 1
 
 /// ARGV: owner, fingerprint, what ('c', 'n', 'u' or 'forget'), ttl ms,
 /// then for 'c' status, fields, body. 1 if a record in flight of this owner
-/// with this fingerprint (or a pending one) was written, else 0.
+/// with this fingerprint was written, else 0 (a pending fingerprint on
+/// either side — a claimed request's, before or after its body passed —
+/// matches: the owner's id is what makes the record this request's).
 static FINISH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local r = redis.call('HMGET', KEYS[1], 's', 'o', 'fp')
 if r[1] ~= 'f' or r[2] ~= ARGV[1] then return 0 end
-if r[3] ~= ARGV[2] and r[3] ~= string.rep('\0', 32) then return 0 end
+local pending = string.rep('\0', 32)
+if r[3] ~= ARGV[2] and r[3] ~= pending and ARGV[2] ~= pending then return 0 end
 if ARGV[3] == 'forget' then
   redis.call('DEL', KEYS[1])
   return 1

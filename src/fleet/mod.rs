@@ -18,6 +18,7 @@ pub mod breaker;
 mod health;
 pub mod idempotency;
 pub mod limiter;
+pub mod link;
 
 pub use breaker::ProbeClaim;
 pub use limiter::FleetBucket;

@@ -232,6 +232,13 @@ pub struct Breaker {
     /// Opens since it was last closed by successful probes.
     opens: u32,
     epoch: u64,
+    /// The fleet owns the half-open probe (docs/behaviour.md#fleet-state):
+    /// past its open interval the breaker stays open until
+    /// [`Breaker::grant_probe`] (this instance won the probe), or until
+    /// the fleet's verdict is adopted.
+    fleet_probe: bool,
+    /// The probe of this open interval is this instance's to send.
+    probe_granted: bool,
 }
 
 impl Breaker {
@@ -245,7 +252,28 @@ impl Breaker {
             consecutive: 0,
             opens: 0,
             epoch: 0,
+            fleet_probe: false,
+            probe_granted: false,
         }
+    }
+
+    /// Whether the half-open probe waits for the fleet's grant (set while
+    /// the shared state is up; off, the breaker probes on its own).
+    pub fn set_fleet_probe(&mut self, on: bool) {
+        self.fleet_probe = on;
+    }
+
+    /// This instance owns the probe of the current open interval: once the
+    /// interval is over, the next request turns it half-open.
+    pub fn grant_probe(&mut self) {
+        self.probe_granted = true;
+    }
+
+    /// Whether it is open past its interval, waiting for the fleet's probe.
+    pub fn awaits_probe(&self, now: Now) -> bool {
+        matches!(self.state, State::Open { until } if now >= until)
+            && self.fleet_probe
+            && !self.probe_granted
     }
 
     /// The parameters in force.
@@ -285,6 +313,11 @@ impl Breaker {
             if now < until {
                 return Err(Refused {
                     retry_after: until - now,
+                });
+            }
+            if self.awaits_probe(now) {
+                return Err(Refused {
+                    retry_after: Duration::from_secs(1),
                 });
             }
             transition = Some(self.enter(
@@ -395,6 +428,10 @@ impl Breaker {
                 state: StateKind::Open,
                 until_admit: Some(until - now),
             },
+            State::Open { .. } if self.awaits_probe(now) => StateView {
+                state: StateKind::Open,
+                until_admit: None,
+            },
             State::Open { .. } | State::HalfOpen { .. } => StateView {
                 state: StateKind::HalfOpen,
                 until_admit: None,
@@ -460,7 +497,12 @@ impl Breaker {
     /// (half-open, or open past its interval) closes as its own probes would
     /// close it. One still inside its own open interval stays open.
     pub fn adopt_closed(&mut self, now: Now) -> Option<Transition> {
-        if !self.params.enabled || self.state(now).state != StateKind::HalfOpen {
+        let waiting = match self.state {
+            State::Open { until } => now >= until,
+            State::HalfOpen { .. } => true,
+            State::Closed => false,
+        };
+        if !self.params.enabled || !waiting {
             return None;
         }
         self.opens = 0;
@@ -498,6 +540,8 @@ impl Breaker {
         let from = kind(self.state);
         self.state = to;
         self.epoch = self.epoch.wrapping_add(1);
+        // Every interval has a probe of its own to win.
+        self.probe_granted = false;
         Transition {
             from,
             to: kind(to),
@@ -789,5 +833,42 @@ mod tests {
         assert!(b.is_failure_status(503));
         assert!(!b.is_failure_status(429));
         assert!(!b.is_failure_status(404));
+    }
+
+    /// With the fleet owning the probe, an open breaker stays open past its
+    /// interval until it is granted the probe or adopts the fleet's verdict.
+    #[test]
+    fn a_fleet_probe_waits_for_its_grant() {
+        let mut b = Breaker::new(params());
+        b.set_fleet_probe(true);
+        let mut rng = FixedRandom(0.5);
+        let t0 = Duration::ZERO;
+        while b.raw_state() == State::Closed {
+            let a = b.try_acquire(t0).unwrap();
+            let _ = b.record(a, true, t0, &mut rng);
+        }
+        let State::Open { until } = b.raw_state() else {
+            panic!("not open")
+        };
+        assert!(!b.awaits_probe(t0));
+        assert_eq!(
+            b.try_acquire(until).unwrap_err().retry_after,
+            Duration::from_secs(1)
+        );
+        assert!(b.awaits_probe(until));
+        assert_eq!(b.state(until).state, StateKind::Open);
+        b.grant_probe();
+        let a = b.try_acquire(until).unwrap();
+        assert!(a.probe);
+        // It fails: open again, and the next interval needs a grant anew.
+        let t = b.record(a, true, until, &mut rng).unwrap();
+        assert_eq!(t.to, StateKind::Open);
+        let State::Open { until } = b.raw_state() else {
+            panic!("not open")
+        };
+        assert!(b.try_acquire(until).is_err());
+        // The fleet's probe succeeded elsewhere: it closes without probing.
+        assert_eq!(b.adopt_closed(until).unwrap().to, StateKind::Closed);
+        assert!(b.try_acquire(until).is_ok());
     }
 }

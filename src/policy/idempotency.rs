@@ -488,6 +488,30 @@ pub struct IdempotencyStats {
     pub expired: u64,
 }
 
+impl IdempotencyStats {
+    /// Adds another store's counters (the fleet's, to the instance's own).
+    pub fn add(&mut self, o: &IdempotencyStats) {
+        self.stored += o.stored;
+        self.replayed += o.replayed;
+        self.in_flight += o.in_flight;
+        self.reused += o.reused;
+        self.not_replayable += o.not_replayable;
+        self.evicted += o.evicted;
+        self.expired += o.expired;
+    }
+
+    /// Counts a decision a store made.
+    pub fn count<R>(&mut self, a: &Action<R>) {
+        match a {
+            Action::Forward => {}
+            Action::InFlight => self.in_flight += 1,
+            Action::Replay(_) => self.replayed += 1,
+            Action::Reused => self.reused += 1,
+            Action::NotReplayable => self.not_replayable += 1,
+        }
+    }
+}
+
 /// A store's answer to [`IdempotencyStore::claim`]: what a keyed request
 /// whose body is too large to hold gets before its fingerprint is known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

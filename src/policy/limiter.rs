@@ -116,7 +116,13 @@ impl RateLimitParams {
         if scope == Scope::Fleet && self.bucket.is_none() {
             return Err(PolicyError::new(
                 "scope",
-                "`scope = \"fleet\"` shares the token bucket: it needs `rps` (a `window` is always per instance)",
+                "`scope = \"fleet\"` shares the token bucket: it needs `rps`",
+            ));
+        }
+        if scope == Scope::Fleet && (self.window.is_some() || self.key.is_some()) {
+            return Err(PolicyError::new(
+                "scope",
+                "`scope = \"fleet\"` shares one token bucket per upstream: it cannot be combined with `window` or `key` (use `scope = \"instance\"` for those)",
             ));
         }
         self.scope = scope;

@@ -251,7 +251,7 @@ async fn forward(
         Some((k, target)) => {
             let held = prepare(body, true, limit, stream_unknown, deadline).await?;
             let method = parts.method.as_str();
-            match idempotent::begin_body(&up.state, &k, method, &target, &held, deadline).await {
+            match idempotent::begin_body(up, &k, method, &target, &held, deadline).await {
                 Begun::Replay(stored) => {
                     up.state.metrics.status(stored.status, start.elapsed());
                     return Ok(idempotent::replay_response(&stored, cfg.annotate));

@@ -12,10 +12,13 @@
 //! `max_replay_body_bytes`); a body weir streams claims the key first and is
 //! fingerprinted on its way to the upstream ([`begin_body`]).
 
+mod fleet;
+
 use super::error::ProxyError;
+use super::Upstream;
 use crate::config::UpstreamConfig;
 use crate::policy::idempotency::{
-    parse_key, Action, Claim, Ending, Fingerprint, FingerprintHasher, IdempotencyStore,
+    parse_key, Action, Claim, Ending, Fingerprint, FingerprintHasher, IdempotencyStore, Record,
     StoredResponse, REPLAYED_HEADER,
 };
 use crate::state::UpstreamState;
@@ -59,35 +62,27 @@ pub(crate) enum Begun {
 }
 
 /// Asks the upstream's store about a keyed request (and records it in
-/// flight when it is to be forwarded).
-pub(crate) fn begin(state: &Arc<UpstreamState>, key: &str, fingerprint: &Fingerprint) -> Begun {
+/// flight when it is to be forwarded): the fleet's on Redis when the
+/// upstream's state is shared and Redis answers, else the instance's own.
+pub(crate) async fn begin(up: &Upstream, key: &str, fingerprint: &Fingerprint) -> Begun {
+    if up.state.link().is_some() {
+        if let Some(b) = fleet::begin(up, key, fingerprint).await {
+            return b;
+        }
+    }
+    let state = &up.state;
     let now = state.now();
     let mut store = state.idempotency();
     let Some(store) = store.as_mut() else {
         return Begun::Unrecorded;
     };
+    let limit = store.params().max_response_bytes;
     match store.begin(key, fingerprint, now) {
-        Action::Forward => Begun::Forward(Recorder {
-            state: state.clone(),
-            key: key.into(),
-            limit: store.params().max_response_bytes,
-            done: false,
-        }),
+        Action::Forward => Begun::Forward(Recorder::new(state, key, limit, None)),
         Action::Replay(r) => Begun::Replay(r),
         Action::InFlight => Begun::Refused(ProxyError::IdempotencyInFlight),
         Action::Reused => Begun::Refused(ProxyError::IdempotencyKeyReused),
         Action::NotReplayable => Begun::Refused(ProxyError::IdempotencyNotReplayable),
-    }
-}
-
-/// The recorder of a key claimed in flight.
-fn recorder(state: &Arc<UpstreamState>, key: &str) -> Recorder {
-    let limit = (state.idempotency().as_ref()).map_or(0, |s| s.params().max_response_bytes);
-    Recorder {
-        state: state.clone(),
-        key: key.into(),
-        limit,
-        done: false,
     }
 }
 
@@ -113,14 +108,37 @@ pub(crate) struct Recorder {
     key: Box<str>,
     /// `max_response_bytes`.
     limit: usize,
+    /// Where the record is, when it is on the fleet's Redis.
+    shared: Option<fleet::Shared>,
     done: bool,
 }
 
 impl Recorder {
+    fn new(
+        state: &Arc<UpstreamState>,
+        key: &str,
+        limit: usize,
+        shared: Option<fleet::Shared>,
+    ) -> Self {
+        Recorder {
+            state: state.clone(),
+            key: key.into(),
+            limit,
+            shared,
+            done: false,
+        }
+    }
+
     /// Records how the request ended (with the response to keep, if any).
     pub(crate) fn finish(mut self, ending: Ending, response: Option<StoredResponse>) {
         self.done = true;
-        let what = crate::policy::idempotency::record(ending);
+        self.write(crate::policy::idempotency::record(ending), response);
+    }
+
+    fn write(&mut self, what: Record, response: Option<StoredResponse>) {
+        if let Some(shared) = self.shared.take() {
+            return fleet::finish(shared, std::mem::take(&mut self.key), what, response);
+        }
         let now = self.state.now();
         if let Some(store) = self.state.idempotency().as_mut() {
             store.finish(&self.key, what, response, now);
@@ -157,10 +175,7 @@ impl Recorder {
 impl Drop for Recorder {
     fn drop(&mut self) {
         if !self.done {
-            let now = self.state.now();
-            if let Some(store) = self.state.idempotency().as_mut() {
-                store.uncertain(&self.key, now);
-            }
+            self.write(Record::Uncertain, None);
         }
     }
 }
@@ -307,7 +322,7 @@ pub(crate) fn fingerprint(method: &str, target: &str, body: &[u8], chunked: bool
 /// the upstream; when the key is done, the body is read through for its
 /// fingerprint (and not forwarded) to tell a replay from a reused key.
 pub(crate) async fn begin_body(
-    state: &Arc<UpstreamState>,
+    up: &Upstream,
     key: &str,
     method: &str,
     target: &str,
@@ -315,38 +330,55 @@ pub(crate) async fn begin_body(
     deadline: tokio::time::Instant,
 ) -> Begun {
     use super::replay::RequestBody;
+    let state = &up.state;
     let slot = match body {
         RequestBody::Buffered { data, .. } => {
-            return begin(state, key, &Fingerprint::new(method, target, data));
+            return begin(up, key, &Fingerprint::new(method, target, data)).await;
         }
         RequestBody::Streamed { slot, .. } => slot,
         RequestBody::Direct(..) => return Begun::Unrecorded,
     };
-    let now = state.now();
-    let claim = match state.idempotency().as_mut() {
-        Some(store) => store.claim(key, now),
-        None => return Begun::Unrecorded,
+    let shared = match state.link() {
+        Some(_) => fleet::claim(up, key).await,
+        None => None,
+    };
+    let (claim, forward) = match shared {
+        Some((claim, Some((r, link)))) => (claim, Some((r, Some(link)))),
+        Some((claim, None)) => (claim, None),
+        None => {
+            let now = state.now();
+            let mut store = state.idempotency();
+            let Some(store) = store.as_mut() else {
+                return Begun::Unrecorded;
+            };
+            let limit = store.params().max_response_bytes;
+            let claim = store.claim(key, now);
+            let r =
+                (claim == Claim::Forward).then(|| (Recorder::new(state, key, limit, None), None));
+            (claim, r)
+        }
     };
     let taken = slot.lock().ok().and_then(|mut b| b.take());
     let Some(streamed) = taken else {
         return Begun::Unrecorded;
     };
     let mut hasher = FingerprintHasher::new(method, target);
-    match claim {
-        Claim::InFlight => Begun::Refused(ProxyError::IdempotencyInFlight),
-        Claim::Forward => {
+    match (claim, forward) {
+        (Claim::Forward, Some((recorder, link))) => {
             let hashing = Hashing {
                 inner: streamed,
                 hasher: Some(hasher),
                 state: state.clone(),
+                link,
                 key: key.into(),
             };
             if let Ok(mut b) = slot.lock() {
                 *b = Some(super::body::boxed(hashing));
             }
-            Begun::Forward(recorder(state, key))
+            Begun::Forward(recorder)
         }
-        Claim::Decide => {
+        (Claim::InFlight | Claim::Forward, _) => Begun::Refused(ProxyError::IdempotencyInFlight),
+        (Claim::Decide, _) => {
             // Read through for the fingerprint; the body is not forwarded.
             let read = tokio::time::timeout_at(deadline, async {
                 use http_body_util::BodyExt;
@@ -366,7 +398,7 @@ pub(crate) async fn begin_body(
                 Ok(Err(e)) => return Begun::Refused(e),
                 Err(_) => return Begun::Refused(ProxyError::DeadlineExceeded),
             };
-            match begin(state, key, &fingerprint) {
+            match begin(up, key, &fingerprint).await {
                 // The record went (expired, evicted) while the body was read,
                 // and the body is spent: the client is to send it again.
                 Begun::Forward(r) => {
@@ -385,6 +417,8 @@ struct Hashing {
     inner: super::body::Body,
     hasher: Option<FingerprintHasher>,
     state: Arc<UpstreamState>,
+    /// When the record is on the fleet's Redis.
+    link: Option<Arc<crate::fleet::link::Link>>,
     key: Box<str>,
 }
 
@@ -410,7 +444,9 @@ impl http_body::Body for Hashing {
         };
         if let Some(h) = self.hasher.take_if(|_| ended) {
             let fingerprint = h.finish();
-            if let Some(store) = self.state.idempotency().as_mut() {
+            if let Some(link) = self.link.clone() {
+                fleet::fingerprinted(link, self.key.clone(), fingerprint);
+            } else if let Some(store) = self.state.idempotency().as_mut() {
                 store.fingerprinted(&self.key, &fingerprint);
             }
         }

@@ -197,6 +197,11 @@ impl ProxyHandle {
         Ok(())
     }
 
+    /// The fleet's shared state in force, with `[state] backend = "redis"`.
+    pub fn fleet(&self) -> Option<crate::fleet::Fleet> {
+        self.shared.states.fleet()
+    }
+
     /// The snapshot requests are currently served with.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.shared.snapshot.load_full()

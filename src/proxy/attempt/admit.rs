@@ -2,6 +2,7 @@
 //! limit and the concurrency gate up to the body, then the breaker; and the
 //! breaker [`Ticket`] every attempt holds until its verdict.
 
+use crate::policy::lease::Take;
 use crate::policy::Admission;
 use crate::proxy::error::ProxyError;
 use crate::proxy::Upstream;
@@ -104,9 +105,33 @@ pub(crate) fn try_rate(up: &Upstream, key: Option<&str>, at: Instant) -> bool {
         return true;
     }
     let now = up.state.now_at(at);
-    match up.state.live().limiter.as_mut() {
-        Some(l) => l.try_acquire(key, now),
-        None => true,
+    take_rate(&up.state, key, now).is_ok()
+}
+
+/// Takes one token at `now`: from the fleet's leased bucket when the limit
+/// is the fleet's and the shared state answers, else from the local
+/// limiter (its fallback share, for a fleet limit). `Err`: the time until
+/// one may be there.
+fn take_rate(
+    state: &UpstreamState,
+    key: Option<&str>,
+    now: Duration,
+) -> Result<(), Option<Duration>> {
+    if let Some(b) = state.fleet_bucket() {
+        match b.take(now) {
+            Take::Admit => return Ok(()),
+            Take::Refuse { retry_in } => return Err(Some(retry_in)),
+            Take::Fallback => {}
+        }
+    }
+    let mut live = state.live();
+    let Some(l) = live.limiter.as_mut() else {
+        return Ok(());
+    };
+    if l.try_acquire(key, now) {
+        Ok(())
+    } else {
+        Err(l.time_until(key, now))
     }
 }
 
@@ -124,15 +149,8 @@ pub(crate) async fn admit_rate(
     let give_up = (Instant::now() + max_wait).min(deadline);
     loop {
         let now = state.now();
-        let wait = {
-            let mut live = state.live();
-            let Some(l) = live.limiter.as_mut() else {
-                return Ok(());
-            };
-            if l.try_acquire(key, now) {
-                return Ok(());
-            }
-            l.time_until(key, now)
+        let Err(wait) = take_rate(state, key, now) else {
+            return Ok(());
         };
         match wait {
             Some(w) if Instant::now().checked_add(w).is_some_and(|t| t <= give_up) => {

@@ -20,6 +20,8 @@ struct LiveGates<'a> {
     breaker: &'a mut Breaker,
     budget: &'a mut RetryBudget,
     limiter: Option<&'a mut KeyedLimiter>,
+    /// The fleet's leased bucket, tried before `limiter` (its fallback).
+    fleet: Option<crate::fleet::FleetBucket>,
     now: Duration,
     key: Option<&'a str>,
     /// The breaker admission for the retry, when granted.
@@ -40,6 +42,12 @@ impl Gates for LiveGates<'_> {
         }
     }
     fn limiter(&mut self) -> bool {
+        use crate::policy::lease::Take;
+        match self.fleet.as_ref().map(|b| b.take(self.now)) {
+            Some(Take::Admit) => return true,
+            Some(Take::Refuse { .. }) => return false,
+            Some(Take::Fallback) | None => {}
+        }
         match self.limiter.as_deref_mut() {
             Some(l) => l.try_acquire(self.key, self.now),
             None => true,
@@ -157,6 +165,7 @@ impl<'a> Attempts<'a> {
         let now = self.record(outcome, error, started, ended);
         let state = &self.up.state;
         let time_left = self.deadline.saturating_duration_since(ended);
+        let fleet = (self.up.config.rate_limit.as_ref()).and_then(|_| state.fleet_bucket());
         let (verdict, admission) = {
             let mut guard = state.live();
             let Live {
@@ -169,6 +178,7 @@ impl<'a> Attempts<'a> {
                 breaker,
                 budget,
                 limiter: limiter.as_mut(),
+                fleet,
                 now,
                 key: self.key,
                 admission: None,

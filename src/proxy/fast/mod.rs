@@ -180,7 +180,7 @@ impl Ctx<'_> {
             let (key, method, target) = k.parts(&self.bufs.client);
             let body = &self.bufs.client[p.head_len..need];
             let fp = idempotent::fingerprint(method, target, body, p.chunked);
-            match idempotent::begin(&up.state, key, &fp) {
+            match idempotent::begin(up, key, &fp).await {
                 Begun::Replay(stored) => return self.replay(up, start, &p, &stored).await,
                 Begun::Refused(e) => return self.fail(up, start, &p, fail(e)).await,
                 Begun::Forward(r) => recorder = Some(r),
