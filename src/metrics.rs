@@ -9,6 +9,8 @@
 //! balance, breaker state, requests in flight) are read when `/metrics` is
 //! scraped.
 
+pub mod cache;
+mod follow;
 pub mod idempotency;
 mod labels;
 pub mod state;
@@ -57,6 +59,7 @@ pub struct Metrics {
     dns_resolutions: IntCounterVec,
     dns_addresses: IntGaugeVec,
     idempotency: idempotency::Families,
+    cache: cache::Families,
     state: state::StateMetrics,
     /// `weir_requests_total{upstream="none", code="no_route"}`.
     no_route: IntCounter,
@@ -221,6 +224,7 @@ impl Metrics {
         r.register(Box::new(dns_addresses.clone()))
             .expect("metric registered once");
         let idempotency = idempotency::Families::register(&r);
+        let cache = cache::Families::register(&r);
         let state = state::StateMetrics::register(&r);
         reloads.with_label_values(&["ok"]);
         reloads.with_label_values(&["error"]);
@@ -246,6 +250,7 @@ impl Metrics {
             dns_resolutions,
             dns_addresses,
             idempotency,
+            cache,
             state,
             no_route,
             bad_request,
@@ -273,6 +278,7 @@ impl Metrics {
             in_flight: self.in_flight.with_label_values(&[name]),
             tunnels: self.tunnels.with_label_values(&[name]),
             idempotency: self.idempotency.upstream(name),
+            cache: self.cache.upstream(name),
         }
     }
 
@@ -305,6 +311,7 @@ impl Metrics {
         self.forget_dns(name);
         self.state.forget(name);
         self.idempotency.forget(name);
+        self.cache.forget(name);
         self.request_duration.remove_label_values(&[name]).ok();
         self.attempt_duration.remove_label_values(&[name]).ok();
         self.budget_tokens.remove_label_values(&[name]).ok();
@@ -471,6 +478,8 @@ pub struct UpstreamMetrics {
     tunnels: IntGauge,
     /// `weir_idempotency_*`, brought up to the store's counts on a scrape.
     pub idempotency: idempotency::Series,
+    /// `weir_cache_*`, brought up to the cache's counts on a scrape.
+    pub cache: cache::Series,
 }
 
 impl UpstreamMetrics {

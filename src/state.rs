@@ -10,6 +10,7 @@ use crate::config::{Config, Protocol, Scheme, StateBackend, StateConfig, Upstrea
 use crate::fleet::link::Link;
 use crate::fleet::Fleet;
 use crate::metrics::{DnsMetrics, Metrics, UpstreamMetrics};
+use crate::policy::cache::{CacheStore, FillRegistry};
 use crate::policy::idempotency::{IdempotencyStore, MemoryStore};
 use crate::policy::{Breaker, KeyedLimiter, RetryBudget, SeededRandom, Transition};
 use crate::proxy::client::UpstreamClient;
@@ -56,7 +57,16 @@ pub struct UpstreamState {
     /// The link to the fleet's shared state (docs/behaviour.md#fleet-state),
     /// with `[state] backend = "redis"`.
     fleet: arc_swap::ArcSwapOption<Link>,
+    /// The response cache (docs/behaviour.md#response-cache); `None` while
+    /// it is off. Locked for one call at a time, never across an await.
+    cache: Mutex<Option<CacheStore>>,
+    /// The cache's fills and background refreshes in progress.
+    pub fills: Mutex<FillRegistry<FillWait>>,
 }
+
+/// What a request waiting on another's fill of a cache key waits on: it
+/// changes (or closes) when the fill is over.
+pub type FillWait = tokio::sync::watch::Receiver<()>;
 
 /// A rate limit as this instance applies it: a fleet bucket's fallback
 /// share while the fleet's state is in use (the fleet bucket itself is the
@@ -137,7 +147,14 @@ impl UpstreamState {
             direct: Mutex::new((key, direct)),
             idempotency: Mutex::new(u.idempotency.clone().map(MemoryStore::new)),
             fleet: arc_swap::ArcSwapOption::empty(),
+            cache: Mutex::new(u.cache.clone().map(CacheStore::new)),
+            fills: Mutex::new(FillRegistry::new()),
         }
+    }
+
+    /// The response cache, locked: for one call, never across an await.
+    pub fn cache(&self) -> MutexGuard<'_, Option<CacheStore>> {
+        self.cache.lock().expect("cache lock poisoned")
     }
 
     /// The fleet's leased token bucket, with `rate_limit.scope = "fleet"`.
@@ -189,6 +206,14 @@ impl UpstreamState {
                 (Some(s), Some(p)) if s.params() != p => s.set_params(p.clone()),
                 (Some(_), Some(_)) => {}
                 (_, p) => *store = p.clone().map(MemoryStore::new),
+            }
+        }
+        {
+            let mut cache = self.cache();
+            match (cache.as_mut(), &u.cache) {
+                (Some(c), Some(p)) if c.params() != p => c.set_params(p.clone()),
+                (Some(_), Some(_)) => {}
+                (_, p) => *cache = p.clone().map(CacheStore::new),
             }
         }
         let key = direct_key(u);
@@ -248,6 +273,10 @@ impl UpstreamState {
         self.metrics.set_breaker(state);
         self.metrics.set_budget(tokens);
         self.metrics.set_in_flight(self.gate.in_flight());
+        let cache = self.cache().as_ref().map(|c| c.stats());
+        if let Some(stats) = cache {
+            self.metrics.cache.show(&stats);
+        }
         let stats = self.idempotency().as_ref().map(|s| s.stats());
         if let Some(mut stats) = stats {
             if let Some(link) = self.link() {

@@ -5,9 +5,9 @@
 //! [`IdempotencyStats`] by difference when `/metrics` is scraped, so a
 //! request pays nothing for them.
 
+use super::follow::{self, Follow};
 use crate::policy::idempotency::IdempotencyStats;
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
-use std::sync::Mutex;
+use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 /// The `result` label values, in [`counts`] order.
 pub const RESULTS: [&str; 7] = [
@@ -67,16 +67,13 @@ impl Families {
     /// One upstream's series, created at zero.
     pub fn upstream(&self, name: &str) -> Series {
         Series {
-            total: RESULTS.map(|r| self.total.with_label_values(&[name, r])),
+            total: Follow::new(&self.total, name, RESULTS),
             bytes: self.bytes.with_label_values(&[name]),
-            seen: Mutex::new([0; 7]),
         }
     }
 
     pub fn forget(&self, name: &str) {
-        for r in RESULTS {
-            self.total.remove_label_values(&[name, r]).ok();
-        }
+        follow::forget(&self.total, name, &RESULTS);
         self.bytes.remove_label_values(&[name]).ok();
     }
 }
@@ -84,23 +81,15 @@ impl Families {
 /// One upstream's series and the store counts they last showed.
 #[derive(Debug)]
 pub struct Series {
-    total: [IntCounter; 7],
+    total: Follow<7>,
     bytes: IntGauge,
-    seen: Mutex<[u64; 7]>,
 }
 
 impl Series {
     /// Brings the series up to `stats`. A store that started anew (its
     /// counts below those seen) adds from zero.
     pub fn show(&self, stats: &IdempotencyStats) {
-        let now = counts(stats);
-        if let Ok(mut seen) = self.seen.lock() {
-            for (i, c) in self.total.iter().enumerate() {
-                let from = if now[i] < seen[i] { 0 } else { seen[i] };
-                c.inc_by(now[i] - from);
-            }
-            *seen = now;
-        }
+        self.total.show(counts(stats));
         self.bytes
             .set(i64::try_from(stats.bytes).unwrap_or(i64::MAX));
     }

@@ -101,11 +101,18 @@ async fn serve(
     let idem = parts.headers.get(&cfg.idempotency_header);
     let key = idempotent::key_of(cfg, method.as_str(), idem.map(|v| v.as_bytes()))
         .map(|k| k.map(str::to_owned));
+    let body = super::body::boxed(body);
+    let cached = cfg.cache.is_some() && matches!(method, http::Method::GET | http::Method::HEAD);
     let forwarded = match key {
         Ok(Some(k)) => detached(up, parts, body, start, grpc, k).await,
+        Ok(None) if cached => super::cached::serve(up, conn, parts, body, start, grpc).await,
         key => forward(up, conn, parts, body, start, grpc, key, &mut None).await,
     };
     let resp = match forwarded {
+        Ok(resp) if !cached && cfg.cache.is_some() => {
+            super::cached::invalidate(up, &method, &uri, resp.status().as_u16());
+            resp
+        }
         Ok(resp) => resp,
         Err(e) => {
             up.state.metrics.error(e.code(), start.elapsed());
@@ -155,7 +162,7 @@ fn access_log(
 async fn detached(
     up: &Upstream,
     parts: http::request::Parts,
-    body: Incoming,
+    body: Body,
     start: Instant,
     grpc: bool,
     key: String,
@@ -191,11 +198,11 @@ async fn detached(
 /// `capture`: set to the keeping of a keyed write's response, whose body
 /// the caller relays ([`detached`]).
 #[allow(clippy::too_many_arguments)]
-async fn forward(
+pub(super) async fn forward(
     up: &Upstream,
     conn: &super::sticky::ConnCtx,
     mut parts: http::request::Parts,
-    body: Incoming,
+    body: Body,
     start: Instant,
     is_grpc_request: bool,
     key: Result<Option<String>, ProxyError>,
@@ -368,7 +375,7 @@ async fn forward(
 /// Prepares the request body for the attempts (see [`RequestBody::prepare`]),
 /// within the request's deadline.
 async fn prepare(
-    body: Incoming,
+    body: Body,
     retry_possible: bool,
     limit: u64,
     stream_unknown: bool,

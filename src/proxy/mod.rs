@@ -8,6 +8,7 @@
 pub(crate) mod access;
 pub(crate) mod attempt;
 pub(crate) mod body;
+pub(crate) mod cached;
 pub(crate) mod client;
 mod conn;
 pub(crate) mod error;

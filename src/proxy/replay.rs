@@ -19,7 +19,6 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -63,7 +62,7 @@ impl RequestBody {
     /// `stream_unknown` (HTTP/2 and gRPC: it may be a stream the client keeps
     /// open while it waits for answers).
     pub(crate) async fn prepare(
-        body: Incoming,
+        body: Body,
         retry_possible: bool,
         limit: u64,
         stream_unknown: bool,
@@ -100,10 +99,7 @@ impl RequestBody {
                 Some(g) => match tokio::time::timeout(g, body.frame()).await {
                     Ok(f) => f,
                     Err(_) => {
-                        let rest = Prefixed {
-                            prefix: chunks,
-                            rest: body,
-                        };
+                        let rest = Prefixed::new(chunks, None, body);
                         return Ok(RequestBody::streamed(boxed(rest), None));
                     }
                 },
@@ -116,10 +112,7 @@ impl RequestBody {
                     total += data.len() as u64;
                     chunks.push_back(data);
                     if total > limit {
-                        let rest = Prefixed {
-                            prefix: chunks,
-                            rest: body,
-                        };
+                        let rest = Prefixed::new(chunks, None, body);
                         return Ok(RequestBody::streamed(boxed(rest), hint.exact()));
                     }
                 }
@@ -140,7 +133,7 @@ impl RequestBody {
 
     /// The body of an `Expect: 100-continue` request: held behind `gate`
     /// for every attempt, never read ahead (see the module docs).
-    pub(crate) fn gated(body: Incoming, gate: Arc<ContinueGate>, retry_possible: bool) -> Self {
+    pub(crate) fn gated(body: Body, gate: Arc<ContinueGate>, retry_possible: bool) -> Self {
         let len = body.size_hint().exact();
         let gated = boxed(Gated {
             gate,
@@ -244,11 +237,40 @@ impl HttpBody for Replay {
     }
 }
 
-/// The bytes read while deciding a body was too large, then the rest.
+/// Frames already read from a body (deciding it was too large to hold, or
+/// whether a response may be cached), then the rest of it — or the error
+/// that broke it off.
 #[derive(Debug)]
-struct Prefixed {
-    prefix: VecDeque<Bytes>,
-    rest: Incoming,
+pub(crate) struct Prefixed {
+    prefix: VecDeque<Frame<Bytes>>,
+    rest: Option<Body>,
+    error: Option<BoxError>,
+}
+
+impl Prefixed {
+    /// `data`, then `trailers` (when one was read), then `rest`.
+    pub(crate) fn new(
+        data: impl IntoIterator<Item = Bytes>,
+        trailers: Option<Frame<Bytes>>,
+        rest: Body,
+    ) -> Self {
+        let mut prefix: VecDeque<Frame<Bytes>> = data.into_iter().map(Frame::data).collect();
+        prefix.extend(trailers);
+        Prefixed {
+            prefix,
+            rest: Some(rest),
+            error: None,
+        }
+    }
+
+    /// `data`, then `error`.
+    pub(crate) fn failed(data: impl IntoIterator<Item = Bytes>, error: BoxError) -> Self {
+        Prefixed {
+            prefix: data.into_iter().map(Frame::data).collect(),
+            rest: None,
+            error: Some(error),
+        }
+    }
 }
 
 impl HttpBody for Prefixed {
@@ -258,10 +280,16 @@ impl HttpBody for Prefixed {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(d) = self.prefix.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(d))));
+        if let Some(f) = self.prefix.pop_front() {
+            return Poll::Ready(Some(Ok(f)));
         }
-        Pin::new(&mut self.rest).poll_frame(cx).map_err(Into::into)
+        if let Some(e) = self.error.take() {
+            return Poll::Ready(Some(Err(e)));
+        }
+        match self.rest.as_mut() {
+            Some(rest) => Pin::new(rest).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
     }
 }
 
@@ -329,7 +357,7 @@ impl ContinueGate {
 /// The client's body, read only once its gate is open.
 struct Gated {
     gate: Arc<ContinueGate>,
-    inner: Incoming,
+    inner: Body,
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 

@@ -231,6 +231,10 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     if body_len > cap {
         return Parse::Fallback("a body too large to hold");
     }
+    if up.config.cache.is_some() {
+        // The response cache is written once, on hyper's path.
+        return Parse::Fallback("an upstream with a response cache");
+    }
     if body_len > MAX_TLS_BODY && up.client.fast_tls.is_some() {
         // Over TLS the fast path cannot hear an upstream that answers (413,
         // 401) before reading a large body; hyper's client does.

@@ -1,0 +1,501 @@
+//! The response cache in the data plane (docs/behaviour.md#response-cache):
+//! a `GET` or `HEAD` to an upstream whose cache is on is looked up before
+//! admission and answered from an entry when the entry may answer it (no
+//! attempt, nothing admitted); otherwise it goes upstream through
+//! [`forward`] — coalesced with concurrent misses of its key, with the
+//! entry's validators when it is to be revalidated — and the response is
+//! stored when it may be, or replaced by the stale entry when it failed
+//! within the entry's `stale-if-error`. What may be stored and for how long,
+//! and every decision, are `policy::cache`'s; this module carries requests
+//! and responses to and from it.
+//!
+//! Only hyper's path runs it: the fast path hands every request of an
+//! upstream with a cache to hyper (`fast::head::plan`), so the cache is
+//! written once.
+
+use super::body::{self, Body};
+use super::error::ProxyError;
+use super::forward::forward;
+use super::sticky::ConnCtx;
+use super::Upstream;
+use crate::policy::cache::{
+    on_error, on_not_modified, storable, CacheRequest, CacheResult, CachedResponse, Decision, Fill,
+    Refreshed, ResponseFacts,
+};
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
+use http_body_util::BodyExt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::time::Instant;
+
+/// A header map as the policy core reads it.
+fn pairs(h: &HeaderMap) -> Vec<(&[u8], &[u8])> {
+    h.iter()
+        .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()))
+        .collect()
+}
+
+/// An entry's key: the target the client sent (the upstream's target is a
+/// function of it: `strip_prefix`), its path and query.
+fn target(p: &Parts) -> String {
+    p.uri
+        .path_and_query()
+        .map_or("/", |x| x.as_str())
+        .to_owned()
+}
+
+/// A copy of a request's head for another exchange (its extensions, which
+/// only upgrades use, are not copied).
+fn copy(p: &Parts, method: Method) -> Parts {
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method = method;
+    parts.uri = p.uri.clone();
+    parts.version = p.version;
+    parts.headers = p.headers.clone();
+    parts
+}
+
+/// A non-error response to an unsafe method drops every entry of its
+/// target (RFC 9111 §4.4).
+pub(crate) fn invalidate(up: &Upstream, method: &Method, uri: &http::Uri, status: u16) {
+    if crate::policy::cache::invalidates(method.as_str(), status) {
+        let key = uri.path_and_query().map_or("/", |x| x.as_str());
+        if let Some(c) = up.state.cache().as_mut() {
+            c.invalidate(key);
+        }
+    }
+}
+
+/// Serves a `GET` or `HEAD` with the upstream's cache.
+pub(crate) async fn serve(
+    up: &Upstream,
+    conn: &ConnCtx,
+    parts: Parts,
+    body: Body,
+    start: Instant,
+    grpc: bool,
+) -> Result<Response<Body>, ProxyError> {
+    let parsed = CacheRequest::parse(parts.method.as_str(), pairs(&parts.headers));
+    let key = target(&parts);
+    let now = up.state.now();
+    let lookup = match parsed {
+        Ok(req) => {
+            let mut cache = up.state.cache();
+            let found = cache
+                .as_mut()
+                .map(|c| c.lookup(&key, &req, pairs(&parts.headers), now));
+            found.map(|l| (req, l))
+        }
+        Err(_) => None,
+    };
+    let Some((req, lookup)) = lookup else {
+        // Left alone (a Range, the client's own conditional, a body…).
+        return forward(up, conn, parts, body, start, grpc, Ok(None), &mut None).await;
+    };
+    let x = Exchange {
+        up,
+        conn,
+        start,
+        grpc,
+        key,
+        req,
+        count: true,
+    };
+    match (lookup.decision, lookup.entry) {
+        (Decision::Fresh, Some(e)) => Ok(x.answer(&e, CacheResult::Hit, None)),
+        (Decision::StaleWhileRevalidate, Some(e)) => {
+            refresh(up, &parts, &x.key, &e);
+            Ok(x.answer(&e, CacheResult::Stale, None))
+        }
+        // A HEAD is answered from a GET's entry, never stored: otherwise
+        // it is forwarded as it is, with the entry as the fallback.
+        (_, entry) if x.req.head => x.go(parts, entry, false).await,
+        (Decision::Revalidate { .. }, Some(e)) => x.fill(parts, Some(e)).await,
+        _ => x.fill(parts, None).await,
+    }
+}
+
+/// One request the cache handles, going upstream.
+struct Exchange<'a> {
+    up: &'a Upstream,
+    conn: &'a ConnCtx,
+    start: Instant,
+    grpc: bool,
+    key: String,
+    req: CacheRequest,
+    /// Whether it is a client's request (a background refresh is not
+    /// counted in `weir_cache_requests_total`).
+    count: bool,
+}
+
+impl Exchange<'_> {
+    /// A miss or a revalidation, coalesced: the first request for the key
+    /// goes upstream; the others wait for it, then take what it stored.
+    async fn fill(
+        &self,
+        parts: Parts,
+        entry: Option<Arc<CachedResponse>>,
+    ) -> Result<Response<Body>, ProxyError> {
+        let (done, waiter) = tokio::sync::watch::channel(());
+        let role = (self.up.state.fills.lock())
+            .map(|mut f| f.begin_fill(&self.key, || waiter))
+            .unwrap_or(Fill::Leader);
+        match role {
+            Fill::Leader => {
+                let _end = EndFill {
+                    up: self.up,
+                    key: &self.key,
+                    done,
+                };
+                self.go(parts, entry, true).await
+            }
+            Fill::Follower(mut w) => {
+                let began = self.up.state.now();
+                let deadline = self.deadline(&parts);
+                let waited = tokio::time::timeout_at(deadline, w.changed()).await;
+                let fetched = {
+                    let cache = self.up.state.cache();
+                    let e = cache
+                        .as_ref()
+                        .and_then(|c| c.get(&self.key, pairs(&parts.headers)));
+                    e.filter(|e| e.stored_at >= began).cloned()
+                };
+                match (fetched, waited) {
+                    (Some(e), _) => Ok(self.answer(&e, CacheResult::Coalesced, None)),
+                    (None, Err(_)) => self.failed(entry.as_deref(), ProxyError::DeadlineExceeded),
+                    (None, Ok(_)) => self.go(parts, entry, true).await,
+                }
+            }
+        }
+    }
+
+    /// The request's deadline, as forward() sets it.
+    fn deadline(&self, parts: &Parts) -> Instant {
+        let lowered = super::headers::weir_timeout(&parts.headers).ok().flatten();
+        let grpc = super::headers::grpc_timeout(&parts.headers);
+        super::attempt::deadline(&self.up.config, self.start, [lowered, grpc]).0
+    }
+
+    /// Goes upstream (with `entry`'s validators when it has any), then
+    /// stores, refreshes, or falls back to `entry`.
+    async fn go(
+        &self,
+        parts: Parts,
+        entry: Option<Arc<CachedResponse>>,
+        may_store: bool,
+    ) -> Result<Response<Body>, ProxyError> {
+        let req_headers = parts.headers.clone();
+        let mut ask = copy(&parts, parts.method.clone());
+        let conditional = match (&entry, may_store) {
+            (Some(e), true) => validators(&mut ask.headers, e),
+            _ => false,
+        };
+        let forwarded = self.forward(ask).await;
+        let now = self.up.state.now();
+        let resp = match forwarded {
+            Ok(resp) => resp,
+            Err(e) if counts_as_failure(&e) => return self.failed(entry.as_deref(), e),
+            Err(e) => return Err(e),
+        };
+        let status = resp.status().as_u16();
+        match entry {
+            Some(e) if conditional && status == 304 => {
+                let params = self.params();
+                let Some(params) = params else {
+                    return Ok(self.mark(resp, CacheResult::Miss));
+                };
+                let received = SystemTime::now();
+                let fresh =
+                    on_not_modified(&e, &self.req, pairs(resp.headers()), &params, now, received);
+                let attempts = resp.headers().get("x-weir-attempts").cloned();
+                let answer = {
+                    let mut cache = self.up.state.cache();
+                    let c = cache.as_mut();
+                    match fresh {
+                        Refreshed::Updated(r) => {
+                            c.map(|c| c.insert(&self.key, pairs(&req_headers), r.clone()));
+                            Some(r)
+                        }
+                        Refreshed::NotStorable(r) => {
+                            c.map(|c| c.remove(&self.key, pairs(&req_headers)));
+                            Some(r)
+                        }
+                        Refreshed::Mismatch => {
+                            c.map(|c| c.remove(&self.key, pairs(&req_headers)));
+                            None
+                        }
+                    }
+                };
+                match answer {
+                    Some(r) => Ok(self.answer(&r, CacheResult::Revalidated, attempts)),
+                    None => {
+                        // It validated some other response: ask again, plainly.
+                        let again = self.forward(copy(&parts, parts.method.clone())).await?;
+                        Ok(self.mark(again, CacheResult::Miss))
+                    }
+                }
+            }
+            Some(e) if status >= 500 && on_error(&e, now) => {
+                let attempts = resp.headers().get("x-weir-attempts").cloned();
+                self.count(CacheResult::StaleIfError);
+                Ok(self.answer_uncounted(&e, CacheResult::StaleIfError, attempts))
+            }
+            _ if may_store && !self.req.head && status < 500 => {
+                Ok(self.store(resp, &req_headers, now).await)
+            }
+            _ => Ok(self.mark(resp, CacheResult::Miss)),
+        }
+    }
+
+    async fn forward(&self, parts: Parts) -> Result<Response<Body>, ProxyError> {
+        let (up, conn, start, grpc) = (self.up, self.conn, self.start, self.grpc);
+        forward(
+            up,
+            conn,
+            parts,
+            body::empty(),
+            start,
+            grpc,
+            Ok(None),
+            &mut None,
+        )
+        .await
+    }
+
+    fn params(&self) -> Option<crate::policy::cache::CacheParams> {
+        self.up.state.cache().as_ref().map(|c| c.params().clone())
+    }
+
+    /// Stores `resp` when it may be, reading its body whole (within
+    /// `max_object_bytes`) first; a new response supersedes the variant its
+    /// request selects either way.
+    async fn store(
+        &self,
+        resp: Response<Body>,
+        req_headers: &HeaderMap,
+        now: Duration,
+    ) -> Response<Body> {
+        let Some(params) = self.params() else {
+            return self.mark(resp, CacheResult::Miss);
+        };
+        let facts = ResponseFacts::parse(resp.status().as_u16(), pairs(resp.headers()));
+        let Some(freshness) = storable(&self.req, &facts, &params, SystemTime::now()) else {
+            if let Some(c) = self.up.state.cache().as_mut() {
+                c.remove(&self.key, pairs(req_headers));
+            }
+            return self.mark(resp, CacheResult::Miss);
+        };
+        let (head, mut rest) = resp.into_parts();
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut size = 0usize;
+        let limit = params.max_object_bytes;
+        let whole = loop {
+            match rest.frame().await {
+                None => break true,
+                Some(Ok(f)) => match f.into_data() {
+                    Ok(d) => {
+                        size += d.len();
+                        chunks.push(d);
+                        if size > limit {
+                            break false;
+                        }
+                    }
+                    // Trailers: relayed, never stored.
+                    Err(f) => {
+                        let relay = super::replay::Prefixed::new(chunks, Some(f), rest);
+                        return self.mark(
+                            Response::from_parts(head, body::boxed(relay)),
+                            CacheResult::Miss,
+                        );
+                    }
+                },
+                Some(Err(e)) => {
+                    // Broke off: the client gets what came, then the error.
+                    let relay = super::replay::Prefixed::failed(chunks, e);
+                    return self.mark(
+                        Response::from_parts(head, body::boxed(relay)),
+                        CacheResult::Miss,
+                    );
+                }
+            }
+        };
+        if whole {
+            let status = head.status.as_u16();
+            let r = CachedResponse::new(status, pairs(&head.headers), &chunks, freshness, now);
+            if let Some(c) = self.up.state.cache().as_mut() {
+                c.insert(&self.key, pairs(req_headers), r);
+            }
+        }
+        let relay = super::replay::Prefixed::new(chunks, None, rest);
+        self.mark(
+            Response::from_parts(head, body::boxed(relay)),
+            CacheResult::Miss,
+        )
+    }
+
+    /// weir's answer to a failure, or `entry` within its `stale-if-error`.
+    fn failed(
+        &self,
+        entry: Option<&CachedResponse>,
+        e: ProxyError,
+    ) -> Result<Response<Body>, ProxyError> {
+        let now = self.up.state.now();
+        match entry {
+            Some(en) if on_error(en, now) => Ok(self.answer(en, CacheResult::StaleIfError, None)),
+            _ => Err(e),
+        }
+    }
+
+    fn count(&self, result: CacheResult) {
+        if self.count {
+            if let Some(c) = self.up.state.cache().as_mut() {
+                c.count(result);
+            }
+        }
+    }
+
+    /// A response from upstream, annotated and counted.
+    fn mark(&self, mut resp: Response<Body>, result: CacheResult) -> Response<Body> {
+        self.count(result);
+        if self.up.config.annotate {
+            resp.headers_mut()
+                .insert(CACHE_HEADER, HeaderValue::from_static(result.name()));
+        }
+        resp
+    }
+
+    /// An answer from `e`, counted.
+    fn answer(
+        &self,
+        e: &CachedResponse,
+        result: CacheResult,
+        attempts: Option<HeaderValue>,
+    ) -> Response<Body> {
+        self.count(result);
+        self.answer_uncounted(e, result, attempts)
+    }
+
+    /// An answer from `e`: its fields, `Age`, weir's annotations (no attempt
+    /// made unless `attempts` says), its body (none for a HEAD).
+    fn answer_uncounted(
+        &self,
+        e: &CachedResponse,
+        result: CacheResult,
+        attempts: Option<HeaderValue>,
+    ) -> Response<Body> {
+        let now = self.up.state.now();
+        let mut r = Response::new(body::empty());
+        *r.status_mut() = StatusCode::from_u16(e.status).unwrap_or(StatusCode::OK);
+        let h = r.headers_mut();
+        for (n, v) in e.field_values() {
+            if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n), HeaderValue::from_maybe_shared(v)) {
+                h.append(n, v);
+            }
+        }
+        h.insert(http::header::AGE, HeaderValue::from(e.age_secs(now)));
+        if self.up.config.annotate {
+            super::attempt::annotate(h, 0, None);
+            if let Some(a) = attempts {
+                h.insert("x-weir-attempts", a);
+            }
+            h.insert(CACHE_HEADER, HeaderValue::from_static(result.name()));
+        }
+        if self.req.head {
+            h.insert(
+                http::header::CONTENT_LENGTH,
+                HeaderValue::from(e.body().len()),
+            );
+        } else {
+            *r.body_mut() = body::full(e.body());
+        }
+        self.up.state.metrics.status(e.status, self.start.elapsed());
+        r
+    }
+}
+
+/// `x-weir-cache`.
+const CACHE_HEADER: HeaderName = HeaderName::from_static("x-weir-cache");
+
+/// Adds `e`'s validators as conditionals; whether it had any.
+fn validators(h: &mut HeaderMap, e: &CachedResponse) -> bool {
+    let mut any = false;
+    for (name, v) in [
+        (http::header::IF_NONE_MATCH, e.etag()),
+        (http::header::IF_MODIFIED_SINCE, e.last_modified()),
+    ] {
+        if let Some(v) = v.and_then(|v| HeaderValue::from_maybe_shared(v).ok()) {
+            h.insert(name, v);
+            any = true;
+        }
+    }
+    any
+}
+
+/// weir's own errors that `stale-if-error` answers for (a 5xx from the
+/// upstream counts too): the upstream could not be reached or did not
+/// answer, or admission refused.
+fn counts_as_failure(e: &ProxyError) -> bool {
+    matches!(
+        e,
+        ProxyError::ConnectFailed(_)
+            | ProxyError::UpstreamReset(_)
+            | ProxyError::UpstreamTimeout
+            | ProxyError::DeadlineExceeded
+            | ProxyError::BadResponse(_)
+            | ProxyError::CircuitOpen { .. }
+            | ProxyError::RateLimited { .. }
+            | ProxyError::Overloaded
+    )
+}
+
+/// Ends the leader's fill however it ends: the registry forgets it and the
+/// followers wake.
+struct EndFill<'a> {
+    up: &'a Upstream,
+    key: &'a str,
+    done: tokio::sync::watch::Sender<()>,
+}
+
+impl Drop for EndFill<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut f) = self.up.state.fills.lock() {
+            f.end_fill(self.key);
+        }
+        let _ = self.done.send(());
+    }
+}
+
+/// Starts the one background refresh of `key` (stale-while-revalidate),
+/// unless one is running.
+fn refresh(up: &Upstream, parts: &Parts, key: &str, entry: &Arc<CachedResponse>) {
+    let first = up
+        .state
+        .fills
+        .lock()
+        .is_ok_and(|mut f| f.begin_refresh(key));
+    if !first {
+        return;
+    }
+    let (up, key, entry) = (up.clone(), key.to_owned(), entry.clone());
+    let parts = copy(parts, Method::GET);
+    tokio::spawn(async move {
+        let conn = ConnCtx::default();
+        let req = CacheRequest::parse("GET", pairs(&parts.headers)).unwrap_or_default();
+        let x = Exchange {
+            up: &up,
+            conn: &conn,
+            start: Instant::now(),
+            grpc: false,
+            key,
+            req,
+            count: false,
+        };
+        // The response is read whole when stored; otherwise let go.
+        let _ = x.go(parts, Some(entry), true).await;
+        if let Ok(mut f) = up.state.fills.lock() {
+            f.end_refresh(&x.key);
+        }
+    });
+}
