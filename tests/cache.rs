@@ -1,0 +1,295 @@
+//! The response cache (docs/behaviour.md#response-cache), on both paths (the
+//! fast path hands a cached upstream's requests to hyper's), counting what
+//! the upstream received: hits make no request, concurrent misses make one,
+//! stale-if-error answers through an outage and an open breaker,
+//! must-revalidate is never served stale, stale-while-revalidate refreshes
+//! once in the background, a 304 revalidates.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use hyper::{Request, Response};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A catalogue upstream: every GET answers `item N` (N counts the requests
+/// it answered) with `cache-control` as set; `status` other than 0
+/// replaces 200; with `etag`, a matching `If-None-Match` gets 304.
+#[derive(Clone, Default)]
+struct Knobs {
+    cache_control: Arc<Mutex<String>>,
+    status: Arc<AtomicUsize>,
+    etag: Arc<Mutex<Option<String>>>,
+    conditionals: Arc<AtomicUsize>,
+    hold: Arc<AtomicUsize>,
+}
+
+async fn catalogue(cache_control: &str) -> (TestUpstream, Knobs) {
+    let k = Knobs::default();
+    *k.cache_control.lock().unwrap() = cache_control.to_string();
+    let n = Arc::new(AtomicUsize::new(0));
+    let knobs = k.clone();
+    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        let (k, n) = (knobs.clone(), n.clone());
+        async move {
+            let hold = k.hold.load(Ordering::SeqCst);
+            if hold > 0 {
+                tokio::time::sleep(Duration::from_millis(hold as u64)).await;
+            }
+            let etag = k.etag.lock().unwrap().clone();
+            let inm = req
+                .headers()
+                .get("if-none-match")
+                .map(|v| v.to_str().unwrap().to_string());
+            if inm.is_some() {
+                k.conditionals.fetch_add(1, Ordering::SeqCst);
+            }
+            let cc = k.cache_control.lock().unwrap().clone();
+            let mut b = Response::builder().header("cache-control", cc);
+            if let Some(e) = &etag {
+                b = b.header("etag", e.as_str());
+            }
+            match k.status.load(Ordering::SeqCst) {
+                0 if inm.is_some() && inm == etag => {
+                    return b.status(304).body(body("")).unwrap();
+                }
+                0 => {}
+                s => return b.status(s as u16).body(body("down")).unwrap(),
+            }
+            let i = n.fetch_add(1, Ordering::SeqCst) + 1;
+            b.body(body(format!("item {i}"))).unwrap()
+        }
+    })
+    .await;
+    (up, k)
+}
+
+/// weir's metrics as `/metrics` shows them.
+fn metrics(weir: &Weir) -> String {
+    let snap = weir.handle.as_ref().unwrap().snapshot();
+    for u in &snap.upstreams {
+        u.state.refresh_gauges();
+    }
+    snap.metrics.render()
+}
+
+const CACHE: &str = "[upstreams.svc.cache]\nenabled = true\n";
+
+/// GET `path` through weir: status, head, body.
+async fn fetch(weir: &Weir, path: &str) -> (u16, http::response::Parts, String) {
+    let resp = get(&client(), &weir.url(path), "svc").await;
+    let (parts, b) = read_body(resp).await;
+    (
+        parts.status.as_u16(),
+        parts,
+        String::from_utf8_lossy(&b).into_owned(),
+    )
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_fresh_entry_answers_without_an_attempt
+);
+async fn a_fresh_entry_answers_without_an_attempt(path: DataPath) {
+    let (up, _k) = catalogue("max-age=60").await;
+    let weir = Weir::single_on(path, &up.url(), CACHE).await;
+    let (s, first, b) = fetch(&weir, "/item/1").await;
+    assert_eq!((s, b.as_str()), (200, "item 1"));
+    assert_eq!(header(&first, "x-weir-cache"), "miss");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let (s, again, b) = fetch(&weir, "/item/1").await;
+    assert_eq!((s, b.as_str()), (200, "item 1"));
+    assert_eq!(header(&again, "x-weir-cache"), "hit");
+    assert_eq!(header(&again, "x-weir-attempts"), "0");
+    let age: u64 = header(&again, "age").parse().unwrap();
+    assert!((10..=11).contains(&age), "age {age}");
+    assert_eq!(up.requests(), 1);
+    // Another target is another entry; past max-age it is fetched again.
+    assert_eq!(fetch(&weir, "/item/2").await.2, "item 2");
+    tokio::time::sleep(Duration::from_secs(51)).await;
+    let (_, parts, b) = fetch(&weir, "/item/1").await;
+    assert_eq!(
+        (header(&parts, "x-weir-cache").as_str(), b.as_str()),
+        ("miss", "item 3")
+    );
+    assert_eq!(up.requests(), 3);
+    // The cache's series count what the header said.
+    let m = metrics(&weir);
+    assert!(
+        m.contains("weir_cache_requests_total{result=\"hit\",upstream=\"svc\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("weir_cache_requests_total{result=\"miss\",upstream=\"svc\"} 3"),
+        "{m}"
+    );
+}
+
+both_paths!(
+    #[tokio::test]
+    a_hundred_concurrent_misses_make_one_upstream_request
+);
+async fn a_hundred_concurrent_misses_make_one_upstream_request(path: DataPath) {
+    let (up, k) = catalogue("max-age=60").await;
+    k.hold.store(300, Ordering::SeqCst);
+    let weir = Arc::new(Weir::single_on(path, &up.url(), CACHE).await);
+    let mut calls = Vec::new();
+    for _ in 0..100 {
+        let w = weir.clone();
+        calls.push(tokio::spawn(async move { fetch(&w, "/item/hot").await }));
+    }
+    let mut results = std::collections::BTreeMap::new();
+    for c in calls {
+        let (s, parts, b) = c.await.unwrap();
+        assert_eq!((s, b.as_str()), (200, "item 1"));
+        *results.entry(header(&parts, "x-weir-cache")).or_insert(0) += 1;
+    }
+    assert_eq!(up.requests(), 1, "{results:?}");
+    assert_eq!(results.get("miss"), Some(&1), "{results:?}");
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    stale_if_error_answers_through_an_outage
+);
+async fn stale_if_error_answers_through_an_outage(path: DataPath) {
+    let (up, k) = catalogue("max-age=1, stale-if-error=60").await;
+    let cfg = format!("{CACHE}[upstreams.svc.retry]\nmax_attempts = 1\n");
+    let weir = Weir::single_on(path, &up.url(), &cfg).await;
+    assert_eq!(fetch(&weir, "/item/1").await.2, "item 1");
+    k.status.store(503, Ordering::SeqCst);
+    // A 30 s outage: every read is the stale entry.
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (s, parts, b) = fetch(&weir, "/item/1").await;
+        assert_eq!((s, b.as_str()), (200, "item 1"));
+        assert_eq!(header(&parts, "x-weir-cache"), "stale-if-error");
+    }
+    // Past the window the error gets through.
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(fetch(&weir, "/item/1").await.0, 503);
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    must_revalidate_is_never_served_stale
+);
+async fn must_revalidate_is_never_served_stale(path: DataPath) {
+    let (up, k) =
+        catalogue("max-age=1, must-revalidate, stale-if-error=60, stale-while-revalidate=60").await;
+    let cfg = format!("{CACHE}stale_if_error = \"1h\"\n[upstreams.svc.retry]\nmax_attempts = 1\n");
+    let weir = Weir::single_on(path, &up.url(), &cfg).await;
+    assert_eq!(fetch(&weir, "/item/1").await.2, "item 1");
+    k.status.store(503, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (s, parts, _) = fetch(&weir, "/item/1").await;
+    assert_eq!(s, 503);
+    assert_eq!(header(&parts, "x-weir-cache"), "miss");
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    an_open_breaker_with_a_warm_cache_still_answers_reads
+);
+async fn an_open_breaker_with_a_warm_cache_still_answers_reads(path: DataPath) {
+    let (up, k) = catalogue("max-age=1, stale-if-error=600").await;
+    let cfg = format!(
+        "{CACHE}[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 2\nopen = \"60s\"\n"
+    );
+    let weir = Weir::single_on(path, &up.url(), &cfg).await;
+    assert_eq!(fetch(&weir, "/warm").await.2, "item 1");
+    k.status.store(503, Ordering::SeqCst);
+    for i in 0..2 {
+        assert_eq!(fetch(&weir, &format!("/cold/{i}")).await.0, 503);
+    }
+    let seen = up.requests();
+    let (s, cold, _) = fetch(&weir, "/cold/x").await;
+    assert_eq!(
+        (s, header(&cold, "x-weir-error").as_str()),
+        (503, "circuit_open")
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (s, parts, b) = fetch(&weir, "/warm").await;
+    assert_eq!((s, b.as_str()), (200, "item 1"));
+    assert_eq!(header(&parts, "x-weir-cache"), "stale-if-error");
+    assert_eq!(header(&parts, "x-weir-attempts"), "0");
+    assert_eq!(up.requests(), seen, "the open breaker let nothing through");
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    stale_while_revalidate_answers_at_once_and_refreshes_once
+);
+async fn stale_while_revalidate_answers_at_once_and_refreshes_once(path: DataPath) {
+    let (up, k) = catalogue("max-age=1, stale-while-revalidate=30").await;
+    let weir = Weir::single_on(path, &up.url(), CACHE).await;
+    assert_eq!(fetch(&weir, "/item/1").await.2, "item 1");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The refresh takes a while: every read meanwhile is the stale entry.
+    k.hold.store(300, Ordering::SeqCst);
+    for _ in 0..5 {
+        let (_, parts, b) = fetch(&weir, "/item/1").await;
+        assert_eq!(
+            (header(&parts, "x-weir-cache").as_str(), b.as_str()),
+            ("stale", "item 1")
+        );
+    }
+    // The one background refresh has stored the new response.
+    for _ in 0..50 {
+        if up.requests() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (_, parts, b) = fetch(&weir, "/item/1").await;
+    assert_eq!(
+        (header(&parts, "x-weir-cache").as_str(), b.as_str()),
+        ("hit", "item 2")
+    );
+    assert_eq!(up.requests(), 2);
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_304_revalidates_the_entry
+);
+async fn a_304_revalidates_the_entry(path: DataPath) {
+    let (up, k) = catalogue("max-age=1").await;
+    *k.etag.lock().unwrap() = Some("\"v1\"".into());
+    let weir = Weir::single_on(path, &up.url(), CACHE).await;
+    assert_eq!(fetch(&weir, "/item/1").await.2, "item 1");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (s, parts, b) = fetch(&weir, "/item/1").await;
+    assert_eq!((s, b.as_str()), (200, "item 1"));
+    assert_eq!(header(&parts, "x-weir-cache"), "revalidated");
+    assert_eq!(k.conditionals.load(Ordering::SeqCst), 1);
+    // Fresh again after the 304: a hit.
+    let (_, parts, _) = fetch(&weir, "/item/1").await;
+    assert_eq!(header(&parts, "x-weir-cache"), "hit");
+    assert_eq!(up.requests(), 2);
+}
+
+both_paths!(
+    #[tokio::test]
+    with_the_cache_off_nothing_is_cached_and_writes_invalidate
+);
+async fn with_the_cache_off_nothing_is_cached_and_writes_invalidate(path: DataPath) {
+    let (up, _k) = catalogue("max-age=60").await;
+    let off = Weir::single_on(path, &up.url(), "").await;
+    let (_, parts, _) = fetch(&off, "/item/1").await;
+    assert_eq!(header(&parts, "x-weir-cache"), "");
+    assert_eq!(fetch(&off, "/item/1").await.2, "item 2");
+    let on = Weir::single_on(path, &up.url(), CACHE).await;
+    assert_eq!(fetch(&on, "/item/1").await.2, "item 3");
+    assert_eq!(fetch(&on, "/item/1").await.2, "item 3");
+    // A successful write to the target drops its entry.
+    let req = Request::post(on.url("/item/1"))
+        .header("host", "svc")
+        .body(body("x"))
+        .unwrap();
+    let _ = read_body(client().request(req).await.unwrap()).await;
+    assert_eq!(fetch(&on, "/item/1").await.2, "item 5");
+}
