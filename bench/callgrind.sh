@@ -9,6 +9,8 @@
 #   SHAPE=post bench/callgrind.sh           # a 1 KiB POST (the fast path)
 #   SHAPE=post-keyed bench/callgrind.sh     # the same with a new Idempotency-Key on each (recorded)
 #   SHAPE=post64k bench/callgrind.sh        # a 64 KiB POST (the fast path)
+#   SHAPE=cache-hit bench/callgrind.sh      # a small GET answered from weir's response cache
+#   SHAPE=cache-miss bench/callgrind.sh     # the same upstream with the cache on, nothing cacheable
 #   KEEP=dir bench/callgrind.sh             # keep the callgrind files for callgrind_annotate
 #
 # For each binary: weir (one worker, every policy on, as in compare.sh) runs
@@ -46,6 +48,12 @@ if [ "$SHAPE" = h2c ] || [ "$SHAPE" = grpc ]; then
     kill -HUP "${PIDS[-1]}"
     wait_port $UP_H2C
 fi
+if [ "$SHAPE" = cache-hit ]; then
+    # Every answer may be kept for an hour: after the first, weir answers them.
+    sed -i 's|location / { return 200 "ok"; }|location / { add_header Cache-Control "max-age=3600" always; return 200 "ok"; }|' "$T/up/nginx.conf"
+    kill -HUP "${PIDS[-1]}"
+    sleep 0.5
+fi
 SCHEME=http UP=${UP_H2C:-$UP_PORT}
 if [ "$SHAPE" = tls ]; then
     # The same nginx, also answering HTTPS (session tickets on) on the next port.
@@ -75,6 +83,8 @@ hosts = ["127.0.0.1", "localhost"]
 $(case $SHAPE in h2c | grpc) echo 'protocol = "h2c"' ;; esac)
 $([ "$SHAPE" = tls ] && echo 'protocol = "http1"')
 $([ "$SHAPE" = tls ] && printf '[upstreams.bench.tls]\nca_file = "%s"' "$T/ca.pem")
+
+$(case $SHAPE in cache-*) printf '[upstreams.bench.cache]\nenabled = true' ;; esac)
 
 [upstreams.bench.retry]
 max_attempts = 3

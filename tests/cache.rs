@@ -293,3 +293,28 @@ async fn with_the_cache_off_nothing_is_cached_and_writes_invalidate(path: DataPa
     let _ = read_body(client().request(req).await.unwrap()).await;
     assert_eq!(fetch(&on, "/item/1").await.2, "item 5");
 }
+
+both_paths!(
+    #[tokio::test]
+    sites_behind_one_upstream_keep_their_own_entries
+);
+async fn sites_behind_one_upstream_keep_their_own_entries(path: DataPath) {
+    let (up, _k) = catalogue("max-age=60").await;
+    let cfg = format!(
+        "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"a.test\", \"b.test\"]\npreserve_host = true\n{CACHE}",
+        up.url()
+    );
+    let weir = Weir::start_on(path, &cfg).await;
+    let read = |host: &'static str| {
+        let url = weir.url("/page");
+        async move {
+            let (_, b) = read_body(get(&client(), &url, host).await).await;
+            String::from_utf8_lossy(&b).into_owned()
+        }
+    };
+    assert_eq!(read("a.test").await, "item 1");
+    assert_eq!(read("b.test").await, "item 2");
+    assert_eq!(read("a.test").await, "item 1");
+    assert_eq!(read("b.test").await, "item 2");
+    assert_eq!(up.requests(), 2);
+}

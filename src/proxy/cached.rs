@@ -38,12 +38,21 @@ fn pairs(h: &HeaderMap) -> Vec<(&[u8], &[u8])> {
 }
 
 /// An entry's key: the target the client sent (the upstream's target is a
-/// function of it: `strip_prefix`), its path and query.
-fn target(p: &Parts) -> String {
-    p.uri
-        .path_and_query()
-        .map_or("/", |x| x.as_str())
-        .to_owned()
+/// function of it: `strip_prefix`), its path and query — after the host the
+/// client named when the upstream is told it (`preserve_host`: one upstream
+/// serving several sites keeps each site's entries apart).
+fn key(up: &Upstream, uri: &http::Uri, host: Option<&HeaderValue>) -> String {
+    let target = uri.path_and_query().map_or("/", |x| x.as_str());
+    if !up.config.preserve_host {
+        return target.to_owned();
+    }
+    let host = uri
+        .authority()
+        .map(|a| a.as_str())
+        .or_else(|| host?.to_str().ok())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    format!("{host}{target}")
 }
 
 /// A copy of a request's head for another exchange (its extensions, which
@@ -59,11 +68,17 @@ fn copy(p: &Parts, method: Method) -> Parts {
 
 /// A non-error response to an unsafe method drops every entry of its
 /// target (RFC 9111 §4.4).
-pub(crate) fn invalidate(up: &Upstream, method: &Method, uri: &http::Uri, status: u16) {
+pub(crate) fn invalidate(
+    up: &Upstream,
+    method: &Method,
+    uri: &http::Uri,
+    host: Option<&HeaderValue>,
+    status: u16,
+) {
     if crate::policy::cache::invalidates(method.as_str(), status) {
-        let key = uri.path_and_query().map_or("/", |x| x.as_str());
+        let key = key(up, uri, host);
         if let Some(c) = up.state.cache().as_mut() {
-            c.invalidate(key);
+            c.invalidate(&key);
         }
     }
 }
@@ -78,7 +93,7 @@ pub(crate) async fn serve(
     grpc: bool,
 ) -> Result<Response<Body>, ProxyError> {
     let parsed = CacheRequest::parse(parts.method.as_str(), pairs(&parts.headers));
-    let key = target(&parts);
+    let key = key(up, &parts.uri, parts.headers.get(http::header::HOST));
     let now = up.state.now();
     let lookup = match parsed {
         Ok(req) => {

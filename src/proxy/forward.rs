@@ -96,6 +96,11 @@ async fn serve(
     let method = parts.method.clone();
     let uri = parts.uri.clone();
     let cfg = &up.config;
+    // For the response cache's key, should this request invalidate it.
+    let host = cfg
+        .cache
+        .as_ref()
+        .and_then(|_| parts.headers.get(header::HOST).cloned());
     // A keyed write (docs/behaviour.md#idempotency-keys); a bad key is
     // forward's to answer (400).
     let idem = parts.headers.get(&cfg.idempotency_header);
@@ -110,7 +115,7 @@ async fn serve(
     };
     let resp = match forwarded {
         Ok(resp) if !cached && cfg.cache.is_some() => {
-            super::cached::invalidate(up, &method, &uri, resp.status().as_u16());
+            super::cached::invalidate(up, &method, &uri, host.as_ref(), resp.status().as_u16());
             resp
         }
         Ok(resp) => resp,
