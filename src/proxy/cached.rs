@@ -27,7 +27,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
 use http_body_util::BodyExt;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// A header map as the policy core reads it.
@@ -221,7 +221,7 @@ impl Exchange<'_> {
                 let Some(params) = params else {
                     return Ok(self.mark(resp, CacheResult::Miss));
                 };
-                let received = SystemTime::now();
+                let received = self.up.state.clock.wall();
                 let fresh =
                     on_not_modified(&e, &self.req, pairs(resp.headers()), &params, now, received);
                 let attempts = resp.headers().get("x-weir-attempts").cloned();
@@ -296,7 +296,8 @@ impl Exchange<'_> {
             return self.mark(resp, CacheResult::Miss);
         };
         let facts = ResponseFacts::parse(resp.status().as_u16(), pairs(resp.headers()));
-        let Some(freshness) = storable(&self.req, &facts, &params, SystemTime::now()) else {
+        let Some(freshness) = storable(&self.req, &facts, &params, self.up.state.clock.wall())
+        else {
             if let Some(c) = self.up.state.cache().as_mut() {
                 c.remove(&self.key, pairs(req_headers));
             }
