@@ -8,7 +8,8 @@
 //!   what `.dockerignore` lets through;
 //! - the Kubernetes and Compose files agree with the image (config path,
 //!   user, ports) and with the weir.toml they mount (listeners, probes,
-//!   scrape port, the URLs the application calls, upstream addresses);
+//!   scrape port, the URLs the application calls, upstream addresses, the
+//!   Redis the replicas share and the instances a fleet rate limit expects);
 //! - every metric and label the dashboard and the alert rules query exists in
 //!   the `/metrics` of a weir that has served traffic.
 #![allow(clippy::unwrap_used)]
@@ -514,6 +515,23 @@ fn kubernetes_manifests_agree_with_the_image_and_the_config_they_mount() {
     }
     let pod = at(tpl, &["spec"]);
 
+    // A fleet rate limit's fallback share is the Deployment's replicas'.
+    if cfg.state.redis_url().is_some() {
+        let replicas = at(&dep, &["spec", "replicas"]).as_u64().unwrap();
+        for u in &cfg.upstreams {
+            if let Some(r) = u.rate_limit.as_ref() {
+                if r.scope == weir::policy::Scope::Fleet {
+                    assert_eq!(
+                        r.expected_instances.map(u64::from),
+                        Some(replicas),
+                        "{}: expected_instances vs spec.replicas",
+                        u.name
+                    );
+                }
+            }
+        }
+    }
+
     // weir is a native sidecar running the image built from this repository.
     let weir = find(at(pod, &["initContainers"]), "weir").expect("an init container `weir`");
     assert_eq!(s(at(weir, &["restartPolicy"])), "Always", "native sidecar");
@@ -676,48 +694,9 @@ fn command_line(svc: &Yaml) -> Vec<String> {
     v
 }
 
-#[test]
-fn compose_agrees_with_the_image_and_the_config_it_mounts() {
-    let c = yaml("deploy/compose/compose.yaml");
-    let services = at(&c, &["services"]);
-    let svc = |n: &str| at(services, &[n]);
-    let weir = svc("weir");
-
-    // Built from this repository's Dockerfile, config mounted where the image reads it.
-    let ctx = root()
-        .join("deploy/compose")
-        .join(s(at(weir, &["build", "context"])));
-    assert_eq!(ctx.canonicalize().unwrap(), root().canonicalize().unwrap());
-    assert_eq!(s(at(weir, &["build", "dockerfile"])), "Dockerfile");
-    assert!(weir.get("entrypoint").is_none() && weir.get("command").is_none());
-    assert!(
-        mounts(weir).iter().any(|(_, d)| d == config_dir()),
-        "mount a directory at {} so edits reload",
-        config_dir()
-    );
-    let toml_path = host_file(weir, IMAGE_CONFIG);
-    let cfg = parse_config(
-        "compose weir.toml",
-        &std::fs::read_to_string(&toml_path).unwrap(),
-    );
-    let admin = cfg.server.admin;
-    assert!(
-        admin.ip().is_unspecified(),
-        "Prometheus scrapes from another container"
-    );
-    let published: Vec<String> = strings(at(weir, &["ports"]));
-    assert!(
-        published
-            .iter()
-            .any(|p| p.rsplit(':').next() == Some(&admin.port().to_string())),
-        "admin port {} published: {published:?}",
-        admin.port()
-    );
-
-    // The application shares weir's network namespace and calls it on localhost.
-    let app = svc("app");
-    assert_eq!(s(at(app, &["network_mode"])), "service:weir");
-    let data = data_ports(&cfg);
+/// An application beside a weir replica calls it on localhost, on a port
+/// weir listens on, with Host fields some upstream routes.
+fn check_compose_app(app: &Yaml, cfg: &Config, data: &BTreeSet<u16>) {
     let env = at(app, &["environment"]).as_mapping().unwrap();
     let urls: Vec<u16> = env
         .values()
@@ -745,6 +724,141 @@ fn compose_agrees_with_the_image_and_the_config_it_mounts() {
                 .any(|u| u.hosts.iter().any(|p| p.matches(&h.to_ascii_lowercase()))),
             "the app sends Host {h}, which no upstream routes"
         );
+    }
+}
+
+/// The weir replicas of the Compose file: the services built from this
+/// repository that run the image's ENTRYPOINT (`weir run`), by name.
+fn compose_replicas(services: &Yaml) -> Vec<(String, &Yaml)> {
+    services
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .filter(|(_, v)| {
+            v.get("build").is_some() && v.get("entrypoint").is_none() && v.get("command").is_none()
+        })
+        .map(|(k, v)| (s(k).to_string(), v))
+        .collect()
+}
+
+#[test]
+fn compose_agrees_with_the_image_and_the_config_it_mounts() {
+    let c = yaml("deploy/compose/compose.yaml");
+    let services = at(&c, &["services"]);
+    let svc = |n: &str| at(services, &[n]);
+    let weir = svc("weir");
+    let replicas = compose_replicas(services);
+    assert!(
+        replicas.iter().any(|(n, _)| n == "weir"),
+        "the service `weir` runs weir"
+    );
+    assert!(
+        replicas.len() >= 2,
+        "two weir replicas share state: {:?}",
+        replicas.iter().map(|r| &r.0).collect::<Vec<_>>()
+    );
+
+    let toml_path = host_file(weir, IMAGE_CONFIG);
+    let cfg = parse_config(
+        "compose weir.toml",
+        &std::fs::read_to_string(&toml_path).unwrap(),
+    );
+    let admin = cfg.server.admin;
+    assert!(
+        admin.ip().is_unspecified(),
+        "Prometheus scrapes from another container"
+    );
+    let data = data_ports(&cfg);
+    let mut host_ports = BTreeSet::new();
+    for (name, replica) in &replicas {
+        // Built from this repository's Dockerfile, config mounted where the
+        // image reads it: the same file for every replica.
+        let ctx = root()
+            .join("deploy/compose")
+            .join(s(at(replica, &["build", "context"])));
+        assert_eq!(ctx.canonicalize().unwrap(), root().canonicalize().unwrap());
+        assert_eq!(s(at(replica, &["build", "dockerfile"])), "Dockerfile");
+        assert_eq!(
+            s(at(replica, &["image"])),
+            s(at(weir, &["image"])),
+            "{name}"
+        );
+        assert!(
+            mounts(replica).iter().any(|(_, d)| d == config_dir()),
+            "{name}: mount a directory at {} so edits reload",
+            config_dir()
+        );
+        assert_eq!(
+            host_file(replica, IMAGE_CONFIG).canonicalize().unwrap(),
+            toml_path.canonicalize().unwrap(),
+            "{name}: every replica runs the same config"
+        );
+        // The admin port is published, each replica's on a host port of its own.
+        let published: Vec<String> = strings(at(replica, &["ports"]));
+        let admin_on = published
+            .iter()
+            .find(|p| p.rsplit(':').next() == Some(&admin.port().to_string()))
+            .unwrap_or_else(|| {
+                panic!(
+                    "{name}: admin port {} published: {published:?}",
+                    admin.port()
+                )
+            });
+        let host_port = admin_on.rsplit(':').nth(1).unwrap().to_string();
+        assert!(
+            host_ports.insert(host_port.clone()),
+            "{name}: host port {host_port} published twice"
+        );
+
+        // An application shares the replica's network namespace and calls
+        // it on localhost.
+        let mode = format!("service:{name}");
+        let apps: Vec<&Yaml> = services
+            .as_mapping()
+            .unwrap()
+            .values()
+            .filter(|v| v.get("network_mode").and_then(Yaml::as_str) == Some(mode.as_str()))
+            .collect();
+        assert!(!apps.is_empty(), "no application beside {name}");
+        for app in apps {
+            check_compose_app(app, &cfg, &data);
+        }
+    }
+    assert_eq!(s(at(svc("app"), &["network_mode"])), "service:weir");
+
+    // The shared state: a Redis service of this file, on the URL's port,
+    // persisting nothing; fleet rate limits expect as many instances as
+    // there are replicas.
+    if let Some(url) = cfg.state.redis_url() {
+        let authority = url
+            .strip_prefix("redis://")
+            .unwrap_or_else(|| panic!("{url}: the demo's Redis is plain redis://"))
+            .split('/')
+            .next()
+            .unwrap();
+        let (host, port) = authority.rsplit_once(':').unwrap();
+        assert_eq!(port, "6379", "{url}: the redis image listens on 6379");
+        let redis = svc(host);
+        assert!(s(at(redis, &["image"])).starts_with("redis:"), "{host}");
+        let cmd = command_line(redis);
+        for pair in [["--save", ""], ["--appendonly", "no"]] {
+            assert!(
+                cmd.windows(2).any(|w| w == pair),
+                "{host}: {pair:?} not in {cmd:?}"
+            );
+        }
+        for u in &cfg.upstreams {
+            if let Some(r) = u.rate_limit.as_ref() {
+                if r.scope == weir::policy::Scope::Fleet {
+                    assert_eq!(
+                        r.expected_instances,
+                        Some(u32::try_from(replicas.len()).unwrap()),
+                        "{}: expected_instances vs the replicas",
+                        u.name
+                    );
+                }
+            }
+        }
     }
 
     // Every upstream is a chaos service of this file, on the port it listens on.
@@ -778,8 +892,15 @@ fn compose_agrees_with_the_image_and_the_config_it_mounts() {
     }
     let job = &seq(at(&pcfg, &["scrape_configs"]))[0];
     assert_eq!(s(at(job, &["metrics_path"])), "/metrics");
-    let targets = strings(at(&seq(at(job, &["static_configs"]))[0], &["targets"]));
-    assert_eq!(targets, [format!("weir:{}", admin.port())]);
+    let targets: BTreeSet<String> =
+        strings(at(&seq(at(job, &["static_configs"]))[0], &["targets"]))
+            .into_iter()
+            .collect();
+    let want: BTreeSet<String> = replicas
+        .iter()
+        .map(|(n, _)| format!("{n}:{}", admin.port()))
+        .collect();
+    assert_eq!(targets, want, "Prometheus scrapes every replica");
 
     // Grafana: the datasource is this Prometheus, the dashboard is provisioned.
     let graf = svc("grafana");
