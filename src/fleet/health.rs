@@ -125,13 +125,15 @@ impl Health {
     }
 
     /// Records an error of `op`; returns how many warnings of `op` were
-    /// held back since the last one when this one is to be logged.
-    pub(super) fn error(&self, op: &'static str, error: &str) -> Option<u64> {
+    /// held back since the last one when this one is to be logged. A call
+    /// refused because the backend is down (`cause = false`) does not
+    /// replace the last error's text: that stays what took it down.
+    pub(super) fn error(&self, op: &'static str, error: &str, cause: bool) -> Option<u64> {
         let now = Instant::now();
         let sec = self.second(now);
         let mut log = self.log();
         log.window.add(sec);
-        if log.last_error.as_deref() != Some(error) {
+        if (cause || log.last_error.is_none()) && log.last_error.as_deref() != Some(error) {
             log.last_error = Some(error.to_string());
         }
         let slot = log.slots.entry(op).or_default();
@@ -167,16 +169,19 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn warnings_are_held_back_to_one_a_minute_per_op() {
         let h = Health::new();
-        assert_eq!(h.error("lease", "timeout"), Some(0));
-        assert_eq!(h.error("lease", "timeout"), None);
-        assert_eq!(h.error("lease", "timeout"), None);
-        assert_eq!(h.error("idempotency_begin", "timeout"), Some(0));
+        assert_eq!(h.error("lease", "timeout", true), Some(0));
+        assert_eq!(h.error("lease", "timeout", true), None);
+        assert_eq!(h.error("lease", "timeout", true), None);
+        assert_eq!(h.error("idempotency_begin", "timeout", true), Some(0));
         tokio::time::advance(LOG_EVERY).await;
-        assert_eq!(h.error("lease", "refused"), Some(2));
+        assert_eq!(h.error("lease", "refused", true), Some(2));
         let (up, _, errors, last) = h.summary();
         assert!(!up);
         assert_eq!(errors, 1, "only the last minute's");
         assert_eq!(last.as_deref(), Some("refused"));
+        // Calls refused while down keep the cause that took it down.
+        let _ = h.error("lease", "unavailable", false);
+        assert_eq!(h.summary().3.as_deref(), Some("refused"));
         tokio::time::advance(Duration::from_secs(61)).await;
         assert_eq!(h.summary().2, 0);
     }

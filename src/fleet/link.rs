@@ -58,6 +58,8 @@ impl Link {
             .filter(|r| r.scope == Scope::Fleet)
             .and_then(|r| r.bucket)
             .map(|(rps, burst)| {
+                // Its series exists from the start, at zero.
+                let _ = fleet.metrics().leased(&u.name);
                 FleetBucket::new(fleet.clone(), &u.name, None, rps, burst, state.clock)
             });
         let link = Arc::new(Link {

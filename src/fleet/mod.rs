@@ -256,7 +256,8 @@ impl Fleet {
 
     /// Counts and (at most once a minute per `op`) logs a failed call.
     fn failed(&self, op: &'static str, e: &StateError) {
-        if let Some(held_back) = self.inner.health.error(op, &e.to_string()) {
+        let cause = *e != StateError::Unavailable;
+        if let Some(held_back) = self.inner.health.error(op, &e.to_string(), cause) {
             tracing::warn!(
                 op,
                 error = %e,

@@ -105,19 +105,16 @@ pub(crate) fn try_rate(up: &Upstream, key: Option<&str>, at: Instant) -> bool {
         return true;
     }
     let now = up.state.now_at(at);
-    take_rate(&up.state, key, now).is_ok()
+    take_rate(up, key, now).is_ok()
 }
 
 /// Takes one token at `now`: from the fleet's leased bucket when the limit
 /// is the fleet's and the shared state answers, else from the local
 /// limiter (its fallback share, for a fleet limit). `Err`: the time until
 /// one may be there.
-fn take_rate(
-    state: &UpstreamState,
-    key: Option<&str>,
-    now: Duration,
-) -> Result<(), Option<Duration>> {
-    if let Some(b) = state.fleet_bucket() {
+fn take_rate(up: &Upstream, key: Option<&str>, now: Duration) -> Result<(), Option<Duration>> {
+    let state = &up.state;
+    if let Some(b) = fleet_bucket(up) {
         match b.take(now) {
             Take::Admit => return Ok(()),
             Take::Refuse { retry_in } => return Err(Some(retry_in)),
@@ -135,6 +132,15 @@ fn take_rate(
     }
 }
 
+/// The fleet's leased bucket, when the rate limit is the fleet's (the link
+/// is not even looked at otherwise).
+pub(crate) fn fleet_bucket(up: &Upstream) -> Option<crate::fleet::FleetBucket> {
+    let scope = up.config.rate_limit.as_ref()?.scope;
+    (scope == crate::policy::Scope::Fleet)
+        .then(|| up.state.fleet_bucket())
+        .flatten()
+}
+
 /// Takes a rate-limit token for a first attempt, waiting up to `max_wait` but
 /// never past the deadline.
 pub(crate) async fn admit_rate(
@@ -149,7 +155,7 @@ pub(crate) async fn admit_rate(
     let give_up = (Instant::now() + max_wait).min(deadline);
     loop {
         let now = state.now();
-        let Err(wait) = take_rate(state, key, now) else {
+        let Err(wait) = take_rate(up, key, now) else {
             return Ok(());
         };
         match wait {

@@ -165,7 +165,7 @@ impl<'a> Attempts<'a> {
         let now = self.record(outcome, error, started, ended);
         let state = &self.up.state;
         let time_left = self.deadline.saturating_duration_since(ended);
-        let fleet = (self.up.config.rate_limit.as_ref()).and_then(|_| state.fleet_bucket());
+        let fleet = super::admit::fleet_bucket(self.up);
         let (verdict, admission) = {
             let mut guard = state.live();
             let Live {
