@@ -46,7 +46,8 @@
 //!   `Expect: 100-continue`), `sticky` and `client` (upstream connections),
 //!   `gate` (concurrency), `upgrade` (WebSocket pass-through), `error`
 //!   (weir's own responses), `headers`, `route`, `body`.
-//! - [`state`]: live per-upstream state keyed by name, surviving reloads.
+//! - [`state`]: live per-upstream state keyed by name, surviving reloads;
+//!   `state::link`, each upstream's link to the fleet's shared state.
 //! - [`fleet`]: the state a fleet of weirs shares on Redis (`[state]`):
 //!   published breaker trips and the one half-open probe, leased
 //!   rate-limit tokens, the idempotency store; every call bounded by

@@ -5,9 +5,10 @@
 //! a new upstream starts fresh; a removed one is dropped when the last
 //! snapshot — and so the last request — holding it goes away.
 
+pub mod link;
+
 use crate::clock::{fresh_seed, Clock};
 use crate::config::{Config, Protocol, Scheme, StateBackend, StateConfig, UpstreamConfig};
-use crate::fleet::link::Link;
 use crate::fleet::Fleet;
 use crate::metrics::{DnsMetrics, Metrics, UpstreamMetrics};
 use crate::policy::cache::{CacheStore, FillRegistry};
@@ -17,6 +18,7 @@ use crate::proxy::client::UpstreamClient;
 use crate::proxy::gate::Gate;
 use crate::proxy::resolve::{Direct, Resolved};
 use crate::status::ring::Recent;
+use link::Link;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -382,7 +384,7 @@ impl StateRegistry {
         let fleet = Fleet::start(&config.state, self.metrics.state().clone())
             .map_err(|e| format!("[state]: {e}"))?;
         let members = Arc::new(Mutex::new(Vec::new()));
-        tokio::spawn(crate::fleet::link::refresher(
+        tokio::spawn(crate::state::link::refresher(
             fleet.clone(),
             Arc::downgrade(&members),
         ));

@@ -18,7 +18,6 @@ pub mod breaker;
 mod health;
 pub mod idempotency;
 pub mod limiter;
-pub mod link;
 
 pub use breaker::ProbeClaim;
 pub use limiter::FleetBucket;

@@ -15,7 +15,7 @@
 
 use super::body::{self, Body};
 use super::error::ProxyError;
-use super::forward::forward;
+use super::exchange::forward;
 use super::sticky::ConnCtx;
 use super::Upstream;
 use crate::policy::cache::{

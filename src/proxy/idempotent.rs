@@ -418,7 +418,7 @@ struct Hashing {
     hasher: Option<FingerprintHasher>,
     state: Arc<UpstreamState>,
     /// When the record is on the fleet's Redis.
-    link: Option<Arc<crate::fleet::link::Link>>,
+    link: Option<Arc<crate::state::link::Link>>,
     key: Box<str>,
 }
 

@@ -12,6 +12,7 @@ pub(crate) mod cached;
 pub(crate) mod client;
 mod conn;
 pub(crate) mod error;
+pub(crate) mod exchange;
 pub mod fast;
 pub(crate) mod forward;
 pub(crate) mod gate;

@@ -19,12 +19,12 @@
 //! own state: the breaker probes on its own, the limiter applies its
 //! fallback share, the idempotency store is the instance's memory store.
 
-use super::{Fleet, FleetBucket, ProbeClaim};
+use super::UpstreamState;
 use crate::config::UpstreamConfig;
+use crate::fleet::{Fleet, FleetBucket, ProbeClaim};
 use crate::policy::breaker::State;
 use crate::policy::idempotency::IdempotencyStats;
 use crate::policy::{Scope, StateKind, Transition};
-use crate::state::UpstreamState;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
