@@ -26,7 +26,7 @@ fn col<'a>(r: &'a Report, name: &str) -> &'a Column {
 /// weir never answers later than its deadline + 50 ms.
 fn no_late(r: &Report) {
     let limit = r.deadline + Duration::from_millis(50);
-    let w = col(r, "weir");
+    let w = col(r, r.scenario.weir_column());
     assert_eq!(
         w.observed.later_than(limit),
         0,
@@ -229,6 +229,41 @@ async fn double_submit_is_delivered_once_per_key_through_weir() {
         none.duplicates > 0,
         "the app's re-sends should duplicate without weir"
     );
+}
+
+/// `catalogue-outage`: 200 keys read in a Zipf pattern at 200/s, the
+/// upstream (`Cache-Control: max-age=1, stale-if-error=60`) refusing
+/// connections from 5 s to 10 s. 11 s of the scenario's 15: weir with its
+/// cache on answers ≥ 99 % of the reads sent during the outage for keys it
+/// had answered before it — through the open breaker too — and sends the
+/// upstream well under one request per client request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catalogue_outage_serves_stale_for_keys_seen_before_it() {
+    use weir::chaos::catalogue::{reads, upstream_per_read};
+    let _one = serial().await;
+    let r = run(Scenario::CatalogueOutage, &opts(2200, true))
+        .await
+        .unwrap();
+    let w = col(&r, "weir (cache on)");
+    let o = reads(&r, w).unwrap();
+    assert!(o.seen >= 100 && o.seen_reads >= 500, "{o:?}");
+    assert!(
+        o.seen_success() >= 99.0,
+        "success during the outage for keys seen before it: {:.2} % ({o:?})",
+        o.seen_success()
+    );
+    // Before the outage, cold cache included.
+    let per = upstream_per_read(&r, w).unwrap();
+    assert!(per <= 0.5, "upstream requests per client request {per:.3}");
+    let cache = w.cache.as_ref().unwrap();
+    let result = |k: &str| cache.get(k).copied().unwrap_or(0.0);
+    assert!(
+        result("hit") > 0.0 && result("stale-if-error") > 0.0,
+        "{cache:?}"
+    );
+    // The outage opened the breaker, and the warm cache answered through it.
+    assert!(opens(w) >= 1.0, "a 5 s outage did not open the breaker");
+    no_late(&r);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -121,7 +121,7 @@ pub(super) async fn run(opts: &Options) -> Result<Report, String> {
     }
     let (up, proxy, metrics, target) = start_weir(scenario, opts).await?;
     let mut col = measure("weir", target, &load, opts.seed, &up).await;
-    weir_rows(&mut col, &metrics);
+    weir_rows(&mut col, &metrics, &proxy);
     columns.push(col);
     proxy.shutdown(Duration::from_secs(1)).await;
     Ok(Report {
@@ -160,12 +160,14 @@ async fn measure(
         name,
         observed: Observed::of(records, started, 0),
         upstream_attempts: up.counters.received(),
+        upstream_before_outage: None,
         refused: 0,
         back: None,
         duplicates: up.counters.duplicates(),
         transitions: None,
         stops: None,
         resends: Some(resends),
+        cache: None,
     }
 }
 
@@ -215,6 +217,7 @@ async fn submit(
         start: t0.duration_since(started),
         latency: t0.elapsed(),
         ok: r.answered == 1,
+        key: None,
     };
     (record, r)
 }

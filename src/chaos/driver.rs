@@ -32,6 +32,9 @@ pub struct Load {
     pub method: Method,
     /// The client's own timeout for a whole request.
     pub client_timeout: Duration,
+    /// The key each request reads, by request id: request `i` goes to
+    /// `/item/{keys[i]}`. `None`: every request goes to `/chaos`.
+    pub keys: Option<Arc<[u32]>>,
 }
 
 /// Where requests go.
@@ -61,6 +64,8 @@ pub struct Record {
     pub latency: Duration,
     /// A 2xx arrived in full.
     pub ok: bool,
+    /// The key it read (`Load::keys`), if any.
+    pub key: Option<u32>,
 }
 
 /// What the client saw.
@@ -125,9 +130,11 @@ pub async fn drive(target: Target, load: Load) -> Observed {
         let refused = refused.clone();
         async move {
             let t0 = Instant::now();
+            let key = load.keys.as_ref().and_then(|k| k.get(id as usize).copied());
+            let path = key.map_or_else(|| "/chaos".to_string(), |k| format!("/item/{k}"));
             let ok = tokio::time::timeout(
                 load.client_timeout,
-                request(&client, &target, &load.method, id, &refused),
+                request(&client, &target, &load.method, &path, id, &refused),
             )
             .await
             .unwrap_or(false);
@@ -135,6 +142,7 @@ pub async fn drive(target: Target, load: Load) -> Observed {
                 start: t0.duration_since(started),
                 latency: t0.elapsed(),
                 ok,
+                key,
             }
         }
     };
@@ -205,6 +213,7 @@ async fn request(
     client: &HttpClient,
     target: &Target,
     method: &Method,
+    path: &str,
     id: u64,
     refused: &AtomicU64,
 ) -> bool {
@@ -216,10 +225,10 @@ async fn request(
     };
     match target {
         Target::Direct(addr) => {
-            counted(send(client, *addr, None, method, id).await) == Sent::Status(true)
+            counted(send(client, *addr, None, method, path, id).await) == Sent::Status(true)
         }
         Target::Weir { addr, host } => {
-            send(client, *addr, Some(host), method, id).await == Sent::Status(true)
+            send(client, *addr, Some(host), method, path, id).await == Sent::Status(true)
         }
         Target::Naive {
             addr,
@@ -228,7 +237,8 @@ async fn request(
             per_try,
         } => {
             for i in 0..*attempts {
-                let r = tokio::time::timeout(*per_try, send(client, *addr, None, method, id)).await;
+                let r = tokio::time::timeout(*per_try, send(client, *addr, None, method, path, id))
+                    .await;
                 match r.map(counted) {
                     Ok(Sent::Status(true)) => return true,
                     Ok(Sent::Final) => return false,
@@ -262,6 +272,7 @@ async fn send(
     addr: SocketAddr,
     host: Option<&str>,
     method: &Method,
+    path: &str,
     id: u64,
 ) -> Sent {
     let body = if *method == Method::POST {
@@ -271,7 +282,7 @@ async fn send(
     };
     let mut b = Request::builder()
         .method(method.clone())
-        .uri(format!("http://{addr}/chaos"))
+        .uri(format!("http://{addr}{path}"))
         .header(REQUEST_ID, id);
     if let Some(h) = host {
         b = b.header(http::header::HOST, h);

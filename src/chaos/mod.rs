@@ -6,6 +6,7 @@
 //! Each column gets a fresh upstream with the same profile and seed; weir runs
 //! in-process on loopback. Nothing here is used by the data plane.
 
+pub mod catalogue;
 pub mod double_submit;
 pub mod driver;
 pub mod report;
@@ -52,10 +53,13 @@ pub enum Scenario {
     /// Keyed POSTs the upstream takes 1 s over; the client re-sends each after 300 ms.
     #[value(name = "double-submit")]
     DoubleSubmit,
+    /// 200 keys read in a Zipf pattern through weir's cache; connections refused for 5 s.
+    #[value(name = "catalogue-outage")]
+    CatalogueOutage,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::Transient5,
         Scenario::Transient30,
         Scenario::Outage,
@@ -65,7 +69,16 @@ impl Scenario {
         Scenario::RateLimited,
         Scenario::PostTimeouts,
         Scenario::DoubleSubmit,
+        Scenario::CatalogueOutage,
     ];
+
+    /// The name of weir's column.
+    pub fn weir_column(self) -> &'static str {
+        match self {
+            Scenario::CatalogueOutage => "weir (cache on)",
+            _ => "weir",
+        }
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -78,6 +91,7 @@ impl Scenario {
             Scenario::RateLimited => "rate-limited",
             Scenario::PostTimeouts => "post-timeouts",
             Scenario::DoubleSubmit => "double-submit",
+            Scenario::CatalogueOutage => "catalogue-outage",
         }
     }
 
@@ -133,6 +147,11 @@ impl Scenario {
                 latency: Latency::Fixed(double_submit::UPSTREAM_TAKES),
                 ..base
             },
+            Scenario::CatalogueOutage => Profile {
+                outages: down(5, 5),
+                cache_control: Some(catalogue::CACHE_CONTROL),
+                ..base
+            },
         }
     }
 
@@ -148,6 +167,7 @@ impl Scenario {
             Scenario::RateLimited => (2000, Mode::Open(400.0), Method::GET),
             Scenario::PostTimeouts => (1000, Mode::Closed(32), Method::POST),
             Scenario::DoubleSubmit => (200, Mode::Open(50.0), Method::POST),
+            Scenario::CatalogueOutage => (3000, Mode::Open(200.0), Method::GET),
         };
         Load {
             requests: requests.unwrap_or(n),
@@ -158,6 +178,7 @@ impl Scenario {
                 Scenario::DoubleSubmit => double_submit::CLIENT_TIMEOUT,
                 _ => Duration::from_secs(10),
             },
+            keys: None,
         }
     }
 
@@ -177,6 +198,7 @@ impl Scenario {
                 "[defaults.retry]\nretry_on = [\"connect-failure\", \"reset\", \"timeout\", \"429\", \"502\", \"503\", \"504\"]\nmax_retry_after = \"2s\"\n"
             }
             Scenario::PostTimeouts => "[defaults]\ntimeout = \"2s\"\nper_try_timeout = \"250ms\"\n",
+            Scenario::CatalogueOutage => "[defaults.cache]\nenabled = true\n",
         }
     }
 }
@@ -201,6 +223,8 @@ pub struct Column {
     pub observed: Observed,
     /// Requests that reached the upstream.
     pub upstream_attempts: u64,
+    /// Those that reached it before its first outage began.
+    pub upstream_before_outage: Option<u64>,
     /// Attempts whose connection the upstream refused (they never reached it).
     pub refused: u64,
     /// When the upstream came back from its (last) outage, on this column's
@@ -213,6 +237,8 @@ pub struct Column {
     pub stops: Option<BTreeMap<String, f64>>,
     /// `double-submit` only: what the re-sending client saw.
     pub resends: Option<double_submit::Resends>,
+    /// weir with its cache on: requests by `x-weir-cache` result.
+    pub cache: Option<BTreeMap<String, f64>>,
 }
 
 impl Column {
@@ -316,7 +342,8 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
     if scenario == Scenario::DoubleSubmit {
         return double_submit::run(opts).await;
     }
-    let load = scenario.load(opts.requests, opts.rate);
+    let mut load = scenario.load(opts.requests, opts.rate);
+    load.keys = catalogue::keys(scenario, opts.seed, load.requests);
     let probe = weir_config(
         scenario,
         "127.0.0.1:9".parse().map_err(|_| "addr")?,
@@ -369,14 +396,14 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
     sampler.abort();
     let _ = sampler.await;
     let trace = trace.lock().map(|t| t.clone()).unwrap_or_default();
-    let mut col = column(scenario, "weir", observed, &up);
+    let mut col = column(scenario, scenario.weir_column(), observed, &up);
     // weir's connect failures are the attempts the upstream refused.
     col.refused = metrics
         .values("weir_upstream_attempts_total", "chaos", "result")
         .get("connect_failure")
         .copied()
         .unwrap_or(0.0) as u64;
-    weir_rows(&mut col, &metrics);
+    weir_rows(&mut col, &metrics, &proxy);
     columns.push(col);
     proxy.shutdown(Duration::from_secs(1)).await;
 
@@ -419,10 +446,17 @@ async fn start_weir(
     Ok((up, proxy, metrics, target))
 }
 
-/// The rows only weir's column has: breaker transitions and retry stops.
-fn weir_rows(col: &mut Column, metrics: &Metrics) {
+/// The rows only weir's column has: breaker transitions, retry stops, and
+/// the cache's results when its cache is on.
+fn weir_rows(col: &mut Column, metrics: &Metrics, proxy: &crate::proxy::ProxyHandle) {
     col.transitions = Some(metrics.values("weir_breaker_transitions_total", "chaos", "to"));
     col.stops = Some(metrics.values("weir_retry_stops_total", "chaos", "reason"));
+    let snap = proxy.snapshot();
+    if let Some(u) = snap.upstreams.iter().find(|u| u.config.cache.is_some()) {
+        // The cache's series follow its own counts when they are scraped.
+        u.state.refresh_gauges();
+        col.cache = Some(metrics.values("weir_cache_requests_total", "chaos", "result"));
+    }
 }
 
 async fn start_upstream(scenario: Scenario, seed: u64) -> Result<ChaosUpstream, String> {
@@ -465,10 +499,12 @@ fn column(
         back,
         observed,
         upstream_attempts: up.counters.received(),
+        upstream_before_outage: up.counters.before_outage.get().copied(),
         duplicates: up.counters.duplicates(),
         transitions: None,
         stops: None,
         resends: None,
+        cache: None,
     }
 }
 

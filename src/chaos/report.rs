@@ -86,6 +86,12 @@ pub fn rows(r: &Report) -> Vec<(String, Vec<String>)> {
         ("breaker transitions".into(), cell(&|c| map(&c.transitions))),
         ("retry stops".into(), cell(&|c| map(&c.stops))),
     ];
+    // This scenario's own rows, after the client's successes.
+    let own = super::catalogue::rows(r);
+    rows.splice(2..2, own);
+    if r.columns.iter().any(|c| c.cache.is_some()) {
+        rows.push(("cache results".into(), cell(&|c| map(&c.cache))));
+    }
     if r.columns.iter().any(|c| c.back.is_some()) {
         let after =
             |d: Option<Duration>| d.map(secs).unwrap_or_else(|| "not within the run".into());
@@ -190,7 +196,8 @@ pub fn table(r: &Report) -> String {
                 .unwrap_or_default()
         );
     }
-    if let Some(story) = super::double_submit::story(r) {
+    let stories = [super::double_submit::story(r), super::catalogue::story(r)];
+    for story in stories.into_iter().flatten() {
         let _ = writeln!(out, "\n{story}");
     }
     let _ = writeln!(out, "\n{}", settings_note(r));
@@ -254,6 +261,12 @@ pub fn json(r: &Report) -> serde_json::Value {
             });
             if let Some(rs) = c.resends {
                 v["resends"] = serde_json::to_value(rs).unwrap_or_default();
+            }
+            if let Some(cache) = &c.cache {
+                v["cache_results"] = serde_json::to_value(cache).unwrap_or_default();
+            }
+            if let Some(o) = super::catalogue::json(r, c) {
+                v["catalogue"] = o;
             }
             v
         })

@@ -76,6 +76,7 @@ mod tests {
                     start,
                     latency: ms(2),
                     ok: !(start >= ms(down) && start < ms(up)),
+                    key: None,
                 }
             })
             .collect()

@@ -65,6 +65,8 @@ pub struct Profile {
     /// Share of requests processed, then answered only after `hang`.
     pub hang_rate: f64,
     pub hang: Duration,
+    /// A `Cache-Control` value for every 2xx, making it cacheable.
+    pub cache_control: Option<&'static str>,
 }
 
 impl Default for Profile {
@@ -79,6 +81,7 @@ impl Default for Profile {
             throttle: None,
             hang_rate: 0.0,
             hang: Duration::from_secs(5),
+            cache_control: None,
         }
     }
 }
@@ -90,6 +93,8 @@ pub struct Counters {
     pub received: AtomicU64,
     /// Connections accepted.
     pub connections: AtomicU64,
+    /// Requests received before the first outage began (set when it does).
+    pub before_outage: std::sync::OnceLock<u64>,
     /// Deliveries per request id, for non-idempotent methods.
     deliveries: Mutex<HashMap<String, u32>>,
 }
@@ -282,6 +287,10 @@ async fn serve(mut listener: TcpListener, addr: SocketAddr, faults: Arc<Faults>)
                 let Some(end) = faults.outage_end(faults.started.elapsed()) else {
                     continue;
                 };
+                let _ = faults
+                    .counters
+                    .before_outage
+                    .set(faults.counters.received());
                 drop(listener);
                 conns.abort_all();
                 tokio::time::sleep_until(faults.started + end).await;
@@ -349,6 +358,12 @@ async fn handle(req: Request<Incoming>, faults: &Faults, reset: &Notify) -> Resp
             if let Some(ra) = retry_after {
                 r.headers_mut()
                     .insert(http::header::RETRY_AFTER, http::HeaderValue::from(ra));
+            }
+            if let Some(cc) = faults.profile.cache_control.filter(|_| status < 300) {
+                r.headers_mut().insert(
+                    http::header::CACHE_CONTROL,
+                    http::HeaderValue::from_static(cc),
+                );
             }
             r
         }

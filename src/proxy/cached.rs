@@ -83,6 +83,11 @@ pub(crate) fn invalidate(
     }
 }
 
+/// Whether the cache takes a `GET` or `HEAD` up (see [`CacheRequest::parse`]).
+pub(crate) fn handles(parts: &Parts) -> bool {
+    CacheRequest::parse(parts.method.as_str(), pairs(&parts.headers)).is_ok()
+}
+
 /// Serves a `GET` or `HEAD` with the upstream's cache.
 pub(crate) async fn serve(
     up: &Upstream,
@@ -212,7 +217,10 @@ impl Exchange<'_> {
         let resp = match forwarded {
             Ok(resp) => resp,
             Err(e) if counts_as_failure(&e) => return self.failed(entry.as_deref(), e),
-            Err(e) => return Err(e),
+            Err(e) => {
+                self.count(CacheResult::Miss);
+                return Err(e);
+            }
         };
         let status = resp.status().as_u16();
         match entry {
@@ -360,7 +368,12 @@ impl Exchange<'_> {
         let now = self.up.state.now();
         match entry {
             Some(en) if on_error(en, now) => Ok(self.answer(en, CacheResult::StaleIfError, None)),
-            _ => Err(e),
+            _ => {
+                // weir's own error answers it: a miss (the header is added
+                // where the error becomes a response, `mark_error`).
+                self.count(CacheResult::Miss);
+                Err(e)
+            }
         }
     }
 
@@ -428,6 +441,15 @@ impl Exchange<'_> {
         }
         self.up.state.metrics.status(e.status, self.start.elapsed());
         r
+    }
+}
+
+/// weir's own error to a request the cache handled (it counted it as a
+/// miss): marked like any other answer.
+pub(crate) fn mark_error(up: &Upstream, resp: &mut Response<Body>) {
+    if up.config.annotate {
+        let miss = HeaderValue::from_static(CacheResult::Miss.name());
+        resp.headers_mut().insert(CACHE_HEADER, miss);
     }
 }
 

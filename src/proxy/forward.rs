@@ -108,6 +108,9 @@ async fn serve(
         .map(|k| k.map(str::to_owned));
     let body = super::body::boxed(body);
     let cached = cfg.cache.is_some() && matches!(method, http::Method::GET | http::Method::HEAD);
+    // Whether the cache takes it up (not a Range, the client's own
+    // conditional…): its answer, weir's errors included, says how.
+    let handled = cached && super::cached::handles(&parts);
     let forwarded = match key {
         Ok(Some(k)) => detached(up, parts, body, start, grpc, k).await,
         Ok(None) if cached => super::cached::serve(up, conn, parts, body, start, grpc).await,
@@ -121,7 +124,11 @@ async fn serve(
         Ok(resp) => resp,
         Err(e) => {
             up.state.metrics.error(e.code(), start.elapsed());
-            e.respond(Some(&up.config.name), grpc)
+            let mut resp = e.respond(Some(&up.config.name), grpc);
+            if handled {
+                super::cached::mark_error(up, &mut resp);
+            }
+            resp
         }
     };
     log(&up.config.name, &method, &uri, resp)
