@@ -320,3 +320,23 @@ async fn sites_behind_one_upstream_keep_their_own_entries(path: DataPath) {
     assert_eq!(read("b.test").await, "item 2");
     assert_eq!(up.requests(), 2);
 }
+
+both_paths!(
+    #[tokio::test]
+    a_hit_on_the_wire_states_one_length_and_a_head_gets_no_body
+);
+async fn a_hit_on_the_wire_states_one_length_and_a_head_gets_no_body(path: DataPath) {
+    let (up, _k) = catalogue("max-age=60").await;
+    let weir = Weir::single_on(path, &up.url(), CACHE).await;
+    assert_eq!(fetch(&weir, "/item/1").await.2, "item 1");
+    for method in ["GET", "HEAD"] {
+        let req = format!("{method} /item/1 HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n");
+        let out = exchange_raw(weir.addr, req.as_bytes()).await;
+        let lower = out.to_ascii_lowercase();
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+        assert!(lower.contains("x-weir-cache: hit"), "{out}");
+        assert_eq!(lower.matches("content-length: 6\r\n").count(), 1, "{out}");
+        assert_eq!(out.ends_with("\r\n\r\nitem 1"), method == "GET", "{out}");
+    }
+    assert_eq!(up.requests(), 1);
+}

@@ -43,15 +43,21 @@ fn pairs(h: &HeaderMap) -> Vec<(&[u8], &[u8])> {
 /// serving several sites keeps each site's entries apart).
 fn key(up: &Upstream, uri: &http::Uri, host: Option<&HeaderValue>) -> String {
     let target = uri.path_and_query().map_or("/", |x| x.as_str());
+    let authority = uri.authority().map(|a| a.as_str());
+    key_of(up, authority, host.and_then(|h| h.to_str().ok()), target)
+}
+
+/// [`key`] from the parts of a request head as the fast path has them.
+pub(crate) fn key_of(
+    up: &Upstream,
+    authority: Option<&str>,
+    host: Option<&str>,
+    target: &str,
+) -> String {
     if !up.config.preserve_host {
         return target.to_owned();
     }
-    let host = uri
-        .authority()
-        .map(|a| a.as_str())
-        .or_else(|| host?.to_str().ok())
-        .unwrap_or_default()
-        .to_ascii_lowercase();
+    let host = authority.or(host).unwrap_or_default().to_ascii_lowercase();
     format!("{host}{target}")
 }
 
@@ -406,8 +412,7 @@ impl Exchange<'_> {
         self.answer_uncounted(e, result, attempts)
     }
 
-    /// An answer from `e`: its fields, `Age`, weir's annotations (no attempt
-    /// made unless `attempts` says), its body (none for a HEAD).
+    /// An answer from `e` (see [`entry_parts`]).
     fn answer_uncounted(
         &self,
         e: &CachedResponse,
@@ -415,32 +420,47 @@ impl Exchange<'_> {
         attempts: Option<HeaderValue>,
     ) -> Response<Body> {
         let now = self.up.state.now();
-        let mut r = Response::new(body::empty());
-        *r.status_mut() = StatusCode::from_u16(e.status).unwrap_or(StatusCode::OK);
-        let h = r.headers_mut();
-        for (n, v) in e.field_values() {
-            if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n), HeaderValue::from_maybe_shared(v)) {
-                h.append(n, v);
-            }
-        }
-        h.insert(http::header::AGE, HeaderValue::from(e.age_secs(now)));
-        if self.up.config.annotate {
-            super::attempt::annotate(h, 0, None);
-            if let Some(a) = attempts {
-                h.insert("x-weir-attempts", a);
-            }
-            h.insert(CACHE_HEADER, HeaderValue::from_static(result.name()));
-        }
-        if self.req.head {
-            h.insert(
-                http::header::CONTENT_LENGTH,
-                HeaderValue::from(e.body().len()),
-            );
-        } else {
-            *r.body_mut() = body::full(e.body());
-        }
+        let (parts, bytes) = entry_parts(self.up, e, result, self.req.head, attempts, now);
         self.up.state.metrics.status(e.status, self.start.elapsed());
-        r
+        Response::from_parts(parts, body::full(bytes))
+    }
+}
+
+/// An answer from `e` at `now`: its fields, `Age`, weir's annotations (no
+/// attempt made unless `attempts` says), its body (none for a HEAD, whose
+/// `Content-Length` is the entry's).
+pub(crate) fn entry_parts(
+    up: &Upstream,
+    e: &CachedResponse,
+    result: CacheResult,
+    head: bool,
+    attempts: Option<HeaderValue>,
+    now: Duration,
+) -> (http::response::Parts, Bytes) {
+    let (mut parts, ()) = Response::new(()).into_parts();
+    parts.status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::OK);
+    let h = &mut parts.headers;
+    for (n, v) in e.field_values() {
+        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n), HeaderValue::from_maybe_shared(v)) {
+            h.append(n, v);
+        }
+    }
+    h.insert(http::header::AGE, HeaderValue::from(e.age_secs(now)));
+    if up.config.annotate {
+        super::attempt::annotate(h, 0, None);
+        if let Some(a) = attempts {
+            h.insert("x-weir-attempts", a);
+        }
+        h.insert(CACHE_HEADER, HeaderValue::from_static(result.name()));
+    }
+    if head {
+        h.insert(
+            http::header::CONTENT_LENGTH,
+            HeaderValue::from(e.body().len()),
+        );
+        (parts, Bytes::new())
+    } else {
+        (parts, e.body())
     }
 }
 

@@ -20,6 +20,7 @@
 //! general one).
 
 pub mod head;
+mod hit;
 mod io;
 pub(crate) mod pool;
 mod reply;
@@ -156,6 +157,9 @@ impl Ctx<'_> {
     /// stays open for the next one.
     async fn serve(&mut self, up: &Upstream, p: Planned) -> bool {
         let start = Instant::now();
+        if let Some(e) = &p.hit {
+            return self.cache_hit(up, start, &p, e).await;
+        }
         let cfg = &up.config;
         let (deadline, lowered) = attempt::deadline(cfg, start, [p.lowered, None]);
         let need = p.head_len + p.body_len;

@@ -11,6 +11,8 @@
 //! [`plan`] answer [`Parse::Fallback`], and the connection goes on through
 //! hyper (`super::super::server`), which sees the same bytes.
 
+mod cache;
+
 use crate::policy::RequestFacts;
 use crate::proxy::h1;
 use crate::proxy::headers::HOP_BY_HOP;
@@ -75,6 +77,8 @@ pub struct Planned {
     pub key: Option<String>,
     /// A keyed write, for the upstream's idempotency store.
     pub idem: Option<Keyed>,
+    /// A fresh entry of the upstream's response cache that answers it.
+    pub hit: Option<std::sync::Arc<crate::policy::cache::CachedResponse>>,
 }
 
 /// A request the upstream's idempotency store applies to
@@ -231,10 +235,19 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     if body_len > cap {
         return Parse::Fallback("a body too large to hold");
     }
-    if up.config.cache.is_some() {
-        // The response cache is written once, on hyper's path.
-        return Parse::Fallback("an upstream with a response cache");
-    }
+    // A cached upstream's requests go to hyper's path, where the cache is
+    // written, except a fresh hit: answered here from the entry.
+    let hit = match up.config.cache {
+        None => None,
+        Some(_) => {
+            let target = req.path_and_query;
+            let fields = req.fields;
+            match cache::lookup(up, req.method, req.authority, req.host, target, fields) {
+                Some(e) => Some(e),
+                None => return Parse::Fallback("a request the response cache does not answer"),
+            }
+        }
+    };
     if body_len > MAX_TLS_BODY && up.client.fast_tls.is_some() {
         // Over TLS the fast path cannot hear an upstream that answers (413,
         // 401) before reading a large body; hyper's client does.
@@ -274,6 +287,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         lowered: req.lowered,
         key,
         idem,
+        hit,
     })
 }
 

@@ -1,0 +1,54 @@
+//! A fresh hit of the response cache, answered on the fast path
+//! (docs/behaviour.md#response-cache); `head::cache` finds it. Everything else a cached upstream
+//! gets — misses, revalidations, stale answers, writes that invalidate —
+//! goes to hyper's path, where the cache is written (`proxy::cached`);
+//! here only the one answer that needs nothing of it: the entry as it is.
+
+use super::head::Planned;
+use super::{access, reply, write_client, Ctx};
+use crate::policy::cache::{CacheResult, CachedResponse};
+use crate::proxy::Upstream;
+use tokio::time::Instant;
+
+impl Ctx<'_> {
+    /// Answers with a fresh entry: no attempt, nothing admitted. Returns
+    /// whether the connection stays open.
+    pub(super) async fn cache_hit(
+        &mut self,
+        up: &Upstream,
+        start: Instant,
+        p: &Planned,
+        e: &CachedResponse,
+    ) -> bool {
+        let now = up.state.now();
+        // The whole entry: `write_parts` states the length (for a HEAD
+        // too) and sends the body only to a GET.
+        let (mut parts, body) =
+            crate::proxy::cached::entry_parts(up, e, CacheResult::Hit, false, None, now);
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+        let took = start.elapsed();
+        up.state.metrics.status(e.status, took);
+        let entry = access::Entry {
+            upstream: &up.config.name,
+            method: "",
+            path: "",
+            status: e.status,
+            error: None,
+            attempts: up.config.annotate.then_some(0),
+            retry_stop: None,
+            took,
+        };
+        self.access_log(p, entry);
+        let close = p.close || *self.stop.borrow();
+        self.bufs.out.clear();
+        reply::write_parts(
+            &parts,
+            None,
+            &body,
+            close,
+            !p.head_method,
+            &mut self.bufs.out,
+        );
+        write_client(self.stream, &self.bufs.out, self.write_timeout).await && !close
+    }
+}
