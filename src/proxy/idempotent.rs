@@ -65,20 +65,39 @@ pub(crate) enum Begun {
 /// flight when it is to be forwarded): the fleet's on Redis when the
 /// upstream's state is shared and Redis answers, else the instance's own.
 pub(crate) async fn begin(up: &Upstream, key: &str, fingerprint: &Fingerprint) -> Begun {
+    // A begin on Redis that went unanswered may have landed: its record
+    // there is finished with the local one, or forgotten.
+    let mut landed = None;
     if up.state.link().is_some() {
-        if let Some(b) = fleet::begin(up, key, fingerprint).await {
-            return b;
+        match fleet::begin(up, key, fingerprint).await {
+            Ok(b) => return b,
+            Err(l) => landed = l,
         }
     }
     let state = &up.state;
     let now = state.now();
     let mut store = state.idempotency();
-    let Some(store) = store.as_mut() else {
+    let action = store.as_mut().map(|s| {
+        let limit = s.params().max_response_bytes;
+        (s.begin(key, fingerprint, now), limit)
+    });
+    drop(store);
+    // Not forwarded: the record is dropped (unless this instance has the
+    // key in flight: that request finishes the record, its owner's too).
+    if !matches!(action, Some((Action::Forward | Action::InFlight, _))) {
+        if let Some(l) = landed.take() {
+            fleet::forget(l, key);
+        }
+    }
+    let Some((action, limit)) = action else {
         return Begun::Unrecorded;
     };
-    let limit = store.params().max_response_bytes;
-    match store.begin(key, fingerprint, now) {
-        Action::Forward => Begun::Forward(Recorder::new(state, key, limit, None)),
+    match action {
+        Action::Forward => {
+            let mut r = Recorder::new(state, key, limit, None);
+            r.landed = landed;
+            Begun::Forward(r)
+        }
         Action::Replay(r) => Begun::Replay(r),
         Action::InFlight => Begun::Refused(ProxyError::IdempotencyInFlight),
         Action::Reused => Begun::Refused(ProxyError::IdempotencyKeyReused),
@@ -110,6 +129,9 @@ pub(crate) struct Recorder {
     limit: usize,
     /// Where the record is, when it is on the fleet's Redis.
     shared: Option<fleet::Shared>,
+    /// With the record in the local store: the one an unanswered begin on
+    /// Redis may have left there, finished the same way.
+    landed: Option<fleet::Shared>,
     done: bool,
 }
 
@@ -125,6 +147,7 @@ impl Recorder {
             key: key.into(),
             limit,
             shared,
+            landed: None,
             done: false,
         }
     }
@@ -138,6 +161,9 @@ impl Recorder {
     fn write(&mut self, what: Record, response: Option<StoredResponse>) {
         if let Some(shared) = self.shared.take() {
             return fleet::finish(shared, std::mem::take(&mut self.key), what, response);
+        }
+        if let Some(landed) = self.landed.take() {
+            fleet::finish_landed(landed, self.key.clone(), what, response.clone());
         }
         let now = self.state.now();
         if let Some(store) = self.state.idempotency().as_mut() {

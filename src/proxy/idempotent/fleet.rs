@@ -5,6 +5,7 @@
 //! never held back by them.
 
 use super::{Begun, Recorder};
+use crate::fleet::StateError;
 use crate::policy::idempotency::{Action, Claim, Fingerprint, Record, StoredResponse};
 use crate::proxy::error::ProxyError;
 use crate::proxy::Upstream;
@@ -35,16 +36,35 @@ fn params(up: &Upstream) -> Option<(Duration, usize)> {
     Some((p.ttl, p.max_response_bytes))
 }
 
-/// `begin` on Redis; `None`: decide locally.
-pub(super) async fn begin(up: &Upstream, key: &str, fingerprint: &Fingerprint) -> Option<Begun> {
-    let link = up.state.link()?;
-    let (ttl, limit) = params(up)?;
-    let action = (link.fleet)
+/// `begin` on Redis; `Err`: decide locally. `Err(Some(_))`: the call was
+/// made but gave no answer (past `[state] timeout`, or the connection
+/// broke), so it may have landed all the same and left the key in flight
+/// on Redis, this instance's: whatever the local store decides, that
+/// record is to be finished ([`finish_landed`]) or forgotten ([`forget`])
+/// too, or the key is held fleet-wide for the whole lease.
+pub(super) async fn begin(
+    up: &Upstream,
+    key: &str,
+    fingerprint: &Fingerprint,
+) -> Result<Begun, Option<Shared>> {
+    let link = up.state.link().ok_or(None)?;
+    let (ttl, limit) = params(up).ok_or(None)?;
+    let action = match (link.fleet)
         .idempotency_begin(&up.state.name, key, fingerprint, lease(up))
         .await
-        .ok()?;
+    {
+        Ok(a) => a,
+        Err(StateError::Unavailable | StateError::Setup(_)) => return Err(None),
+        Err(_) => {
+            return Err(Some(Shared {
+                link,
+                fingerprint: *fingerprint,
+                ttl,
+            }))
+        }
+    };
     link.count(&action);
-    Some(match action {
+    Ok(match action {
         Action::Forward => {
             let fingerprint = *fingerprint;
             let shared = Shared {
@@ -107,6 +127,25 @@ pub(super) fn finish(
     if matches!(what, Record::Completed | Record::CompletedNotReplayable) {
         shared.link.count_stored();
     }
+    finish_landed(shared, key, what, response);
+}
+
+/// Drops the record an unanswered `begin` may have left on Redis, when the
+/// local store did not forward the request.
+pub(super) fn forget(shared: Shared, key: &str) {
+    finish_landed(shared, key.into(), Record::Forget, None);
+}
+
+/// Writes how a request ended, in the background, uncounted: for a request
+/// the local store decided, to the record its unanswered `begin` may have
+/// left on Redis (a no-op there unless that record is in flight and this
+/// instance's, with this fingerprint).
+pub(super) fn finish_landed(
+    shared: Shared,
+    key: Box<str>,
+    what: Record,
+    response: Option<StoredResponse>,
+) {
     spawn(async move {
         let Shared {
             link,
