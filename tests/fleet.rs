@@ -8,8 +8,7 @@
 //! instance and 30 simultaneous duplicates delivered once, Redis killed
 //! mid-run without a failed request, and closed breakers that cost Redis
 //! nothing. Besides: a keyed POST decided while Redis stalled is replayed,
-//! not wedged; and (ignored, a known bug) a burst under a generous fleet
-//! limit is admitted.
+//! not wedged; and a burst under a generous fleet limit is admitted.
 //!
 //! Each test starts its own redis-server (tests/common/redis_server.rs) and
 //! skips, saying so, without one (a failure with WEIR_REQUIRE_REDIS set).
@@ -946,9 +945,8 @@ async fn redis_killed_mid_run_fails_nothing_and_comes_back() {
             tokio::spawn(async move {
                 let c = client();
                 // After a scheduling stall the ticker does not catch up
-                // with a burst: bursts faster than a lease round trip meet
-                // the bug of `a_burst_under_a_generous_fleet_limit_is_admitted`,
-                // which is not this test's matter.
+                // with a burst: a burst is
+                // `a_burst_under_a_generous_fleet_limit_is_admitted`'s matter.
                 let mut tick = tokio::time::interval(ms(10));
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 let mut sent = Vec::new();
@@ -1289,22 +1287,19 @@ async fn closed_breakers_make_no_redis_call() {
 }
 
 // ---------------------------------------------------------------------------
-// 6. A burst under a generous fleet limit (a known bug).
+// 6. A burst under a generous fleet limit.
 
 /// 50 simultaneous requests to an idle instance under a fleet limit of
 /// 10,000 rps, burst 10,000 are all admitted — as they are with the same
 /// limit and `scope = "instance"`.
 ///
-/// They are not: an instance whose leased stock is spent admits ⌈b/4⌉ (3)
-/// requests on credit while its fetch is in flight and refuses the rest
-/// with 429 `rate_limited` at once (`policy::lease::LeasedBucket::take`,
-/// `max_wait` 0), though the fleet's bucket is full. Measured: 36 to 47 of
-/// the 50 refused; with `scope = "instance"`, none. Any burst above stock
-/// and credit that arrives within one Redis round trip is hit: a fan-out
-/// of a few parallel calls after an idle second, or the requests bunched
-/// behind a scheduling stall.
+/// They once were not: an instance whose leased stock was spent admitted
+/// ⌈b/4⌉ (3) requests on credit while its fetch was in flight and refused
+/// the rest with 429 `rate_limited` (36 to 47 of the 50), though the
+/// fleet's bucket was full. Now the rest is decided by the local fallback
+/// limit until the lease is back (`policy::lease::LeasedBucket::take`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a burst beyond the leased stock and credit is refused (429) while the lease is in flight"]
+
 async fn a_burst_under_a_generous_fleet_limit_is_admitted() {
     let _serial = serial().await;
     let Some(redis) = RedisServer::start() else {

@@ -21,7 +21,12 @@
 //! leased tokens that expired unspent ([`LEASE`] after they arrived). So
 //! the fleet never admits more than the bucket's own bound (`burst + rps·T`
 //! over any `T`) plus `1.5·b` per instance; with the default batch of 10,
-//! three instances stay within 45 tokens of it.
+//! three instances stay within 45 tokens of it. One exception: when a burst
+//! spends an instance's stock and credit before its next lease is back,
+//! and the fleet has not said its bucket is empty, the rest of the burst is
+//! [`Take::Fallback`] — decided by the instance's local fallback limit, as
+//! when the shared state is away — rather than refused for a round trip;
+//! those admissions add at most the fallback bucket's own bound.
 //!
 //! **The cost.** A fetch asks for a whole batch, so while the fleet bucket
 //! has tokens the shared state sees one command per `b` ≥ [`MIN_BATCH`]
@@ -234,6 +239,13 @@ impl LeasedBucket {
             self.debt += 1;
             return Take::Admit;
         }
+        if !self.exhausted {
+            // Stock and credit are spent before a lease came back, but the
+            // fleet has not said its bucket is empty: a burst beyond what
+            // was leased is not refused for Redis's round trip. The local
+            // fallback limit decides it, as when Redis is away.
+            return Take::Fallback;
+        }
         let per_token = Duration::try_from_secs_f64(1.0 / self.rps).unwrap_or(LEASE);
         Take::Refuse {
             retry_in: self.next_fetch.saturating_sub(now).max(per_token),
@@ -347,7 +359,9 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(b.take(now), Take::Admit);
         }
-        assert!(matches!(b.take(now), Take::Refuse { .. }));
+        // Past the credit, with the fleet not known to be short: the local
+        // fallback limit decides (a burst is not refused for a round trip).
+        assert_eq!(b.take(now), Take::Fallback);
         // A batch plus the debt, once.
         assert_eq!(b.want(now), Some(13));
         assert_eq!(b.want(now), None, "one fetch at a time");
