@@ -8,14 +8,7 @@ use crate::policy::cache::{CacheResult, CacheStats};
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 /// The `result` label values: what `x-weir-cache` says.
-const RESULTS: [CacheResult; 6] = [
-    CacheResult::Hit,
-    CacheResult::Miss,
-    CacheResult::Stale,
-    CacheResult::StaleIfError,
-    CacheResult::Revalidated,
-    CacheResult::Coalesced,
-];
+const RESULTS: [CacheResult; 6] = CacheResult::ALL;
 
 /// The three families, registered once.
 #[derive(Debug, Clone)]

@@ -26,13 +26,30 @@ impl Ctx<'_> {
         let (mut parts, body) =
             crate::proxy::cached::entry_parts(up, e, CacheResult::Hit, false, None, now);
         parts.headers.remove(http::header::CONTENT_LENGTH);
+        self.answer_stored(up, start, p, &parts, &body, !p.head_method)
+            .await
+    }
+
+    /// Writes an answer weir has whole (a replay of a recorded response, a
+    /// cache entry): no attempt made. Returns whether the connection stays
+    /// open.
+    pub(super) async fn answer_stored(
+        &mut self,
+        up: &Upstream,
+        start: Instant,
+        p: &Planned,
+        parts: &http::response::Parts,
+        body: &[u8],
+        send_body: bool,
+    ) -> bool {
+        let status = parts.status.as_u16();
         let took = start.elapsed();
-        up.state.metrics.status(e.status, took);
+        up.state.metrics.status(status, took);
         let entry = access::Entry {
             upstream: &up.config.name,
             method: "",
             path: "",
-            status: e.status,
+            status,
             error: None,
             attempts: up.config.annotate.then_some(0),
             retry_stop: None,
@@ -41,14 +58,7 @@ impl Ctx<'_> {
         self.access_log(p, entry);
         let close = p.close || *self.stop.borrow();
         self.bufs.out.clear();
-        reply::write_parts(
-            &parts,
-            None,
-            &body,
-            close,
-            !p.head_method,
-            &mut self.bufs.out,
-        );
+        reply::write_parts(parts, None, body, close, send_body, &mut self.bufs.out);
         write_client(self.stream, &self.bufs.out, self.write_timeout).await && !close
     }
 }

@@ -336,24 +336,8 @@ impl Ctx<'_> {
         p: &Planned,
         stored: &StoredResponse,
     ) -> bool {
-        let took = start.elapsed();
-        up.state.metrics.status(stored.status, took);
-        let entry = access::Entry {
-            upstream: &up.config.name,
-            method: "",
-            path: "",
-            status: stored.status,
-            error: None,
-            attempts: up.config.annotate.then_some(0),
-            retry_stop: None,
-            took,
-        };
-        self.access_log(p, entry);
-        let close = p.close || *self.stop.borrow();
         let (parts, body) = idempotent::replay_parts(stored, up.config.annotate);
-        self.bufs.out.clear();
-        reply::write_parts(&parts, None, &body, close, true, &mut self.bufs.out);
-        write_client(self.stream, &self.bufs.out, self.write_timeout).await && !close
+        self.answer_stored(up, start, p, &parts, &body, true).await
     }
 
     /// Answers with weir's own error. Returns whether the connection stays
