@@ -24,6 +24,8 @@ struct Knobs {
     etag: Arc<Mutex<Option<String>>>,
     conditionals: Arc<AtomicUsize>,
     hold: Arc<AtomicUsize>,
+    /// Fields every answer carries besides.
+    extra: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 async fn catalogue(cache_control: &str) -> (TestUpstream, Knobs) {
@@ -48,6 +50,9 @@ async fn catalogue(cache_control: &str) -> (TestUpstream, Knobs) {
             }
             let cc = k.cache_control.lock().unwrap().clone();
             let mut b = Response::builder().header("cache-control", cc);
+            for (n, v) in k.extra.lock().unwrap().iter() {
+                b = b.header(n.as_str(), v.as_str());
+            }
             if let Some(e) = &etag {
                 b = b.header("etag", e.as_str());
             }
@@ -340,5 +345,134 @@ async fn a_hit_on_the_wire_states_one_length_and_a_head_gets_no_body(path: DataP
         assert_eq!(lower.matches("content-length: 6\r\n").count(), 1, "{out}");
         assert_eq!(out.ends_with("\r\n\r\nitem 1"), method == "GET", "{out}");
     }
+    assert_eq!(up.requests(), 1);
+}
+
+/// GET `path` through weir with `fields`: the head and body.
+async fn fetch_with(
+    weir: &Weir,
+    path: &str,
+    fields: &[(&str, &str)],
+) -> (http::response::Parts, String) {
+    let mut req = Request::get(weir.url(path)).header("host", "svc");
+    for (n, v) in fields {
+        req = req.header(*n, *v);
+    }
+    let resp = client().request(req.body(body("")).unwrap()).await.unwrap();
+    let (parts, b) = read_body(resp).await;
+    (parts, String::from_utf8_lossy(&b).into_owned())
+}
+
+both_paths!(
+    #[tokio::test]
+    vary_keeps_a_variant_per_value_of_the_named_field
+);
+async fn vary_keeps_a_variant_per_value_of_the_named_field(path: DataPath) {
+    let (up, k) = catalogue("max-age=60").await;
+    k.extra
+        .lock()
+        .unwrap()
+        .push(("vary".into(), "accept-language".into()));
+    let weir = Weir::single_on(path, &up.url(), CACHE).await;
+    let en = [("accept-language", "en")];
+    let fr = [("accept-language", "fr")];
+    assert_eq!(fetch_with(&weir, "/p", &en).await.1, "item 1");
+    assert_eq!(fetch_with(&weir, "/p", &fr).await.1, "item 2");
+    let (parts, b) = fetch_with(&weir, "/p", &en).await;
+    assert_eq!(
+        (header(&parts, "x-weir-cache").as_str(), b.as_str()),
+        ("hit", "item 1")
+    );
+    assert_eq!(fetch_with(&weir, "/p", &fr).await.1, "item 2");
+    assert_eq!(up.requests(), 2);
+}
+
+both_paths!(
+    #[tokio::test]
+    what_may_not_be_kept_is_not_kept
+);
+async fn what_may_not_be_kept_is_not_kept(path: DataPath) {
+    // no-store
+    let (up, _k) = catalogue("no-store, max-age=60").await;
+    let weir = Weir::single_on(path, &up.url(), CACHE).await;
+    assert_eq!(fetch(&weir, "/a").await.2, "item 1");
+    assert_eq!(fetch(&weir, "/a").await.2, "item 2");
+    // Set-Cookie (store_set_cookie = false, the default)
+    let (up, k) = catalogue("max-age=60").await;
+    k.extra
+        .lock()
+        .unwrap()
+        .push(("set-cookie".into(), "s=1".into()));
+    let weir = Weir::single_on(path, &up.url(), CACHE).await;
+    assert_eq!(fetch(&weir, "/a").await.2, "item 1");
+    assert_eq!(fetch(&weir, "/a").await.2, "item 2");
+    // Authorization, unless the answer says public
+    let (up, k) = catalogue("max-age=60").await;
+    let weir = Weir::single_on(path, &up.url(), CACHE).await;
+    let auth = [("authorization", "Bearer t")];
+    assert_eq!(fetch_with(&weir, "/a", &auth).await.1, "item 1");
+    assert_eq!(fetch_with(&weir, "/a", &auth).await.1, "item 2");
+    *k.cache_control.lock().unwrap() = "public, max-age=60".into();
+    assert_eq!(fetch_with(&weir, "/a", &auth).await.1, "item 3");
+    assert_eq!(fetch_with(&weir, "/a", &auth).await.1, "item 3");
+    // The client's no-cache: not answered from the entry.
+    let (up, _k) = catalogue("max-age=60").await;
+    let weir = Weir::single_on(path, &up.url(), CACHE).await;
+    assert_eq!(fetch(&weir, "/a").await.2, "item 1");
+    let (parts, b) = fetch_with(&weir, "/a", &[("cache-control", "no-cache")]).await;
+    assert_eq!(
+        (header(&parts, "x-weir-cache").as_str(), b.as_str()),
+        ("miss", "item 2")
+    );
+}
+
+both_paths!(
+    #[tokio::test]
+    the_cache_is_bounded_and_evicts_the_least_recently_used
+);
+async fn the_cache_is_bounded_and_evicts_the_least_recently_used(path: DataPath) {
+    let (up, _k) = catalogue("max-age=600").await;
+    // An entry here counts 576 + its key + its fields + its body: about
+    // 700 bytes; two fit in 1,600, not three.
+    let cfg = "[upstreams.svc.cache]\nenabled = true\nmax_bytes = 1600\n";
+    let weir = Weir::single_on(path, &up.url(), cfg).await;
+    assert_eq!(fetch(&weir, "/1").await.2, "item 1");
+    assert_eq!(fetch(&weir, "/2").await.2, "item 2");
+    assert_eq!(fetch(&weir, "/1").await.2, "item 1"); // /1 used: /2 is the oldest
+    assert_eq!(fetch(&weir, "/3").await.2, "item 3");
+    assert_eq!(fetch(&weir, "/1").await.2, "item 1");
+    assert_eq!(fetch(&weir, "/2").await.2, "item 4", "evicted");
+    let m = metrics(&weir);
+    assert!(
+        m.contains("weir_cache_evictions_total{upstream=\"svc\"} 2"),
+        "{m}"
+    );
+    let bytes = m
+        .lines()
+        .find(|l| l.starts_with("weir_cache_bytes{upstream=\"svc\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .unwrap();
+    assert!((1..=1600).contains(&bytes), "{bytes}");
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_refusal_at_admission_is_answered_stale
+);
+async fn a_refusal_at_admission_is_answered_stale(path: DataPath) {
+    let (up, _k) = catalogue("max-age=1, stale-if-error=60").await;
+    let cfg = format!(
+        "{CACHE}[upstreams.svc.rate_limit]\nrps = 0.01\nburst = 1\n[upstreams.svc.retry]\nmax_attempts = 1\n"
+    );
+    let weir = Weir::single_on(path, &up.url(), &cfg).await;
+    assert_eq!(fetch(&weir, "/a").await.2, "item 1");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The token is spent: the stale entry answers instead of 429.
+    let (s, parts, b) = fetch(&weir, "/a").await;
+    assert_eq!((s, b.as_str()), (200, "item 1"));
+    assert_eq!(header(&parts, "x-weir-cache"), "stale-if-error");
+    assert_eq!(header(&parts, "x-weir-attempts"), "0");
+    // A key with no entry gets the refusal.
+    assert_eq!(fetch(&weir, "/b").await.0, 429);
     assert_eq!(up.requests(), 1);
 }

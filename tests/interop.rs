@@ -311,9 +311,12 @@ async fn a_grpc_server_stream_arrives_message_by_message() {
     assert!(s1.starts_with("OK"), "{s1}");
     assert!(s2.starts_with("OK"), "{s2}");
     assert_eq!((direct.len(), through.len()), (8, 8), "{s1}\n{s2}");
+    // Message by message, not held: each arrives within half the 0.5 s
+    // interval of when it does directly (a loaded 2-core CI machine has
+    // put one message 105 ms late; a buffered stream would be seconds late).
     for (i, (d, t)) in direct.iter().zip(&through).enumerate() {
         assert!(
-            (t - d).abs() <= 0.05,
+            (t - d).abs() <= 0.25,
             "message {i}: {t:.3} s through weir, {d:.3} s direct\n{s2}"
         );
     }
