@@ -266,7 +266,8 @@ pub struct BreakerTrace {
     pub attempts_while_open: u64,
     /// Times the breaker went half-open.
     pub half_opens: u64,
-    /// Upstream attempts made while it was half-open.
+    /// Upstream attempts made while it was half-open: the probes its
+    /// breaker admitted.
     pub attempts_while_half_open: u64,
     /// From the end of the outage to the breaker closing, if it did.
     pub recovery: Option<Duration>,
@@ -533,12 +534,14 @@ async fn trace_breaker(
     let mut prev_state = StateKind::Closed;
     let mut prev_attempts = attempts();
     let mut prev_half_opens = half_opens();
+    let probes_at_start = state.live().breaker.probes();
     loop {
         tokio::time::sleep(Duration::from_millis(2)).await;
-        let (view, open_for) = {
+        let (view, open_for, probes) = {
             let now = state.now();
             let live = state.live();
-            (live.breaker.state(now), live.breaker.open_interval(0.5))
+            let b = &live.breaker;
+            (b.state(now), b.open_interval(0.5), b.probes())
         };
         let a = attempts();
         let h = half_opens();
@@ -547,11 +550,15 @@ async fn trace_breaker(
         // An interval in which the breaker went half-open holds probes, even
         // if it was open again by the time of the sample.
         let probed = h > prev_half_opens;
-        match (prev_state, view.state) {
-            (StateKind::Open, StateKind::Open) if !probed => t.attempts_while_open += delta,
-            (StateKind::HalfOpen, _) | (StateKind::Open, _) => t.attempts_while_half_open += delta,
-            _ => {}
+        if let (StateKind::Open, StateKind::Open) = (prev_state, view.state) {
+            if !probed {
+                t.attempts_while_open += delta;
+            }
         }
+        // Probes are counted when the breaker admits them: attempts are
+        // counted when they end, and a sample that sees a probe close the
+        // breaker may hold attempts admitted after it, closed.
+        t.attempts_while_half_open = probes - probes_at_start;
         t.half_opens = h;
         prev_half_opens = h;
         if let Some(end) = outage_end {

@@ -239,6 +239,9 @@ pub struct Breaker {
     fleet_probe: bool,
     /// The probe of this open interval is this instance's to send.
     probe_granted: bool,
+    /// Half-open probes admitted since it was made (for `weir chaos`'s
+    /// breaker trace: what went out while it was half-open).
+    probes: u64,
 }
 
 impl Breaker {
@@ -254,6 +257,7 @@ impl Breaker {
             epoch: 0,
             fleet_probe: false,
             probe_granted: false,
+            probes: 0,
         }
     }
 
@@ -267,6 +271,11 @@ impl Breaker {
     /// interval is over, the next request turns it half-open.
     pub fn grant_probe(&mut self) {
         self.probe_granted = true;
+    }
+
+    /// Half-open probes admitted so far.
+    pub fn probes(&self) -> u64 {
+        self.probes
     }
 
     /// Whether it is open past its interval, waiting for the fleet's probe.
@@ -333,6 +342,7 @@ impl Breaker {
             State::HalfOpen { in_flight, .. } => {
                 if *in_flight < self.params.half_open_probes {
                     *in_flight += 1;
+                    self.probes += 1;
                     Ok(self.admission(true, transition))
                 } else {
                     Err(Refused {
