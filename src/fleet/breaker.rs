@@ -82,6 +82,30 @@ impl Fleet {
         )
     }
 
+    /// Runs one of the breaker's scripts on `upstream`'s keys (the open
+    /// key, the probe key) with this instance's id and `ms`.
+    async fn breaker_script<T: redis::FromRedisValue + Send + 'static>(
+        &self,
+        script: &'static Script,
+        op: &'static str,
+        upstream: &str,
+        ms: Duration,
+    ) -> Result<T, StateError> {
+        let (open, probe) = self.breaker_keys(upstream);
+        let id = self.instance_id().to_string();
+        let ms = px(ms);
+        self.call(op, |mut c| async move {
+            script
+                .key(&open)
+                .key(&probe)
+                .arg(&id)
+                .arg(ms)
+                .invoke_async(&mut c)
+                .await
+        })
+        .await
+    }
+
     /// Publishes a trip of `upstream`'s breaker open for `open_for` (the
     /// interval this instance just opened for). Only ever extends the
     /// published interval; returns whether it did.
@@ -90,18 +114,8 @@ impl Fleet {
         upstream: &str,
         open_for: Duration,
     ) -> Result<bool, StateError> {
-        let (open, probe) = self.breaker_keys(upstream);
-        let id = self.instance_id().to_string();
-        let ms = px(open_for);
         let n: i64 = self
-            .call("breaker_open", |mut c| async move {
-                OPEN.key(&open)
-                    .key(&probe)
-                    .arg(&id)
-                    .arg(ms)
-                    .invoke_async(&mut c)
-                    .await
-            })
+            .breaker_script(&OPEN, "breaker_open", upstream, open_for)
             .await?;
         Ok(n == 1)
     }
@@ -150,19 +164,8 @@ impl Fleet {
         upstream: &str,
         lease: Duration,
     ) -> Result<ProbeClaim, StateError> {
-        let (open, probe) = self.breaker_keys(upstream);
-        let id = self.instance_id().to_string();
-        let ms = px(lease);
         let v: Value = self
-            .call("breaker_probe", |mut c| async move {
-                PROBE
-                    .key(&open)
-                    .key(&probe)
-                    .arg(&id)
-                    .arg(ms)
-                    .invoke_async(&mut c)
-                    .await
-            })
+            .breaker_script(&PROBE, "breaker_probe", upstream, lease)
             .await?;
         let bad = || StateError::Malformed(format!("probe claim {v:?}"));
         let Value::Array(parts) = &v else {
@@ -187,19 +190,9 @@ impl Fleet {
     /// [`Fleet::claim_probe`] for two `refresh` intervals). Does nothing
     /// unless this instance owns the probe; returns whether it did.
     pub async fn publish_closed(&self, upstream: &str) -> Result<bool, StateError> {
-        let (open, probe) = self.breaker_keys(upstream);
-        let id = self.instance_id().to_string();
-        let ms = px(self.refresh_every() * 2);
+        let marker = self.refresh_every() * 2;
         let n: i64 = self
-            .call("breaker_close", |mut c| async move {
-                CLOSE
-                    .key(&open)
-                    .key(&probe)
-                    .arg(&id)
-                    .arg(ms)
-                    .invoke_async(&mut c)
-                    .await
-            })
+            .breaker_script(&CLOSE, "breaker_close", upstream, marker)
             .await?;
         Ok(n == 1)
     }

@@ -89,12 +89,10 @@ pub(crate) fn invalidate(
     }
 }
 
-/// Whether the cache takes a `GET` or `HEAD` up (see [`CacheRequest::parse`]).
-pub(crate) fn handles(parts: &Parts) -> bool {
-    CacheRequest::parse(parts.method.as_str(), pairs(&parts.headers)).is_ok()
-}
-
-/// Serves a `GET` or `HEAD` with the upstream's cache.
+/// Serves a `GET` or `HEAD` with the upstream's cache. `handled`: set when
+/// the cache took the request up (not a Range, the client's own
+/// conditional…), so that weir's own error to it is marked too
+/// ([`mark_error`]).
 pub(crate) async fn serve(
     up: &Upstream,
     conn: &ConnCtx,
@@ -102,6 +100,7 @@ pub(crate) async fn serve(
     body: Body,
     start: Instant,
     grpc: bool,
+    handled: &mut bool,
 ) -> Result<Response<Body>, ProxyError> {
     let parsed = CacheRequest::parse(parts.method.as_str(), pairs(&parts.headers));
     let key = key(up, &parts.uri, parts.headers.get(http::header::HOST));
@@ -120,6 +119,7 @@ pub(crate) async fn serve(
         // Left alone (a Range, the client's own conditional, a body…).
         return forward(up, conn, parts, body, start, grpc, Ok(None), &mut None).await;
     };
+    *handled = true;
     let x = Exchange {
         up,
         conn,

@@ -110,10 +110,12 @@ async fn serve(
     let cached = cfg.cache.is_some() && matches!(method, http::Method::GET | http::Method::HEAD);
     // Whether the cache takes it up (not a Range, the client's own
     // conditional…): its answer, weir's errors included, says how.
-    let handled = cached && super::cached::handles(&parts);
+    let mut handled = false;
     let forwarded = match key {
         Ok(Some(k)) => detached(up, parts, body, start, grpc, k).await,
-        Ok(None) if cached => super::cached::serve(up, conn, parts, body, start, grpc).await,
+        Ok(None) if cached => {
+            super::cached::serve(up, conn, parts, body, start, grpc, &mut handled).await
+        }
         key => forward(up, conn, parts, body, start, grpc, key, &mut None).await,
     };
     let resp = match forwarded {

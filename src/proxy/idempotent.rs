@@ -67,13 +67,11 @@ pub(crate) enum Begun {
 pub(crate) async fn begin(up: &Upstream, key: &str, fingerprint: &Fingerprint) -> Begun {
     // A begin on Redis that went unanswered may have landed: its record
     // there is finished with the local one, or forgotten.
-    let mut landed = None;
-    if up.state.link().is_some() {
-        match fleet::begin(up, key, fingerprint).await {
-            Ok(b) => return b,
-            Err(l) => landed = l,
-        }
-    }
+    // (Without a link to the fleet it answers at once: decide locally.)
+    let mut landed = match fleet::begin(up, key, fingerprint).await {
+        Ok(b) => return b,
+        Err(l) => l,
+    };
     let state = &up.state;
     let now = state.now();
     let mut store = state.idempotency();
@@ -364,10 +362,7 @@ pub(crate) async fn begin_body(
         RequestBody::Streamed { slot, .. } => slot,
         RequestBody::Direct(..) => return Begun::Unrecorded,
     };
-    let shared = match state.link() {
-        Some(_) => fleet::claim(up, key).await,
-        None => None,
-    };
+    let shared = fleet::claim(up, key).await;
     let (claim, forward) = match shared {
         Some((claim, Some((r, link)))) => (claim, Some((r, Some(link)))),
         Some((claim, None)) => (claim, None),
