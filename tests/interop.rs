@@ -449,3 +449,47 @@ async fn the_upstreams_100_continue_is_relayed() {
     assert!(took < 0.8, "the upload waited {took} s for a 100 Continue");
     assert_eq!(up.requests(), 1);
 }
+
+/// weir's response cache in front of nginx serving a file (its own `ETag`,
+/// `Last-Modified` and, with `expires 1s`, `Cache-Control: max-age=1`): a
+/// repeat is a hit, and once stale the entry is revalidated with nginx's
+/// own validator, which nginx answers 304.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nginx_revalidates_a_cached_file_with_its_own_etag() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("item.txt"), "item 1\n").unwrap();
+    let ng = nginx(&format!(
+        "server {{\n    listen 127.0.0.1:{{PORT}};\n    location / {{ root {}; expires 1s; }}\n}}",
+        root.path().display()
+    ));
+    if !require(NGINX_TOOL, ng.is_some()) {
+        return;
+    }
+    let ng = ng.unwrap();
+    let (w, m) = weir(&format!(
+        "[upstreams.svc]\nurl = \"http://127.0.0.1:{}\"\nhosts = [\"svc\"]\n[upstreams.svc.cache]\nenabled = true\n",
+        ng.port
+    ))
+    .await;
+    let url = format!("http://{}/item.txt", w.listen_addr());
+    let read = || async {
+        let (parts, b) = read_body(get(&client(), &url, "svc").await).await;
+        (header(&parts, "x-weir-cache"), header(&parts, "etag"), b)
+    };
+    let (first, etag, b) = read().await;
+    assert_eq!(
+        (first.as_str(), &b[..]),
+        ("miss", &b"item 1\n"[..]),
+        "{}",
+        nginx_logs(&ng)
+    );
+    assert!(!etag.is_empty(), "nginx sent no ETag");
+    let (again, _, _) = read().await;
+    assert_eq!(again, "hit");
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let (later, etag_later, b) = read().await;
+    assert_eq!((later.as_str(), &b[..]), ("revalidated", &b"item 1\n"[..]));
+    assert_eq!(etag_later, etag);
+    let ok = values(&m, "weir_upstream_attempts_total", "result");
+    assert_eq!(ok.get("ok"), Some(&2.0), "{ok:?}");
+}
