@@ -140,7 +140,6 @@ fn benches(c: &mut Criterion) {
 /// fingerprint of a 1 KiB body, and a store that is full (every new record
 /// evicts the oldest) taking a new key through begin and complete.
 fn idempotency(c: &mut Criterion) {
-    use bytes::Bytes;
     use weir::policy::idempotency::{
         Fingerprint, IdempotencyParams, IdempotencyStore, MemoryStore, StoredResponse,
     };
@@ -156,9 +155,8 @@ fn idempotency(c: &mut Criterion) {
     )
     .unwrap();
     let mut store = MemoryStore::new(params);
-    let fields = Bytes::from_static(
-        b"content-type: application/json\r\ndate: Tue, 01 Dec 2026 10:00:00 GMT\r\n",
-    );
+    let fields: &[u8] =
+        b"content-type: application/json\r\ndate: Tue, 01 Dec 2026 10:00:00 GMT\r\n";
     let fp = Fingerprint::new("POST", "/orders", &body);
     let mut n = 0u64;
     let mut now = Duration::ZERO;
@@ -167,11 +165,7 @@ fn idempotency(c: &mut Criterion) {
         now += Duration::from_micros(1);
         let key = format!("key-{n}");
         black_box(store.begin(&key, &fp, now));
-        let r = StoredResponse {
-            status: 201,
-            fields: fields.clone(),
-            body: Bytes::from(vec![b'o'; 64]),
-        };
+        let r = StoredResponse::from_block(201, fields, &[b'o'; 64]);
         store.complete(&key, r, now);
     };
     while store.stats().evicted == 0 {

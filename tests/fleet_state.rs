@@ -8,7 +8,6 @@
 
 mod common;
 
-use bytes::Bytes;
 use common::redis_server::RedisServer;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -246,7 +245,7 @@ async fn a_keyed_write_is_replayed_through_another_instance() {
             (&b"content-type"[..], &b"application/octet-stream"[..]),
             (b"x-id", b"7"),
         ],
-        Bytes::from_static(b"\x00binary\r\nbody\xff"),
+        b"\x00binary\r\nbody\xff",
     );
     // Only the owner, with the same fingerprint, finishes the record.
     assert!(!b
@@ -367,7 +366,7 @@ async fn a_streamed_keyed_write_is_claimed_then_fingerprinted() {
         .await
         .unwrap();
     assert_eq!(begin.name(), "reused");
-    let response = StoredResponse::new(200, [], Bytes::from_static(b"done"));
+    let response = StoredResponse::new(200, [], b"done");
     assert!(a
         .idempotency_complete("api", "big", &fp("x"), &response, day)
         .await

@@ -17,7 +17,6 @@
 #[path = "common/fixtures.rs"]
 mod fixtures;
 
-use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -59,7 +58,7 @@ impl Response {
             self.headers
                 .iter()
                 .map(|(n, v)| (n.as_bytes(), v.as_bytes())),
-            Bytes::from(self.body.clone()),
+            self.body.as_bytes(),
         )
     }
 }

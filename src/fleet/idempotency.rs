@@ -132,11 +132,11 @@ fn stored(parts: &[Value]) -> Option<StoredResponse> {
     if !(100..=599).contains(&status) {
         return None;
     }
-    Some(StoredResponse {
+    Some(StoredResponse::from_block(
         status,
-        fields: Bytes::copy_from_slice(bulk(fields)?),
-        body: Bytes::copy_from_slice(bulk(body)?),
-    })
+        bulk(fields)?,
+        bulk(body)?,
+    ))
 }
 
 impl Fleet {
@@ -266,7 +266,11 @@ impl Fleet {
         let owner = self.instance_id().to_string();
         let ms = px(ttl);
         let (status, fields, body) = match response {
-            Some(r) => (r.status.to_string(), r.fields.clone(), r.body.clone()),
+            Some(r) => (
+                r.status.to_string(),
+                Bytes::copy_from_slice(r.field_block()),
+                r.body_bytes(),
+            ),
             None => (String::new(), Bytes::new(), Bytes::new()),
         };
         let n: i64 = self

@@ -47,7 +47,7 @@ use std::fmt;
 use std::time::Duration;
 
 mod memory;
-pub use memory::MemoryStore;
+pub use memory::{MemoryStore, Ticket};
 
 /// The longest idempotency key, in bytes; a longer (or empty) one is a 400.
 pub const MAX_KEY_BYTES: usize = 255;
@@ -212,9 +212,23 @@ impl FingerprintHasher {
     pub fn new(method: &str, target: &str) -> Self {
         let mut sha = Sha256::new();
         // Lengths first: "POST" + "/ab" never hashes like "POST/" + "ab".
-        for part in [method.as_bytes(), target.as_bytes()] {
-            sha.update((part.len() as u64).to_be_bytes());
-            sha.update(part);
+        // A usual head goes in as one piece (the same input, fewer copies).
+        let (m, t) = (method.as_bytes(), target.as_bytes());
+        let mut head = [0u8; 256];
+        if let Some(h) = head.get_mut(..16 + m.len() + t.len()) {
+            let (ml, rest) = h.split_at_mut(8);
+            ml.copy_from_slice(&(m.len() as u64).to_be_bytes());
+            let (mb, rest) = rest.split_at_mut(m.len());
+            mb.copy_from_slice(m);
+            let (tl, tb) = rest.split_at_mut(8);
+            tl.copy_from_slice(&(t.len() as u64).to_be_bytes());
+            tb.copy_from_slice(t);
+            sha.update(h);
+        } else {
+            for part in [m, t] {
+                sha.update((part.len() as u64).to_be_bytes());
+                sha.update(part);
+            }
         }
         FingerprintHasher { sha }
     }
@@ -232,14 +246,14 @@ impl FingerprintHasher {
 }
 
 /// A response kept for replay: what the upstream sent, weir's own
-/// annotations and the framing not included.
+/// annotations and the framing not included. One buffer (one allocation,
+/// and none to split it): the header fields in the order received, each
+/// `name: value\r\n`, then the body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     pub status: u16,
-    /// The header fields in the order received, each `name: value\r\n`:
-    /// one allocation however many there are.
-    pub fields: Bytes,
-    pub body: Bytes,
+    buf: Bytes,
+    fields_len: usize,
 }
 
 impl StoredResponse {
@@ -247,31 +261,65 @@ impl StoredResponse {
     pub fn new<'a>(
         status: u16,
         fields: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
-        body: Bytes,
+        body: &[u8],
     ) -> Self {
         let mut block = Vec::new();
         for (n, v) in fields {
             push_field(&mut block, n, v);
         }
+        let fields_len = block.len();
+        block.extend_from_slice(body);
+        Self::from_buffer(status, block, fields_len)
+    }
+
+    /// A response from its field block and body as they were kept.
+    pub fn from_block(status: u16, fields: &[u8], body: &[u8]) -> Self {
+        let mut buf = Vec::with_capacity(fields.len() + body.len());
+        buf.extend_from_slice(fields);
+        buf.extend_from_slice(body);
+        Self::from_buffer(status, buf, fields.len())
+    }
+
+    /// A response from one buffer holding the field block (its first
+    /// `fields_len` bytes, clamped to the buffer), then the body. A buffer
+    /// with no spare capacity becomes the record without a copy.
+    pub fn from_buffer(status: u16, buf: Vec<u8>, fields_len: usize) -> Self {
         StoredResponse {
             status,
-            fields: Bytes::from(block),
-            body,
+            fields_len: fields_len.min(buf.len()),
+            buf: Bytes::from(buf),
         }
+    }
+
+    /// The field block: `name: value\r\n` lines.
+    pub fn field_block(&self) -> &[u8] {
+        &self.buf[..self.fields_len]
+    }
+
+    /// The body.
+    pub fn body(&self) -> &[u8] {
+        &self.buf[self.fields_len..]
+    }
+
+    /// The body, sharing the record's buffer.
+    pub fn body_bytes(&self) -> Bytes {
+        self.buf.slice(self.fields_len..)
     }
 
     /// The fields as (name, value) pairs.
     pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.fields.split(|b| *b == b'\n').filter_map(|line| {
-            let line = line.strip_suffix(b"\r")?;
-            let colon = line.iter().position(|b| *b == b':')?;
-            Some((&line[..colon], line.get(colon + 2..).unwrap_or_default()))
-        })
+        self.field_block()
+            .split(|b| *b == b'\n')
+            .filter_map(|line| {
+                let line = line.strip_suffix(b"\r")?;
+                let colon = line.iter().position(|b| *b == b':')?;
+                Some((&line[..colon], line.get(colon + 2..).unwrap_or_default()))
+            })
     }
 
     /// Its accounted size: the field block and the body.
     pub fn bytes(&self) -> usize {
-        self.fields.len() + self.body.len()
+        self.buf.len()
     }
 }
 
@@ -321,12 +369,12 @@ impl Entry {
     }
 
     /// Its accounted size under `key` (see the module doc).
-    pub fn bytes(&self, key: &str) -> usize {
+    pub fn bytes(&self, key_len: usize) -> usize {
         let response = match &self.state {
             EntryState::Completed(r) => r.bytes(),
             _ => 0,
         };
-        ENTRY_OVERHEAD + key.len() + response
+        ENTRY_OVERHEAD + key_len + response
     }
 }
 
@@ -582,11 +630,7 @@ mod tests {
     }
 
     fn response() -> StoredResponse {
-        StoredResponse::new(
-            201,
-            [(&b"content-type"[..], &b"text/plain"[..])],
-            Bytes::from_static(b"ok"),
-        )
+        StoredResponse::new(201, [(&b"content-type"[..], &b"text/plain"[..])], b"ok")
     }
 
     #[test]
@@ -611,6 +655,23 @@ mod tests {
         );
         assert!(format!("{whole:?}").starts_with("sha256:"));
         assert_eq!(whole.hex().len(), 64);
+    }
+
+    /// The fingerprint is SHA-256 over (u64 BE length, method, u64 BE
+    /// length, target, body), whether the head goes in as one piece or, for
+    /// a long target, part by part (digests from Python's hashlib).
+    #[test]
+    fn fingerprint_is_sha256_of_the_delimited_parts() {
+        let short = Fingerprint::new("POST", "/orders?x=1", br#"{"a":1}"#);
+        assert_eq!(
+            short.hex(),
+            "d5133d28b9a58d49067906365618cadd13f7584f240422905652e11f008a031b"
+        );
+        let long = format!("/{}", "p".repeat(300));
+        assert_eq!(
+            Fingerprint::new("POST", &long, b"body").hex(),
+            "0d22f233a89952a2382c4c4124a55eadeb58ee0bcca8dc9138693d476c0b93f4"
+        );
     }
 
     #[test]

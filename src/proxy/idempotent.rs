@@ -19,7 +19,7 @@ use super::Upstream;
 use crate::config::UpstreamConfig;
 use crate::policy::idempotency::{
     parse_key, Action, Claim, Ending, Fingerprint, FingerprintHasher, IdempotencyStore, Record,
-    StoredResponse, REPLAYED_HEADER,
+    StoredResponse, Ticket, REPLAYED_HEADER,
 };
 use crate::state::UpstreamState;
 use bytes::Bytes;
@@ -77,24 +77,33 @@ pub(crate) async fn begin(up: &Upstream, key: &str, fingerprint: &Fingerprint) -
     let mut store = state.idempotency();
     let action = store.as_mut().map(|s| {
         let limit = s.params().max_response_bytes;
-        (s.begin(key, fingerprint, now), limit)
+        let (action, ticket) = s.begin_ticket(key, fingerprint, now);
+        (action, ticket, limit)
     });
     drop(store);
     // Not forwarded: the record is dropped (unless this instance has the
     // key in flight: that request finishes the record, its owner's too).
-    if !matches!(action, Some((Action::Forward | Action::InFlight, _))) {
+    if !matches!(action, Some((Action::Forward | Action::InFlight, ..))) {
         if let Some(l) = landed.take() {
             fleet::forget(l, key);
         }
     }
-    let Some((action, limit)) = action else {
+    let Some((action, ticket, limit)) = action else {
         return Begun::Unrecorded;
     };
     match action {
         Action::Forward => {
-            let mut r = Recorder::new(state, key, limit, None);
-            r.landed = landed;
-            Begun::Forward(r)
+            // The ticket finds the local record; only Redis needs the key.
+            let keep_key = landed.is_some() || ticket.is_none();
+            Begun::Forward(Recorder {
+                state: state.clone(),
+                key: keep_key.then(|| key.into()),
+                ticket,
+                limit,
+                shared: None,
+                landed,
+                done: false,
+            })
         }
         Action::Replay(r) => Begun::Replay(r),
         Action::InFlight => Begun::Refused(ProxyError::IdempotencyInFlight),
@@ -122,7 +131,10 @@ pub(crate) fn ending_of(e: &ProxyError) -> Ending {
 #[derive(Debug)]
 pub(crate) struct Recorder {
     state: Arc<UpstreamState>,
-    key: Box<str>,
+    /// The key, unless `ticket` finds the record and none is on Redis.
+    key: Option<Box<str>>,
+    /// The local record, as the memory store took it in flight.
+    ticket: Option<Ticket>,
     /// `max_response_bytes`.
     limit: usize,
     /// Where the record is, when it is on the fleet's Redis.
@@ -142,7 +154,8 @@ impl Recorder {
     ) -> Self {
         Recorder {
             state: state.clone(),
-            key: key.into(),
+            key: Some(key.into()),
+            ticket: None,
             limit,
             shared,
             landed: None,
@@ -158,14 +171,19 @@ impl Recorder {
 
     fn write(&mut self, what: Record, response: Option<StoredResponse>) {
         if let Some(shared) = self.shared.take() {
-            return fleet::finish(shared, std::mem::take(&mut self.key), what, response);
+            let key = self.key.take().unwrap_or_default();
+            return fleet::finish(shared, key, what, response);
         }
-        if let Some(landed) = self.landed.take() {
-            fleet::finish_landed(landed, self.key.clone(), what, response.clone());
+        if let (Some(landed), Some(key)) = (self.landed.take(), &self.key) {
+            fleet::finish_landed(landed, key.clone(), what, response.clone());
         }
         let now = self.state.now();
         if let Some(store) = self.state.idempotency().as_mut() {
-            store.finish(&self.key, what, response, now);
+            match (self.ticket, &self.key) {
+                (Some(t), _) => store.finish_ticket(t, what, response, now),
+                (None, Some(key)) => store.finish(key, what, response, now),
+                (None, None) => {}
+            }
         }
     }
 
@@ -277,12 +295,7 @@ impl Capture {
         };
         let replayable = whole && !self.over;
         let response = replayable.then(|| {
-            let mut body = Bytes::from(std::mem::take(&mut self.buf));
-            StoredResponse {
-                status: self.status,
-                fields: body.split_to(self.fields_len),
-                body,
-            }
+            StoredResponse::from_buffer(self.status, std::mem::take(&mut self.buf), self.fields_len)
         });
         let ending = Ending::Response {
             status: self.status,
@@ -322,7 +335,7 @@ pub(crate) fn replay_parts(
     if annotate {
         super::attempt::annotate(&mut parts.headers, 0, None);
     }
-    (parts, stored.body.clone())
+    (parts, stored.body_bytes())
 }
 
 /// The fingerprint of a keyed request whose whole body weir holds (`chunked`:

@@ -6,7 +6,7 @@
 
 use super::{
     decide, Action, Begin, Claim, Entry, EntryState, Fingerprint, IdempotencyParams,
-    IdempotencyStats, IdempotencyStore, StoredResponse,
+    IdempotencyStats, IdempotencyStore, Record, StoredResponse,
 };
 use crate::policy::Now;
 use hashbrown::HashTable;
@@ -40,14 +40,60 @@ const UNCERTAIN: usize = 0;
 const COMPLETED: usize = 1;
 const EXPIRY: usize = 2;
 
+/// The longest key kept in its node rather than in an allocation of its own
+/// (a UUID is 36 bytes).
+const INLINE_KEY: usize = 46;
+
+/// A record's key: in the node when short, so that comparing it and
+/// evicting its record touch no other allocation (a cold one, in a full
+/// store), and a new record allocates nothing for it.
+#[derive(Debug)]
+enum Key {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+impl Key {
+    fn new(key: &str) -> Self {
+        let k = key.as_bytes();
+        match u8::try_from(k.len()) {
+            Ok(len) if k.len() <= INLINE_KEY => {
+                let mut bytes = [0; INLINE_KEY];
+                bytes[..k.len()].copy_from_slice(k);
+                Key::Inline { len, bytes }
+            }
+            _ => Key::Heap(k.into()),
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Key::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Key::Heap(b) => b,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Node {
-    key: Box<str>,
+    key: Key,
     /// `key`'s hash: an eviction finds the record's place in the table by it
     /// without hashing or reading the key again.
     hash: u64,
+    /// Which record this is, for a [`Ticket`]: unique in the store's life.
+    serial: u64,
     entry: Entry,
     bytes: usize,
+}
+
+/// The record [`MemoryStore::begin_ticket`] took in flight: where it is, and
+/// which record it is (a freed slot is reused by another). Its owner
+/// finishes it with [`MemoryStore::finish_ticket`] without hashing or
+/// comparing the key again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    slot: usize,
+    serial: u64,
 }
 
 /// The in-memory store: a hash map into a slab threaded by intrusive lists,
@@ -59,6 +105,9 @@ pub struct MemoryStore {
     map: HashTable<usize>,
     /// Keyed per store, so clients cannot aim their keys at one bucket.
     hasher: RandomState,
+    /// The next record's serial; it starts at a random number, so a ticket
+    /// of another store (one replaced by a reload) matches nothing here.
+    serial: u64,
     nodes: Vec<Option<Node>>,
     links: Vec<[Link; 2]>,
     free: Vec<usize>,
@@ -72,10 +121,12 @@ impl MemoryStore {
             newest: NIL,
             oldest: NIL,
         };
+        let hasher = RandomState::new();
         MemoryStore {
             params,
             map: HashTable::new(),
-            hasher: RandomState::new(),
+            serial: hasher.hash_one(0u8),
+            hasher,
             nodes: Vec::new(),
             links: Vec::new(),
             free: Vec::new(),
@@ -102,12 +153,16 @@ impl MemoryStore {
 
     /// The slot holding `key`'s record.
     fn slot(&self, key: &str) -> Option<usize> {
-        let hash = self.hasher.hash_one(key);
+        self.slot_hashed(key, self.hasher.hash_one(key))
+    }
+
+    /// The slot holding `key`'s record, `hash` being its hash.
+    fn slot_hashed(&self, key: &str, hash: u64) -> Option<usize> {
         let nodes = &self.nodes;
         let found = self.map.find(hash, |&i| {
             nodes[i]
                 .as_ref()
-                .is_some_and(|n| n.hash == hash && *n.key == *key)
+                .is_some_and(|n| n.hash == hash && n.key.as_bytes() == key.as_bytes())
         });
         found.copied()
     }
@@ -171,12 +226,14 @@ impl MemoryStore {
         }
     }
 
-    fn insert(&mut self, key: &str, entry: Entry) {
-        let bytes = entry.bytes(key);
-        let hash = self.hasher.hash_one(key);
+    fn insert(&mut self, key: &str, hash: u64, entry: Entry) -> Ticket {
+        let bytes = entry.bytes(key.len());
+        let serial = self.serial;
+        self.serial = self.serial.wrapping_add(1);
         let node = Some(Node {
-            key: key.into(),
+            key: Key::new(key),
             hash,
+            serial,
             entry,
             bytes,
         });
@@ -197,6 +254,7 @@ impl MemoryStore {
             .insert_unique(hash, i, |&j| nodes[j].as_ref().map_or(0, |n| n.hash));
         self.stats.bytes += bytes;
         self.link_all(i);
+        Ticket { slot: i, serial }
     }
 
     fn remove(&mut self, i: usize) {
@@ -216,7 +274,7 @@ impl MemoryStore {
         let n = self.node_mut(i);
         n.entry.state = state;
         n.entry.expires = expires;
-        let bytes = n.entry.bytes(&n.key);
+        let bytes = n.entry.bytes(n.key.as_bytes().len());
         let old = std::mem::replace(&mut n.bytes, bytes);
         self.stats.bytes = self.stats.bytes - old + bytes;
         self.link_all(i);
@@ -246,9 +304,10 @@ impl MemoryStore {
 }
 
 impl MemoryStore {
-    /// The slot of `key`'s live record; an expired one is dropped.
-    fn live(&mut self, key: &str, now: Now) -> Option<usize> {
-        let slot = self.slot(key);
+    /// The slot of `key`'s live record (`hash` being its hash); an expired
+    /// one is dropped.
+    fn live(&mut self, key: &str, hash: u64, now: Now) -> Option<usize> {
+        let slot = self.slot_hashed(key, hash);
         if let Some(i) = slot.filter(|&i| self.node(i).entry.expired(now)) {
             self.remove(i);
             self.stats.expired += 1;
@@ -256,21 +315,31 @@ impl MemoryStore {
         }
         slot
     }
-}
 
-impl IdempotencyStore for MemoryStore {
-    fn begin(&mut self, key: &str, fingerprint: &Fingerprint, now: Now) -> Begin {
-        let slot = self.live(key, now);
+    /// [`IdempotencyStore::begin`], with the record taken in flight (on
+    /// [`Action::Forward`]) as a ticket for [`Self::finish_ticket`].
+    pub fn begin_ticket(
+        &mut self,
+        key: &str,
+        fingerprint: &Fingerprint,
+        now: Now,
+    ) -> (Begin, Option<Ticket>) {
+        let hash = self.hasher.hash_one(key);
+        let slot = self.live(key, hash, now);
         let action =
             decide(slot.map(|i| &self.node(i).entry), fingerprint, now).map(StoredResponse::clone);
         let expires = now + self.params.ttl;
+        let mut ticket = None;
         match (&action, slot) {
             (Action::Forward, Some(i)) => {
                 self.rewrite(i, EntryState::InFlight { since: now }, expires);
+                let serial = self.node(i).serial;
+                ticket = Some(Ticket { slot: i, serial });
             }
             (Action::Forward, None) => {
                 let state = EntryState::InFlight { since: now };
-                self.insert(key, Entry::new(*fingerprint, state, expires));
+                let entry = Entry::new(*fingerprint, state, expires);
+                ticket = Some(self.insert(key, hash, entry));
                 self.evict();
             }
             (Action::InFlight, _) => self.stats.in_flight += 1,
@@ -287,11 +356,61 @@ impl IdempotencyStore for MemoryStore {
             }
             (Action::Replay(_) | Action::NotReplayable, None) => {}
         }
-        action
+        (action, ticket)
+    }
+
+    /// [`IdempotencyStore::finish`] for the record a ticket names, if it is
+    /// still that record and still in flight.
+    pub fn finish_ticket(
+        &mut self,
+        t: Ticket,
+        what: Record,
+        response: Option<StoredResponse>,
+        now: Now,
+    ) {
+        let held = self.nodes.get(t.slot).and_then(Option::as_ref);
+        let in_flight = held.is_some_and(|n| {
+            n.serial == t.serial && matches!(n.entry.state, EntryState::InFlight { .. })
+        });
+        if in_flight {
+            self.finish_at(t.slot, what, response, now);
+        }
+    }
+
+    /// Finishes the in-flight record in slot `i`.
+    fn finish_at(&mut self, i: usize, what: Record, response: Option<StoredResponse>, now: Now) {
+        let expires = now + self.params.ttl;
+        let state = match (what, response) {
+            (Record::Forget, _) => return self.remove(i),
+            (Record::Uncertain, _) => EntryState::Uncertain,
+            (Record::Completed, Some(r)) => {
+                let whole = self.node(i).bytes + r.bytes();
+                let p = &self.params;
+                match r.bytes() <= p.max_response_bytes && whole <= p.max_bytes {
+                    true => EntryState::Completed(r),
+                    false => EntryState::CompletedNotReplayable,
+                }
+            }
+            (Record::Completed | Record::CompletedNotReplayable, _) => {
+                EntryState::CompletedNotReplayable
+            }
+        };
+        if !matches!(state, EntryState::Uncertain) {
+            self.stats.stored += 1;
+        }
+        self.rewrite(i, state, expires);
+        self.evict();
+    }
+}
+
+impl IdempotencyStore for MemoryStore {
+    fn begin(&mut self, key: &str, fingerprint: &Fingerprint, now: Now) -> Begin {
+        self.begin_ticket(key, fingerprint, now).0
     }
 
     fn claim(&mut self, key: &str, now: Now) -> Claim {
-        let slot = self.live(key, now);
+        let hash = self.hasher.hash_one(key);
+        let slot = self.live(key, hash, now);
         let state = slot.map(|i| &self.node(i).entry.state);
         match state {
             Some(EntryState::InFlight { .. }) => {
@@ -308,7 +427,8 @@ impl IdempotencyStore for MemoryStore {
                         self.rewrite(i, state, expires);
                     }
                     None => {
-                        self.insert(key, Entry::new(Fingerprint::PENDING, state, expires));
+                        let entry = Entry::new(Fingerprint::PENDING, state, expires);
+                        self.insert(key, hash, entry);
                         self.evict();
                     }
                 }
@@ -327,37 +447,26 @@ impl IdempotencyStore for MemoryStore {
     }
 
     fn complete(&mut self, key: &str, response: StoredResponse, now: Now) {
-        let Some(i) = self.in_flight(key) else { return };
-        let n = self.node(i);
-        let whole = n.bytes + response.bytes();
-        let fits =
-            response.bytes() <= self.params.max_response_bytes && whole <= self.params.max_bytes;
-        let state = match fits {
-            true => EntryState::Completed(response),
-            false => EntryState::CompletedNotReplayable,
-        };
-        self.rewrite(i, state, now + self.params.ttl);
-        self.stats.stored += 1;
-        self.evict();
+        self.finish(key, Record::Completed, Some(response), now);
     }
 
     fn complete_unreplayable(&mut self, key: &str, now: Now) {
-        let Some(i) = self.in_flight(key) else { return };
-        let state = EntryState::CompletedNotReplayable;
-        self.rewrite(i, state, now + self.params.ttl);
-        self.stats.stored += 1;
-        self.evict();
+        self.finish(key, Record::CompletedNotReplayable, None, now);
     }
 
     fn uncertain(&mut self, key: &str, now: Now) {
-        let Some(i) = self.in_flight(key) else { return };
-        self.rewrite(i, EntryState::Uncertain, now + self.params.ttl);
-        self.evict();
+        self.finish(key, Record::Uncertain, None, now);
     }
 
     fn forget(&mut self, key: &str) {
         if let Some(i) = self.in_flight(key) {
             self.remove(i);
+        }
+    }
+
+    fn finish(&mut self, key: &str, what: Record, response: Option<StoredResponse>, now: Now) {
+        if let Some(i) = self.in_flight(key) {
+            self.finish_at(i, what, response, now);
         }
     }
 
@@ -388,7 +497,6 @@ impl IdempotencyStore for MemoryStore {
 mod tests {
     use super::super::{record, Ending, Record, ENTRY_OVERHEAD};
     use super::*;
-    use bytes::Bytes;
     use std::time::Duration;
 
     fn s(x: u64) -> Duration {
@@ -407,11 +515,7 @@ mod tests {
 
     /// A response of `n` accounted bytes: no fields, a body of `n`.
     fn response(n: usize) -> StoredResponse {
-        StoredResponse {
-            status: 201,
-            fields: Bytes::new(),
-            body: Bytes::from(vec![b'x'; n]),
-        }
+        StoredResponse::from_buffer(201, vec![b'x'; n], 0)
     }
 
     /// The accounted size of a record under a one-byte key for `fp("…")`.
@@ -424,6 +528,65 @@ mod tests {
             + std::mem::size_of::<usize>()
             + 1;
         assert!(ENTRY_OVERHEAD >= fixed, "{fixed}");
+    }
+
+    /// Keys up to the inline length are kept in their node, longer ones in
+    /// an allocation; both are found, told apart and counted by their length.
+    #[test]
+    fn short_and_long_keys_are_kept_alike() {
+        let mut st = store(1 << 20, 1 << 10);
+        let keys = [
+            "a".repeat(INLINE_KEY),
+            "a".repeat(INLINE_KEY + 1),
+            "b".repeat(255),
+            "a".repeat(INLINE_KEY - 1),
+        ];
+        for k in &keys {
+            assert_eq!(st.begin(k, &fp("x"), s(0)), Action::Forward, "{}", k.len());
+            st.complete(k, response(3), s(0));
+        }
+        for k in &keys {
+            assert!(matches!(st.begin(k, &fp("x"), s(1)), Action::Replay(_)));
+            assert_eq!(st.begin(k, &fp("y"), s(1)), Action::Reused);
+        }
+        let lens: usize = keys.iter().map(String::len).sum();
+        assert_eq!(st.stats().bytes, 4 * (ENTRY_OVERHEAD + 3) + lens);
+    }
+
+    /// A ticket finishes the record it was given for, and nothing else: not
+    /// a later record in its reused slot, not a record of another store.
+    #[test]
+    fn a_ticket_finishes_only_its_own_record() {
+        let mut st = store(1 << 20, 1 << 10);
+        let (a, t) = st.begin_ticket("k", &fp("a"), s(0));
+        assert_eq!((a, t.is_some()), (Action::Forward, true));
+        let t = t.unwrap();
+        st.finish_ticket(t, Record::Completed, Some(response(10)), s(1));
+        assert!(matches!(st.begin("k", &fp("a"), s(2)), Action::Replay(_)));
+        // Done already: the ticket no longer names a record in flight.
+        st.finish_ticket(t, Record::Forget, None, s(3));
+        assert!(st.entry("k").is_some());
+
+        // The record forgotten, its slot goes to the next key.
+        let (_, t) = st.begin_ticket("j", &fp("a"), s(4));
+        st.finish_ticket(t.unwrap(), Record::Forget, None, s(5));
+        let (_, t2) = st.begin_ticket("i", &fp("a"), s(6));
+        assert_eq!(t2.unwrap().slot, t.unwrap().slot);
+        st.finish_ticket(t.unwrap(), Record::Uncertain, None, s(7));
+        assert_eq!(st.begin("i", &fp("a"), s(8)), Action::InFlight);
+
+        // Another store's ticket for the same slot matches nothing.
+        let mut other = store(1 << 20, 1 << 10);
+        let (_, o) = other.begin_ticket("x", &fp("a"), s(0));
+        let foreign = Ticket {
+            slot: t2.unwrap().slot,
+            serial: o.unwrap().serial,
+        };
+        st.finish_ticket(foreign, Record::Forget, None, s(9));
+        assert_eq!(st.begin("i", &fp("a"), s(10)), Action::InFlight);
+        // A replay, a refusal: no ticket.
+        assert_eq!(st.begin_ticket("k", &fp("a"), s(11)).1, None);
+        assert_eq!(st.begin_ticket("i", &fp("a"), s(11)).1, None);
     }
 
     #[test]

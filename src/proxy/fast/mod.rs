@@ -400,6 +400,7 @@ impl Ctx<'_> {
             head_len,
             framing,
             mut reusable,
+            kept: kept_fields,
             ..
         } = x;
         let idle = up.config.idle_timeout;
@@ -412,7 +413,7 @@ impl Ctx<'_> {
                 _ => 0,
             };
             let room = usize::try_from(hint).unwrap_or(usize::MAX).min(r.limit());
-            r.capture(status, head::fields(&bufs.out, room), hint)
+            r.capture(status, head::fields(&bufs.out, kept_fields, room), hint)
         });
         head::finish_response(
             &mut bufs.out,

@@ -29,6 +29,8 @@ pub(super) struct Exchange {
     pub(super) framing: Framing,
     pub(super) reusable: bool,
     pub(super) retry_after: Option<Duration>,
+    /// Where the fields a stored response keeps lie in the client's head.
+    pub(super) kept: Option<(usize, usize)>,
 }
 
 /// How an exchange failed, classified as on the general path.
@@ -274,6 +276,7 @@ async fn read_head(
                         framing: r.framing,
                         reusable: r.reusable && whole,
                         retry_after,
+                        kept: r.kept,
                     });
                 }
                 Err(why) => return Err(SendError::new(Failure::BadResponse, why)),

@@ -673,6 +673,32 @@ mod tests {
         );
     }
 
+    /// The kept fields as one block from the head's range are the ones the
+    /// line-by-line filter keeps: framing restated after them, `Date` added
+    /// within them; an upstream's `Idempotent-Replayed` means no range.
+    #[test]
+    fn the_kept_block_is_the_filtered_head() {
+        let later = || std::time::UNIX_EPOCH;
+        for (raw, plain) in [
+            ("HTTP/1.1 201 Created\r\ncontent-type: a/b\r\ncontent-length: 2\r\nx-id: 7\r\n\r\n", true),
+            ("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\nx-weir-x: 1\r\nx: y\r\n\r\n", true),
+            ("HTTP/1.1 204 No Content\r\ndate: Sun, 29 Nov 2026 19:00:00 GMT\r\n\r\n", true),
+            ("HTTP/1.1 200 OK\r\nidempotent-replayed: true\r\nx: y\r\ncontent-length: 0\r\n\r\n", false),
+        ] {
+            let mut out = Vec::new();
+            let Ok(Some(Head::Final(r))) = parse_response(raw.as_bytes(), false, later, &mut out)
+            else {
+                panic!("{raw}")
+            };
+            assert_eq!(r.kept.is_some(), plain, "{raw}");
+            let filtered = fields(&out, None, 0);
+            assert_eq!(fields(&out, r.kept, 9), filtered, "{raw}");
+            let text = String::from_utf8(filtered).unwrap();
+            assert!(text.contains("date: ") && !text.contains("content-length"), "{text}");
+            assert!(!text.contains("idempotent-replayed") && !text.contains("x-weir"), "{text}");
+        }
+    }
+
     #[test]
     fn numbers_are_written_in_decimal() {
         for n in [0u64, 7, 10, 65536, u64::MAX] {

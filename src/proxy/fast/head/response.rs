@@ -30,6 +30,10 @@ pub struct Response<'b> {
     pub reusable: bool,
     /// `Retry-After`, as sent.
     pub retry_after: Option<&'b str>,
+    /// Where in `out` the fields a stored response keeps lie, as one block
+    /// (see [`fields`]); `None` when the upstream sent one that must be
+    /// left out of it (`Idempotent-Replayed`).
+    pub kept: Option<(usize, usize)>,
 }
 
 /// A parsed response head.
@@ -81,9 +85,11 @@ pub fn parse_response<'b>(
     let mut retry_after = None;
     let mut connection = ConnectionField::default();
     let mut dated = false;
+    let mut replayed = false;
     for h in resp.headers.iter() {
         let n = h.name;
         dated |= eq(n, "date");
+        replayed |= eq(n, crate::policy::idempotency::REPLAYED_HEADER);
         if eq(n, "content-length") {
             let v = h1::content_length_list(h.value)
                 .ok_or("the upstream sent an invalid Content-Length")?;
@@ -126,6 +132,7 @@ pub fn parse_response<'b>(
     out.push(b' ');
     out.extend_from_slice(resp.reason.unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
+    let fields_start = out.len();
     for h in resp.headers.iter() {
         let n = h.name;
         // The framing fields are restated below, once each.
@@ -138,6 +145,8 @@ pub fn parse_response<'b>(
     if !dated {
         header(out, b"date", httpdate::fmt_http_date(now()).as_bytes());
     }
+    // The end-to-end fields end here; the framing is restated after them.
+    let kept = (!replayed).then_some((fields_start, out.len()));
     // A body-less response keeps its Content-Length: it describes the
     // representation (HEAD, 304), not this message — except a 204, which
     // must not carry one (RFC 9110 §8.6), as hyper's server drops it.
@@ -161,6 +170,7 @@ pub fn parse_response<'b>(
         framing,
         reusable,
         retry_after,
+        kept,
     })))
 }
 
@@ -188,9 +198,17 @@ pub fn finish_response(out: &mut Vec<u8>, annotations: Option<Annotations>, clos
 /// The fields of the client's response head [`parse_response`] began in
 /// `out` (before [`finish_response`]) that a stored response keeps
 /// (`idempotent::kept`), as one block of `name: value\r\n` lines: the
-/// upstream's end-to-end fields as the client gets them. `room`: what to
-/// leave for the body kept after them (its length, when known).
-pub fn fields(out: &[u8], room: usize) -> Vec<u8> {
+/// upstream's end-to-end fields as the client gets them. `kept`: where they
+/// lie as one block ([`Response::kept`]), copied as they are; without it
+/// the head is read line by line. `room`: what to leave for the body kept
+/// after them (its length, when known), so that a body of that length fills
+/// the buffer exactly.
+pub fn fields(out: &[u8], kept: Option<(usize, usize)>, room: usize) -> Vec<u8> {
+    if let Some(block) = kept.and_then(|(a, b)| out.get(a..b)) {
+        let mut v = Vec::with_capacity(block.len() + room);
+        v.extend_from_slice(block);
+        return v;
+    }
     let mut block = Vec::with_capacity(out.len() + room);
     for line in out.split_inclusive(|b| *b == b'\n').skip(1) {
         let name = line.split(|b| *b == b':').next().unwrap_or_default();
