@@ -141,7 +141,7 @@ fn benches(c: &mut Criterion) {
 /// evicts the oldest) taking a new key through begin and complete.
 fn idempotency(c: &mut Criterion) {
     use weir::policy::idempotency::{
-        Fingerprint, IdempotencyParams, IdempotencyStore, MemoryStore, StoredResponse,
+        Fingerprint, IdempotencyParams, IdempotencyStore, MemoryStore, Record, StoredResponse,
     };
     let body = vec![b'x'; 1024];
     c.bench_function("fingerprint (SHA-256, 1 KiB body)", |b| {
@@ -164,9 +164,13 @@ fn idempotency(c: &mut Criterion) {
         n += 1;
         now += Duration::from_micros(1);
         let key = format!("key-{n}");
-        black_box(store.begin(&key, &fp, now));
+        // As the data plane does: the ticket finishes the record.
+        let (begun, ticket) = store.begin_ticket(&key, &fp, now);
+        black_box(begun);
         let r = StoredResponse::from_block(201, fields, &[b'o'; 64]);
-        store.complete(&key, r, now);
+        if let Some(t) = ticket {
+            store.finish_ticket(t, Record::Completed, Some(r), now);
+        }
     };
     while store.stats().evicted == 0 {
         step(&mut store);

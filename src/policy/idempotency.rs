@@ -209,11 +209,11 @@ pub struct FingerprintHasher {
 
 impl FingerprintHasher {
     /// Starts with the method and the target (path and query as sent).
-    pub fn new(method: &str, target: &str) -> Self {
+    pub fn new(method: impl AsRef<[u8]>, target: impl AsRef<[u8]>) -> Self {
         let mut sha = Sha256::new();
         // Lengths first: "POST" + "/ab" never hashes like "POST/" + "ab".
         // A usual head goes in as one piece (the same input, fewer copies).
-        let (m, t) = (method.as_bytes(), target.as_bytes());
+        let (m, t) = (method.as_ref(), target.as_ref());
         let mut head = [0u8; 256];
         if let Some(h) = head.get_mut(..16 + m.len() + t.len()) {
             let (ml, rest) = h.split_at_mut(8);

@@ -340,7 +340,7 @@ pub(crate) fn replay_parts(
 
 /// The fingerprint of a keyed request whose whole body weir holds (`chunked`:
 /// as it came, chunked; its data is what counts).
-pub(crate) fn fingerprint(method: &str, target: &str, body: &[u8], chunked: bool) -> Fingerprint {
+pub(crate) fn fingerprint(method: &[u8], target: &[u8], body: &[u8], chunked: bool) -> Fingerprint {
     let mut h = crate::policy::idempotency::FingerprintHasher::new(method, target);
     if chunked {
         for c in super::h1::Chunks::new(body) {

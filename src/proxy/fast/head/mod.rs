@@ -93,14 +93,12 @@ pub struct Keyed {
 }
 
 impl Keyed {
-    /// The key, method and target, read from the head in `buf`.
-    pub fn parts<'b>(&self, buf: &'b [u8]) -> (&'b str, &'b str, &'b str) {
-        let text = |r: &std::ops::Range<usize>| {
-            buf.get(r.clone())
-                .and_then(|b| std::str::from_utf8(b).ok())
-                .unwrap_or_default()
-        };
-        (text(&self.key), text(&self.method), text(&self.target))
+    /// The key, method and target, read from the head in `buf` (the
+    /// method and target as bytes: they are only hashed).
+    pub fn parts<'b>(&self, buf: &'b [u8]) -> (&'b str, &'b [u8], &'b [u8]) {
+        let bytes = |r: &std::ops::Range<usize>| buf.get(r.clone()).unwrap_or_default();
+        let key = std::str::from_utf8(bytes(&self.key)).unwrap_or_default();
+        (key, bytes(&self.method), bytes(&self.target))
     }
 }
 
