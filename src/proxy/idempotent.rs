@@ -66,12 +66,16 @@ pub(crate) enum Begun {
 /// upstream's state is shared and Redis answers, else the instance's own.
 pub(crate) async fn begin(up: &Upstream, key: &str, fingerprint: &Fingerprint) -> Begun {
     // A begin on Redis that went unanswered may have landed: its record
-    // there is finished with the local one, or forgotten.
-    // (Without a link to the fleet it answers at once: decide locally.)
-    let mut landed = match fleet::begin(up, key, fingerprint).await {
-        Ok(b) => return b,
-        Err(l) => l,
-    };
+    // there is finished with the local one, or forgotten. (The Redis call
+    // is boxed: its future is large, and a request without a fleet would
+    // otherwise carry, and copy, room for it.)
+    let mut landed = None;
+    if let Some(link) = up.state.link() {
+        match Box::pin(fleet::begin(up, link, key, fingerprint)).await {
+            Ok(b) => return b,
+            Err(l) => landed = l,
+        }
+    }
     let state = &up.state;
     let now = state.now();
     let mut store = state.idempotency();
@@ -101,7 +105,7 @@ pub(crate) async fn begin(up: &Upstream, key: &str, fingerprint: &Fingerprint) -
                 ticket,
                 limit,
                 shared: None,
-                landed,
+                landed: landed.map(Box::new),
                 done: false,
             })
         }
@@ -137,11 +141,12 @@ pub(crate) struct Recorder {
     ticket: Option<Ticket>,
     /// `max_response_bytes`.
     limit: usize,
-    /// Where the record is, when it is on the fleet's Redis.
-    shared: Option<fleet::Shared>,
+    /// Where the record is, when it is on the fleet's Redis. (Boxed, as
+    /// `landed`: without a fleet a recorder is small, and cheap to move.)
+    shared: Option<Box<fleet::Shared>>,
     /// With the record in the local store: the one an unanswered begin on
     /// Redis may have left there, finished the same way.
-    landed: Option<fleet::Shared>,
+    landed: Option<Box<fleet::Shared>>,
     done: bool,
 }
 
@@ -157,7 +162,7 @@ impl Recorder {
             key: Some(key.into()),
             ticket: None,
             limit,
-            shared,
+            shared: shared.map(Box::new),
             landed: None,
             done: false,
         }
@@ -172,10 +177,10 @@ impl Recorder {
     fn write(&mut self, what: Record, response: Option<StoredResponse>) {
         if let Some(shared) = self.shared.take() {
             let key = self.key.take().unwrap_or_default();
-            return fleet::finish(shared, key, what, response);
+            return fleet::finish(*shared, key, what, response);
         }
         if let (Some(landed), Some(key)) = (self.landed.take(), &self.key) {
-            fleet::finish_landed(landed, key.clone(), what, response.clone());
+            fleet::finish_landed(*landed, key.clone(), what, response.clone());
         }
         let now = self.state.now();
         if let Some(store) = self.state.idempotency().as_mut() {
@@ -375,7 +380,10 @@ pub(crate) async fn begin_body(
         RequestBody::Streamed { slot, .. } => slot,
         RequestBody::Direct(..) => return Begun::Unrecorded,
     };
-    let shared = fleet::claim(up, key).await;
+    let shared = match up.state.link() {
+        Some(link) => Box::pin(fleet::claim(up, link, key)).await,
+        None => None,
+    };
     let (claim, forward) = match shared {
         Some((claim, Some((r, link)))) => (claim, Some((r, Some(link)))),
         Some((claim, None)) => (claim, None),

@@ -44,10 +44,10 @@ fn params(up: &Upstream) -> Option<(Duration, usize)> {
 /// too, or the key is held fleet-wide for the whole lease.
 pub(super) async fn begin(
     up: &Upstream,
+    link: Arc<Link>,
     key: &str,
     fingerprint: &Fingerprint,
 ) -> Result<Begun, Option<Shared>> {
-    let link = up.state.link().ok_or(None)?;
     let (ttl, limit) = params(up).ok_or(None)?;
     let action = match (link.fleet)
         .idempotency_begin(&up.state.name, key, fingerprint, lease(up))
@@ -86,9 +86,9 @@ pub(super) async fn begin(
 /// to once the body has passed.
 pub(super) async fn claim(
     up: &Upstream,
+    link: Arc<Link>,
     key: &str,
 ) -> Option<(Claim, Option<(Recorder, Arc<Link>)>)> {
-    let link = up.state.link()?;
     let (ttl, limit) = params(up)?;
     let claim = (link.fleet)
         .idempotency_claim(&up.state.name, key, lease(up))
