@@ -423,6 +423,13 @@ async fn bad_keys_are_400_and_other_methods_are_not_recorded(path: DataPath) {
         assert!(out.starts_with("HTTP/1.1 400"), "{out}");
         assert!(out.contains("x-weir-error: bad_request"), "{out}");
     }
+    // Not text (obs-text bytes, which the HTTP grammar lets through).
+    let mut req = b"POST /orders HTTP/1.1\r\nHost: svc\r\nIdempotency-Key: k\xff\xfe\r\n".to_vec();
+    req.extend_from_slice(b"Content-Length: 1\r\nConnection: close\r\n\r\nx");
+    let out = exchange_raw(weir.addr, &req).await;
+    assert!(out.starts_with("HTTP/1.1 400"), "{out}");
+    assert!(out.contains("x-weir-error: bad_request"), "{out}");
+    assert_eq!(o.up.requests(), 0);
     // A PUT is idempotent by itself: its key is passed on, not recorded.
     for _ in 0..2 {
         let req = Request::put(weir.url("/orders"))

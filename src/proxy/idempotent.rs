@@ -19,7 +19,7 @@ use super::Upstream;
 use crate::config::UpstreamConfig;
 use crate::policy::idempotency::{
     parse_key, Action, Claim, Ending, Fingerprint, FingerprintHasher, IdempotencyStore, Record,
-    StoredResponse, Ticket, REPLAYED_HEADER,
+    StoredResponse, Ticket, MAX_KEY_BYTES, REPLAYED_HEADER,
 };
 use crate::state::UpstreamState;
 use bytes::Bytes;
@@ -33,19 +33,41 @@ pub(crate) fn key_of<'v>(
     method: &str,
     value: Option<&'v [u8]>,
 ) -> Result<Option<&'v str>, ProxyError> {
+    match key_bytes_of(cfg, method, value)? {
+        Some(v) => parse_key(v).map(Some).ok_or_else(|| bad_key(cfg)),
+        None => Ok(None),
+    }
+}
+
+/// [`key_of`] but for the text check, which the fast path makes once, when
+/// it reads the key back from its buffer ([`key_text`]).
+pub(crate) fn key_bytes_of<'v>(
+    cfg: &UpstreamConfig,
+    method: &str,
+    value: Option<&'v [u8]>,
+) -> Result<Option<&'v [u8]>, ProxyError> {
     let (Some(params), Some(v)) = (&cfg.idempotency, value) else {
         return Ok(None);
     };
     if !params.applies_to(method) {
         return Ok(None);
     }
-    match parse_key(v) {
-        Some(k) => Ok(Some(k)),
-        None => Err(ProxyError::BadRequest(format!(
-            "the {} header must be 1 to 255 bytes of text",
-            cfg.idempotency_header
-        ))),
+    match v.len() {
+        1..=MAX_KEY_BYTES => Ok(Some(v)),
+        _ => Err(bad_key(cfg)),
     }
+}
+
+/// A key [`key_bytes_of`] let through, as text; not text: a 400.
+pub(crate) fn key_text<'v>(cfg: &UpstreamConfig, key: &'v [u8]) -> Result<&'v str, ProxyError> {
+    parse_key(key).ok_or_else(|| bad_key(cfg))
+}
+
+fn bad_key(cfg: &UpstreamConfig) -> ProxyError {
+    ProxyError::BadRequest(format!(
+        "the {} header must be 1 to 255 bytes of text",
+        cfg.idempotency_header
+    ))
 }
 
 /// What a keyed request gets.

@@ -182,6 +182,10 @@ impl Ctx<'_> {
                 return open;
             }
             let (key, method, target) = k.parts(&self.bufs.client);
+            let key = match idempotent::key_text(cfg, key) {
+                Ok(key) => key,
+                Err(e) => return self.fail(up, start, &p, fail(e)).await,
+            };
             let body = &self.bufs.client[p.head_len..need];
             let fp = idempotent::fingerprint(method, target, body, p.chunked);
             match idempotent::begin(up, key, &fp).await {

@@ -93,12 +93,12 @@ pub struct Keyed {
 }
 
 impl Keyed {
-    /// The key, method and target, read from the head in `buf` (the
-    /// method and target as bytes: they are only hashed).
-    pub fn parts<'b>(&self, buf: &'b [u8]) -> (&'b str, &'b [u8], &'b [u8]) {
+    /// The key, method and target, read from the head in `buf`, as bytes
+    /// (the key is made text once, where it is used; the method and target
+    /// are only hashed).
+    pub fn parts<'b>(&self, buf: &'b [u8]) -> (&'b [u8], &'b [u8], &'b [u8]) {
         let bytes = |r: &std::ops::Range<usize>| buf.get(r.clone()).unwrap_or_default();
-        let key = std::str::from_utf8(bytes(&self.key)).unwrap_or_default();
-        (key, bytes(&self.method), bytes(&self.target))
+        (bytes(&self.key), bytes(&self.method), bytes(&self.target))
     }
 }
 
@@ -254,9 +254,9 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     let Some((key, idem_value)) = write(up, &req, out) else {
         return Parse::Fallback("a target that cannot be mapped");
     };
-    let idem = match crate::proxy::idempotent::key_of(&up.config, req.method, idem_value) {
+    let idem = match crate::proxy::idempotent::key_bytes_of(&up.config, req.method, idem_value) {
         Ok(k) => k.map(|k| Keyed {
-            key: range_in(buf, k.as_bytes()),
+            key: range_in(buf, k),
             method: range_in(buf, req.method.as_bytes()),
             target: range_in(buf, req.path_and_query.as_bytes()),
         }),
