@@ -22,6 +22,10 @@ pub(super) struct Bufs {
     pub(super) upstream: Vec<u8>,
     /// Bytes for the client.
     pub(super) out: Vec<u8>,
+    /// Where in `out` the response fields a stored response keeps lie
+    /// (`head::Response::kept`). Kept here, not in the exchange, which is
+    /// moved by value through the attempt loop on every request.
+    pub(super) kept: Option<(usize, usize)>,
     /// The client closed its side after pipelining requests: they are
     /// served, then the connection closes.
     pub(super) eof: bool,
@@ -36,6 +40,7 @@ impl Bufs {
             request: Vec::new(),
             upstream: Vec::new(),
             out: Vec::new(),
+            kept: None,
             eof: false,
         }
     }

@@ -246,6 +246,7 @@ impl Ctx<'_> {
             request: &self.bufs.request,
             upstream: &mut self.bufs.upstream,
             out: &mut self.bufs.out,
+            kept: &mut self.bufs.kept,
             timer: &mut *self.timer,
             pool: self.pool,
             up,
@@ -404,7 +405,6 @@ impl Ctx<'_> {
             head_len,
             framing,
             mut reusable,
-            kept: kept_fields,
             ..
         } = x;
         let idle = up.config.idle_timeout;
@@ -417,7 +417,7 @@ impl Ctx<'_> {
                 _ => 0,
             };
             let room = usize::try_from(hint).unwrap_or(usize::MAX).min(r.limit());
-            r.capture(status, head::fields(&bufs.out, kept_fields, room), hint)
+            r.capture(status, head::fields(&bufs.out, bufs.kept, room), hint)
         });
         head::finish_response(
             &mut bufs.out,

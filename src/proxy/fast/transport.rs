@@ -29,8 +29,6 @@ pub(super) struct Exchange {
     pub(super) framing: Framing,
     pub(super) reusable: bool,
     pub(super) retry_after: Option<Duration>,
-    /// Where the fields a stored response keeps lie in the client's head.
-    pub(super) kept: Option<(usize, usize)>,
 }
 
 /// How an exchange failed, classified as on the general path.
@@ -45,6 +43,8 @@ pub(super) struct FastTransport<'c> {
     pub(super) request: &'c [u8],
     pub(super) upstream: &'c mut Vec<u8>,
     pub(super) out: &'c mut Vec<u8>,
+    /// Set with `out`: where the fields a stored response keeps lie in it.
+    pub(super) kept: &'c mut Option<(usize, usize)>,
     pub(super) timer: &'c mut Timer,
     pub(super) pool: &'c Pool,
     pub(super) up: &'c Upstream,
@@ -99,7 +99,7 @@ impl attempt::Transport for FastTransport<'_> {
             // The client went away: the attempt is dropped, the breaker
             // slot released without a verdict.
             () = client_gone(self.watch.stream, self.watch.client, self.watch.need, self.watch.eof), if !self.detached => return None,
-            r = exchange(self.pool, self.up, started, self.request, self.upstream, self.out, self.head_method) => r.map_err(SendError::into_parts),
+            r = exchange(self.pool, self.up, started, self.request, self.upstream, (self.out, self.kept), self.head_method) => r.map_err(SendError::into_parts),
             () = self.timer.at(try_deadline) => Err(attempt::timed_out(try_deadline, deadline)),
         };
         Some(match sent {
@@ -139,7 +139,7 @@ async fn exchange(
     now: Instant,
     request: &[u8],
     buf: &mut Vec<u8>,
-    out: &mut Vec<u8>,
+    (out, kept): (&mut Vec<u8>, &mut Option<(usize, usize)>),
     head_method: bool,
 ) -> Result<Exchange, Failed> {
     let no_address = || SendError::new(Failure::Connect, "the upstream has no address of its own");
@@ -178,7 +178,18 @@ async fn exchange(
     };
     let whole = written == request.len();
     buf.clear();
-    read_head(up, s, addr, tag, written, whole, buf, out, head_method).await
+    read_head(
+        up,
+        s,
+        addr,
+        tag,
+        written,
+        whole,
+        buf,
+        (out, kept),
+        head_method,
+    )
+    .await
 }
 
 /// Writes `request` on a cleartext connection; returns how much was
@@ -229,7 +240,7 @@ async fn read_head(
     written: usize,
     whole: bool,
     buf: &mut Vec<u8>,
-    out: &mut Vec<u8>,
+    (out, kept): (&mut Vec<u8>, &mut Option<(usize, usize)>),
     head_method: bool,
 ) -> Result<Exchange, Failed> {
     loop {
@@ -264,6 +275,7 @@ async fn read_head(
                     buf.drain(..n);
                 }
                 Ok(Some(Head::Final(r))) => {
+                    *kept = r.kept;
                     let retry_after = r
                         .retry_after
                         .and_then(|v| parse_retry_after(v, up.state.clock.wall()));
@@ -276,7 +288,6 @@ async fn read_head(
                         framing: r.framing,
                         reusable: r.reusable && whole,
                         retry_after,
-                        kept: r.kept,
                     });
                 }
                 Err(why) => return Err(SendError::new(Failure::BadResponse, why)),
