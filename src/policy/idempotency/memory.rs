@@ -74,6 +74,13 @@ impl Key {
     }
 }
 
+/// A record's place: its links in the lists, and the record.
+#[derive(Debug)]
+struct Slot {
+    links: [Link; 2],
+    node: Option<Node>,
+}
+
 #[derive(Debug)]
 struct Node {
     key: Key,
@@ -108,8 +115,9 @@ pub struct MemoryStore {
     /// The next record's serial; it starts at a random number, so a ticket
     /// of another store (one replaced by a reload) matches nothing here.
     serial: u64,
-    nodes: Vec<Option<Node>>,
-    links: Vec<[Link; 2]>,
+    /// Each record's links and node side by side: an eviction reads both,
+    /// from one place, in a store too large for the CPU's caches.
+    slots: Vec<Slot>,
     free: Vec<usize>,
     lists: [List; 3],
     stats: IdempotencyStats,
@@ -127,8 +135,7 @@ impl MemoryStore {
             map: HashTable::new(),
             serial: hasher.hash_one(0u8),
             hasher,
-            nodes: Vec::new(),
-            links: Vec::new(),
+            slots: Vec::new(),
             free: Vec::new(),
             lists: [empty; 3],
             stats: IdempotencyStats::default(),
@@ -158,9 +165,10 @@ impl MemoryStore {
 
     /// The slot holding `key`'s record, `hash` being its hash.
     fn slot_hashed(&self, key: &str, hash: u64) -> Option<usize> {
-        let nodes = &self.nodes;
+        let slots = &self.slots;
         let found = self.map.find(hash, |&i| {
-            nodes[i]
+            slots[i]
+                .node
                 .as_ref()
                 .is_some_and(|n| n.hash == hash && n.key.as_bytes() == key.as_bytes())
         });
@@ -168,11 +176,17 @@ impl MemoryStore {
     }
 
     fn node(&self, i: usize) -> &Node {
-        self.nodes[i].as_ref().expect("a mapped slot holds a node")
+        self.slots[i]
+            .node
+            .as_ref()
+            .expect("a mapped slot holds a node")
     }
 
     fn node_mut(&mut self, i: usize) -> &mut Node {
-        self.nodes[i].as_mut().expect("a mapped slot holds a node")
+        self.slots[i]
+            .node
+            .as_mut()
+            .expect("a mapped slot holds a node")
     }
 
     /// The list a record's state puts it in, besides [`EXPIRY`].
@@ -187,29 +201,29 @@ impl MemoryStore {
     fn push_newest(&mut self, l: usize, i: usize) {
         let s = usize::from(l == EXPIRY);
         let old = self.lists[l].newest;
-        self.links[i][s] = Link {
+        self.slots[i].links[s] = Link {
             prev: NIL,
             next: old,
         };
         match old {
             NIL => self.lists[l].oldest = i,
-            o => self.links[o][s].prev = i,
+            o => self.slots[o].links[s].prev = i,
         }
         self.lists[l].newest = i;
     }
 
     fn unlink(&mut self, l: usize, i: usize) {
         let s = usize::from(l == EXPIRY);
-        let Link { prev, next } = self.links[i][s];
+        let Link { prev, next } = self.slots[i].links[s];
         match prev {
             NIL => self.lists[l].newest = next,
-            p => self.links[p][s].next = next,
+            p => self.slots[p].links[s].next = next,
         }
         match next {
             NIL => self.lists[l].oldest = prev,
-            n => self.links[n][s].prev = prev,
+            n => self.slots[n].links[s].prev = prev,
         }
-        self.links[i][s] = UNLINKED;
+        self.slots[i].links[s] = UNLINKED;
     }
 
     fn link_all(&mut self, i: usize) {
@@ -239,19 +253,23 @@ impl MemoryStore {
         });
         let i = match self.free.pop() {
             Some(i) => {
-                self.nodes[i] = node;
-                self.links[i] = [UNLINKED; 2];
+                self.slots[i] = Slot {
+                    links: [UNLINKED; 2],
+                    node,
+                };
                 i
             }
             None => {
-                self.nodes.push(node);
-                self.links.push([UNLINKED; 2]);
-                self.nodes.len() - 1
+                self.slots.push(Slot {
+                    links: [UNLINKED; 2],
+                    node,
+                });
+                self.slots.len() - 1
             }
         };
-        let nodes = &self.nodes;
+        let slots = &self.slots;
         self.map
-            .insert_unique(hash, i, |&j| nodes[j].as_ref().map_or(0, |n| n.hash));
+            .insert_unique(hash, i, |&j| slots[j].node.as_ref().map_or(0, |n| n.hash));
         self.stats.bytes += bytes;
         self.link_all(i);
         Ticket { slot: i, serial }
@@ -259,7 +277,7 @@ impl MemoryStore {
 
     fn remove(&mut self, i: usize) {
         self.unlink_all(i);
-        if let Some(n) = self.nodes[i].take() {
+        if let Some(n) = self.slots[i].node.take() {
             if let Ok(found) = self.map.find_entry(n.hash, |&j| j == i) {
                 found.remove();
             }
@@ -368,7 +386,7 @@ impl MemoryStore {
         response: Option<StoredResponse>,
         now: Now,
     ) {
-        let held = self.nodes.get(t.slot).and_then(Option::as_ref);
+        let held = self.slots.get(t.slot).and_then(|s| s.node.as_ref());
         let in_flight = held.is_some_and(|n| {
             n.serial == t.serial && matches!(n.entry.state, EntryState::InFlight { .. })
         });
@@ -523,10 +541,7 @@ mod tests {
 
     #[test]
     fn overhead_covers_a_records_fixed_cost() {
-        let fixed = std::mem::size_of::<Option<Node>>()
-            + std::mem::size_of::<[Link; 2]>()
-            + std::mem::size_of::<usize>()
-            + 1;
+        let fixed = std::mem::size_of::<Slot>() + std::mem::size_of::<usize>() + 1;
         assert!(ENTRY_OVERHEAD >= fixed, "{fixed}");
     }
 
@@ -856,7 +871,7 @@ mod tests {
             }
             st.sweep(s(round));
         }
-        assert!(st.nodes.len() <= 20);
+        assert!(st.slots.len() <= 20);
         let live: usize = st.map.iter().map(|&i| st.node(i).bytes).sum();
         assert_eq!(live, st.stats().bytes);
         // Walked oldest to newest, each list holds what the states say.
@@ -864,7 +879,7 @@ mod tests {
             let (mut n, mut i) = (0, st.lists[l].oldest);
             while i != NIL {
                 n += 1;
-                i = st.links[i][usize::from(l == EXPIRY)].prev;
+                i = st.slots[i].links[usize::from(l == EXPIRY)].prev;
             }
             n
         };

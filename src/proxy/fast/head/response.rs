@@ -183,6 +183,7 @@ pub struct Annotations {
 
 /// Ends the client's response head [`parse_response`] began in `out`: the
 /// annotations and, when `close`, `Connection: close`.
+#[inline]
 pub fn finish_response(out: &mut Vec<u8>, annotations: Option<Annotations>, close: bool) {
     if let Some(a) = annotations {
         crate::proxy::attempt::annotation_fields(a.attempts, a.stop, |name, value| {
