@@ -34,7 +34,7 @@ pub(crate) fn key_of<'v>(
     value: Option<&'v [u8]>,
 ) -> Result<Option<&'v str>, ProxyError> {
     match key_bytes_of(cfg, method, value)? {
-        Some(v) => parse_key(v).map(Some).ok_or_else(|| bad_key(cfg)),
+        Some(v) => key_text(cfg, v).map(Some),
         None => Ok(None),
     }
 }
