@@ -46,6 +46,9 @@
 //!   `Expect: 100-continue`), `sticky` and `client` (upstream connections),
 //!   `gate` (concurrency), `upgrade` (WebSocket pass-through), `error`
 //!   (weir's own responses), `headers`, `route`, `body`.
+//! - [`upstream`]: the upstream side — endpoints (resolution, static
+//!   lists), the balancer (peak-EWMA, two choices), ejection, and each
+//!   endpoint's general-path pool; both paths pick an endpoint there.
 //! - [`state`]: live per-upstream state keyed by name, surviving reloads;
 //!   `state::link`, each upstream's link to the fleet's shared state.
 //! - [`fleet`]: the state a fleet of weirs shares on Redis (`[state]`):
@@ -82,3 +85,4 @@ pub mod shutdown;
 pub mod state;
 pub mod status;
 pub mod tls;
+pub mod upstream;

@@ -10,6 +10,7 @@
 //! scraped.
 
 pub mod cache;
+pub mod endpoints;
 mod follow;
 pub mod idempotency;
 mod labels;
@@ -18,7 +19,7 @@ pub mod state;
 pub use labels::{ATTEMPT_RESULTS, ERROR_CODES};
 
 use crate::policy::{Cause, Outcome, StateKind, StopReason};
-pub use crate::proxy::resolve::DnsMetrics;
+pub use crate::upstream::resolve::DnsMetrics;
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -60,6 +61,7 @@ pub struct Metrics {
     dns_addresses: IntGaugeVec,
     idempotency: idempotency::Families,
     cache: cache::Families,
+    endpoints: endpoints::Families,
     state: state::StateMetrics,
     /// `weir_requests_total{upstream="none", code="no_route"}`.
     no_route: IntCounter,
@@ -225,6 +227,7 @@ impl Metrics {
             .expect("metric registered once");
         let idempotency = idempotency::Families::register(&r);
         let cache = cache::Families::register(&r);
+        let endpoints = endpoints::Families::register(&r);
         let state = state::StateMetrics::register(&r);
         reloads.with_label_values(&["ok"]);
         reloads.with_label_values(&["error"]);
@@ -251,6 +254,7 @@ impl Metrics {
             dns_addresses,
             idempotency,
             cache,
+            endpoints,
             state,
             no_route,
             bad_request,
@@ -301,6 +305,11 @@ impl Metrics {
         self.dns_addresses.remove_label_values(&[name]).ok();
     }
 
+    /// The per-endpoint families (`weir_endpoint*`).
+    pub fn endpoints(&self) -> &endpoints::Families {
+        &self.endpoints
+    }
+
     /// The shared state's families (`weir_state_*`).
     pub fn state(&self) -> &state::StateMetrics {
         &self.state
@@ -309,6 +318,7 @@ impl Metrics {
     /// Drops every series of an upstream removed by a reload.
     pub fn forget(&self, name: &str) {
         self.forget_dns(name);
+        self.endpoints.forget(name);
         self.state.forget(name);
         self.idempotency.forget(name);
         self.cache.forget(name);

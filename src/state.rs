@@ -8,16 +8,17 @@
 pub mod link;
 
 use crate::clock::{fresh_seed, Clock};
-use crate::config::{Config, Protocol, Scheme, StateBackend, StateConfig, UpstreamConfig};
+use crate::config::{Config, StateBackend, StateConfig, UpstreamConfig};
 use crate::fleet::Fleet;
-use crate::metrics::{DnsMetrics, Metrics, UpstreamMetrics};
+use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::policy::cache::{CacheStore, FillRegistry};
 use crate::policy::idempotency::{IdempotencyStore, MemoryStore};
 use crate::policy::{Breaker, KeyedLimiter, RetryBudget, SeededRandom, Transition};
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::gate::Gate;
-use crate::proxy::resolve::{Direct, Resolved};
 use crate::status::ring::Recent;
+use crate::upstream::resolve::Resolver;
+use crate::upstream::Endpoints;
 use link::Link;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -49,9 +50,12 @@ pub struct UpstreamState {
     /// The status page's samples and recent breaker transitions
     /// (docs/behaviour.md#status-page); bounded, never touched per request.
     pub recent: Recent,
-    /// Where the fast path and held connections connect, and the config
-    /// it was made from (a reload that keeps those keeps the resolver).
-    direct: Mutex<(DirectKey, Option<Direct>)>,
+    /// The upstream's endpoints (docs/endpoints.md): kept across reloads,
+    /// with their pools, estimates and ejections.
+    pub endpoints: Arc<Endpoints>,
+    /// What keeps them current, and the config it was made from (a reload
+    /// that keeps those keeps the resolver).
+    resolver: Mutex<(SourceKey, Arc<Resolver>)>,
     /// The idempotency-key store (docs/behaviour.md#idempotency-keys);
     /// `None` when `[idempotency] enabled = false`. With the fleet's store
     /// on Redis, this one decides while Redis is away.
@@ -78,43 +82,33 @@ fn local_rate(u: &UpstreamConfig, fleet: bool) -> Option<crate::policy::RateLimi
     Some(if fleet { p.fallback() } else { p.clone() })
 }
 
-/// What [`Direct`] is made from: whether weir connects itself (HTTP/1.1:
-/// cleartext, or over TLS when pinned to `http1`), the URL's host and port,
+/// What an upstream's [`Resolver`] is made from: its entries and
 /// `resolve_every`.
-type DirectKey = (bool, String, u16, Duration);
+type SourceKey = (Vec<(String, u16)>, Duration);
 
-fn direct_key(u: &UpstreamConfig) -> DirectKey {
-    let own = matches!(
-        (u.url.scheme, u.protocol),
-        (Scheme::Http, Protocol::Auto | Protocol::Http1) | (Scheme::Https, Protocol::Http1)
-    );
-    (own, u.url.host.clone(), u.url.port, u.resolve_every)
+fn source_key(u: &UpstreamConfig) -> SourceKey {
+    (u.endpoints.entries.clone(), u.resolve_every)
 }
 
-/// An IP literal is used as it is; a name is resolved in the background
-/// (`proxy::resolve`), and only then has `weir_dns_*` series.
-fn make_direct(
+/// Starts keeping `endpoints` current from `key`; names get `weir_dns_*`
+/// series, an all-literal source has none.
+fn make_resolver(
     name: &str,
-    key: &DirectKey,
+    key: &SourceKey,
     metrics: &Metrics,
-    known: Arc<Vec<std::net::SocketAddr>>,
-) -> Option<Direct> {
-    let (own, host, port, every) = key;
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let ip = bare.parse::<std::net::IpAddr>();
-    if !own || ip.is_ok() {
+    endpoints: &Arc<Endpoints>,
+) -> Arc<Resolver> {
+    let named = key
+        .0
+        .iter()
+        .any(|e| crate::upstream::resolve::literal(e).is_none());
+    let dns = if named {
+        Some(metrics.dns(name))
+    } else {
         metrics.forget_dns(name);
-    }
-    if !own {
-        return None;
-    }
-    Some(match ip {
-        Ok(ip) => Direct::Fixed(std::net::SocketAddr::new(ip, *port)),
-        Err(_) => {
-            let dns: DnsMetrics = metrics.dns(name);
-            Direct::Named(Resolved::start(name, bare, *port, *every, dns, known))
-        }
-    })
+        None
+    };
+    Resolver::start(name, key.0.clone(), key.1, endpoints, dns)
 }
 
 impl UpstreamState {
@@ -126,8 +120,15 @@ impl UpstreamState {
         fleet: bool,
     ) -> Self {
         let now = clock.now();
-        let key = direct_key(u);
-        let direct = make_direct(&u.name, &key, metrics, Arc::default());
+        let key = source_key(u);
+        let endpoints = Endpoints::new(
+            &u.name,
+            clock,
+            u.endpoints.params.clone(),
+            client.clone(),
+            metrics.endpoints().clone(),
+        );
+        let resolver = make_resolver(&u.name, &key, metrics, &endpoints);
         let metrics = metrics.upstream(&u.name);
         metrics.set_breaker(crate::policy::StateKind::Closed);
         metrics.precreate_retries(&u.retry.retry_on.causes());
@@ -146,7 +147,8 @@ impl UpstreamState {
             client: Mutex::new(client),
             tls_logged: Mutex::new(std::collections::HashSet::new()),
             recent: Recent::new(now),
-            direct: Mutex::new((key, direct)),
+            endpoints,
+            resolver: Mutex::new((key, resolver)),
             idempotency: Mutex::new(u.idempotency.clone().map(MemoryStore::new)),
             fleet: arc_swap::ArcSwapOption::empty(),
             cache: Mutex::new(u.cache.clone().map(CacheStore::new)),
@@ -167,11 +169,6 @@ impl UpstreamState {
     /// The link to the fleet's shared state, when there is one.
     pub fn link(&self) -> Option<Arc<Link>> {
         self.fleet.load_full()
-    }
-
-    /// Where weir's own connections to this upstream go, if it makes them.
-    pub fn direct(&self) -> Option<Direct> {
-        self.direct.lock().expect("direct lock poisoned").1.clone()
     }
 
     /// Applies a reloaded config's parameters in place (and a new pool, when
@@ -218,21 +215,19 @@ impl UpstreamState {
                 (_, p) => *cache = p.clone().map(CacheStore::new),
             }
         }
-        let key = direct_key(u);
-        let mut direct = self.direct.lock().expect("direct lock poisoned");
-        if direct.0 != key {
-            // The same name and port (only `resolve_every` changed): keep
-            // using the addresses known until the new resolver answers.
-            let known = match &direct.1 {
-                Some(Direct::Named(r)) if (&direct.0 .1, direct.0 .2) == (&key.1, key.2) => {
-                    r.addrs()
-                }
-                _ => Arc::default(),
-            };
-            let made = make_direct(&u.name, &key, metrics, known);
-            *direct = (key, made);
+        self.endpoints.set_params(u.endpoints.params.clone());
+        if let Some(c) = &client {
+            self.endpoints.set_client(c.clone());
         }
-        drop(direct);
+        let key = source_key(u);
+        let mut resolver = self.resolver.lock().expect("resolver lock poisoned");
+        if resolver.0 != key {
+            // Endpoints the new source still gives keep their state: the
+            // set is published by address.
+            let made = make_resolver(&u.name, &key, metrics, &self.endpoints);
+            *resolver = (key, made);
+        }
+        drop(resolver);
         if let Some(c) = client {
             *self.client.lock().expect("client lock poisoned") = c;
         }
@@ -275,6 +270,7 @@ impl UpstreamState {
         self.metrics.set_breaker(state);
         self.metrics.set_budget(tokens);
         self.metrics.set_in_flight(self.gate.in_flight());
+        self.endpoints.refresh_gauges();
         let cache = self.cache().as_ref().map(|c| c.stats());
         if let Some(stats) = cache {
             self.metrics.cache.show(&stats);

@@ -227,6 +227,16 @@ pub struct UpstreamTls {
     pub client_key: Option<PathBuf>,
 }
 
+/// An upstream's endpoints (docs/endpoints.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EndpointsConfig {
+    /// `host:port` entries: the static list, or the `url`'s host and port.
+    pub entries: Vec<(String, u16)>,
+    /// Whether `entries` came from a static `endpoints` list.
+    pub fixed: bool,
+    pub params: crate::upstream::balance::Params,
+}
+
 /// One upstream, with its effective (merged, validated) policy.
 #[derive(Debug, Clone)]
 pub struct UpstreamConfig {
@@ -247,6 +257,9 @@ pub struct UpstreamConfig {
     /// How often a host name in `url` is resolved again (the fast path's
     /// addresses, docs/behaviour.md#upstream).
     pub resolve_every: Duration,
+    /// Where its endpoints come from, how they are balanced and ejected
+    /// (docs/endpoints.md).
+    pub endpoints: EndpointsConfig,
     pub tls: Option<UpstreamTls>,
     pub timeout: Duration,
     pub per_try_timeout: Option<Duration>,

@@ -29,6 +29,10 @@ macro_rules! mergeable {
     };
 }
 
+// After `mergeable!`, which it uses.
+mod ejection;
+pub use ejection::RawEjection;
+
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
@@ -486,9 +490,22 @@ pub struct RawUpstream {
     pub listen_tls: Option<RawListenerTls>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
-    /// How often a host name in `url` is resolved again. Default 5s.
+    /// How often a host name in `url` (or in `endpoints`) is resolved again. Default 5s.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resolve_every: Option<Dur>,
+    /// The upstream's replicas as `host:port` entries; absent: every
+    /// address the `url`'s host resolves to (docs/endpoints.md).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<Vec<String>>,
+    /// How an endpoint is picked: `peak_ewma` (default) or `round_robin`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balance: Option<String>,
+    /// Endpoints used at most (and so per-endpoint series). Default 64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_endpoints: Option<u32>,
+    /// Passive outlier ejection of endpoints.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ejection: Option<RawEjection>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<RawUpstreamTls>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -516,6 +533,11 @@ pub struct RawUpstream {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache: Option<RawCache>,
 }
+
+/// `balance`'s default.
+pub const DEFAULT_BALANCE: &str = "peak_ewma";
+/// `max_endpoints`' default.
+pub const DEFAULT_MAX_ENDPOINTS: u32 = 64;
 
 impl RawUpstream {
     /// This upstream's policy fields, to merge over `[defaults]`.

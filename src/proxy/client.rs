@@ -39,6 +39,15 @@ pub struct ClientKey {
 pub struct UpstreamClient {
     pub key: ClientKey,
     inner: Client<Dial<HttpsConnector<HttpConnector>>, Body>,
+    /// What [`UpstreamClient::for_addr`] builds an endpoint's pool from: the
+    /// client settings, and a connector whose TLS server name is fixed (the
+    /// `url`'s host or `tls.server_name`), since an endpoint is dialled by
+    /// its address.
+    per_endpoint: std::sync::Arc<(
+        hyper_util::client::legacy::Builder,
+        HttpsConnector<HttpConnector>,
+    )>,
+    scheme: &'static str,
     /// For an `https://` upstream pinned to `protocol = "http1"`: what the
     /// fast path's own TLS connections use.
     pub fast_tls: Option<std::sync::Arc<FastTls>>,
@@ -122,9 +131,25 @@ impl UpstreamClient {
         http.set_connect_timeout(Some(u.connect_timeout));
         http.set_nodelay(true);
         http.enforce_http(false);
-        let builder = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config((*tls.config).clone())
-            .https_or_http();
+        let base = || {
+            hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config((*tls.config).clone())
+                .https_or_http()
+        };
+        let builder = base();
+        // An endpoint is dialled by its address: the name to verify is the
+        // url's host, unless `tls.server_name` says otherwise.
+        let fixed_name = server_name.clone().unwrap_or_else(|| {
+            u.url
+                .host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string()
+        });
+        let fixed_name = rustls::pki_types::ServerName::try_from(fixed_name.clone())
+            .map_err(|e| format!("upstream {:?}: TLS server name {fixed_name:?}: {e}", u.name))?;
+        let endpoint_builder = base()
+            .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(fixed_name));
         let builder = match &server_name {
             Some(n) => {
                 let name = rustls::pki_types::ServerName::try_from(n.clone())
@@ -134,11 +159,16 @@ impl UpstreamClient {
             None => builder,
         };
         // ALPN by protocol: both (h2 preferred), http/1.1 only, or h2 only.
-        let connector = match u.protocol {
-            Protocol::Auto => builder.enable_http1().enable_http2().wrap_connector(http),
-            Protocol::Http1 => builder.enable_http1().wrap_connector(http),
-            Protocol::H2c | Protocol::Grpc => builder.enable_http2().wrap_connector(http),
+        let alpn = |b: hyper_rustls::HttpsConnectorBuilder<
+            hyper_rustls::builderstates::WantsProtocols1,
+        >,
+                    http| match u.protocol {
+            Protocol::Auto => b.enable_http1().enable_http2().wrap_connector(http),
+            Protocol::Http1 => b.enable_http1().wrap_connector(http),
+            Protocol::H2c | Protocol::Grpc => b.enable_http2().wrap_connector(http),
         };
+        let endpoint_connector = alpn(endpoint_builder, http.clone());
+        let connector = alpn(builder, http);
         let scheme = match u.url.scheme {
             Scheme::Http => "http",
             Scheme::Https => "https",
@@ -187,8 +217,32 @@ impl UpstreamClient {
                 tls_files: tls.fingerprint,
             },
             inner: b.build(connector),
+            per_endpoint: std::sync::Arc::new((b, endpoint_connector)),
+            scheme,
             fast_tls,
         })
+    }
+
+    /// The same client, with a pool of its own, dialling `addr` (one of the
+    /// upstream's endpoints) whatever a request names.
+    pub fn for_addr(&self, addr: std::net::SocketAddr) -> UpstreamClient {
+        let (builder, connector) = &*self.per_endpoint;
+        let target = http::Uri::builder()
+            .scheme(self.scheme)
+            .authority(addr.to_string())
+            .path_and_query("/")
+            .build()
+            .unwrap_or_else(|_| http::Uri::from_static("http://127.0.0.1/"));
+        UpstreamClient {
+            key: self.key.clone(),
+            inner: builder.build(Dial {
+                inner: connector.clone(),
+                target,
+            }),
+            per_endpoint: self.per_endpoint.clone(),
+            scheme: self.scheme,
+            fast_tls: self.fast_tls.clone(),
+        }
     }
 
     /// The key a config would give, without building anything but the TLS files' fingerprint.

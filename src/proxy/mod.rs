@@ -21,7 +21,6 @@ pub mod h1;
 pub(crate) mod headers;
 pub(crate) mod idempotent;
 pub(crate) mod replay;
-pub mod resolve;
 pub(crate) mod route;
 mod server;
 pub(crate) mod sticky;
@@ -62,10 +61,13 @@ impl std::fmt::Display for ListenerRole {
 pub struct Upstream {
     pub config: Arc<UpstreamConfig>,
     pub state: Arc<UpstreamState>,
-    /// Where held connections (`sticky`) and the HTTP/1.1 fast path
-    /// (`fast`) connect, when they apply (cleartext HTTP/1.1): the URL's IP
-    /// literal, or the addresses its name resolves to (`resolve`).
-    pub direct: Option<resolve::Direct>,
+    /// The upstream's endpoints (`crate::upstream`): every attempt, on
+    /// either path, is sent to one they pick.
+    pub endpoints: Arc<crate::upstream::Endpoints>,
+    /// weir speaks HTTP/1.1 to it on connections of its own (cleartext
+    /// `auto`/`http1`, or TLS pinned to `http1`): the fast path and held
+    /// connections apply.
+    pub own_h1: bool,
     /// The connection pool, copied from the state when the snapshot is made.
     pub client: client::UpstreamClient,
     /// Precomputed per snapshot so the hot path does no string work.
@@ -118,7 +120,12 @@ impl Snapshot {
                 h2: matches!(c.protocol, Protocol::H2c | Protocol::Grpc),
                 host: http::HeaderValue::from_str(c.url.authority.as_str())
                     .unwrap_or_else(|_| http::HeaderValue::from_static("localhost")),
-                direct: s.direct(),
+                endpoints: s.endpoints.clone(),
+                own_h1: matches!(
+                    (c.url.scheme, c.protocol),
+                    (Scheme::Http, Protocol::Auto | Protocol::Http1)
+                        | (Scheme::Https, Protocol::Http1)
+                ),
                 config: c.clone(),
                 client: s.client(),
                 state: s,

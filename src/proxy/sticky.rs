@@ -21,16 +21,24 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// What one client connection holds.
+/// What one client connection holds: a connection per endpoint it used
+/// lately, at most [`HELD_PER_CLIENT`].
 #[derive(Debug, Default)]
 pub(crate) struct ConnCtx {
-    held: Mutex<Option<Held>>,
+    held: Mutex<Vec<Held>>,
 }
+
+/// Endpoints one client connection keeps a connection to: with several
+/// replicas, each request may go to another, and a connection dropped on
+/// every change of endpoint would be a new connection per request.
+const HELD_PER_CLIENT: usize = 4;
 
 #[derive(Debug)]
 struct Held {
     /// Which upstream (by identity of its live state) the connection goes to.
     upstream: usize,
+    /// Which of its endpoints.
+    addr: SocketAddr,
     sender: SendRequest<Body>,
 }
 
@@ -39,25 +47,36 @@ fn id(state: &Arc<UpstreamState>) -> usize {
 }
 
 impl ConnCtx {
-    /// The held connection to `state`'s upstream, if it is there and free.
-    pub(crate) fn take(&self, state: &Arc<UpstreamState>) -> Option<SendRequest<Body>> {
+    /// The held connection to `state`'s endpoint at `addr`, if it is there
+    /// and free (a busy one stays held; the caller uses another).
+    pub(crate) fn take(
+        &self,
+        state: &Arc<UpstreamState>,
+        addr: SocketAddr,
+    ) -> Option<SendRequest<Body>> {
         let mut held = self.held.lock().ok()?;
-        match held.take() {
-            Some(h) if h.upstream == id(state) && h.sender.is_ready() => Some(h.sender),
-            Some(h) if h.upstream == id(state) && !h.sender.is_closed() => {
-                // Still busy: leave it for later, use the shared pool now.
-                *held = Some(h);
-                None
-            }
-            _ => None,
-        }
+        held.retain(|h| !h.sender.is_closed());
+        let at = held
+            .iter()
+            .position(|h| h.upstream == id(state) && h.addr == addr && h.sender.is_ready())?;
+        Some(held.swap_remove(at).sender)
     }
 
-    /// Keeps `sender` for this client connection's next request.
-    pub(crate) fn keep(&self, state: &Arc<UpstreamState>, sender: SendRequest<Body>) {
+    /// Keeps `sender` for this client connection's next request to `addr`
+    /// (the oldest held connection makes room).
+    pub(crate) fn keep(
+        &self,
+        state: &Arc<UpstreamState>,
+        addr: SocketAddr,
+        sender: SendRequest<Body>,
+    ) {
         if let Ok(mut held) = self.held.lock() {
-            *held = Some(Held {
+            if held.len() >= HELD_PER_CLIENT {
+                held.remove(0);
+            }
+            held.push(Held {
                 upstream: id(state),
+                addr,
                 sender,
             });
         }

@@ -51,7 +51,17 @@ impl TestUpstream {
         F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Response<TestBody>> + Send + 'static,
     {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        TestUpstream::start_at("127.0.0.1:0", handler).await
+    }
+
+    /// Like [`TestUpstream::start`], listening on `addr` (a replica on
+    /// 127.0.0.2, 127.0.0.3, …: all of 127/8 is loopback).
+    pub async fn start_at<F, Fut>(addr: &str, handler: F) -> TestUpstream
+    where
+        F: Fn(Request<Incoming>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Response<TestBody>> + Send + 'static,
+    {
+        let listener = TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let connections = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(AtomicUsize::new(0));

@@ -8,6 +8,7 @@ use super::*;
 use crate::policy::PolicyError;
 use std::collections::BTreeMap;
 
+mod endpoints;
 mod files;
 mod policy;
 mod state;
@@ -17,14 +18,14 @@ mod state;
 const DEFAULT_RESOLVE_EVERY: Duration = Duration::from_secs(5);
 use policy::{breaker, cache, idempotency, merged, rate_limit, retry_policy};
 
-struct Ctx<'a> {
+pub(super) struct Ctx<'a> {
     file: &'a Path,
     idx: &'a SpanIndex,
     errors: Vec<ConfigError>,
 }
 
 impl Ctx<'_> {
-    fn err(&mut self, field: impl Into<String>, message: impl Into<String>) {
+    pub(super) fn err(&mut self, field: impl Into<String>, message: impl Into<String>) {
         let field = field.into();
         self.errors
             .push(self.idx.error_at_path(self.file, &field, message.into()));
@@ -64,7 +65,7 @@ impl Ctx<'_> {
     }
 }
 
-fn quote(name: &str) -> String {
+pub(super) fn quote(name: &str) -> String {
     if name
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
@@ -99,6 +100,18 @@ pub(super) fn validate(
         effective
             .resolve_every
             .get_or_insert(super::duration::Dur(DEFAULT_RESOLVE_EVERY));
+        effective
+            .balance
+            .get_or_insert_with(|| super::raw::DEFAULT_BALANCE.into());
+        effective
+            .max_endpoints
+            .get_or_insert(super::raw::DEFAULT_MAX_ENDPOINTS);
+        effective.ejection = Some(
+            up.ejection
+                .clone()
+                .unwrap_or_default()
+                .merge(super::raw::RawEjection::builtin()),
+        );
         effective_upstreams.insert(name.clone(), effective);
         if let Some(u) = upstream(&mut cx, name, up, &merged) {
             upstreams.push(Arc::new(u));
@@ -350,6 +363,7 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
             "must be at least 100ms (it is how often the upstream's name is resolved)",
         );
     }
+    let endpoints = endpoints::endpoints(cx, name, up, url.as_ref());
     let listen_tls = up.listen_tls.as_ref().map(|t| ListenerTls {
         cert: PathBuf::from(&t.cert),
         key: PathBuf::from(&t.key),
@@ -449,6 +463,7 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
         listen_tls,
         protocol,
         resolve_every,
+        endpoints: endpoints?,
         tls,
         timeout,
         per_try_timeout,

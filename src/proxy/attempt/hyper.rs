@@ -57,6 +57,8 @@ struct HyperTransport<'p, 'a> {
     up: &'a Upstream,
     conn: &'p crate::proxy::sticky::ConnCtx,
     plan: &'p mut Plan<'a>,
+    /// Endpoints that failed this request (a retry goes elsewhere).
+    avoid: Vec<std::net::SocketAddr>,
 }
 
 impl Watch for HyperTransport<'_, '_> {
@@ -76,7 +78,17 @@ impl Transport for HyperTransport<'_, '_> {
         _deadline: Instant,
     ) -> Option<(Outcome, Result<Self::Response, ProxyError>)> {
         let req = build(self.plan);
-        Some(send(self.up, self.conn, req, self.plan, try_deadline).await)
+        Some(
+            send(
+                self.up,
+                self.conn,
+                req,
+                self.plan,
+                try_deadline,
+                &mut self.avoid,
+            )
+            .await,
+        )
     }
 
     fn discard(&mut self, _response: Result<Self::Response, ProxyError>) {}
@@ -123,7 +135,7 @@ pub(crate) async fn run<'a>(
         let started = Instant::now();
         let try_deadline = attempts.start(started);
         let req = build(&mut plan);
-        let (outcome, result) = send(up, conn, req, &plan, try_deadline).await;
+        let (outcome, result) = send(up, conn, req, &plan, try_deadline, &mut Vec::new()).await;
         let ended = Instant::now();
         attempts.record(&outcome, result.as_ref().err(), started, ended);
         return Finished {
@@ -137,6 +149,7 @@ pub(crate) async fn run<'a>(
         up,
         conn,
         plan: &mut plan,
+        avoid: Vec::new(),
     };
     match drive(&mut attempts, &mut t, None).await {
         Some(d) => Finished {
@@ -211,9 +224,28 @@ async fn send(
     req: Request<crate::proxy::body::Body>,
     plan: &Plan<'_>,
     try_deadline: Instant,
+    avoid: &mut Vec<std::net::SocketAddr>,
+) -> (Outcome, Result<Response<UpstreamBody>, ProxyError>) {
+    let started = Instant::now();
+    let mut picked = None;
+    let sent =
+        tokio::time::timeout_at(try_deadline, dispatch(up, conn, req, avoid, &mut picked)).await;
+    let (outcome, result) = judge(up, plan, try_deadline, sent).await;
+    crate::upstream::report(picked, &outcome, &up.config.breaker, started, avoid);
+    (outcome, result)
+}
+
+/// The outcome of a sent attempt, and what the client would get.
+async fn judge(
+    up: &Upstream,
+    plan: &Plan<'_>,
+    try_deadline: Instant,
+    sent: Result<
+        Result<Response<Incoming>, crate::proxy::client::SendError>,
+        tokio::time::error::Elapsed,
+    >,
 ) -> (Outcome, Result<Response<UpstreamBody>, ProxyError>) {
     let state = &up.state;
-    let sent = tokio::time::timeout_at(try_deadline, dispatch(up, conn, req)).await;
     match sent {
         Ok(Ok(resp)) => {
             let mut grpc = grpc_status(resp.headers());
@@ -249,44 +281,61 @@ async fn send(
     }
 }
 
-/// Sends on the client connection's own upstream connection when the fast
-/// path applies (see [`crate::proxy::sticky`]), else through the shared pool.
+/// Sends to an endpoint the balancer picks (left in `picked` for its
+/// outcome): on the client connection's own upstream connection to it when
+/// weir speaks cleartext HTTP/1.1 to the upstream (see
+/// [`crate::proxy::sticky`]), else through the endpoint's pool.
 async fn dispatch(
     up: &Upstream,
     conn: &crate::proxy::sticky::ConnCtx,
     mut req: Request<Body>,
+    avoid: &mut Vec<std::net::SocketAddr>,
+    picked: &mut Option<crate::upstream::Picked>,
 ) -> Result<Response<Incoming>, crate::proxy::client::SendError> {
-    // Held connections are cleartext HTTP/1.1.
-    let cleartext = up.scheme == http::uri::Scheme::HTTP;
-    let Some(direct) = up.direct.as_ref().filter(|d| cleartext && d.ready()) else {
+    if !up.endpoints.ready() {
+        // A name not resolved yet: the upstream-wide client resolves it.
         return up.client.send(req).await;
-    };
-    let mut sender = match conn.take(&up.state) {
-        Some(s) => s,
-        // The next address in turn, then the ones after it if it refuses;
-        // over the cap of held connections, the shared pool. (A failed
-        // connect gives its place back.)
-        None => {
-            let held = &up.state.sticky_conns;
-            let mut tried = 0;
-            loop {
-                if !crate::proxy::sticky::reserve(held) {
-                    return up.client.send(req).await;
-                }
-                let Some(addr) = direct.next() else {
-                    held.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-                    return up.client.send(req).await;
-                };
-                tried += 1;
-                let timeout = up.config.connect_timeout;
-                match crate::proxy::sticky::connect(addr, timeout, held.clone()).await {
-                    Ok(s) => break s,
-                    Err(e) if tried >= direct.tries() => return Err(e),
-                    Err(_) => {}
-                }
-            }
+    }
+    let held = up.own_h1 && up.scheme == http::uri::Scheme::HTTP;
+    if !held {
+        let Some(p) = up.endpoints.pick(avoid) else {
+            return up.client.send(req).await;
+        };
+        let client = p.endpoint.client();
+        *picked = Some(p);
+        return client.send(req).await;
+    }
+    enum Via {
+        Held(hyper::client::conn::http1::SendRequest<Body>),
+        Pool,
+    }
+    // The connection this client connection holds to the picked endpoint,
+    // else a new one; over the cap of held connections, the endpoint's pool.
+    // (A failed connect gives its place back.)
+    let places = &up.state.sticky_conns;
+    let timeout = up.config.connect_timeout;
+    let (p, via) = crate::upstream::dial(&up.endpoints, avoid, Instant::now(), |addr| async move {
+        if let Some(s) = conn.take(&up.state, addr) {
+            return Ok(Via::Held(s));
+        }
+        if !crate::proxy::sticky::reserve(places) {
+            return Ok(Via::Pool);
+        }
+        crate::proxy::sticky::connect(addr, timeout, places.clone())
+            .await
+            .map(Via::Held)
+    })
+    .await?;
+    let addr = p.addr();
+    let mut sender = match via {
+        Via::Held(s) => s,
+        Via::Pool => {
+            let client = p.endpoint.client();
+            *picked = Some(p);
+            return client.send(req).await;
         }
     };
+    *picked = Some(p);
     // A connection of our own (always HTTP/1.1) takes the origin form of the
     // target and the authority as Host, as the shared pool's client does.
     if let Some(a) = req.uri().authority() {
@@ -298,7 +347,7 @@ async fn dispatch(
         *req.uri_mut() = http::Uri::from(pq);
     }
     let resp = crate::proxy::sticky::send(&mut sender, req).await?;
-    conn.keep(&up.state, sender);
+    conn.keep(&up.state, addr, sender);
     Ok(resp)
 }
 

@@ -233,7 +233,7 @@ impl Ctx<'_> {
             };
             return self.fail(up, start, &p, f).await;
         };
-        if up.direct.is_none() {
+        if !up.own_h1 {
             return false;
         }
         let mut t = FastTransport {
@@ -252,6 +252,7 @@ impl Ctx<'_> {
             up,
             head_method: p.head_method,
             detached: recorder.is_some(),
+            avoid: Vec::new(),
         };
         let Some(driven) = attempt::drive(&mut attempts, &mut t, Some(t0)).await else {
             return false;

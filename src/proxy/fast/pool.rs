@@ -1,4 +1,4 @@
-//! Idle upstream connections of the fast path, one pool per accept loop (so
+//! Idle upstream connections of the fast path, by endpoint, one pool per accept loop (so
 //! per worker runtime: a socket is only ever used on the runtime whose I/O
 //! driver it is registered with).
 //!
@@ -9,7 +9,6 @@
 //! keeps few connections warm and lets the rest age out.
 
 use super::stream::UpStream;
-use crate::proxy::resolve::Direct;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -38,22 +37,14 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// The newest idle connection to one of `direct`'s addresses, made
-    /// with `tag`'s TLS (0: cleartext), that is still open, and its address.
-    pub(crate) fn take_for(
-        &self,
-        direct: &Direct,
-        tag: u64,
-        now: Instant,
-    ) -> Option<(SocketAddr, UpStream)> {
+    /// The newest idle connection to the endpoint at `addr`, made with
+    /// `tag`'s TLS (0: cleartext), that is still open.
+    pub(crate) fn take(&self, addr: SocketAddr, tag: u64, now: Instant) -> Option<UpStream> {
         let mut idle = self.idle.lock().ok()?;
-        while let Some(at) = idle
-            .iter()
-            .rposition(|i| i.tag == tag && direct.has(i.addr))
-        {
+        while let Some(at) = idle.iter().rposition(|i| i.tag == tag && i.addr == addr) {
             let mut i = idle.remove(at);
             if now.saturating_duration_since(i.since) < IDLE_FOR && i.stream.still_open() {
-                return Some((i.addr, i.stream));
+                return Some(i.stream);
             }
         }
         None

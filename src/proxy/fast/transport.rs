@@ -53,6 +53,9 @@ pub(super) struct FastTransport<'c> {
     /// on when the client leaves, within the request's deadline, so that
     /// their outcome is recorded for a re-send.
     pub(super) detached: bool,
+    /// Endpoints that failed this request: a retry goes elsewhere when it
+    /// can (docs/endpoints.md#retries-go-elsewhere).
+    pub(super) avoid: Vec<SocketAddr>,
 }
 
 /// The client of one request, watched while weir waits for it (admission):
@@ -94,14 +97,30 @@ impl attempt::Transport for FastTransport<'_> {
         try_deadline: Instant,
         deadline: Instant,
     ) -> Option<(Outcome, Result<Exchange, ProxyError>)> {
+        let mut picked = None;
         let sent = tokio::select! {
             biased;
             // The client went away: the attempt is dropped, the breaker
             // slot released without a verdict.
             () = client_gone(self.watch.stream, self.watch.client, self.watch.need, self.watch.eof), if !self.detached => return None,
-            r = exchange(self.pool, self.up, started, self.request, self.upstream, (self.out, self.kept), self.head_method) => r.map_err(SendError::into_parts),
+            r = exchange(self.pool, self.up, started, self.request, self.upstream, (self.out, self.kept), self.head_method, (&mut self.avoid, &mut picked)) => r.map_err(SendError::into_parts),
             () = self.timer.at(try_deadline) => Err(attempt::timed_out(try_deadline, deadline)),
         };
+        let outcome = match &sent {
+            Ok(x) => Outcome::Response {
+                status: x.status,
+                retry_after: None,
+                grpc_status: None,
+            },
+            Err((o, _)) => *o,
+        };
+        crate::upstream::report(
+            picked,
+            &outcome,
+            &self.up.config.breaker,
+            started,
+            &mut self.avoid,
+        );
         Some(match sent {
             Ok(x) => (
                 Outcome::Response {
@@ -131,8 +150,10 @@ impl attempt::Transport for FastTransport<'_> {
     }
 }
 
-/// One attempt: a pooled (or new) connection, the request written, the
-/// response head read.
+/// One attempt: an endpoint picked, a pooled (or new) connection to it, the
+/// request written, the response head read. The endpoint is left in
+/// `picked` for its outcome to be reported.
+#[allow(clippy::too_many_arguments)]
 async fn exchange(
     pool: &Pool,
     up: &Upstream,
@@ -141,28 +162,21 @@ async fn exchange(
     buf: &mut Vec<u8>,
     (out, kept): (&mut Vec<u8>, &mut Option<(usize, usize)>),
     head_method: bool,
+    (avoid, picked): (&mut Vec<SocketAddr>, &mut Option<crate::upstream::Picked>),
 ) -> Result<Exchange, Failed> {
-    let no_address = || SendError::new(Failure::Connect, "the upstream has no address of its own");
-    let direct = up.direct.as_ref().ok_or_else(no_address)?;
-    // An idle connection to any of the upstream's addresses; else a new one
-    // to the next address in turn, then the ones after it if it refuses.
     let tls = up.client.fast_tls.as_deref();
     let tag = tls.map_or(0, |t| t.tag);
-    let (addr, mut s) = match pool.take_for(direct, tag, now) {
-        Some(found) => found,
-        None => {
-            let mut tried = 0;
-            loop {
-                let addr = direct.next().ok_or_else(no_address)?;
-                tried += 1;
-                match connect(up, addr, tls).await {
-                    Ok(s) => break (addr, s),
-                    Err(e) if tried >= direct.tries() => return Err(e),
-                    Err(_) => {}
-                }
-            }
+    // An idle connection to the picked endpoint, else a new one; an
+    // endpoint that refuses is reported and another tried (nothing was sent).
+    let (p, mut s) = crate::upstream::dial(&up.endpoints, avoid, now, |addr| async move {
+        match pool.take(addr, tag, now) {
+            Some(s) => Ok(s),
+            None => connect(up, addr, tls).await,
         }
-    };
+    })
+    .await?;
+    let addr = p.addr();
+    *picked = Some(p);
     let written = match &mut s {
         UpStream::Plain(tcp) => write_plain(tcp, request).await?,
         UpStream::Tls(t) => {

@@ -439,7 +439,7 @@ fn route<'s>(
             .ok_or("no upstream")?,
     };
     let up = snap.upstreams.get(index).ok_or("no upstream")?;
-    if up.h2 || !up.direct.as_ref().is_some_and(|d| d.ready()) {
+    if up.h2 || !up.own_h1 || !up.endpoints.ready() {
         // HTTP/2, TLS without `protocol = "http1"`, or a name not resolved yet.
         return Err("an upstream the fast path does not speak to");
     }

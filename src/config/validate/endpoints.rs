@@ -1,0 +1,192 @@
+//! `endpoints`, `balance`, `max_endpoints` and `[ejection]` of an upstream
+//! (docs/endpoints.md).
+
+use super::super::raw::{RawEjection, RawUpstream, DEFAULT_BALANCE, DEFAULT_MAX_ENDPOINTS};
+use super::{quote, Ctx};
+use crate::config::EndpointsConfig;
+use crate::upstream::balance::Balance;
+use crate::upstream::balance::Params;
+use crate::upstream::eject::EjectParams;
+
+/// The most endpoints an upstream may use (`max_endpoints`' ceiling).
+const MAX_ENDPOINTS_CEILING: u32 = 1024;
+
+/// One `host:port` entry, or why it is not one.
+fn entry(s: &str) -> Result<(String, u16), String> {
+    let bad =
+        || format!("{s:?} is not `host:port` (e.g. \"10.0.0.7:8080\" or \"api-2.internal:443\")");
+    let a: http::uri::Authority = s.parse().map_err(|_| bad())?;
+    if a.as_str() != s || s.contains('@') {
+        return Err(bad());
+    }
+    let port = a.port_u16().ok_or_else(bad)?;
+    if port == 0 {
+        return Err(format!("{s:?}: port 0 is not an endpoint's port"));
+    }
+    let host = a.host();
+    if host.is_empty() {
+        return Err(bad());
+    }
+    Ok((host.to_string(), port))
+}
+
+pub(super) fn endpoints(
+    cx: &mut Ctx,
+    name: &str,
+    up: &RawUpstream,
+    url: Option<&crate::config::UpstreamUrl>,
+) -> Option<EndpointsConfig> {
+    let q = quote(name);
+    let n_errors = cx.errors.len();
+    let mut entries: Vec<(String, u16)> = Vec::new();
+    if let Some(list) = &up.endpoints {
+        if list.is_empty() {
+            cx.err(
+                format!("upstreams.{q}.endpoints"),
+                "lists no endpoint: give at least one `host:port`, or leave `endpoints` out to use the url's host",
+            );
+        }
+        let mut seen: Vec<(usize, String)> = Vec::new();
+        for (i, raw) in list.iter().enumerate() {
+            match entry(raw) {
+                Ok(e) => {
+                    let canon = format!("{}:{}", e.0.to_ascii_lowercase(), e.1);
+                    if let Some((j, _)) = seen.iter().find(|(_, c)| *c == canon) {
+                        cx.err(
+                            format!("upstreams.{q}.endpoints[{i}]"),
+                            format!("{raw:?} repeats endpoints[{j}]: each endpoint once"),
+                        );
+                    } else {
+                        seen.push((i, canon));
+                        entries.push(e);
+                    }
+                }
+                Err(m) => cx.err(format!("upstreams.{q}.endpoints[{i}]"), m),
+            }
+        }
+    }
+    let balance = match up.balance.as_deref().unwrap_or(DEFAULT_BALANCE) {
+        "peak_ewma" => Balance::PeakEwma,
+        "round_robin" => Balance::RoundRobin,
+        other => {
+            cx.err(
+                format!("upstreams.{q}.balance"),
+                format!("unknown balance {other:?}: expected peak_ewma or round_robin"),
+            );
+            Balance::PeakEwma
+        }
+    };
+    let max_endpoints = up.max_endpoints.unwrap_or(DEFAULT_MAX_ENDPOINTS);
+    if max_endpoints == 0 || max_endpoints > MAX_ENDPOINTS_CEILING {
+        cx.err(
+            format!("upstreams.{q}.max_endpoints"),
+            format!("must be between 1 and {MAX_ENDPOINTS_CEILING}, got {max_endpoints}"),
+        );
+    } else if up
+        .endpoints
+        .as_ref()
+        .is_some_and(|l| l.len() > max_endpoints as usize)
+    {
+        let n = up.endpoints.as_ref().map_or(0, Vec::len);
+        cx.err(
+            format!("upstreams.{q}.max_endpoints"),
+            format!(
+                "{max_endpoints} is below the {n} static endpoints listed: raise it or list fewer"
+            ),
+        );
+    }
+    let e = up
+        .ejection
+        .clone()
+        .unwrap_or_default()
+        .merge(RawEjection::builtin());
+    let field = |f: &str| format!("upstreams.{q}.ejection.{f}");
+    let consecutive_failures = e.consecutive_failures.unwrap_or(5);
+    if consecutive_failures == 0 {
+        cx.err(field("consecutive_failures"), "must be at least 1");
+    }
+    let failure_share_above = e.failure_share_above.unwrap_or(0.3);
+    if !(failure_share_above > 0.0 && failure_share_above <= 1.0) {
+        cx.err(
+            field("failure_share_above"),
+            format!("must be in (0, 1] (a share, not a percent), got {failure_share_above}"),
+        );
+    }
+    let min_samples = e.min_samples.unwrap_or(20);
+    if min_samples == 0 || min_samples > crate::upstream::eject::WINDOW {
+        cx.err(
+            field("min_samples"),
+            format!(
+                "must be between 1 and {} (the outcomes an endpoint's share is kept over), got {min_samples}",
+                crate::upstream::eject::WINDOW
+            ),
+        );
+    }
+    let base = e.base.map(|d| d.0).unwrap_or_default();
+    let max = e.max.map(|d| d.0).unwrap_or_default();
+    if base.is_zero() {
+        cx.err(field("base"), "must be greater than 0");
+    }
+    if max < base {
+        cx.err(field("max"), "must be at least `base`");
+    }
+    let max_ejected = e.max_ejected.unwrap_or(0.5);
+    if !(0.0..=1.0).contains(&max_ejected) {
+        cx.err(
+            field("max_ejected"),
+            format!("must be in [0, 1] (a share of the endpoints), got {max_ejected}"),
+        );
+    }
+    if cx.errors.len() > n_errors {
+        return None;
+    }
+    let fixed = up.endpoints.is_some();
+    if !fixed {
+        // The url's host and port; `url` reports its own errors.
+        entries.push((url?.host.clone(), url?.port));
+    }
+    Some(EndpointsConfig {
+        entries,
+        fixed,
+        params: Params {
+            balance,
+            ejection: EjectParams {
+                consecutive_failures,
+                failure_share_above,
+                min_samples,
+                base,
+                max,
+                max_ejected,
+            },
+            max_endpoints,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::entry;
+
+    #[test]
+    fn entries_are_host_and_port() {
+        assert_eq!(entry("10.0.0.7:8080"), Ok(("10.0.0.7".into(), 8080)));
+        assert_eq!(entry("[::1]:80"), Ok(("[::1]".into(), 80)));
+        assert_eq!(
+            entry("api-2.internal:443"),
+            Ok(("api-2.internal".into(), 443))
+        );
+        for bad in [
+            "10.0.0.7",
+            "http://a:80",
+            "a:80/x",
+            "a:",
+            ":80",
+            "a:99999",
+            "u@a:80",
+            "a:0",
+            "",
+        ] {
+            assert!(entry(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! The per-endpoint families (docs/endpoints.md#seeing-it): bounded by each
+//! upstream's `max_endpoints`, dropped when an endpoint goes away.
+
+use prometheus::{
+    Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+/// The families, registered once.
+#[derive(Debug, Clone)]
+pub struct Families {
+    endpoints: IntGaugeVec,
+    requests: IntCounterVec,
+    failures: IntCounterVec,
+    ejections: IntCounterVec,
+    in_flight: IntGaugeVec,
+    latency: GaugeVec,
+    ejected: IntGaugeVec,
+}
+
+/// One endpoint's series.
+#[derive(Debug, Clone)]
+pub struct EndpointMetrics {
+    pub requests: IntCounter,
+    pub failures: IntCounter,
+    pub in_flight: IntGauge,
+    pub latency: Gauge,
+    pub ejected: IntGauge,
+    ejections: IntCounterVec,
+    upstream: String,
+    endpoint: String,
+}
+
+impl EndpointMetrics {
+    /// Counts one ejection, by its reason.
+    pub fn ejection(&self, reason: &str) {
+        self.ejections
+            .with_label_values(&[&self.upstream, &self.endpoint, reason])
+            .inc();
+    }
+}
+
+fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
+    r.register(Box::new(c.clone()))
+        .expect("metric registered once");
+    c
+}
+
+const REASONS: [&str; 3] = ["consecutive_failures", "failure_share", "probe_failed"];
+
+impl Families {
+    pub fn register(r: &Registry) -> Self {
+        let ig = |name: &str, help: &str, labels: &[&str]| {
+            reg(
+                r,
+                IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition"),
+            )
+        };
+        let ic = |name: &str, help: &str, labels: &[&str]| {
+            reg(
+                r,
+                IntCounterVec::new(Opts::new(name, help), labels)
+                    .expect("static metric definition"),
+            )
+        };
+        let ue = &["upstream", "endpoint"];
+        Families {
+            endpoints: ig("weir_endpoints", "An upstream's endpoints, by state: active or ejected.", &["upstream", "state"]),
+            requests: ic("weir_endpoint_requests_total", "Attempts sent to an endpoint.", ue),
+            failures: ic("weir_endpoint_failures_total", "Attempts to an endpoint that failed (connect failure, reset, timeout, a failure status).", ue),
+            ejections: ic("weir_endpoint_ejections_total", "Ejections of an endpoint, by reason.", &["upstream", "endpoint", "reason"]),
+            in_flight: ig("weir_endpoint_in_flight", "Attempts in flight to an endpoint.", ue),
+            latency: reg(
+                r,
+                GaugeVec::new(
+                    Opts::new("weir_endpoint_latency_seconds", "An endpoint's latency estimate (peak-EWMA of its response times) that the balancer reads."),
+                    ue,
+                )
+                .expect("static metric definition"),
+            ),
+            ejected: ig("weir_endpoint_ejected", "1 while an endpoint is ejected (or waiting on its probe), else 0.", ue),
+        }
+    }
+
+    /// The `weir_endpoints` gauges of one upstream.
+    pub fn counts(&self, upstream: &str) -> [IntGauge; 2] {
+        ["active", "ejected"].map(|s| self.endpoints.with_label_values(&[upstream, s]))
+    }
+
+    /// One endpoint's series, created at zero.
+    pub fn endpoint(&self, upstream: &str, endpoint: &str) -> EndpointMetrics {
+        let l = [upstream, endpoint];
+        for reason in REASONS {
+            self.ejections
+                .with_label_values(&[upstream, endpoint, reason]);
+        }
+        EndpointMetrics {
+            requests: self.requests.with_label_values(&l),
+            failures: self.failures.with_label_values(&l),
+            in_flight: self.in_flight.with_label_values(&l),
+            latency: self.latency.with_label_values(&l),
+            ejected: self.ejected.with_label_values(&l),
+            ejections: self.ejections.clone(),
+            upstream: upstream.to_string(),
+            endpoint: endpoint.to_string(),
+        }
+    }
+
+    /// Drops one endpoint's series (it went away).
+    pub fn forget_endpoint(&self, upstream: &str, endpoint: &str) {
+        let l = [upstream, endpoint];
+        self.requests.remove_label_values(&l).ok();
+        self.failures.remove_label_values(&l).ok();
+        self.in_flight.remove_label_values(&l).ok();
+        self.latency.remove_label_values(&l).ok();
+        self.ejected.remove_label_values(&l).ok();
+        for reason in REASONS {
+            self.ejections
+                .remove_label_values(&[upstream, endpoint, reason])
+                .ok();
+        }
+    }
+
+    /// Drops an upstream's `weir_endpoints` gauges.
+    pub fn forget(&self, upstream: &str) {
+        for s in ["active", "ejected"] {
+            self.endpoints.remove_label_values(&[upstream, s]).ok();
+        }
+    }
+}

@@ -1,0 +1,579 @@
+//! The upstream side (docs/endpoints.md): an upstream's endpoints — the
+//! addresses its name resolves to, or a static list — each with its
+//! latency estimate, requests in flight, ejection state and general-path
+//! connection pool; the balancer that picks one for each attempt; and the
+//! resolver that keeps the set current. Both data paths ask [`Endpoints`]
+//! for an endpoint and report the attempt's outcome back through the
+//! [`Picked`] it returns; neither chooses an address itself.
+//!
+//! The pure parts are [`balance`] (peak-EWMA, two choices) and [`eject`]
+//! (each endpoint's health); this module holds them behind short locks,
+//! never across an await.
+
+pub mod balance;
+pub mod eject;
+pub mod resolve;
+
+use crate::clock::Clock;
+use crate::metrics::endpoints::{EndpointMetrics, Families};
+use crate::policy::Now;
+use crate::proxy::client::UpstreamClient;
+use arc_swap::ArcSwap;
+pub use balance::Params;
+use balance::{Balance, PeakEwma};
+use eject::{Availability, Health, Verdict, Why};
+use prometheus::IntGauge;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What an endpoint's balancer reads and its outcomes write.
+#[derive(Debug)]
+struct Stats {
+    ewma: PeakEwma,
+    health: Health,
+}
+
+/// One replica of an upstream.
+#[derive(Debug)]
+pub struct Endpoint {
+    pub addr: SocketAddr,
+    in_flight: AtomicU32,
+    stats: Mutex<Stats>,
+    /// This endpoint's pool on the general path (HTTP/1.1 or HTTP/2).
+    client: ArcSwap<UpstreamClient>,
+    pub metrics: EndpointMetrics,
+    /// Ejections so far, and when the current one ends (policy time, ms),
+    /// for the status page.
+    ejections: AtomicU64,
+}
+
+/// What the status page and `/metrics` show of an endpoint.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct EndpointView {
+    pub addr: String,
+    /// `active`, `ejected` or `probation` (waiting on its probe).
+    pub state: &'static str,
+    pub in_flight: u32,
+    /// The latency estimate, in milliseconds.
+    pub latency_ms: f64,
+    pub requests: u64,
+    pub failures: u64,
+    pub ejections: u64,
+    /// Why it was ejected last (while it is out).
+    pub why: Option<&'static str>,
+    /// Milliseconds until its probe may go (while ejected).
+    pub back_in_ms: Option<u64>,
+}
+
+impl Endpoint {
+    fn new(addr: SocketAddr, client: &UpstreamClient, metrics: EndpointMetrics, now: Now) -> Self {
+        Endpoint {
+            addr,
+            in_flight: AtomicU32::new(0),
+            stats: Mutex::new(Stats {
+                ewma: PeakEwma::new(now),
+                health: Health::new(),
+            }),
+            client: ArcSwap::from_pointee(client.for_addr(addr)),
+            metrics,
+            ejections: AtomicU64::new(0),
+        }
+    }
+
+    fn stats(&self) -> std::sync::MutexGuard<'_, Stats> {
+        self.stats.lock().expect("endpoint stats lock poisoned")
+    }
+
+    /// This endpoint's pool on the general path.
+    pub fn client(&self) -> Arc<UpstreamClient> {
+        self.client.load_full()
+    }
+
+    /// Requests in flight to it now.
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    fn view(&self, now: Now) -> EndpointView {
+        let s = self.stats();
+        let (state, back_in) = match s.health.status(now) {
+            eject::Status::Active => ("active", None),
+            eject::Status::Ejected { until } => ("ejected", Some(until.saturating_sub(now))),
+            eject::Status::Probation { .. } => ("probation", Some(Duration::ZERO)),
+        };
+        EndpointView {
+            addr: self.addr.to_string(),
+            state,
+            in_flight: self.in_flight(),
+            latency_ms: s.ewma.estimate_at(now) / 1e6,
+            requests: self.metrics.requests.get(),
+            failures: self.metrics.failures.get(),
+            ejections: self.ejections.load(Ordering::Relaxed),
+            why: if s.health.is_out() {
+                s.health.why().map(Why::as_str)
+            } else {
+                None
+            },
+            back_in_ms: back_in.map(|d| d.as_millis() as u64),
+        }
+    }
+}
+
+/// An upstream's endpoints. Owned by its live state, so a reload keeps the
+/// endpoints (their pools, estimates and ejections) that it keeps.
+#[derive(Debug)]
+pub struct Endpoints {
+    upstream: String,
+    clock: Clock,
+    set: ArcSwap<Vec<Arc<Endpoint>>>,
+    params: ArcSwap<Params>,
+    /// What new endpoints' pools are made from.
+    client: ArcSwap<UpstreamClient>,
+    families: Families,
+    counts: [IntGauge; 2],
+    /// Endpoints ejected or on probation now.
+    out: AtomicUsize,
+    /// Round robin's turn; also the state of the two-choices draws.
+    turn: AtomicUsize,
+    seed: AtomicU64,
+    /// Set once the set exceeded `max_endpoints`, so it is logged once.
+    capped: std::sync::atomic::AtomicBool,
+}
+
+/// An endpoint taken for one attempt: counted in flight until dropped.
+/// Report the attempt's outcome with [`Picked::finish`]; dropped without
+/// one (the client went away), it leaves no verdict.
+#[derive(Debug)]
+pub struct Picked {
+    pub endpoint: Arc<Endpoint>,
+    owner: Arc<Endpoints>,
+    probe: bool,
+    done: bool,
+}
+
+impl Drop for Picked {
+    fn drop(&mut self) {
+        self.endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if self.probe && !self.done {
+            self.endpoint.stats().health.release_probe();
+        }
+    }
+}
+
+impl Picked {
+    /// The endpoint's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.endpoint.addr
+    }
+
+    /// Records the attempt's outcome: `failure` per the breaker's
+    /// definition (`None`: no verdict, e.g. a stream the upstream refused
+    /// unprocessed), `took` until response headers or the failure.
+    pub fn finish(mut self, failure: Option<bool>, took: Duration) {
+        self.done = true;
+        let Some(failure) = failure else {
+            if self.probe {
+                self.endpoint.stats().health.release_probe();
+            }
+            return;
+        };
+        let ep = &self.endpoint;
+        ep.metrics.requests.inc();
+        if failure {
+            ep.metrics.failures.inc();
+        }
+        let owner = &self.owner;
+        let now = owner.clock.now();
+        let params = owner.params.load();
+        let verdict = {
+            let mut s = ep.stats();
+            s.ewma.observe_outcome(took, failure, now);
+            s.health.record(failure, self.probe, &params.ejection, now)
+        };
+        match verdict {
+            Verdict::Keep => {}
+            Verdict::Restored => {
+                owner.out.fetch_sub(1, Ordering::Relaxed);
+                tracing::info!(upstream = %owner.upstream, endpoint = %ep.addr, "endpoint serves again: its probe succeeded");
+            }
+            Verdict::Eject(why) => owner.eject(ep, why, &params, now),
+        }
+    }
+}
+
+impl Endpoints {
+    /// An empty set for `upstream`; [`Endpoints::publish`] fills it.
+    pub fn new(
+        upstream: &str,
+        clock: Clock,
+        params: Params,
+        client: UpstreamClient,
+        families: Families,
+    ) -> Arc<Self> {
+        let counts = families.counts(upstream);
+        Arc::new(Endpoints {
+            upstream: upstream.to_string(),
+            clock,
+            set: ArcSwap::from_pointee(Vec::new()),
+            params: ArcSwap::from_pointee(params),
+            client: ArcSwap::from_pointee(client),
+            families,
+            counts,
+            out: AtomicUsize::new(0),
+            turn: AtomicUsize::new(0),
+            seed: AtomicU64::new(crate::clock::fresh_seed()),
+            capped: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The endpoints now.
+    pub fn all(&self) -> Arc<Vec<Arc<Endpoint>>> {
+        self.set.load_full()
+    }
+
+    /// Whether there is an endpoint to send to.
+    pub fn ready(&self) -> bool {
+        !self.set.load().is_empty()
+    }
+
+    /// Applies reloaded parameters in place.
+    pub fn set_params(&self, params: Params) {
+        if **self.params.load() != params {
+            self.params.store(Arc::new(params));
+        }
+    }
+
+    /// A new pool for every endpoint: how the upstream is reached changed.
+    pub fn set_client(&self, client: UpstreamClient) {
+        for ep in self.set.load().iter() {
+            ep.client.store(Arc::new(client.for_addr(ep.addr)));
+        }
+        self.client.store(Arc::new(client));
+    }
+
+    /// Makes `addrs` the endpoints: those already known keep their state
+    /// and pools, new ones start fresh, gone ones get no new request (an
+    /// attempt in flight keeps its endpoint until it ends). At most
+    /// `max_endpoints` are used.
+    pub fn publish(&self, addrs: &[SocketAddr]) {
+        let cap = self.params.load().max_endpoints as usize;
+        let old = self.set.load_full();
+        if old.len() == addrs.len().min(cap) && old.iter().zip(addrs).all(|(e, a)| e.addr == *a) {
+            return;
+        }
+        if addrs.len() > cap && !self.capped.swap(true, Ordering::Relaxed) {
+            tracing::warn!(upstream = %self.upstream, addresses = addrs.len(), max_endpoints = cap, "more addresses than max_endpoints: the first ones are used");
+        }
+        let now = self.clock.now();
+        let client = self.client.load();
+        let mut next: Vec<Arc<Endpoint>> = Vec::with_capacity(addrs.len().min(cap));
+        for a in addrs.iter().take(cap) {
+            if next.iter().any(|e| e.addr == *a) {
+                continue;
+            }
+            let kept = old.iter().find(|e| e.addr == *a).cloned();
+            next.push(kept.unwrap_or_else(|| {
+                let m = self.families.endpoint(&self.upstream, &a.to_string());
+                Arc::new(Endpoint::new(*a, &client, m, now))
+            }));
+        }
+        for gone in old
+            .iter()
+            .filter(|e| !next.iter().any(|n| n.addr == e.addr))
+        {
+            self.families
+                .forget_endpoint(&self.upstream, &gone.addr.to_string());
+        }
+        let out = next.iter().filter(|e| e.stats().health.is_out()).count();
+        self.out.store(out, Ordering::Relaxed);
+        tracing::debug!(upstream = %self.upstream, endpoints = next.len(), "endpoints changed");
+        self.set.store(Arc::new(next));
+    }
+
+    /// A uniform draw in `[0, 1)` (splitmix64 over an atomic counter: no
+    /// lock on the request path).
+    fn draw(&self) -> f64 {
+        let mut z = self
+            .seed
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+            .wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Picks the endpoint for one attempt, avoiding those in `avoid` (they
+    /// failed this request) when another exists. `None`: no endpoint yet
+    /// (a name not resolved so far).
+    pub fn pick(self: &Arc<Self>, avoid: &[SocketAddr]) -> Option<Picked> {
+        let set = self.set.load();
+        let n = set.len();
+        let chosen = match n {
+            0 => return None,
+            // One endpoint: nothing to choose.
+            1 => (set[0].clone(), false),
+            _ => self.choose(&set, avoid)?,
+        };
+        let (endpoint, probe) = chosen;
+        endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(Picked {
+            endpoint,
+            owner: self.clone(),
+            probe,
+            done: false,
+        })
+    }
+
+    fn choose(&self, set: &[Arc<Endpoint>], avoid: &[SocketAddr]) -> Option<(Arc<Endpoint>, bool)> {
+        let now = self.clock.now();
+        let params = self.params.load();
+        // More out than the cap allows (endpoints went away meanwhile):
+        // balance over all of them, since refusing is worse than trying.
+        let panic = self.out.load(Ordering::Relaxed) > cap(set.len(), params.ejection.max_ejected);
+        let n = set.len();
+        // Strictest first: in, and not failed for this request; then any
+        // not failed for it; then any.
+        for pass in 0..3 {
+            let usable = |e: &Endpoint| -> Option<Availability> {
+                if pass < 2 && avoid.contains(&e.addr) {
+                    return None;
+                }
+                if pass == 0 && !panic {
+                    match e.stats().health.availability(now) {
+                        Availability::Closed => None,
+                        a => Some(a),
+                    }
+                } else {
+                    Some(Availability::Open)
+                }
+            };
+            let found = match params.balance {
+                Balance::RoundRobin => {
+                    let start = self.turn.fetch_add(1, Ordering::Relaxed);
+                    (0..n)
+                        .map(|k| &set[(start + k) % n])
+                        .find_map(|e| usable(e).map(|a| (e.clone(), a)))
+                }
+                Balance::PeakEwma => self.two_choices(set, now, &usable),
+            };
+            if let Some((e, a)) = found {
+                let probe = a == Availability::Probe;
+                if probe {
+                    let mut s = e.stats();
+                    // Another request may have taken the probe meanwhile.
+                    if s.health.availability(now) != Availability::Probe {
+                        continue;
+                    }
+                    s.health.take_probe(now);
+                }
+                return Some((e, probe));
+            }
+        }
+        set.first().map(|e| (e.clone(), false))
+    }
+
+    /// Power of two choices: two endpoints at random, the cheaper by
+    /// latency × (in flight + 1). When a draw lands on one that may not be
+    /// used, a few more draws, then a scan.
+    fn two_choices(
+        &self,
+        set: &[Arc<Endpoint>],
+        now: Now,
+        usable: &dyn Fn(&Endpoint) -> Option<Availability>,
+    ) -> Option<(Arc<Endpoint>, Availability)> {
+        let n = set.len();
+        let cost = |e: &Endpoint| e.stats().ewma.cost(e.in_flight(), now);
+        let mut best: Option<(usize, f64, Availability)> = None;
+        for _ in 0..4 {
+            let (i, j) = balance::two_of(n, self.draw(), self.draw());
+            for k in [i, j] {
+                if let Some(a) = usable(&set[k]) {
+                    // An endpoint waiting on its probe takes it first:
+                    // its estimate is from before its ejection.
+                    let c = if a == Availability::Probe {
+                        -1.0
+                    } else {
+                        cost(&set[k])
+                    };
+                    if best.is_none_or(|(_, bc, _)| c < bc) {
+                        best = Some((k, c, a));
+                    }
+                }
+            }
+            if best.is_some() {
+                break;
+            }
+        }
+        if best.is_none() {
+            for (k, e) in set.iter().enumerate() {
+                if let Some(a) = usable(e) {
+                    let c = cost(e);
+                    if best.is_none_or(|(_, bc, _)| c < bc) {
+                        best = Some((k, c, a));
+                    }
+                }
+            }
+        }
+        best.map(|(k, _, a)| (set[k].clone(), a))
+    }
+
+    /// Ejects `ep` for `why`, unless the cap on ejected endpoints is
+    /// reached or (for a failure share) its share is not well above its
+    /// siblings'.
+    fn eject(&self, ep: &Endpoint, why: Why, params: &Params, now: Now) {
+        let set = self.set.load();
+        let p = &params.ejection;
+        if why == Why::FailureShare {
+            let Some(own) = ep.stats().health.share(p.min_samples) else {
+                return;
+            };
+            let others: Vec<f64> = set
+                .iter()
+                .filter(|e| e.addr != ep.addr)
+                .filter_map(|e| e.stats().health.share(p.min_samples))
+                .collect();
+            if others.is_empty() {
+                return;
+            }
+            let mean = others.iter().sum::<f64>() / others.len() as f64;
+            if own - mean < p.failure_share_above {
+                return;
+            }
+        }
+        let already_out = why == Why::ProbeFailed;
+        let out = self.out.load(Ordering::Relaxed);
+        let allowed = cap(set.len(), p.max_ejected);
+        let draw = self.draw();
+        let mut s = ep.stats();
+        if !already_out && (out >= allowed || !set.iter().any(|e| e.addr == ep.addr)) {
+            // At the cap (or no longer an endpoint): it stays in.
+            s.health.spare();
+            return;
+        }
+        if !already_out && s.health.is_out() {
+            return;
+        }
+        let length = s.health.eject(why, p, now, draw);
+        drop(s);
+        if !already_out {
+            self.out.fetch_add(1, Ordering::Relaxed);
+        }
+        ep.ejections.fetch_add(1, Ordering::Relaxed);
+        ep.metrics.ejection(why.as_str());
+        tracing::info!(
+            upstream = %self.upstream,
+            endpoint = %ep.addr,
+            reason = why.as_str(),
+            ejected_for = %crate::config::duration::format(length),
+            "endpoint ejected"
+        );
+    }
+
+    /// Each endpoint as the status page shows it.
+    pub fn views(&self) -> Vec<EndpointView> {
+        let now = self.clock.now();
+        self.set.load().iter().map(|e| e.view(now)).collect()
+    }
+
+    /// Sets the gauges; called when `/metrics` is scraped.
+    pub fn refresh_gauges(&self) {
+        let now = self.clock.now();
+        let mut ejected = 0;
+        let set = self.set.load();
+        for e in set.iter() {
+            let s = e.stats();
+            let out = s.health.is_out() || !matches!(s.health.status(now), eject::Status::Active);
+            ejected += i64::from(out);
+            e.metrics.ejected.set(i64::from(out));
+            e.metrics.latency.set(s.ewma.estimate_at(now) / 1e9);
+            e.metrics.in_flight.set(i64::from(e.in_flight()));
+        }
+        self.counts[0].set(set.len() as i64 - ejected);
+        self.counts[1].set(ejected);
+    }
+}
+
+/// The most endpoints one attempt dials when they refuse: a connection
+/// that was never made sent nothing, so the next endpoint is tried within
+/// the same attempt.
+const MAX_DIALS: usize = 3;
+
+/// Picks an endpoint (avoiding `avoid`) and `connect`s to it; an endpoint
+/// that refuses (a connect failure, not TLS) is reported, added to `avoid`,
+/// and the next one tried, up to [`MAX_DIALS`] (and never one twice).
+pub(crate) async fn dial<S, F, Fut>(
+    endpoints: &Arc<Endpoints>,
+    avoid: &mut Vec<SocketAddr>,
+    started: tokio::time::Instant,
+    mut connect: F,
+) -> Result<(Picked, S), crate::proxy::client::SendError>
+where
+    F: FnMut(SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = Result<S, crate::proxy::client::SendError>>,
+{
+    use crate::proxy::client::{Failure, SendError};
+    let n = endpoints.set.load().len();
+    let mut tries = 0;
+    loop {
+        let Some(p) = endpoints.pick(avoid) else {
+            return Err(SendError::new(
+                Failure::Connect,
+                "the upstream has no endpoint yet (its name has not resolved)",
+            ));
+        };
+        tries += 1;
+        match connect(p.addr()).await {
+            Ok(s) => return Ok((p, s)),
+            Err(e) => {
+                if !avoid.contains(&p.addr()) {
+                    avoid.push(p.addr());
+                }
+                p.finish(Some(true), started.elapsed());
+                if e.kind != Failure::Connect || e.tls || tries >= n.min(MAX_DIALS) {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// Reports an attempt's outcome on the endpoint it went to (when it got
+/// one), and notes that endpoint in `avoid` when it failed this request or
+/// refused the stream, so that a retry goes elsewhere.
+pub(crate) fn report(
+    picked: Option<Picked>,
+    outcome: &crate::policy::Outcome,
+    failures: &crate::policy::BreakerParams,
+    started: tokio::time::Instant,
+    avoid: &mut Vec<SocketAddr>,
+) {
+    use crate::policy::Outcome;
+    let Some(p) = picked else { return };
+    let failure = outcome.breaker_failure(failures);
+    let elsewhere = failure == Some(true) || matches!(outcome, Outcome::RefusedStream);
+    if elsewhere && !avoid.contains(&p.addr()) {
+        avoid.push(p.addr());
+    }
+    p.finish(failure, started.elapsed());
+}
+
+/// How many of `n` endpoints may be out at once.
+fn cap(n: usize, max_ejected: f64) -> usize {
+    (n as f64 * max_ejected).floor() as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_most_half_may_be_out() {
+        assert_eq!(cap(1, 0.5), 0);
+        assert_eq!(cap(2, 0.5), 1);
+        assert_eq!(cap(3, 0.5), 1);
+        assert_eq!(cap(10, 0.5), 5);
+    }
+}

@@ -1,0 +1,172 @@
+//! Where an upstream's endpoints come from (docs/endpoints.md#endpoints):
+//! the `url`'s host, or each entry of a static `endpoints` list. An IP
+//! literal is an endpoint as it is; a name is resolved off the request
+//! path: a task per upstream asks the system resolver (`getaddrinfo`, on
+//! tokio's blocking pool) at start and then every `resolve_every`, and
+//! publishes every address found to [`Endpoints`]. A failed or empty
+//! resolution keeps the last good addresses, is logged once until
+//! resolution works again, and is counted
+//! (`weir_dns_resolutions_total{result="error"}`). Until the first
+//! resolution has answered there is no endpoint, and the general path's
+//! upstream-wide client resolves for itself.
+
+use super::Endpoints;
+use prometheus::{IntCounter, IntGauge};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+/// An upstream name's resolution counters (`weir_dns_*`, made by
+/// `Metrics::dns`).
+#[derive(Debug, Clone)]
+pub struct DnsMetrics {
+    pub(crate) ok: IntCounter,
+    pub(crate) error: IntCounter,
+    pub(crate) addresses: IntGauge,
+}
+
+impl DnsMetrics {
+    /// One resolution: whether it answered, and the addresses in use after it.
+    pub fn resolved(&self, ok: bool, addresses: usize) {
+        if ok { &self.ok } else { &self.error }.inc();
+        self.addresses.set(addresses as i64);
+    }
+}
+
+/// How long one resolution may take.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One source of endpoints: a host (IP literal or name) and a port.
+pub type Entry = (String, u16);
+
+/// The literal address of an entry whose host is an IP.
+pub fn literal((host, port): &Entry) -> Option<SocketAddr> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.parse::<std::net::IpAddr>()
+        .ok()
+        .map(|ip| SocketAddr::new(ip, *port))
+}
+
+/// Keeps an upstream's endpoints current while it lives; dropping it stops
+/// the resolving task.
+#[derive(Debug)]
+pub struct Resolver {
+    entries: Vec<Entry>,
+    /// Set while resolution fails, so the failure is logged once.
+    failing: AtomicBool,
+}
+
+impl Resolver {
+    /// Publishes the literal entries now and, when there are names, starts
+    /// resolving them every `every` on the current runtime.
+    pub fn start(
+        upstream: &str,
+        entries: Vec<Entry>,
+        every: Duration,
+        endpoints: &Arc<Endpoints>,
+        dns: Option<DnsMetrics>,
+    ) -> Arc<Resolver> {
+        let r = Arc::new(Resolver {
+            entries,
+            failing: AtomicBool::new(false),
+        });
+        let literals: Vec<SocketAddr> = r.entries.iter().filter_map(literal).collect();
+        if literals.len() == r.entries.len() {
+            endpoints.publish(&literals);
+        } else if let (Ok(rt), Some(dns)) = (tokio::runtime::Handle::try_current(), dns) {
+            rt.spawn(refresh(
+                Arc::downgrade(&r),
+                Arc::downgrade(endpoints),
+                upstream.to_string(),
+                every,
+                dns,
+            ));
+        }
+        r
+    }
+
+    /// Asks the resolver once for every name; the addresses of every entry
+    /// in order, without repeats. `Err` when a name failed (the last good
+    /// addresses are kept).
+    async fn resolve(&self) -> Result<Vec<SocketAddr>, String> {
+        let mut addrs: Vec<SocketAddr> = Vec::new();
+        for e in &self.entries {
+            if let Some(a) = literal(e) {
+                if !addrs.contains(&a) {
+                    addrs.push(a);
+                }
+                continue;
+            }
+            // A resolver that does not answer is a failure, not a stuck task.
+            let lookup = tokio::net::lookup_host((e.0.as_str(), e.1));
+            let found = tokio::time::timeout(LOOKUP_TIMEOUT, lookup)
+                .await
+                .map_err(|_| format!("{}: no answer within {}s", e.0, LOOKUP_TIMEOUT.as_secs()))?
+                .map_err(|err| format!("{}: {err}", e.0))?;
+            let before = addrs.len();
+            for a in found {
+                if !addrs.contains(&a) {
+                    addrs.push(a);
+                }
+            }
+            if addrs.len() == before {
+                return Err(format!("{}: no address", e.0));
+            }
+        }
+        Ok(addrs)
+    }
+}
+
+async fn refresh(
+    r: Weak<Resolver>,
+    endpoints: Weak<Endpoints>,
+    upstream: String,
+    every: Duration,
+    metrics: DnsMetrics,
+) {
+    loop {
+        let (Some(r), Some(endpoints)) = (r.upgrade(), endpoints.upgrade()) else {
+            return;
+        };
+        match r.resolve().await {
+            Ok(addrs) => {
+                endpoints.publish(&addrs);
+                let n = endpoints.all().len();
+                metrics.resolved(true, n);
+                if r.failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!(%upstream, addresses = n, "DNS resolution works again");
+                }
+            }
+            Err(e) => {
+                let kept = endpoints.all().len();
+                metrics.resolved(false, kept);
+                if !r.failing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        %upstream,
+                        error = %e,
+                        kept,
+                        "DNS resolution failed; keeping the last good addresses (logged once until it works again)"
+                    );
+                }
+            }
+        }
+        drop((r, endpoints));
+        tokio::time::sleep(every).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_are_addresses_and_names_are_not() {
+        assert_eq!(
+            literal(&("10.0.0.1".into(), 80)),
+            "10.0.0.1:80".parse().ok()
+        );
+        assert_eq!(literal(&("[::1]".into(), 8080)), "[::1]:8080".parse().ok());
+        assert_eq!(literal(&("svc.local".into(), 80)), None);
+    }
+}
