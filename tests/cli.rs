@@ -29,8 +29,8 @@ fn schedule_prints_envelopes_and_warns_when_attempts_cannot_fit() {
     let (code, out, _) = weir(&["schedule", "--config", "config/weir.toml"], None);
     assert_eq!(code, 0);
     assert!(out.contains("upstream app"), "{out}");
-    assert!(out.contains("retry 1: 0ms – 200ms"), "{out}");
-    assert!(out.contains("worst-case total wait: 600ms"), "{out}");
+    assert!(out.contains("retry 1: 0ms – 25ms"), "{out}");
+    assert!(out.contains("worst-case total wait: 75ms"), "{out}");
 
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("w.toml");

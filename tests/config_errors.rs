@@ -1038,3 +1038,90 @@ fn scopes_are_validated_where_they_are_written() {
     let src = format!("{UP}[upstreams.api.rate_limit]\nrps = 5.0\nexpected_instances = -2\n");
     expect_one(&src, 6, "upstreams.api.rate_limit.expected_instances", "-2");
 }
+
+// ---- endpoints (docs/endpoints.md) ----
+
+#[test]
+fn an_endpoints_entry_that_is_not_host_and_port() {
+    let src = format!("{UP}endpoints = [\"10.0.0.7:8080\", \"10.0.0.8\"]\n");
+    let e = expect_one(&src, 4, "upstreams.api.endpoints[1]", "is not `host:port`");
+    assert!(e.message.contains("\"10.0.0.8\""), "{e}");
+}
+
+#[test]
+fn an_empty_endpoints_list() {
+    let src = format!("{UP}endpoints = []\n");
+    expect_one(&src, 4, "upstreams.api.endpoints", "lists no endpoint");
+}
+
+#[test]
+fn a_repeated_endpoint() {
+    let src = format!(
+        "{UP}endpoints = [\n  \"10.0.0.7:8080\",\n  \"Api-2.internal:80\",\n  \"api-2.internal:80\",\n]\n"
+    );
+    expect_one(
+        &src,
+        7,
+        "upstreams.api.endpoints[2]",
+        "repeats endpoints[1]",
+    );
+}
+
+#[test]
+fn max_endpoints_below_the_static_list() {
+    let src = format!(
+        "{UP}endpoints = [\"10.0.0.7:1\", \"10.0.0.8:1\", \"10.0.0.9:1\"]\nmax_endpoints = 2\n"
+    );
+    expect_one(
+        &src,
+        5,
+        "upstreams.api.max_endpoints",
+        "below the 3 static endpoints",
+    );
+}
+
+#[test]
+fn ejection_and_balance_are_validated() {
+    let src = format!("{UP}balance = \"least_conn\"\n[upstreams.api.ejection]\nfailure_share_above = 30\nmax = \"1s\"\n");
+    let errs = errors(&src);
+    let fields: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "upstreams.api.balance",
+            "upstreams.api.ejection.failure_share_above",
+            "upstreams.api.ejection.max",
+        ],
+        "{errs:#?}"
+    );
+    assert!(errs.iter().all(|e| e.line > 0 && e.column > 0), "{errs:#?}");
+}
+
+#[test]
+fn endpoints_and_their_defaults_parse() {
+    let src = format!("{UP}endpoints = [\"10.0.0.7:8080\", \"[::1]:81\", \"api-2.internal:80\"]\n");
+    let c = Config::parse(Path::new("weir.toml"), &src).unwrap();
+    let e = &c.upstreams[0].endpoints;
+    assert!(e.fixed);
+    assert_eq!(
+        e.entries,
+        [
+            ("10.0.0.7".to_string(), 8080),
+            ("[::1]".to_string(), 81),
+            ("api-2.internal".to_string(), 80)
+        ]
+    );
+    assert_eq!(e.params.max_endpoints, 64);
+    assert_eq!(e.params.ejection.consecutive_failures, 5);
+    assert_eq!(e.params.ejection.base.as_secs(), 5);
+    assert_eq!(e.params.ejection.max.as_secs(), 60);
+    // Without a list: the url's host and port.
+    let c = Config::parse(Path::new("weir.toml"), UP).unwrap();
+    let e = &c.upstreams[0].endpoints;
+    assert!(!e.fixed);
+    assert_eq!(e.entries, [("127.0.0.1".to_string(), 8080)]);
+    // `weir check` prints them.
+    let shown = c.effective_toml();
+    assert!(shown.contains("balance = \"peak_ewma\""), "{shown}");
+    assert!(shown.contains("consecutive_failures = 5"), "{shown}");
+}

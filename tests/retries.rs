@@ -325,7 +325,7 @@ async fn a_client_that_leaves_during_backoff_cancels_the_retry(path: DataPath) {
     let weir = Weir::single_on(
         path,
         &up.url(),
-        "[upstreams.svc.retry.backoff]\nbase = \"2s\"\njitter = \"none\"\n",
+        "[upstreams.svc.retry.backoff]\nbase = \"2s\"\nmax = \"2s\"\njitter = \"none\"\n",
     )
     .await;
     let w = weir.url("/r");

@@ -188,6 +188,7 @@ async fn status_json_reports_every_field() {
         "p50_ms",
         "p99_ms",
         "history",
+        "endpoints",
     ];
     for name in ["dead", "ok"] {
         let u = upstream(&s, name);
@@ -217,6 +218,22 @@ async fn status_json_reports_every_field() {
 
     let ok = upstream(&s, "ok");
     assert_eq!(ok["target"], up.url());
+    // One endpoint: the url's address, serving.
+    let eps = ok["endpoints"].as_array().unwrap();
+    assert_eq!(eps.len(), 1, "{ok}");
+    assert_eq!(eps[0]["addr"], up.addr.to_string());
+    assert_eq!(eps[0]["state"], "active");
+    assert!(eps[0]["requests"].as_u64().unwrap() > 0, "{ok}");
+    for k in [
+        "in_flight",
+        "latency_ms",
+        "failures",
+        "ejections",
+        "why",
+        "back_in_ms",
+    ] {
+        assert!(eps[0].get(k).is_some(), "{k} in {ok}");
+    }
     assert_eq!(ok["breaker"]["state"], "closed");
     assert_eq!(ok["breaker"]["transitions"].as_array().unwrap().len(), 0);
     assert!(ok["breaker"]["since_s"].as_f64().unwrap() >= 2.0, "{ok}");

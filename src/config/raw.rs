@@ -206,8 +206,11 @@ impl RawPolicy {
                 max_replay_body_bytes: Some(65_536),
                 min_attempt_time: Some(Dur(D::from_millis(10))),
                 backoff: Some(RawBackoff {
-                    base: Some(Dur(D::from_millis(200))),
-                    max: Some(Dur(D::from_secs(10))),
+                    // 25 ms / 1 s: a retry usually goes to another
+                    // replica, and the budget, not the backoff, bounds the
+                    // load retries add (docs/behaviour.md#backoff).
+                    base: Some(Dur(D::from_millis(25))),
+                    max: Some(Dur(D::from_secs(1))),
                     multiplier: Some(2.0),
                     growth: Some("exponential".into()),
                     jitter: Some(RawJitter::Name("full".into())),

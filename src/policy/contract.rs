@@ -141,7 +141,7 @@ pub struct PolicyJson {
     pub max_replay_body_bytes: u64,
     /// Time an attempt needs at least (default 10).
     pub min_attempt_time_ms: u64,
-    /// Backoff (default 200 ms / 10 s / ×2, exponential, full jitter).
+    /// Backoff (default 25 ms / 1 s / ×2, exponential, full jitter).
     pub backoff: BackoffJson,
     /// Cost of a retry after a timeout (default 2).
     pub timeout_cost: u32,
@@ -167,9 +167,9 @@ impl Default for PolicyJson {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BackoffJson {
-    /// Default 200.
+    /// Default 25.
     pub base_ms: u64,
-    /// Default 10 000.
+    /// Default 1 000.
     pub max_ms: u64,
     /// Default 2.0.
     pub multiplier: f64,
@@ -184,8 +184,8 @@ pub struct BackoffJson {
 impl Default for BackoffJson {
     fn default() -> Self {
         BackoffJson {
-            base_ms: 200,
-            max_ms: 10_000,
+            base_ms: 25,
+            max_ms: 1_000,
             multiplier: 2.0,
             growth: Growth::Exponential,
             jitter: Jitter::Full,

@@ -802,7 +802,7 @@ mod tests {
         assert_eq!(
             v,
             Verdict::Retry {
-                delay: Duration::from_millis(200),
+                delay: Duration::from_millis(25),
                 cause: Cause::Timeout
             }
         );

@@ -138,17 +138,18 @@ mod tests {
     #[test]
     fn defaults_fit() {
         let r = schedule_report("payments", &policy(3), Duration::from_secs(15));
-        assert!(r.contains("retry 1: 0ms – 200ms"), "{r}");
-        assert!(r.contains("retry 2: 0ms – 400ms"), "{r}");
-        assert!(r.contains("worst-case total wait: 600ms"), "{r}");
+        assert!(r.contains("retry 1: 0ms – 25ms"), "{r}");
+        assert!(r.contains("retry 2: 0ms – 50ms"), "{r}");
+        assert!(r.contains("worst-case total wait: 75ms"), "{r}");
         assert!(!r.contains("warning"), "{r}");
     }
 
     #[test]
     fn warns_when_backoff_exceeds_timeout() {
-        let r = schedule_report("slow", &policy(10), Duration::from_secs(15));
-        assert!(r.contains("retry 9: 0ms – 10s"), "{r}");
-        assert!(r.contains("worst-case total wait: 42.6s"), "{r}");
+        // 25 + 50 + … + 800 ms, then 1 s three times.
+        let r = schedule_report("slow", &policy(10), Duration::from_secs(3));
+        assert!(r.contains("retry 9: 0ms – 1s"), "{r}");
+        assert!(r.contains("worst-case total wait: 4.575s"), "{r}");
         assert!(r.contains("warning: the worst-case backoff alone"), "{r}");
     }
 

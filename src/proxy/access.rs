@@ -21,6 +21,9 @@ pub(crate) struct Entry<'a> {
     pub(crate) attempts: Option<u32>,
     /// Why a retryable outcome was not retried.
     pub(crate) retry_stop: Option<&'a str>,
+    /// The endpoint of the last attempt, when it had one
+    /// (docs/endpoints.md#seeing-it).
+    pub(crate) endpoint: Option<std::net::SocketAddr>,
     pub(crate) took: Duration,
 }
 
@@ -49,6 +52,7 @@ pub(crate) fn write(mode: AccessLog, e: &Entry<'_>) {
         error = e.error.unwrap_or("-"),
         attempts = e.attempts.unwrap_or(0),
         retry_stop = e.retry_stop.unwrap_or("-"),
+        endpoint = %e.endpoint.map_or_else(|| "-".to_string(), |a| a.to_string()),
         duration_ms = e.took.as_micros() as f64 / 1000.0,
         "request"
     );

@@ -162,6 +162,10 @@ fn access_log(
                 error,
                 attempts: text("x-weir-attempts").and_then(|v| v.parse().ok()),
                 retry_stop: text("x-weir-retry-stop"),
+                endpoint: resp
+                    .extensions()
+                    .get::<crate::upstream::Served>()
+                    .map(|s| s.0),
                 took: start.elapsed(),
             },
         );

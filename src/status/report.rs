@@ -48,6 +48,8 @@ pub struct UpstreamReport {
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub history: Vec<Point>,
+    /// Its endpoints (docs/endpoints.md#seeing-it).
+    pub endpoints: Vec<crate::upstream::EndpointView>,
 }
 
 #[derive(Debug, Serialize)]
@@ -197,6 +199,7 @@ fn upstream(u: &Upstream, now: &Sample, bounds: &[f64], wall: u64) -> UpstreamRe
         max_queue: c.concurrency.max_queue,
         rate_limit,
         latency_window_s: latency.map(|l| secs(Duration::from_secs_f64(l.1))),
+        endpoints: state.endpoints.views(),
         p50_ms: q(0.5),
         p99_ms: q(0.99),
         history: history(&memory.samples, now.at),

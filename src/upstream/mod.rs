@@ -560,6 +560,11 @@ pub(crate) fn report(
     p.finish(failure, started.elapsed());
 }
 
+/// The endpoint a response came from, in its extensions on the general
+/// path (for the access log).
+#[derive(Debug, Clone, Copy)]
+pub struct Served(pub SocketAddr);
+
 /// How many of `n` endpoints may be out at once.
 fn cap(n: usize, max_ejected: f64) -> usize {
     (n as f64 * max_ejected).floor() as usize

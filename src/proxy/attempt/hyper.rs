@@ -230,7 +230,10 @@ async fn send(
     let mut picked = None;
     let sent =
         tokio::time::timeout_at(try_deadline, dispatch(up, conn, req, avoid, &mut picked)).await;
-    let (outcome, result) = judge(up, plan, try_deadline, sent).await;
+    let (outcome, mut result) = judge(up, plan, try_deadline, sent).await;
+    if let (Ok(r), Some(p)) = (&mut result, &picked) {
+        r.extensions_mut().insert(crate::upstream::Served(p.addr()));
+    }
     crate::upstream::report(picked, &outcome, &up.config.breaker, started, avoid);
     (outcome, result)
 }

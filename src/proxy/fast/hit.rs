@@ -53,6 +53,7 @@ impl Ctx<'_> {
             error: None,
             attempts: up.config.annotate.then_some(0),
             retry_stop: None,
+            endpoint: None,
             took,
         };
         self.access_log(p, entry);

@@ -166,6 +166,7 @@ impl Ctx<'_> {
         let fail = |e: ProxyError| Failure {
             error: e,
             attempts: None,
+            endpoint: None,
         };
         // Room for the whole body at once: grown by doubling as it arrives,
         // a 64 KiB body would be copied over and over.
@@ -230,6 +231,7 @@ impl Ctx<'_> {
                     attempts: 0,
                     stop: None,
                 }),
+                endpoint: None,
             };
             return self.fail(up, start, &p, f).await;
         };
@@ -257,6 +259,8 @@ impl Ctx<'_> {
         let Some(driven) = attempt::drive(&mut attempts, &mut t, Some(t0)).await else {
             return false;
         };
+        // A failed attempt's endpoint is the last one it avoids.
+        let last_failed = t.avoid.last().copied();
         let (result, stop, ended) = (driven.result, driven.stop, driven.ended);
         let made = attempts.made();
         let annotations = cfg.annotate.then_some(Annotations {
@@ -284,6 +288,7 @@ impl Ctx<'_> {
                     // From the annotations, as on the general path.
                     attempts: annotations.map(|_| made),
                     retry_stop: annotations.and(stop).map(|s| s.as_str()),
+                    endpoint: Some(addr),
                     took,
                 };
                 self.access_log(&p, entry);
@@ -296,6 +301,7 @@ impl Ctx<'_> {
                 let f = Failure {
                     error,
                     attempts: annotations,
+                    endpoint: last_failed,
                 };
                 self.fail(up, start, &p, f).await
             }
@@ -324,7 +330,7 @@ impl Ctx<'_> {
                     Ok(_) => {}
                 },
                 () = self.timer.at(deadline) => {
-                    let f = Failure { error: ProxyError::DeadlineExceeded, attempts: None };
+                    let f = Failure { error: ProxyError::DeadlineExceeded, attempts: None, endpoint: None };
                     return Err(self.fail(up, start, p, f).await);
                 }
             }
@@ -363,6 +369,7 @@ impl Ctx<'_> {
             error: Some(f.error.code()),
             attempts: made,
             retry_stop: stop,
+            endpoint: f.endpoint,
             took,
         };
         self.access_log(p, entry);
@@ -551,4 +558,6 @@ struct Kept {
 struct Failure {
     error: ProxyError,
     attempts: Option<Annotations>,
+    /// The endpoint of the last attempt, if one was made.
+    endpoint: Option<std::net::SocketAddr>,
 }
