@@ -15,6 +15,12 @@ pub const DEFAULT_RTT: Duration = Duration::from_millis(30);
 /// default).
 pub const DECAY: Duration = Duration::from_secs(10);
 
+/// The most an estimate keeps of itself per sample below it: however close
+/// together samples come, each pulls the estimate at least 5 % of the way
+/// toward it, so that one outlier (a pause of the machine) is forgiven
+/// within a few dozen answers rather than within [`DECAY`]s of them.
+pub const MAX_KEEP: f64 = 0.95;
+
 /// What a failed attempt counts as in the estimate, at least: a replica that
 /// answers 503 (or refuses) at once is not a fast replica, and without this
 /// the balancer would send it more than its share.
@@ -70,13 +76,25 @@ impl PeakEwma {
         }
     }
 
+    /// An estimate of `rtt` at `now`: for an endpoint that joins a set
+    /// whose others are measured already, at the best of theirs, so that
+    /// it is neither starved (a fresh 30 ms beside endpoints measured
+    /// below it would never win a draw while nothing is in flight) nor
+    /// flooded.
+    pub fn starting_at(rtt: Duration, now: Now) -> Self {
+        PeakEwma {
+            estimate: rtt.as_nanos() as f64,
+            at: now,
+        }
+    }
+
     /// Takes one response time measured at `now`.
     pub fn observe(&mut self, rtt: Duration, now: Now) {
         let sample = rtt.as_nanos() as f64;
         if sample > self.estimate {
             self.estimate = sample;
         } else {
-            let w = self.weight(now);
+            let w = self.weight(now).min(MAX_KEEP);
             self.estimate = self.estimate * w + sample * (1.0 - w);
         }
         self.at = self.at.max(now);
@@ -150,12 +168,23 @@ mod tests {
     fn fast_answers_pull_it_down_with_time() {
         let mut e = PeakEwma::new(Duration::ZERO);
         e.observe(ms(1000), Duration::ZERO);
-        // Right after: barely moves.
+        // Right after: moves 5 % (MAX_KEEP).
         e.observe(ms(1), ms(1));
-        assert!(e.estimate() > ms(990).as_nanos() as f64);
+        assert!(e.estimate() > ms(945).as_nanos() as f64);
+        assert!(e.estimate() < ms(951).as_nanos() as f64);
         // A decay period later: most of the way down.
         e.observe(ms(1), ms(1) + DECAY);
         assert!(e.estimate() < ms(400).as_nanos() as f64, "{}", e.estimate());
+    }
+
+    #[test]
+    fn an_outlier_is_forgiven_within_hundreds_of_answers() {
+        let mut e = PeakEwma::starting_at(ms(1), Duration::ZERO);
+        e.observe(ms(20), Duration::ZERO);
+        for i in 0..400u64 {
+            e.observe(ms(1), Duration::from_micros(i));
+        }
+        assert!(e.estimate() < ms(2).as_nanos() as f64, "{}", e.estimate());
     }
 
     #[test]

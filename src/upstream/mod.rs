@@ -33,6 +33,8 @@ use std::time::Duration;
 struct Stats {
     ewma: PeakEwma,
     health: Health,
+    /// Answers seen so far: the first is not sampled (see `finish`).
+    answers: u64,
 }
 
 /// One replica of an upstream.
@@ -68,13 +70,19 @@ pub struct EndpointView {
 }
 
 impl Endpoint {
-    fn new(addr: SocketAddr, client: &UpstreamClient, metrics: EndpointMetrics, now: Now) -> Self {
+    fn new(
+        addr: SocketAddr,
+        client: &UpstreamClient,
+        metrics: EndpointMetrics,
+        ewma: PeakEwma,
+    ) -> Self {
         Endpoint {
             addr,
             in_flight: AtomicU32::new(0),
             stats: Mutex::new(Stats {
-                ewma: PeakEwma::new(now),
+                ewma,
                 health: Health::new(),
+                answers: 0,
             }),
             client: ArcSwap::from_pointee(client.for_addr(addr)),
             metrics,
@@ -135,6 +143,8 @@ pub struct Endpoints {
     counts: [IntGauge; 2],
     /// Endpoints ejected or on probation now.
     out: AtomicUsize,
+    /// The set is not empty.
+    ready: std::sync::atomic::AtomicBool,
     /// Round robin's turn; also the state of the two-choices draws.
     turn: AtomicUsize,
     seed: AtomicU64,
@@ -148,7 +158,13 @@ pub struct Endpoints {
 #[derive(Debug)]
 pub struct Picked {
     pub endpoint: Arc<Endpoint>,
-    owner: Arc<Endpoints>,
+    /// The set it was picked from; `None` when it was the only endpoint:
+    /// then there is no estimate to keep (nothing to choose between) and
+    /// no ejection (one endpoint is never ejected), so the outcome only
+    /// counts, and the request path pays for nothing else.
+    owner: Option<Arc<Endpoints>>,
+    /// Endpoints in the set when it was picked.
+    pub(crate) of: usize,
     probe: bool,
     done: bool,
 }
@@ -170,8 +186,8 @@ impl Picked {
 
     /// Records the attempt's outcome: `failure` per the breaker's
     /// definition (`None`: no verdict, e.g. a stream the upstream refused
-    /// unprocessed), `took` until response headers or the failure.
-    pub fn finish(mut self, failure: Option<bool>, took: Duration) {
+    /// unprocessed), for an attempt started at `started`.
+    pub fn finish(mut self, failure: Option<bool>, started: tokio::time::Instant) {
         self.done = true;
         let Some(failure) = failure else {
             if self.probe {
@@ -184,12 +200,23 @@ impl Picked {
         if failure {
             ep.metrics.failures.inc();
         }
-        let owner = &self.owner;
-        let now = owner.clock.now();
+        let Some(owner) = &self.owner else {
+            return;
+        };
+        let at = tokio::time::Instant::now();
+        let took = at.saturating_duration_since(started);
+        let now = owner.clock.at(at);
         let params = owner.params.load();
         let verdict = {
             let mut s = ep.stats();
-            s.ewma.observe_outcome(took, failure, now);
+            // An endpoint's first answer carries its connection's set-up
+            // (and, for the process's first, one-time costs): as a peak it
+            // would keep the endpoint out of the draws for many seconds.
+            // A failure always counts.
+            s.answers += 1;
+            if failure || s.answers > 1 {
+                s.ewma.observe_outcome(took, failure, now);
+            }
             s.health.record(failure, self.probe, &params.ejection, now)
         };
         match verdict {
@@ -222,6 +249,7 @@ impl Endpoints {
             families,
             counts,
             out: AtomicUsize::new(0),
+            ready: std::sync::atomic::AtomicBool::new(false),
             turn: AtomicUsize::new(0),
             seed: AtomicU64::new(crate::clock::fresh_seed()),
             capped: std::sync::atomic::AtomicBool::new(false),
@@ -235,7 +263,9 @@ impl Endpoints {
 
     /// Whether there is an endpoint to send to.
     pub fn ready(&self) -> bool {
-        !self.set.load().is_empty()
+        // A flag rather than a look at the set: the fast path asks on
+        // every request, and the set's load costs more than this.
+        self.ready.load(Ordering::Relaxed)
     }
 
     /// Applies reloaded parameters in place.
@@ -268,6 +298,17 @@ impl Endpoints {
         }
         let now = self.clock.now();
         let client = self.client.load();
+        // A newcomer starts at the best estimate among the endpoints kept
+        // (a first set at the default).
+        let best = old
+            .iter()
+            .filter(|e| addrs.contains(&e.addr))
+            .map(|e| e.stats().ewma.estimate_at(now))
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.min(x))));
+        let fresh = || match best {
+            Some(ns) => PeakEwma::starting_at(Duration::from_nanos(ns as u64), now),
+            None => PeakEwma::new(now),
+        };
         let mut next: Vec<Arc<Endpoint>> = Vec::with_capacity(addrs.len().min(cap));
         for a in addrs.iter().take(cap) {
             if next.iter().any(|e| e.addr == *a) {
@@ -276,7 +317,7 @@ impl Endpoints {
             let kept = old.iter().find(|e| e.addr == *a).cloned();
             next.push(kept.unwrap_or_else(|| {
                 let m = self.families.endpoint(&self.upstream, &a.to_string());
-                Arc::new(Endpoint::new(*a, &client, m, now))
+                Arc::new(Endpoint::new(*a, &client, m, fresh()))
             }));
         }
         for gone in old
@@ -289,6 +330,7 @@ impl Endpoints {
         let out = next.iter().filter(|e| e.stats().health.is_out()).count();
         self.out.store(out, Ordering::Relaxed);
         tracing::debug!(upstream = %self.upstream, endpoints = next.len(), "endpoints changed");
+        self.ready.store(!next.is_empty(), Ordering::Relaxed);
         self.set.store(Arc::new(next));
     }
 
@@ -311,17 +353,20 @@ impl Endpoints {
     pub fn pick(self: &Arc<Self>, avoid: &[SocketAddr]) -> Option<Picked> {
         let set = self.set.load();
         let n = set.len();
-        let chosen = match n {
+        let (endpoint, probe, owner) = match n {
             0 => return None,
             // One endpoint: nothing to choose.
-            1 => (set[0].clone(), false),
-            _ => self.choose(&set, avoid)?,
+            1 => (set[0].clone(), false, None),
+            _ => {
+                let (e, probe) = self.choose(&set, avoid)?;
+                (e, probe, Some(self.clone()))
+            }
         };
-        let (endpoint, probe) = chosen;
         endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
         Some(Picked {
             endpoint,
-            owner: self.clone(),
+            owner,
+            of: n,
             probe,
             done: false,
         })
@@ -501,13 +546,15 @@ impl Endpoints {
 /// the same attempt.
 const MAX_DIALS: usize = 3;
 
-/// Picks an endpoint (avoiding `avoid`) and `connect`s to it; an endpoint
-/// that refuses (a connect failure, not TLS) is reported, added to `avoid`,
-/// and the next one tried, up to [`MAX_DIALS`] (and never one twice).
+/// Picks an endpoint (avoiding `avoid`; `first` when the caller has picked
+/// one already) and `connect`s to it; an endpoint that refuses (a connect
+/// failure, not TLS) is reported, added to `avoid`, and the next one tried,
+/// up to [`MAX_DIALS`] (and never one twice).
 pub(crate) async fn dial<S, F, Fut>(
     endpoints: &Arc<Endpoints>,
     avoid: &mut Vec<SocketAddr>,
     started: tokio::time::Instant,
+    mut first: Option<Picked>,
     mut connect: F,
 ) -> Result<(Picked, S), crate::proxy::client::SendError>
 where
@@ -515,10 +562,9 @@ where
     Fut: std::future::Future<Output = Result<S, crate::proxy::client::SendError>>,
 {
     use crate::proxy::client::{Failure, SendError};
-    let n = endpoints.set.load().len();
     let mut tries = 0;
     loop {
-        let Some(p) = endpoints.pick(avoid) else {
+        let Some(p) = first.take().or_else(|| endpoints.pick(avoid)) else {
             return Err(SendError::new(
                 Failure::Connect,
                 "the upstream has no endpoint yet (its name has not resolved)",
@@ -531,7 +577,8 @@ where
                 if !avoid.contains(&p.addr()) {
                     avoid.push(p.addr());
                 }
-                p.finish(Some(true), started.elapsed());
+                let n = p.of;
+                p.finish(Some(true), started);
                 if e.kind != Failure::Connect || e.tls || tries >= n.min(MAX_DIALS) {
                     return Err(e);
                 }
@@ -553,11 +600,13 @@ pub(crate) fn report(
     use crate::policy::Outcome;
     let Some(p) = picked else { return };
     let failure = outcome.breaker_failure(failures);
-    let elsewhere = failure == Some(true) || matches!(outcome, Outcome::RefusedStream);
+    // With one endpoint there is nowhere else to go.
+    let elsewhere =
+        p.of > 1 && (failure == Some(true) || matches!(outcome, Outcome::RefusedStream));
     if elsewhere && !avoid.contains(&p.addr()) {
         avoid.push(p.addr());
     }
-    p.finish(failure, started.elapsed());
+    p.finish(failure, started);
 }
 
 /// The endpoint a response came from, in its extensions on the general

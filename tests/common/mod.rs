@@ -73,6 +73,9 @@ impl TestUpstream {
                     break;
                 };
                 c.fetch_add(1, Ordering::SeqCst);
+                // As real servers do: without it, an h2c answer's HEADERS
+                // and DATA frames can meet the peer's delayed ACK (40 ms).
+                let _ = stream.set_nodelay(true);
                 let handler = handler.clone();
                 let r = r.clone();
                 tokio::spawn(async move {

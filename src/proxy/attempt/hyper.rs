@@ -317,17 +317,23 @@ async fn dispatch(
     // (A failed connect gives its place back.)
     let places = &up.state.sticky_conns;
     let timeout = up.config.connect_timeout;
-    let (p, via) = crate::upstream::dial(&up.endpoints, avoid, Instant::now(), |addr| async move {
-        if let Some(s) = conn.take(&up.state, addr) {
-            return Ok(Via::Held(s));
-        }
-        if !crate::proxy::sticky::reserve(places) {
-            return Ok(Via::Pool);
-        }
-        crate::proxy::sticky::connect(addr, timeout, places.clone())
-            .await
-            .map(Via::Held)
-    })
+    let (p, via) = crate::upstream::dial(
+        &up.endpoints,
+        avoid,
+        Instant::now(),
+        None,
+        |addr| async move {
+            if let Some(s) = conn.take(&up.state, addr) {
+                return Ok(Via::Held(s));
+            }
+            if !crate::proxy::sticky::reserve(places) {
+                return Ok(Via::Pool);
+            }
+            crate::proxy::sticky::connect(addr, timeout, places.clone())
+                .await
+                .map(Via::Held)
+        },
+    )
     .await?;
     let addr = p.addr();
     let mut sender = match via {

@@ -168,13 +168,15 @@ async fn exchange(
     let tag = tls.map_or(0, |t| t.tag);
     // An idle connection to the picked endpoint, else a new one; an
     // endpoint that refuses is reported and another tried (nothing was sent).
-    let (p, mut s) = crate::upstream::dial(&up.endpoints, avoid, now, |addr| async move {
-        match pool.take(addr, tag, now) {
-            Some(s) => Ok(s),
-            None => connect(up, addr, tls).await,
+    let no_endpoint = || SendError::new(Failure::Connect, "the upstream has no endpoint yet");
+    let first = up.endpoints.pick(avoid).ok_or_else(no_endpoint)?;
+    let (p, mut s) = match pool.take(first.addr(), tag, now) {
+        Some(s) => (first, s),
+        None => {
+            let connect = |addr| connect(up, addr, tls);
+            crate::upstream::dial(&up.endpoints, avoid, now, Some(first), connect).await?
         }
-    })
-    .await?;
+    };
     let addr = p.addr();
     *picked = Some(p);
     let written = match &mut s {
