@@ -201,7 +201,7 @@ both_paths!(
 async fn an_open_breaker_with_a_warm_cache_still_answers_reads(path: DataPath) {
     let (up, k) = catalogue("max-age=1, stale-if-error=600").await;
     let cfg = format!(
-        "{CACHE}[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 2\nopen = \"60s\"\n"
+        "{CACHE}[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 2\nfailing_for = \"0s\"\nopen = \"60s\"\n"
     );
     let weir = Weir::single_on(path, &up.url(), &cfg).await;
     assert_eq!(fetch(&weir, "/warm").await.2, "item 1");

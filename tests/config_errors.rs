@@ -164,7 +164,8 @@ fn defaults_merge_field_by_field() {
     assert_eq!(a.breaker.consecutive_failures, 20);
     assert_eq!(a.breaker.window, 100);
     assert_eq!(a.breaker.min_samples, 50);
-    assert_eq!(a.breaker.failure_rate, 0.8);
+    assert_eq!(a.breaker.failure_rate, 1.0);
+    assert_eq!(a.breaker.failing_for.as_secs(), 1);
     assert_eq!(a.breaker.open.as_secs(), 1);
     assert_eq!(a.breaker.max_open.as_secs(), 30);
     assert_eq!(a.concurrency.max_in_flight, 1024);

@@ -188,7 +188,7 @@ async fn weir_errors_reach_grpc_clients_as_grpc_statuses() {
         .await;
     let weir = Weir::single(
         &up.url(),
-        "protocol = \"grpc\"\n[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 1\n",
+        "protocol = \"grpc\"\n[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 1\nfailing_for = \"0s\"\n",
     )
     .await;
     // The 503 opens the breaker; the next call is refused by weir itself.

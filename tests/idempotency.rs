@@ -246,7 +246,7 @@ async fn an_open_breaker_never_blocks_a_replay(path: DataPath) {
     let weir = Weir::single_on(
         path,
         &o.up.url(),
-        "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 3\nopen = \"60s\"\n[upstreams.svc.rate_limit]\nrps = 0.001\nburst = 5\n",
+        "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 3\nfailing_for = \"0s\"\nopen = \"60s\"\n[upstreams.svc.rate_limit]\nrps = 0.001\nburst = 5\n",
     )
     .await;
     assert_eq!(post(&weir, Some("paid"), "pay").await.0, 201);

@@ -169,8 +169,10 @@ ratio = 0.5
 min_per_sec = 0
 [upstreams.flaky.breaker]
 consecutive_failures = 50
+failing_for = "0s"
 window = 50
 min_samples = 50
+failure_rate = 0.8
 
 [upstreams.fragile]
 url = "{u}"
@@ -179,6 +181,7 @@ hosts = ["fragile"]
 max_attempts = 1
 [upstreams.fragile.breaker]
 consecutive_failures = 2
+failing_for = "0s"
 open = "1m"
 
 [upstreams.limited]
@@ -416,13 +419,14 @@ hosts = ["broken"]
 max_attempts = 1
 [upstreams.broken.breaker]
 consecutive_failures = 3
+failing_for = "0s"
 open = "5m"
 "#
     );
     match variant {
         0 => base,
         1 => format!(
-            "{base}\n[upstreams.steady.breaker]\nconsecutive_failures = 9\n\n[upstreams.extra]\nurl = \"{ok_up}\"\nlisten = \"127.0.0.1:0\"\n"
+            "{base}\n[upstreams.steady.breaker]\nconsecutive_failures = 9\nfailing_for = \"0s\"\n\n[upstreams.extra]\nurl = \"{ok_up}\"\nlisten = \"127.0.0.1:0\"\n"
         ),
         _ => format!("{base}\n[upstreams.steady.retry]\nmax_attempts = \"three\"\n"),
     }

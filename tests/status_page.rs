@@ -57,6 +57,7 @@ hosts = ["dead"]
 max_attempts = 1
 [upstreams.dead.breaker]
 consecutive_failures = 3
+failing_for = "0s"
 open = "60s"
 max_open = "60s"
 

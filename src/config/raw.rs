@@ -226,9 +226,12 @@ impl RawPolicy {
             breaker: Some(RawBreaker {
                 enabled: Some(true),
                 consecutive_failures: Some(20),
+                // With `failing_for` 1 s, the breaker opens only on an
+                // upstream that is down: docs/behaviour.md#trip-rules.
+                failing_for: Some(Dur(D::from_secs(1))),
                 window: Some(100),
                 min_samples: Some(50),
-                failure_rate: Some(0.8),
+                failure_rate: Some(1.0),
                 failure_statuses: Some(vec![500, 502, 503, 504]),
                 open: Some(Dur(D::from_secs(1))),
                 max_open: Some(Dur(D::from_secs(30))),
@@ -351,6 +354,9 @@ pub struct RawBreaker {
     pub enabled: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub consecutive_failures: Option<u32>,
+    /// A trip waits until no attempt has succeeded for this long. Default 1s.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failing_for: Option<Dur>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub window: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -372,7 +378,7 @@ pub struct RawBreaker {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scope: Option<Scope>,
 }
-mergeable!(RawBreaker { enabled, consecutive_failures, window, min_samples, failure_rate, failure_statuses, open, max_open, open_jitter, half_open_probes, scope } nested {});
+mergeable!(RawBreaker { enabled, consecutive_failures, failing_for, window, min_samples, failure_rate, failure_statuses, open, max_open, open_jitter, half_open_probes, scope } nested {});
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -39,12 +39,23 @@ pub struct BreakerParams {
     /// (`breaker.scope`, default [`Scope::Fleet`]; it matters only with a
     /// shared `[state]` backend). Set with [`BreakerParams::with_scope`].
     pub scope: Scope,
+    /// A trip rule opens it only once no attempt has succeeded for this
+    /// long (docs/behaviour.md#trip-rules): the hard-down detector's
+    /// guard against random failure at high rates. Zero unless set with
+    /// [`BreakerParams::with_failing_for`] (the config's default is 1 s).
+    pub failing_for: std::time::Duration,
 }
 
 impl BreakerParams {
     /// Whether a response with this status is a failure for the breaker.
     pub fn is_failure_status(&self, status: u16) -> bool {
         self.failure_statuses.contains(&status)
+    }
+
+    /// The same parameters with `failing_for`.
+    pub fn with_failing_for(mut self, failing_for: Duration) -> Self {
+        self.failing_for = failing_for;
+        self
     }
 
     /// The same parameters with `scope`.
@@ -127,6 +138,7 @@ impl BreakerParams {
             open_jitter,
             half_open_probes,
             scope: Scope::Fleet,
+            failing_for: Duration::ZERO,
         })
     }
 }
@@ -229,6 +241,8 @@ pub struct Breaker {
     window: VecDeque<bool>,
     window_failures: u32,
     consecutive: u32,
+    /// When the current run of failures began (no success since).
+    failing_since: Option<Now>,
     /// Opens since it was last closed by successful probes.
     opens: u32,
     epoch: u64,
@@ -253,6 +267,7 @@ impl Breaker {
             state: State::Closed,
             window_failures: 0,
             consecutive: 0,
+            failing_since: None,
             opens: 0,
             epoch: 0,
             fleet_probe: false,
@@ -379,8 +394,8 @@ impl Breaker {
         }
         match self.state {
             State::Closed => {
-                self.push(failure);
-                if self.should_trip() {
+                self.push(failure, now);
+                if self.should_trip(now) {
                     Some(self.trip(now, rng))
                 } else {
                     None
@@ -449,7 +464,7 @@ impl Breaker {
         }
     }
 
-    fn push(&mut self, failure: bool) {
+    fn push(&mut self, failure: bool, now: Now) {
         if self.window.len() >= self.params.window as usize && self.window.pop_front() == Some(true)
         {
             self.window_failures -= 1;
@@ -458,12 +473,22 @@ impl Breaker {
         if failure {
             self.window_failures += 1;
             self.consecutive += 1;
+            self.failing_since.get_or_insert(now);
         } else {
             self.consecutive = 0;
+            self.failing_since = None;
         }
     }
 
-    fn should_trip(&self) -> bool {
+    fn should_trip(&self, now: Now) -> bool {
+        // Failing for long enough: random failure at any rate has a
+        // success within a second; an upstream that is down has none.
+        let long_enough = self
+            .failing_since
+            .is_some_and(|t| now.saturating_sub(t) >= self.params.failing_for);
+        if !long_enough {
+            return false;
+        }
         if self.consecutive >= self.params.consecutive_failures {
             return true;
         }
@@ -476,6 +501,7 @@ impl Breaker {
         self.window.clear();
         self.window_failures = 0;
         self.consecutive = 0;
+        self.failing_since = None;
     }
 
     /// The fleet published a trip with `remaining` to run at `now`

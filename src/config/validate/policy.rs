@@ -168,7 +168,10 @@ pub(super) fn breaker(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<Breaker
         b.open_jitter.unwrap_or_default(),
         b.half_open_probes.unwrap_or_default(),
     )
-    .map(|p| p.with_scope(b.scope.unwrap_or(Scope::Fleet)))
+    .map(|p| {
+        p.with_scope(b.scope.unwrap_or(Scope::Fleet))
+            .with_failing_for(b.failing_for.map(|d| d.0).unwrap_or_default())
+    })
     .map_err(|e| cx.policy_err(name, "breaker", e))
     .ok()
 }
