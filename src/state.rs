@@ -224,6 +224,7 @@ impl UpstreamState {
         if resolver.0 != key {
             // Endpoints the new source still gives keep their state: the
             // set is published by address.
+            resolver.1.stop();
             let made = make_resolver(&u.name, &key, metrics, &self.endpoints);
             *resolver = (key, made);
         }

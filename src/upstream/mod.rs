@@ -11,8 +11,12 @@
 //! never across an await.
 
 pub mod balance;
+mod dial;
 pub mod eject;
 pub mod resolve;
+
+pub use dial::Served;
+pub(crate) use dial::{dial, report};
 
 use crate::clock::Clock;
 use crate::metrics::endpoints::{EndpointMetrics, Families};
@@ -141,8 +145,13 @@ pub struct Endpoints {
     client: ArcSwap<UpstreamClient>,
     families: Families,
     counts: [IntGauge; 2],
-    /// Endpoints ejected or on probation now.
+    /// Endpoints ejected or on probation now: a count the balancer reads
+    /// without a lock, recounted from the set (never adjusted by ±1) under
+    /// `changes` whenever an ejection, a return or a new set may change it.
     out: AtomicUsize,
+    /// Serialises ejections, returns and new sets, so that two ejections at
+    /// once cannot both pass the cap and a count is never of an old set.
+    changes: Mutex<()>,
     /// The set is not empty.
     ready: std::sync::atomic::AtomicBool,
     /// Round robin's turn; also the state of the two-choices draws.
@@ -222,7 +231,11 @@ impl Picked {
         match verdict {
             Verdict::Keep => {}
             Verdict::Restored => {
-                owner.out.fetch_sub(1, Ordering::Relaxed);
+                let _changes = owner
+                    .changes
+                    .lock()
+                    .expect("endpoint changes lock poisoned");
+                owner.recount(&owner.set.load());
                 tracing::info!(upstream = %owner.upstream, endpoint = %ep.addr, "endpoint serves again: its probe succeeded");
             }
             Verdict::Eject(why) => owner.eject(ep, why, &params, now),
@@ -249,6 +262,7 @@ impl Endpoints {
             families,
             counts,
             out: AtomicUsize::new(0),
+            changes: Mutex::new(()),
             ready: std::sync::atomic::AtomicBool::new(false),
             turn: AtomicUsize::new(0),
             seed: AtomicU64::new(crate::clock::fresh_seed()),
@@ -288,6 +302,12 @@ impl Endpoints {
     /// attempt in flight keeps its endpoint until it ends). At most
     /// `max_endpoints` are used.
     pub fn publish(&self, addrs: &[SocketAddr]) {
+        // In a fixed order: a resolver that rotates its answers is not a
+        // change of endpoints.
+        let mut sorted = addrs.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let addrs = &sorted[..];
         let cap = self.params.load().max_endpoints as usize;
         let old = self.set.load_full();
         if old.len() == addrs.len().min(cap) && old.iter().zip(addrs).all(|(e, a)| e.addr == *a) {
@@ -327,11 +347,20 @@ impl Endpoints {
             self.families
                 .forget_endpoint(&self.upstream, &gone.addr.to_string());
         }
-        let out = next.iter().filter(|e| e.stats().health.is_out()).count();
-        self.out.store(out, Ordering::Relaxed);
         tracing::debug!(upstream = %self.upstream, endpoints = next.len(), "endpoints changed");
-        self.ready.store(!next.is_empty(), Ordering::Relaxed);
+        let empty = next.is_empty();
+        let _changes = self.changes.lock().expect("endpoint changes lock poisoned");
+        self.recount(&next);
+        // The set before the flag: a request that sees the flag finds it.
         self.set.store(Arc::new(next));
+        self.ready.store(!empty, Ordering::Relaxed);
+    }
+
+    /// Counts the endpoints of `set` that are out (hold `changes`).
+    fn recount(&self, set: &[Arc<Endpoint>]) -> usize {
+        let out = set.iter().filter(|e| e.stats().health.is_out()).count();
+        self.out.store(out, Ordering::Relaxed);
+        out
     }
 
     /// A uniform draw in `[0, 1)` (splitmix64 over an atomic counter: no
@@ -381,18 +410,22 @@ impl Endpoints {
         let n = set.len();
         // Strictest first: in, and not failed for this request; then any
         // not failed for it; then any.
-        for pass in 0..3 {
+        // (The first pass twice: a probe taken by another request meanwhile.)
+        for pass in [0, 0, 1, 2] {
             let usable = |e: &Endpoint| -> Option<Availability> {
                 if pass < 2 && avoid.contains(&e.addr) {
                     return None;
                 }
-                if pass == 0 && !panic {
-                    match e.stats().health.availability(now) {
-                        Availability::Closed => None,
-                        a => Some(a),
-                    }
-                } else {
-                    Some(Availability::Open)
+                if pass > 0 {
+                    return Some(Availability::Open);
+                }
+                match e.stats().health.availability(now) {
+                    // Panic: an ejected endpoint is used anyway, and one on
+                    // probation still gets its probe, so that it can come
+                    // back and the panic end.
+                    Availability::Closed if panic => Some(Availability::Open),
+                    Availability::Closed => None,
+                    a => Some(a),
                 }
             };
             let found = match params.balance {
@@ -469,9 +502,9 @@ impl Endpoints {
     /// reached or (for a failure share) its share is not well above its
     /// siblings'.
     fn eject(&self, ep: &Endpoint, why: Why, params: &Params, now: Now) {
-        let set = self.set.load();
         let p = &params.ejection;
         if why == Why::FailureShare {
+            let set = self.set.load();
             let Some(own) = ep.stats().health.share(p.min_samples) else {
                 return;
             };
@@ -489,11 +522,14 @@ impl Endpoints {
             }
         }
         let already_out = why == Why::ProbeFailed;
-        let out = self.out.load(Ordering::Relaxed);
-        let allowed = cap(set.len(), p.max_ejected);
         let draw = self.draw();
+        let _changes = self.changes.lock().expect("endpoint changes lock poisoned");
+        let set = self.set.load();
+        let member = set.iter().any(|e| std::ptr::eq(Arc::as_ptr(e), ep));
+        let out = self.recount(&set);
+        let allowed = cap(set.len(), p.max_ejected);
         let mut s = ep.stats();
-        if !already_out && (out >= allowed || !set.iter().any(|e| e.addr == ep.addr)) {
+        if !already_out && (out >= allowed || !member) {
             // At the cap (or no longer an endpoint): it stays in.
             s.health.spare();
             return;
@@ -503,8 +539,8 @@ impl Endpoints {
         }
         let length = s.health.eject(why, p, now, draw);
         drop(s);
-        if !already_out {
-            self.out.fetch_add(1, Ordering::Relaxed);
+        if member {
+            self.recount(&set);
         }
         ep.ejections.fetch_add(1, Ordering::Relaxed);
         ep.metrics.ejection(why.as_str());
@@ -541,79 +577,6 @@ impl Endpoints {
     }
 }
 
-/// The most endpoints one attempt dials when they refuse: a connection
-/// that was never made sent nothing, so the next endpoint is tried within
-/// the same attempt.
-const MAX_DIALS: usize = 3;
-
-/// Picks an endpoint (avoiding `avoid`; `first` when the caller has picked
-/// one already) and `connect`s to it; an endpoint that refuses (a connect
-/// failure, not TLS) is reported, added to `avoid`, and the next one tried,
-/// up to [`MAX_DIALS`] (and never one twice).
-pub(crate) async fn dial<S, F, Fut>(
-    endpoints: &Arc<Endpoints>,
-    avoid: &mut Vec<SocketAddr>,
-    started: tokio::time::Instant,
-    mut first: Option<Picked>,
-    mut connect: F,
-) -> Result<(Picked, S), crate::proxy::client::SendError>
-where
-    F: FnMut(SocketAddr) -> Fut,
-    Fut: std::future::Future<Output = Result<S, crate::proxy::client::SendError>>,
-{
-    use crate::proxy::client::{Failure, SendError};
-    let mut tries = 0;
-    loop {
-        let Some(p) = first.take().or_else(|| endpoints.pick(avoid)) else {
-            return Err(SendError::new(
-                Failure::Connect,
-                "the upstream has no endpoint yet (its name has not resolved)",
-            ));
-        };
-        tries += 1;
-        match connect(p.addr()).await {
-            Ok(s) => return Ok((p, s)),
-            Err(e) => {
-                if !avoid.contains(&p.addr()) {
-                    avoid.push(p.addr());
-                }
-                let n = p.of;
-                p.finish(Some(true), started);
-                if e.kind != Failure::Connect || e.tls || tries >= n.min(MAX_DIALS) {
-                    return Err(e);
-                }
-            }
-        }
-    }
-}
-
-/// Reports an attempt's outcome on the endpoint it went to (when it got
-/// one), and notes that endpoint in `avoid` when it failed this request or
-/// refused the stream, so that a retry goes elsewhere.
-pub(crate) fn report(
-    picked: Option<Picked>,
-    outcome: &crate::policy::Outcome,
-    failures: &crate::policy::BreakerParams,
-    started: tokio::time::Instant,
-    avoid: &mut Vec<SocketAddr>,
-) {
-    use crate::policy::Outcome;
-    let Some(p) = picked else { return };
-    let failure = outcome.breaker_failure(failures);
-    // With one endpoint there is nowhere else to go.
-    let elsewhere =
-        p.of > 1 && (failure == Some(true) || matches!(outcome, Outcome::RefusedStream));
-    if elsewhere && !avoid.contains(&p.addr()) {
-        avoid.push(p.addr());
-    }
-    p.finish(failure, started);
-}
-
-/// The endpoint a response came from, in its extensions on the general
-/// path (for the access log).
-#[derive(Debug, Clone, Copy)]
-pub struct Served(pub SocketAddr);
-
 /// How many of `n` endpoints may be out at once.
 fn cap(n: usize, max_ejected: f64) -> usize {
     (n as f64 * max_ejected).floor() as usize
@@ -622,6 +585,93 @@ fn cap(n: usize, max_ejected: f64) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn endpoints(max_ejected: f64) -> Arc<Endpoints> {
+        let src = "[upstreams.u]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"u\"]\n";
+        let c = crate::config::Config::parse(std::path::Path::new("t.toml"), src)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let u = &c.upstreams[0];
+        let client = UpstreamClient::new(u).unwrap_or_else(|e| panic!("{e}"));
+        let mut params = u.endpoints.params.clone();
+        params.ejection.max_ejected = max_ejected;
+        let metrics = crate::metrics::Metrics::new();
+        Endpoints::new(
+            "u",
+            Clock::new(),
+            params,
+            client,
+            metrics.endpoints().clone(),
+        )
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap_or_else(|_| panic!("{s}"))
+    }
+
+    /// Fails attempts to `a` until it is ejected (round robin: every
+    /// other pick is `a`).
+    fn eject(e: &Arc<Endpoints>, a: SocketAddr) {
+        for _ in 0..40 {
+            let p = e.pick(&[]).unwrap_or_else(|| panic!("no endpoint"));
+            let failed = p.addr() == a;
+            p.finish(Some(failed), tokio::time::Instant::now());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_panic_still_probes_and_ends_when_a_probe_succeeds() {
+        let e = endpoints(1.0);
+        let mut p = (**e.params.load()).clone();
+        p.balance = Balance::RoundRobin;
+        e.set_params(p);
+        let (a, b) = (addr("10.0.0.1:80"), addr("10.0.0.2:80"));
+        e.publish(&[a, b]);
+        eject(&e, a);
+        eject(&e, b);
+        assert_eq!(e.out.load(Ordering::Relaxed), 2);
+        // A reload lowers the cap below what is out: a panic.
+        let mut p = (**e.params.load()).clone();
+        p.ejection.max_ejected = 0.5;
+        e.set_params(p);
+        // Both ejections over: the next picks are probes, not plain requests.
+        tokio::time::advance(Duration::from_secs(7)).await;
+        let first = e.pick(&[]).unwrap_or_else(|| panic!("no endpoint"));
+        assert!(first.probe, "a probe in a panic");
+        first.finish(Some(false), tokio::time::Instant::now());
+        assert_eq!(
+            e.out.load(Ordering::Relaxed),
+            1,
+            "the probe's success is counted"
+        );
+        let views = e.views();
+        assert_eq!(views.iter().filter(|v| v.state == "active").count(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_ejections_never_pass_the_cap_and_a_removed_endpoint_is_not_counted() {
+        let e = endpoints(0.5);
+        let mut p = (**e.params.load()).clone();
+        p.balance = Balance::RoundRobin;
+        e.set_params(p);
+        let (a, b, c) = (
+            addr("10.0.0.1:80"),
+            addr("10.0.0.2:80"),
+            addr("10.0.0.3:80"),
+        );
+        e.publish(&[a, b, c]);
+        eject(&e, a);
+        // b fails too, but one of three may be out.
+        for _ in 0..60 {
+            let p = e.pick(&[]).unwrap_or_else(|| panic!("no endpoint"));
+            let failed = p.addr() == b;
+            p.finish(Some(failed), tokio::time::Instant::now());
+        }
+        assert_eq!(e.out.load(Ordering::Relaxed), 1);
+        // a goes away while out: nothing out any more, and a probe that
+        // comes back late changes nothing.
+        e.publish(&[b, c]);
+        assert_eq!(e.out.load(Ordering::Relaxed), 0);
+    }
 
     #[test]
     fn at_most_half_may_be_out() {

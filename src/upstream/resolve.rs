@@ -55,6 +55,9 @@ pub struct Resolver {
     entries: Vec<Entry>,
     /// Set while resolution fails, so the failure is logged once.
     failing: AtomicBool,
+    /// Set when a reload replaced it: a resolution still in flight must
+    /// not publish its (old) addresses over the new source's.
+    stopped: AtomicBool,
 }
 
 impl Resolver {
@@ -70,6 +73,7 @@ impl Resolver {
         let r = Arc::new(Resolver {
             entries,
             failing: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
         });
         let literals: Vec<SocketAddr> = r.entries.iter().filter_map(literal).collect();
         if literals.len() == r.entries.len() {
@@ -84,6 +88,11 @@ impl Resolver {
             ));
         }
         r
+    }
+
+    /// Stops it: nothing it resolves from now on is published.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
     }
 
     /// Asks the resolver once for every name; the addresses of every entry
@@ -129,7 +138,11 @@ async fn refresh(
         let (Some(r), Some(endpoints)) = (r.upgrade(), endpoints.upgrade()) else {
             return;
         };
-        match r.resolve().await {
+        let resolved = r.resolve().await;
+        if r.stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        match resolved {
             Ok(addrs) => {
                 endpoints.publish(&addrs);
                 let n = endpoints.all().len();

@@ -317,11 +317,11 @@ async fn dispatch(
     // (A failed connect gives its place back.)
     let places = &up.state.sticky_conns;
     let timeout = up.config.connect_timeout;
-    let (p, via) = crate::upstream::dial(
+    let via = crate::upstream::dial(
         &up.endpoints,
         avoid,
         Instant::now(),
-        None,
+        picked,
         |addr| async move {
             if let Some(s) = conn.take(&up.state, addr) {
                 return Ok(Via::Held(s));
@@ -335,16 +335,17 @@ async fn dispatch(
         },
     )
     .await?;
+    let Some(p) = picked.as_ref() else {
+        return up.client.send(req).await;
+    };
     let addr = p.addr();
     let mut sender = match via {
         Via::Held(s) => s,
         Via::Pool => {
             let client = p.endpoint.client();
-            *picked = Some(p);
             return client.send(req).await;
         }
     };
-    *picked = Some(p);
     // A connection of our own (always HTTP/1.1) takes the origin form of the
     // target and the authority as Host, as the shared pool's client does.
     if let Some(a) = req.uri().authority() {

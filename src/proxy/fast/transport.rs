@@ -169,16 +169,17 @@ async fn exchange(
     // An idle connection to the picked endpoint, else a new one; an
     // endpoint that refuses is reported and another tried (nothing was sent).
     let no_endpoint = || SendError::new(Failure::Connect, "the upstream has no endpoint yet");
-    let first = up.endpoints.pick(avoid).ok_or_else(no_endpoint)?;
-    let (p, mut s) = match pool.take(first.addr(), tag, now) {
-        Some(s) => (first, s),
+    *picked = Some(up.endpoints.pick(avoid).ok_or_else(no_endpoint)?);
+    let first = picked.as_ref().map(|p| p.addr()).ok_or_else(no_endpoint)?;
+    let mut s = match pool.take(first, tag, now) {
+        Some(s) => s,
         None => {
             let connect = |addr| connect(up, addr, tls);
-            crate::upstream::dial(&up.endpoints, avoid, now, Some(first), connect).await?
+            crate::upstream::dial(&up.endpoints, avoid, now, picked, connect).await?
         }
     };
-    let addr = p.addr();
-    *picked = Some(p);
+    let addr = picked.as_ref().map(|p| p.addr()).ok_or_else(no_endpoint)?;
+
     let written = match &mut s {
         UpStream::Plain(tcp) => write_plain(tcp, request).await?,
         UpStream::Tls(t) => {
