@@ -90,8 +90,8 @@ pub(crate) fn report(
     let failure = outcome.breaker_failure(failures);
     // Whatever a retry may follow goes elsewhere: a failure, a refused
     // stream, a 429 or 5xx, a gRPC error. With one endpoint there is
-    // nowhere else to go.
-    let retryable = match outcome {
+    // nowhere else to go (and nothing more to work out).
+    let retry_may_follow = || match outcome {
         Outcome::Response {
             status,
             grpc_status,
@@ -100,7 +100,7 @@ pub(crate) fn report(
         Outcome::ClientGone => false,
         _ => true,
     };
-    let elsewhere = p.of > 1 && (failure == Some(true) || retryable);
+    let elsewhere = p.of > 1 && (failure == Some(true) || retry_may_follow());
     if elsewhere && !avoid.contains(&p.addr()) {
         avoid.push(p.addr());
     }

@@ -566,7 +566,7 @@ impl Endpoints {
         let set = self.set.load();
         for e in set.iter() {
             let s = e.stats();
-            let out = s.health.is_out() || !matches!(s.health.status(now), eject::Status::Active);
+            let out = s.health.is_out();
             ejected += i64::from(out);
             e.metrics.ejected.set(i64::from(out));
             e.metrics.latency.set(s.ewma.estimate_at(now) / 1e9);
@@ -594,6 +594,8 @@ mod tests {
         let client = UpstreamClient::new(u).unwrap_or_else(|e| panic!("{e}"));
         let mut params = u.endpoints.params.clone();
         params.ejection.max_ejected = max_ejected;
+        // Round robin: every other pick is the endpoint a test fails.
+        params.balance = Balance::RoundRobin;
         let metrics = crate::metrics::Metrics::new();
         Endpoints::new(
             "u",
@@ -621,9 +623,6 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_panic_still_probes_and_ends_when_a_probe_succeeds() {
         let e = endpoints(1.0);
-        let mut p = (**e.params.load()).clone();
-        p.balance = Balance::RoundRobin;
-        e.set_params(p);
         let (a, b) = (addr("10.0.0.1:80"), addr("10.0.0.2:80"));
         e.publish(&[a, b]);
         eject(&e, a);
@@ -650,9 +649,6 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn two_ejections_never_pass_the_cap_and_a_removed_endpoint_is_not_counted() {
         let e = endpoints(0.5);
-        let mut p = (**e.params.load()).clone();
-        p.balance = Balance::RoundRobin;
-        e.set_params(p);
         let (a, b, c) = (
             addr("10.0.0.1:80"),
             addr("10.0.0.2:80"),
