@@ -554,7 +554,7 @@ async fn an_outage_seen_by_one_opens_all_and_one_probe_goes_per_interval() {
     .await;
     let extra = format!(
         "[upstreams.svc.retry]\nmax_attempts = 1\n\
-         [upstreams.svc.breaker]\nconsecutive_failures = {TRIP}\nopen = \"1s\"\n\
+         [upstreams.svc.breaker]\nconsecutive_failures = {TRIP}\nfailing_for = \"0s\"\nopen = \"1s\"\n\
          max_open = \"1s\"\nopen_jitter = 0.0\n"
     );
     let f = fleet(
