@@ -117,7 +117,7 @@ async fn brownout_beats_no_weir_without_opening_the_breaker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outage_breaker_holds_off_with_one_probe_per_open_interval() {
     let _one = serial().await;
-    let r = run(Scenario::Outage, &opts(1250, true)).await.unwrap();
+    let r = run(Scenario::Outage, &opts(1750, true)).await.unwrap();
     let w = col(&r, "weir");
     let b = &r.breaker;
     assert!(opens(w) >= 1.0, "a 2 s outage did not open the breaker");

@@ -160,7 +160,7 @@ impl Scenario {
         let (n, mode, method) = match self {
             Scenario::Transient5 => (2000, Mode::Closed(32), Method::GET),
             Scenario::Transient30 => (3000, Mode::Open(1000.0), Method::GET),
-            Scenario::Outage => (1250, Mode::Open(250.0), Method::GET),
+            Scenario::Outage => (1750, Mode::Open(250.0), Method::GET),
             Scenario::Recovery => (2000, Mode::Open(100.0), Method::GET),
             Scenario::Restart => (50, Mode::Open(5.0), Method::GET),
             Scenario::Brownout => (2000, Mode::Closed(32), Method::GET),
