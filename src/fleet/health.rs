@@ -53,10 +53,21 @@ impl Window {
     }
 }
 
+/// The up/down lines: a "down" at most once a minute (a backend that
+/// flaps, say one that answers PING but not the calls, would otherwise log
+/// a pair per call), and an "up" only after a logged "down".
+#[derive(Debug, Default)]
+struct Flaps {
+    last_down: Option<Instant>,
+    held_back: u64,
+    down_logged: bool,
+}
+
 #[derive(Debug)]
 struct Log {
     /// When `up` last changed (or the fleet started).
     since: Instant,
+    flaps: Flaps,
     last_error: Option<String>,
     window: Window,
     slots: HashMap<&'static str, LogSlot>,
@@ -80,6 +91,7 @@ impl Health {
             timeouts: AtomicU32::new(0),
             log: Mutex::new(Log {
                 since: now,
+                flaps: Flaps::default(),
                 last_error: None,
                 window: Window {
                     counts: [0; 60],
@@ -112,6 +124,30 @@ impl Health {
             self.timeouts.store(0, Ordering::Relaxed);
         }
         changed
+    }
+
+    /// The backend just went down: `Some(downs held back since the last
+    /// logged one)` when this one is to be logged.
+    pub(super) fn went_down(&self) -> Option<u64> {
+        let now = Instant::now();
+        let f = &mut self.log().flaps;
+        match f.last_down {
+            Some(t) if now.saturating_duration_since(t) < LOG_EVERY => {
+                f.held_back += 1;
+                f.down_logged = false;
+                None
+            }
+            _ => {
+                f.last_down = Some(now);
+                f.down_logged = true;
+                Some(std::mem::take(&mut f.held_back))
+            }
+        }
+    }
+
+    /// The backend just came back: whether to log it (its "down" was).
+    pub(super) fn came_up(&self) -> bool {
+        std::mem::take(&mut self.log().flaps.down_logged)
     }
 
     /// A call answered: the run of timeouts is over.
@@ -184,6 +220,21 @@ mod tests {
         assert_eq!(h.summary().3.as_deref(), Some("refused"));
         tokio::time::advance(Duration::from_secs(61)).await;
         assert_eq!(h.summary().2, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flapping_backend_logs_one_down_and_up_a_minute() {
+        let h = Health::new();
+        assert_eq!(h.went_down(), Some(0));
+        assert!(h.came_up());
+        for _ in 0..10 {
+            assert_eq!(h.went_down(), None);
+            assert!(!h.came_up(), "its down was held back");
+        }
+        tokio::time::advance(LOG_EVERY).await;
+        assert_eq!(h.went_down(), Some(10));
+        assert!(h.came_up());
+        assert!(!h.came_up(), "once");
     }
 
     #[test]

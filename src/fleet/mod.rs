@@ -24,6 +24,7 @@ pub use limiter::FleetBucket;
 
 use crate::config::{redact_url, StateConfig};
 use crate::metrics::state::StateMetrics;
+use arc_swap::ArcSwap;
 use health::Health;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::future::Future;
@@ -73,7 +74,12 @@ pub struct Fleet {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    /// Replaced by the supervisor whenever a PING fails while the backend
+    /// is down: a connection whose handshake read bytes that are not RESP
+    /// stays failed inside the manager, which only reconnects by itself
+    /// after I/O errors.
+    conn: ArcSwap<ConnectionManager>,
+    client: redis::Client,
     prefix: String,
     timeout: Duration,
     refresh: Duration,
@@ -108,17 +114,12 @@ impl Fleet {
         tokio::runtime::Handle::try_current()
             .map_err(|_| StateError::Setup("the shared state needs a tokio runtime".into()))?;
         let client = redis::Client::open(url).map_err(|e| StateError::Setup(e.to_string()))?;
-        let manager = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_number_of_retries(1)
-            .set_min_delay(MIN_BACKOFF)
-            .set_max_delay(MAX_BACKOFF);
-        let conn = ConnectionManager::new_lazy_with_config(client, manager)
-            .map_err(|e| StateError::Setup(e.to_string()))?;
+        let conn = manager(&client)?;
         metrics.set_up(false);
         let wake = Arc::new(Notify::new());
         let inner = Arc::new(Inner {
-            conn,
+            conn: ArcSwap::from_pointee(conn),
+            client,
             prefix: cfg.key_prefix.clone(),
             timeout: cfg.timeout,
             refresh: cfg.refresh,
@@ -206,11 +207,16 @@ impl Fleet {
     }
 
     /// Makes one call of `op` (one round trip), bounded by `timeout`, with
-    /// its accounting; fails at once while the backend is down.
+    /// its accounting; fails at once while the backend is down. The reply
+    /// is read as a bare `Value` and converted here: a well-formed reply of
+    /// the wrong type is [`StateError::Malformed`] and leaves the
+    /// connection up, where only bytes that are not RESP (or a lost
+    /// connection) take the backend for down.
     async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, StateError>
     where
+        T: redis::FromRedisValue,
         F: FnOnce(ConnectionManager) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
+        Fut: Future<Output = redis::RedisResult<redis::Value>>,
     {
         let inner = &self.inner;
         let series = inner.metrics.op(op);
@@ -222,11 +228,15 @@ impl Fleet {
         }
         series.commands.inc();
         let start = tokio::time::Instant::now();
-        let e = match tokio::time::timeout(inner.timeout, f(inner.conn.clone())).await {
+        let conn = ConnectionManager::clone(&inner.conn.load());
+        let e = match tokio::time::timeout(inner.timeout, f(conn)).await {
             Ok(Ok(v)) => {
                 series.roundtrip.observe(start.elapsed().as_secs_f64());
                 inner.health.answered();
-                return Ok(v);
+                match redis::from_redis_value::<T>(v) {
+                    Ok(v) => return Ok(v),
+                    Err(e) => StateError::Malformed(e.to_string()),
+                }
             }
             Ok(Err(e)) => {
                 let lost = e.is_io_error()
@@ -270,7 +280,9 @@ impl Fleet {
         let inner = &self.inner;
         if inner.health.set_up(false) {
             inner.metrics.set_up(false);
-            tracing::warn!(target = %inner.target, error = %why, "shared state backend unavailable; deciding with local state until it is back");
+            if let Some(held_back) = inner.health.went_down() {
+                tracing::warn!(target = %inner.target, error = %why, held_back, "shared state backend unavailable; deciding with local state until it is back");
+            }
         }
         inner.wake.notify_one();
     }
@@ -279,7 +291,17 @@ impl Fleet {
         let inner = &self.inner;
         if inner.health.set_up(true) {
             inner.metrics.set_up(true);
-            tracing::info!(target = %inner.target, "shared state backend reachable");
+            if inner.health.came_up() {
+                tracing::info!(target = %inner.target, "shared state backend reachable");
+            }
+        }
+    }
+
+    /// Drops the connection and starts over with a new manager (which
+    /// dials on its first command).
+    fn reconnect(&self) {
+        if let Ok(conn) = manager(&self.inner.client) {
+            self.inner.conn.store(Arc::new(conn));
         }
     }
 
@@ -287,7 +309,7 @@ impl Fleet {
     async fn ping(&self) -> Result<(), StateError> {
         let series = self.inner.metrics.op("ping");
         series.commands.inc();
-        let mut conn = self.inner.conn.clone();
+        let mut conn = ConnectionManager::clone(&self.inner.conn.load());
         let cmd = redis::cmd("PING");
         let ping = cmd.query_async::<String>(&mut conn);
         let e = match tokio::time::timeout(CONNECT_TIMEOUT, ping).await {
@@ -300,6 +322,17 @@ impl Fleet {
         self.failed("ping", &e);
         Err(e)
     }
+}
+
+/// A lazy connection manager on `client`: it dials on its first command.
+fn manager(client: &redis::Client) -> Result<ConnectionManager, StateError> {
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_number_of_retries(1)
+        .set_min_delay(MIN_BACKOFF)
+        .set_max_delay(MAX_BACKOFF);
+    ConnectionManager::new_lazy_with_config(client.clone(), config)
+        .map_err(|e| StateError::Setup(e.to_string()))
 }
 
 /// Brings the backend up, and back up whenever a call (or the heartbeat)
@@ -332,6 +365,7 @@ async fn supervise(fleet: Weak<Inner>, wake: Arc<Notify>, cap: Duration) {
                 backoff = MIN_BACKOFF;
                 continue;
             }
+            f.reconnect();
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(cap);

@@ -59,7 +59,20 @@ impl RedisServer {
         RedisServer::start_with(Some((cert.to_path_buf(), key.to_path_buf())))
     }
 
+    /// Like [`RedisServer::start`], on `port` (one a test held for
+    /// something else first, such as a server that speaks no RESP).
+    pub fn start_on(port: u16) -> Option<RedisServer> {
+        RedisServer::start_at(port, None)
+    }
+
     fn start_with(tls: Option<(std::path::PathBuf, std::path::PathBuf)>) -> Option<RedisServer> {
+        RedisServer::start_at(free_port(), tls)
+    }
+
+    fn start_at(
+        port: u16,
+        tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    ) -> Option<RedisServer> {
         if !available() {
             assert!(
                 std::env::var_os("WEIR_REQUIRE_REDIS").is_none(),
@@ -73,7 +86,7 @@ impl RedisServer {
             .tempdir()
             .unwrap();
         let mut s = RedisServer {
-            port: free_port(),
+            port,
             process: None,
             dir,
             tls,
