@@ -201,6 +201,12 @@ fn idempotency_values_are_validated_where_they_are_written() {
     expect_one(&src, 5, "upstreams.api.idempotency.ttl", "greater than 0");
     let src = format!("[defaults.idempotency]\nttl = \"0s\"\n{UP}");
     expect_one(&src, 2, "defaults.idempotency.ttl", "greater than 0");
+    let src = format!("{UP}{t}scope = [\"authorization\", \"tenant\"]\n");
+    expect_one(&src, 5, "upstreams.api.idempotency.scope", "unknown part \"tenant\"");
+    let src = format!("{UP}{t}scope = [\"none\", \"host\"]\n");
+    expect_one(&src, 5, "upstreams.api.idempotency.scope", "\"none\" stands alone");
+    let src = format!("{UP}{t}scope = [\"header:x tenant\"]\n");
+    expect_one(&src, 5, "upstreams.api.idempotency.scope", "not a header field name");
     let src = format!("{UP}{t}max_bytes = 1000\nmax_response_bytes = 1001\n");
     expect_one(
         &src,

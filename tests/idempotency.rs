@@ -302,7 +302,8 @@ fn record_bytes(key: &str, parts: &http::response::Parts, body: &[u8]) -> usize 
         .iter()
         .map(|n| n.len() + ": ".len() + header(parts, n).len() + "\r\n".len())
         .sum();
-    ENTRY_OVERHEAD + key.len() + fields + body.len()
+    // The key is kept with its principal's suffix: `~` and 32 hex digits.
+    ENTRY_OVERHEAD + key.len() + 33 + fields + body.len()
 }
 
 fn store_bytes(weir: &Weir) -> usize {

@@ -252,6 +252,8 @@ impl RawPolicy {
                 max_response_bytes: Some(1 << 20),
                 // Every method that is not idempotent by itself.
                 methods: Some(["POST", "PATCH"].map(String::from).to_vec()),
+                // A key is one caller's (docs/behaviour.md#idempotency-keys).
+                scope: Some(["authorization", "host"].map(String::from).to_vec()),
             }),
             // Off: a cache changes what the application sees.
             cache: Some(RawCache {
@@ -430,8 +432,10 @@ pub struct RawIdempotency {
     pub max_response_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub methods: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Vec<String>>,
 }
-mergeable!(RawIdempotency { enabled, ttl, max_bytes, max_response_bytes, methods } nested {});
+mergeable!(RawIdempotency { enabled, ttl, max_bytes, max_response_bytes, methods, scope } nested {});
 
 /// `[….cache]`: the response cache (docs/behaviour.md#response-cache).
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

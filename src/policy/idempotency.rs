@@ -47,7 +47,10 @@ use std::fmt;
 use std::time::Duration;
 
 mod memory;
+mod scope;
+
 pub use memory::{MemoryStore, Ticket};
+pub use scope::{default_scope, parse_scope, principal, scoped_key, ScopePart};
 
 /// The longest idempotency key, in bytes; a longer (or empty) one is a 400.
 pub const MAX_KEY_BYTES: usize = 255;
@@ -81,6 +84,8 @@ pub struct IdempotencyParams {
     pub max_response_bytes: usize,
     /// The methods a key is honoured on (case-sensitive).
     pub methods: Vec<String>,
+    /// What qualifies a key besides itself (`scope`); empty: nothing.
+    pub scope: Vec<ScopePart>,
 }
 
 impl IdempotencyParams {
@@ -121,7 +126,16 @@ impl IdempotencyParams {
             max_bytes: size(max_bytes),
             max_response_bytes: size(max_response_bytes),
             methods: methods.to_vec(),
+            scope: default_scope(),
         })
+    }
+
+    /// With `scope` as written in the config (`None`: the default).
+    pub fn with_scope(mut self, scope: Option<&[String]>) -> Result<Self, PolicyError> {
+        if let Some(items) = scope {
+            self.scope = parse_scope(items)?;
+        }
+        Ok(self)
     }
 
     /// Whether a key on a request with this method is honoured.

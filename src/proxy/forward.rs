@@ -103,9 +103,8 @@ async fn serve(
         .and_then(|_| parts.headers.get(header::HOST).cloned());
     // A keyed write (docs/behaviour.md#idempotency-keys); a bad key is
     // forward's to answer (400).
-    let idem = parts.headers.get(&cfg.idempotency_header);
-    let key = idempotent::key_of(cfg, method.as_str(), idem.map(|v| v.as_bytes()))
-        .map(|k| k.map(str::to_owned));
+    let key = idempotent::key_in(cfg, method.as_str(), &parts.headers)
+        .map(|k| k.map(|k| idempotent::scoped(cfg, k, &parts.uri, &parts.headers)));
     let body = super::body::boxed(body);
     let cached = cfg.cache.is_some() && matches!(method, http::Method::GET | http::Method::HEAD);
     // Whether the cache takes it up (not a Range, the client's own

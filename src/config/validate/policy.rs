@@ -211,6 +211,7 @@ pub(super) fn idempotency(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<Ide
         i.max_response_bytes.unwrap_or_default(),
         i.methods.as_deref().unwrap_or_default(),
     )
+    .and_then(|p| p.with_scope(i.scope.as_deref()))
     .map_err(|e| cx.policy_err(name, "idempotency", e))
     .ok()
     .filter(|_| i.enabled.unwrap_or(true))

@@ -187,6 +187,14 @@ impl Ctx<'_> {
                 Ok(key) => key,
                 Err(e) => return self.fail(up, start, &p, fail(e)).await,
             };
+            let scoped;
+            let key = match &k.principal {
+                Some(who) => {
+                    scoped = [key, who].concat();
+                    &scoped
+                }
+                None => key,
+            };
             let body = &self.bufs.client[p.head_len..need];
             let fp = idempotent::fingerprint(method, target, body, p.chunked);
             match idempotent::begin(up, key, &fp).await {

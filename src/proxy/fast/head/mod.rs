@@ -90,6 +90,8 @@ pub struct Keyed {
     pub key: std::ops::Range<usize>,
     pub method: std::ops::Range<usize>,
     pub target: std::ops::Range<usize>,
+    /// Who asked, as the key's suffix (`[….idempotency] scope`).
+    pub principal: Option<Box<str>>,
 }
 
 impl Keyed {
@@ -100,6 +102,30 @@ impl Keyed {
         let bytes = |r: &std::ops::Range<usize>| buf.get(r.clone()).unwrap_or_default();
         (bytes(&self.key), bytes(&self.method), bytes(&self.target))
     }
+}
+
+/// The principal a keyed request's record is scoped to
+/// (docs/behaviour.md#idempotency-keys): the same parts the general path
+/// reads, from the same fields.
+fn principal(up: &Upstream, req: &Request<'_, '_>) -> Option<Box<str>> {
+    use crate::policy::idempotency::ScopePart;
+    let scope = &up.config.idempotency.as_ref()?.scope;
+    let all = |name: &str| -> Vec<&[u8]> {
+        req.fields
+            .iter()
+            .filter(|f| eq(f.name, name))
+            .map(|f| f.value)
+            .collect()
+    };
+    crate::policy::idempotency::principal(scope, |part| match part {
+        ScopePart::Authorization => all("authorization"),
+        ScopePart::Host => match req.authority {
+            Some(a) => vec![a.as_bytes()],
+            None => all("host"),
+        },
+        ScopePart::Header(name) => all(name),
+    })
+    .map(String::into_boxed_str)
 }
 
 /// Where `part` (a slice of `buf`) lies in `buf`.
@@ -251,14 +277,17 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         // 401) before reading a large body; hyper's client does.
         return Parse::Fallback("a large body to a TLS upstream");
     }
-    let Some((key, idem_value)) = write(up, &req, out) else {
+    let Some((key, idem_value, idem_twice)) = write(up, &req, out) else {
         return Parse::Fallback("a target that cannot be mapped");
     };
     let idem = match crate::proxy::idempotent::key_bytes_of(&up.config, req.method, idem_value) {
+        // hyper's path answers it (400).
+        Ok(Some(_)) if idem_twice => return Parse::Fallback("two idempotency keys"),
         Ok(k) => k.map(|k| Keyed {
             key: range_in(buf, k),
             method: range_in(buf, req.method.as_bytes()),
             target: range_in(buf, req.path_and_query.as_bytes()),
+            principal: principal(up, &req),
         }),
         // hyper's path answers it (400).
         Err(_) => return Parse::Fallback("an invalid idempotency key"),
@@ -455,7 +484,7 @@ fn write<'b>(
     up: &Upstream,
     req: &Request<'_, 'b>,
     out: &mut Vec<u8>,
-) -> Option<(Option<String>, Option<&'b [u8]>)> {
+) -> Option<(Option<String>, Option<&'b [u8]>, bool)> {
     let cfg = &up.config;
     out.clear();
     out.extend_from_slice(req.method.as_bytes());
@@ -472,6 +501,7 @@ fn write<'b>(
         .map(|crate::policy::limiter::KeySource::Header(h)| h.as_str());
     let mut key = None;
     let mut idem_value = None;
+    let mut idem_twice = false;
     for h in req.fields.iter() {
         let n = h.name;
         if key.is_none() && key_header.is_some_and(|k| eq(k, n)) {
@@ -485,8 +515,9 @@ fn write<'b>(
         {
             continue;
         }
-        if idem_value.is_none() && eq(n, idem) {
-            idem_value = Some(h.value);
+        if eq(n, idem) {
+            idem_twice |= idem_value.is_some();
+            idem_value = idem_value.or(Some(h.value));
         }
         header(out, n.as_bytes(), h.value);
     }
@@ -509,7 +540,7 @@ fn write<'b>(
         out.extend_from_slice(b"te: trailers\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    Some((key, idem_value))
+    Some((key, idem_value, idem_twice))
 }
 
 /// Writes the upstream's request target (origin form), mapped as
