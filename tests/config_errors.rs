@@ -202,11 +202,26 @@ fn idempotency_values_are_validated_where_they_are_written() {
     let src = format!("[defaults.idempotency]\nttl = \"0s\"\n{UP}");
     expect_one(&src, 2, "defaults.idempotency.ttl", "greater than 0");
     let src = format!("{UP}{t}scope = [\"authorization\", \"tenant\"]\n");
-    expect_one(&src, 5, "upstreams.api.idempotency.scope", "unknown part \"tenant\"");
+    expect_one(
+        &src,
+        5,
+        "upstreams.api.idempotency.scope",
+        "unknown part \"tenant\"",
+    );
     let src = format!("{UP}{t}scope = [\"none\", \"host\"]\n");
-    expect_one(&src, 5, "upstreams.api.idempotency.scope", "\"none\" stands alone");
+    expect_one(
+        &src,
+        5,
+        "upstreams.api.idempotency.scope",
+        "\"none\" stands alone",
+    );
     let src = format!("{UP}{t}scope = [\"header:x tenant\"]\n");
-    expect_one(&src, 5, "upstreams.api.idempotency.scope", "not a header field name");
+    expect_one(
+        &src,
+        5,
+        "upstreams.api.idempotency.scope",
+        "not a header field name",
+    );
     let src = format!("{UP}{t}max_bytes = 1000\nmax_response_bytes = 1001\n");
     expect_one(
         &src,

@@ -277,7 +277,12 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         // 401) before reading a large body; hyper's client does.
         return Parse::Fallback("a large body to a TLS upstream");
     }
-    let Some((key, idem_value, idem_twice)) = write(up, &req, out) else {
+    let Some(Written {
+        key,
+        idem_value,
+        idem_twice,
+    }) = write(up, &req, out)
+    else {
         return Parse::Fallback("a target that cannot be mapped");
     };
     let idem = match crate::proxy::idempotent::key_bytes_of(&up.config, req.method, idem_value) {
@@ -480,11 +485,7 @@ fn route<'s>(
 /// hop-by-hop ones and those its `Connection` names, `Host`, the framing
 /// restated. Returns the rate limiter's key and the idempotency key's
 /// value, if any; `None` when the target cannot be mapped.
-fn write<'b>(
-    up: &Upstream,
-    req: &Request<'_, 'b>,
-    out: &mut Vec<u8>,
-) -> Option<(Option<String>, Option<&'b [u8]>, bool)> {
+fn write<'b>(up: &Upstream, req: &Request<'_, 'b>, out: &mut Vec<u8>) -> Option<Written<'b>> {
     let cfg = &up.config;
     out.clear();
     out.extend_from_slice(req.method.as_bytes());
@@ -540,7 +541,19 @@ fn write<'b>(
         out.extend_from_slice(b"te: trailers\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    Some((key, idem_value, idem_twice))
+    Some(Written {
+        key,
+        idem_value,
+        idem_twice,
+    })
+}
+
+/// What [`write`] found on the way: the rate limiter's key, the
+/// idempotency key's value, and whether a second key field came.
+struct Written<'b> {
+    key: Option<String>,
+    idem_value: Option<&'b [u8]>,
+    idem_twice: bool,
 }
 
 /// Writes the upstream's request target (origin form), mapped as
