@@ -30,24 +30,40 @@ pub fn is_loopback(ip: IpAddr) -> bool {
 /// Whether a request to a loopback-only endpoint names a loopback host: a
 /// browser on this machine tricked into calling weir (DNS rebinding: a
 /// foreign name that resolves to 127.0.0.1) sends that foreign name as
-/// `Host`, and a cross-origin page sends its `Origin`. Either is refused; a
-/// request without `Host` (not a browser's) is let through.
+/// `Host`, and a cross-origin page sends its `Origin`. Either is refused,
+/// and so is an absolute-form target with a foreign authority (judged as
+/// `Host` is) and a request with two `Host` or two `Origin` fields (which
+/// one would a proxy in front have judged?); a request without `Host` (not
+/// a browser's) is let through.
 fn names_loopback<B>(req: &Request<B>) -> bool {
     let loopback_host = |authority: &str| {
         let host = crate::proxy::route::host_of(authority);
         host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(is_loopback)
     };
-    let host_ok = req
-        .headers()
-        .get(header::HOST)
-        .is_none_or(|h| h.to_str().is_ok_and(loopback_host));
-    let origin_ok = req.headers().get(header::ORIGIN).is_none_or(|o| {
+    // The one value of a field; `Err` when it comes twice.
+    let one = |name: header::HeaderName| {
+        let mut all = req.headers().get_all(name).into_iter();
+        let first = all.next();
+        match all.next() {
+            Some(_) => Err(()),
+            None => Ok(first),
+        }
+    };
+    let (Ok(host), Ok(origin)) = (one(header::HOST), one(header::ORIGIN)) else {
+        return false;
+    };
+    let target_ok = req
+        .uri()
+        .authority()
+        .is_none_or(|a| loopback_host(a.as_str()));
+    let host_ok = host.is_none_or(|h| h.to_str().is_ok_and(loopback_host));
+    let origin_ok = origin.is_none_or(|o| {
         o.to_str()
             .ok()
             .and_then(|o| o.split_once("://"))
             .is_some_and(|(_, authority)| loopback_host(authority))
     });
-    host_ok && origin_ok
+    target_ok && host_ok && origin_ok
 }
 
 /// Serves the admin endpoints until `stop` is set.

@@ -75,6 +75,14 @@ async fn serve(
         .to_response(None);
         return log(NO_UPSTREAM, &parts.method, &parts.uri, resp);
     }
+    if let Some(field) = super::route::userinfo_in(&parts) {
+        snap.metrics.bad_request();
+        let resp = ProxyError::BadRequest(format!(
+            "{field} carries userinfo (`user@`): a request names a host, never credentials in it"
+        ))
+        .to_response(None);
+        return log(NO_UPSTREAM, &parts.method, &parts.uri, resp);
+    }
     let connect = parts.method == http::Method::CONNECT;
     // A CONNECT's target is `host:port`, with no path: route it as `/`.
     let path = if connect { "/" } else { parts.uri.path() };

@@ -82,6 +82,30 @@ pub(crate) fn request_host(parts: &Parts) -> Option<&str> {
     Some(host_of(raw))
 }
 
+/// Where a request names userinfo (`user:password@host`), which HTTP
+/// deprecates in a target (RFC 9110 §4.2.4) and never allows in `Host`: a
+/// 400 on both paths, so that credentials are never forwarded in `Host`
+/// under `preserve_host` nor a CONNECT dialled with them. `None` when
+/// neither the target's authority nor any `Host` has an `@`.
+pub(crate) fn userinfo_in(parts: &Parts) -> Option<&'static str> {
+    if parts
+        .uri
+        .authority()
+        .is_some_and(|a| a.as_str().contains('@'))
+    {
+        return Some(match parts.version {
+            http::Version::HTTP_2 => "the :authority",
+            _ => "the request target",
+        });
+    }
+    parts
+        .headers
+        .get_all(http::header::HOST)
+        .iter()
+        .any(|h| h.as_bytes().contains(&b'@'))
+        .then_some("the Host field")
+}
+
 /// The host of an authority or `Host` value: userinfo and port dropped, an
 /// IPv6 literal kept whole (without its brackets).
 pub(crate) fn host_of(authority: &str) -> &str {

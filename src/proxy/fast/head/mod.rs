@@ -374,7 +374,8 @@ fn parse<'h, 'b>(buf: &'b [u8], fields: &'h mut [httparse::Header<'b>]) -> Parse
     } else {
         return Parse::Fallback("a target in neither origin nor absolute form");
     };
-    if authority.is_some_and(|a| a.is_empty() || a.contains(['?', '#'])) {
+    if authority.is_some_and(|a| a.is_empty() || a.contains(['?', '#', '@'])) {
+        // With userinfo, hyper's path answers 400.
         return Parse::Fallback("an unusual authority");
     }
     let path = path_and_query
@@ -402,6 +403,8 @@ fn parse<'h, 'b>(buf: &'b [u8], fields: &'h mut [httparse::Header<'b>]) -> Parse
                 return Parse::Fallback("more than one Host");
             }
             match std::str::from_utf8(h.value) {
+                // hyper's path answers 400.
+                Ok(v) if v.contains('@') => return Parse::Fallback("a Host with userinfo"),
                 Ok(v) => host = Some(v.trim()),
                 Err(_) => return Parse::Fallback("a Host that is not text"),
             }
