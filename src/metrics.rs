@@ -15,18 +15,20 @@ mod follow;
 pub mod idempotency;
 mod labels;
 pub mod state;
+mod upstream;
 
-pub use labels::{ATTEMPT_RESULTS, ERROR_CODES};
+pub use upstream::UpstreamMetrics;
 
-use crate::policy::{Cause, Outcome, StateKind, StopReason};
+pub use labels::{ATTEMPT_RESULTS, BODY_ERRORS, ERROR_CODES};
+
+use crate::policy::{Cause, StateKind, StopReason};
 pub use crate::upstream::resolve::DnsMetrics;
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
 
 const BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -55,6 +57,7 @@ pub struct Metrics {
     rate_limited: IntCounterVec,
     in_flight: IntGaugeVec,
     tunnels: IntGaugeVec,
+    body_errors: IntCounterVec,
     reloads: IntCounterVec,
     last_reload: IntGauge,
     dns_resolutions: IntCounterVec,
@@ -175,6 +178,12 @@ impl Metrics {
         .expect("static metric definition");
         r.register(Box::new(tunnels.clone()))
             .expect("metric registered once");
+        let body_errors = counter(
+            &r,
+            "weir_upstream_body_errors_total",
+            "Relayed responses whose upstream body broke off after their head was sent (counted under that status in weir_requests_total); the client's connection or stream was ended short.",
+            &["upstream", "error"],
+        );
         let reloads = counter(
             &r,
             "weir_config_reloads_total",
@@ -248,6 +257,7 @@ impl Metrics {
             rate_limited,
             in_flight,
             tunnels,
+            body_errors,
             reloads,
             last_reload,
             dns_resolutions,
@@ -281,8 +291,17 @@ impl Metrics {
             rate_limited: self.rate_limited.with_label_values(&[name]),
             in_flight: self.in_flight.with_label_values(&[name]),
             tunnels: self.tunnels.with_label_values(&[name]),
+            body_errors: BODY_ERRORS.map(|c| by(&self.body_errors, c)),
             idempotency: self.idempotency.upstream(name),
             cache: self.cache.upstream(name),
+        }
+    }
+
+    /// `weir_upstream_body_errors_total{upstream, error}` (see
+    /// [`UpstreamMetrics::body_error`]), by the upstream's name.
+    pub fn body_error(&self, upstream: &str, code: &str) {
+        if BODY_ERRORS.contains(&code) {
+            self.body_errors.with_label_values(&[upstream, code]).inc();
         }
     }
 
@@ -328,6 +347,9 @@ impl Metrics {
         self.rate_limited.remove_label_values(&[name]).ok();
         self.in_flight.remove_label_values(&[name]).ok();
         self.tunnels.remove_label_values(&[name]).ok();
+        for c in BODY_ERRORS {
+            self.body_errors.remove_label_values(&[name, c]).ok();
+        }
         for s in STATES {
             self.breaker_state
                 .remove_label_values(&[name, s.as_str()])
@@ -464,120 +486,5 @@ impl Metrics {
             &self.request_duration,
         ];
         families.iter().flat_map(|f| f.collect()).collect()
-    }
-}
-
-/// One upstream's handles, resolved once.
-#[derive(Debug)]
-pub struct UpstreamMetrics {
-    name: String,
-    requests: IntCounterVec,
-    statuses: Box<[OnceLock<IntCounter>]>,
-    errors: [IntCounter; ERROR_CODES.len()],
-    request_duration: Histogram,
-    attempts: [IntCounter; ATTEMPT_RESULTS.len()],
-    attempt_duration: Histogram,
-    retries_vec: IntCounterVec,
-    retries: Mutex<HashMap<Cause, IntCounter>>,
-    stops: [IntCounter; 8],
-    budget: Gauge,
-    breaker: [IntGauge; 3],
-    transitions: [IntCounter; 3],
-    rate_limited: IntCounter,
-    in_flight: IntGauge,
-    tunnels: IntGauge,
-    /// `weir_idempotency_*`, brought up to the store's counts on a scrape.
-    pub idempotency: idempotency::Series,
-    /// `weir_cache_*`, brought up to the cache's counts on a scrape.
-    pub cache: cache::Series,
-}
-
-impl UpstreamMetrics {
-    /// A request answered with an upstream status.
-    pub fn status(&self, status: u16, took: Duration) {
-        if let Some(slot) = status
-            .checked_sub(100)
-            .and_then(|i| self.statuses.get(usize::from(i)))
-        {
-            slot.get_or_init(|| {
-                self.requests
-                    .with_label_values(&[self.name.as_str(), &status.to_string()])
-            })
-            .inc();
-        }
-        self.request_duration.observe(took.as_secs_f64());
-    }
-
-    /// A request answered with one of weir's errors.
-    pub fn error(&self, code: &str, took: Duration) {
-        if let Some(i) = ERROR_CODES.iter().position(|c| *c == code) {
-            self.errors[i].inc();
-        }
-        if code == "rate_limited" {
-            self.rate_limited.inc();
-        }
-        self.request_duration.observe(took.as_secs_f64());
-    }
-
-    pub fn attempt(&self, outcome: &Outcome, took: Duration) {
-        let label = outcome.result_label();
-        if let Some(i) = ATTEMPT_RESULTS.iter().position(|r| *r == label) {
-            self.attempts[i].inc();
-        }
-        self.attempt_duration.observe(took.as_secs_f64());
-    }
-
-    /// Creates the `weir_retries_total` series of these causes at zero, so a
-    /// rate over them reads 0 before the first retry, not nothing.
-    pub fn precreate_retries(&self, causes: &[Cause]) {
-        let mut m = self.retries.lock().expect("metrics lock poisoned");
-        for cause in causes {
-            m.entry(*cause).or_insert_with(|| {
-                self.retries_vec
-                    .with_label_values(&[self.name.as_str(), &cause.to_string()])
-            });
-        }
-    }
-
-    pub fn retry(&self, cause: Cause) {
-        let mut m = self.retries.lock().expect("metrics lock poisoned");
-        m.entry(cause)
-            .or_insert_with(|| {
-                self.retries_vec
-                    .with_label_values(&[self.name.as_str(), &cause.to_string()])
-            })
-            .inc();
-    }
-
-    pub fn stop(&self, reason: StopReason) {
-        if let Some(i) = StopReason::ALL.iter().position(|r| *r == reason) {
-            self.stops[i].inc();
-        }
-    }
-
-    pub fn transition(&self, to: StateKind) {
-        if let Some(i) = STATES.iter().position(|s| *s == to) {
-            self.transitions[i].inc();
-        }
-        self.set_breaker(to);
-    }
-
-    pub fn set_breaker(&self, current: StateKind) {
-        for (i, s) in STATES.iter().enumerate() {
-            self.breaker[i].set(i64::from(*s == current));
-        }
-    }
-
-    pub fn set_budget(&self, tokens: f64) {
-        self.budget.set(tokens);
-    }
-
-    pub fn set_in_flight(&self, n: u32) {
-        self.in_flight.set(i64::from(n));
-    }
-
-    /// The `weir_tunnels_open` gauge, raised while a CONNECT tunnel is open.
-    pub fn tunnels(&self) -> &IntGauge {
-        &self.tunnels
     }
 }

@@ -31,3 +31,8 @@ pub const ATTEMPT_RESULTS: [&str; 9] = [
     "bad_response",
     "cancelled",
 ];
+
+/// The `error` label values of `weir_upstream_body_errors_total`: a
+/// relayed body that ended early, was reset or broke its framing, or went
+/// idle past `idle_timeout`.
+pub const BODY_ERRORS: [&str; 2] = ["upstream_reset", "upstream_timeout"];

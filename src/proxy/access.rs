@@ -58,6 +58,121 @@ pub(crate) fn write(mode: AccessLog, e: &Entry<'_>) {
     );
 }
 
+/// A relayed response's body on the general path, watched to its end: the
+/// access-log line of a response whose head `wanted` is written when the
+/// body ends (or the client leaves), and a body that breaks off after the
+/// head was sent — the upstream closed short of its length or last chunk,
+/// reset the stream, or went idle past `idle_timeout` — is counted in
+/// `weir_upstream_body_errors_total` and logged with its error whatever
+/// the mode but `off` (hyper then ends the client's connection or stream
+/// short, so that no client takes the part for the whole). The fast path
+/// does the same in its relay.
+pub(crate) struct Watched {
+    inner: super::body::Body,
+    line: Option<Line>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
+/// An owned [`Entry`], waiting for its body's end.
+pub(crate) struct Line {
+    pub(crate) mode: AccessLog,
+    /// Whether the line is written however the body ends (`wanted` at the
+    /// head), or only when it breaks off.
+    pub(crate) always: bool,
+    pub(crate) upstream: String,
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) status: u16,
+    pub(crate) attempts: Option<u32>,
+    pub(crate) retry_stop: Option<String>,
+    pub(crate) endpoint: Option<std::net::SocketAddr>,
+    pub(crate) took: Duration,
+}
+
+impl Line {
+    fn write(&self, error: Option<&str>) {
+        write(
+            self.mode,
+            &Entry {
+                upstream: &self.upstream,
+                method: &self.method,
+                path: &self.path,
+                status: self.status,
+                error,
+                attempts: self.attempts,
+                retry_stop: self.retry_stop.as_deref(),
+                endpoint: self.endpoint,
+                took: self.took,
+            },
+        );
+    }
+}
+
+impl Watched {
+    pub(crate) fn new(
+        inner: super::body::Body,
+        line: Line,
+        metrics: std::sync::Arc<crate::metrics::Metrics>,
+    ) -> Self {
+        Watched {
+            inner,
+            line: Some(line),
+            metrics,
+        }
+    }
+
+    fn ended(&mut self, error: Option<&str>) {
+        let Some(line) = self.line.take() else { return };
+        if let Some(code) = error {
+            self.metrics.body_error(&line.upstream, code);
+        }
+        if line.always || error.is_some() {
+            line.write(error);
+        }
+    }
+}
+
+impl http_body::Body for Watched {
+    type Data = bytes::Bytes;
+    type Error = super::body::BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        use std::task::Poll;
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.ended(None),
+            Poll::Ready(Some(Err(e))) => {
+                let code = match e.is::<super::body::IdleTimeoutError>() {
+                    true => "upstream_timeout",
+                    false => "upstream_reset",
+                };
+                self.ended(Some(code));
+            }
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.ended(None),
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        // The client left (or the response was dropped) before the end.
+        self.ended(None);
+    }
+}
+
 /// The method and target of the HTTP/1 request head at the start of `head`
 /// (the fast path keeps the client's bytes, not a parsed request). An
 /// absolute-form target (`http://user:pass@host/p`) is cut to its path: the

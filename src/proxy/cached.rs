@@ -272,7 +272,7 @@ impl Exchange<'_> {
                 Ok(self.answer_uncounted(&e, CacheResult::StaleIfError, attempts))
             }
             _ if may_store && !self.req.head && status < 500 => {
-                Ok(self.store(resp, &req_headers, now).await)
+                self.store(resp, &req_headers, now, entry.as_deref()).await
             }
             _ => Ok(self.mark(resp, CacheResult::Miss)),
         }
@@ -299,15 +299,19 @@ impl Exchange<'_> {
 
     /// Stores `resp` when it may be, reading its body whole (within
     /// `max_object_bytes`) first; a new response supersedes the variant its
-    /// request selects either way.
+    /// request selects either way. A body that ends early or breaks off
+    /// while it is read is an upstream failure, answered like one (`entry`
+    /// within its `stale-if-error`, else weir's 502 `upstream_reset`):
+    /// nothing of it has reached the client, and nothing is stored.
     async fn store(
         &self,
         resp: Response<Body>,
         req_headers: &HeaderMap,
         now: Duration,
-    ) -> Response<Body> {
+        entry: Option<&CachedResponse>,
+    ) -> Result<Response<Body>, ProxyError> {
         let Some(params) = self.params() else {
-            return self.mark(resp, CacheResult::Miss);
+            return Ok(self.mark(resp, CacheResult::Miss));
         };
         let facts = ResponseFacts::parse(resp.status().as_u16(), pairs(resp.headers()));
         let Some(freshness) = storable(&self.req, &facts, &params, self.up.state.clock.wall())
@@ -315,7 +319,7 @@ impl Exchange<'_> {
             if let Some(c) = self.up.state.cache().as_mut() {
                 c.remove(&self.key, pairs(req_headers));
             }
-            return self.mark(resp, CacheResult::Miss);
+            return Ok(self.mark(resp, CacheResult::Miss));
         };
         let (head, mut rest) = resp.into_parts();
         let mut chunks: Vec<Bytes> = Vec::new();
@@ -335,19 +339,15 @@ impl Exchange<'_> {
                     // Trailers: relayed, never stored.
                     Err(f) => {
                         let relay = super::replay::Prefixed::new(chunks, Some(f), rest);
-                        return self.mark(
+                        return Ok(self.mark(
                             Response::from_parts(head, body::boxed(relay)),
                             CacheResult::Miss,
-                        );
+                        ));
                     }
                 },
                 Some(Err(e)) => {
-                    // Broke off: the client gets what came, then the error.
-                    let relay = super::replay::Prefixed::failed(chunks, e);
-                    return self.mark(
-                        Response::from_parts(head, body::boxed(relay)),
-                        CacheResult::Miss,
-                    );
+                    let why = format!("the response body broke off after {size} bytes: {e}");
+                    return self.failed(entry, ProxyError::UpstreamReset(why));
                 }
             }
         };
@@ -359,10 +359,10 @@ impl Exchange<'_> {
             }
         }
         let relay = super::replay::Prefixed::new(chunks, None, rest);
-        self.mark(
+        Ok(self.mark(
             Response::from_parts(head, body::boxed(relay)),
             CacheResult::Miss,
-        )
+        ))
     }
 
     /// weir's answer to a failure, or `entry` within its `stale-if-error`.

@@ -18,7 +18,7 @@ use http::{Response, Uri, Version};
 
 use tokio::time::Instant;
 
-/// `key`: the request's idempotency key, as [`idempotent::key_of`] found it;
+/// `key`: the request's idempotency key, as [`idempotent::key_in`] found it (scoped);
 /// `capture`: set to the keeping of a keyed write's response, whose body
 /// the caller relays ([`detached`]).
 #[allow(clippy::too_many_arguments)]

@@ -13,6 +13,7 @@ use super::{ListenerRole, Snapshot, Upstream};
 use crate::metrics::NO_UPSTREAM;
 use http::header;
 use http::{Request, Response, Uri, Version};
+use http_body::Body as _;
 use hyper::body::Incoming;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -157,11 +158,18 @@ fn access_log(
     let status = resp.status().as_u16();
     let h = resp.headers();
     let error = h.get("x-weir-error").and_then(|v| v.to_str().ok());
-    if super::access::wanted(mode, status, error.is_some()) {
-        let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
-        super::access::write(
-            mode,
-            &super::access::Entry {
+    let wanted = super::access::wanted(mode, status, error.is_some());
+    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+    let endpoint = resp
+        .extensions()
+        .get::<crate::upstream::Served>()
+        .map(|s| s.0);
+    // weir's own answers, and bodies already whole, are logged now; an
+    // upstream's body, which may yet break off, is watched to its end.
+    let watch = error.is_none() && upstream != NO_UPSTREAM && !resp.body().is_end_stream();
+    if !watch {
+        if wanted {
+            let entry = super::access::Entry {
                 upstream,
                 method: method.as_str(),
                 path: uri.path(),
@@ -169,15 +177,28 @@ fn access_log(
                 error,
                 attempts: text("x-weir-attempts").and_then(|v| v.parse().ok()),
                 retry_stop: text("x-weir-retry-stop"),
-                endpoint: resp
-                    .extensions()
-                    .get::<crate::upstream::Served>()
-                    .map(|s| s.0),
+                endpoint,
                 took: start.elapsed(),
-            },
-        );
+            };
+            super::access::write(mode, &entry);
+        }
+        return resp;
     }
-    resp
+    let line = super::access::Line {
+        mode,
+        always: wanted,
+        upstream: upstream.to_string(),
+        method: method.as_str().to_string(),
+        path: uri.path().to_string(),
+        status,
+        attempts: text("x-weir-attempts").and_then(|v| v.parse().ok()),
+        retry_stop: text("x-weir-retry-stop").map(str::to_string),
+        endpoint,
+        took: start.elapsed(),
+    };
+    let (parts, body) = resp.into_parts();
+    let watched = super::access::Watched::new(body, line, snap.metrics.clone());
+    Response::from_parts(parts, http_body_util::BodyExt::boxed(watched))
 }
 
 /// A keyed write (docs/behaviour.md#idempotency-keys) runs in a task of

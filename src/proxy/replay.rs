@@ -238,13 +238,11 @@ impl HttpBody for Replay {
 }
 
 /// Frames already read from a body (deciding it was too large to hold, or
-/// whether a response may be cached), then the rest of it — or the error
-/// that broke it off.
+/// whether a response may be cached), then the rest of it.
 #[derive(Debug)]
 pub(crate) struct Prefixed {
     prefix: VecDeque<Frame<Bytes>>,
     rest: Option<Body>,
-    error: Option<BoxError>,
 }
 
 impl Prefixed {
@@ -259,16 +257,6 @@ impl Prefixed {
         Prefixed {
             prefix,
             rest: Some(rest),
-            error: None,
-        }
-    }
-
-    /// `data`, then `error`.
-    pub(crate) fn failed(data: impl IntoIterator<Item = Bytes>, error: BoxError) -> Self {
-        Prefixed {
-            prefix: data.into_iter().map(Frame::data).collect(),
-            rest: None,
-            error: Some(error),
         }
     }
 }
@@ -282,9 +270,6 @@ impl HttpBody for Prefixed {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if let Some(f) = self.prefix.pop_front() {
             return Poll::Ready(Some(Ok(f)));
-        }
-        if let Some(e) = self.error.take() {
-            return Poll::Ready(Some(Err(e)));
         }
         match self.rest.as_mut() {
             Some(rest) => Pin::new(rest).poll_frame(cx),

@@ -23,6 +23,7 @@ pub mod head;
 mod hit;
 mod io;
 pub(crate) mod pool;
+mod relay;
 mod reply;
 mod rewind;
 mod stream;
@@ -35,17 +36,16 @@ use super::error::ProxyError;
 use super::idempotent::{self, Begun, Recorder};
 use super::Upstream;
 use crate::policy::idempotency::StoredResponse;
-use head::{Annotations, Framing, Parse, Planned};
+use head::{Annotations, Parse, Planned};
 use io::{client_gone, read_more, write_client, Bufs, Timer};
 pub(crate) use pool::Pool;
 use reply::ErrorResponse;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
-use transport::{ClientWatch, Exchange, FastTransport};
+use transport::{ClientWatch, FastTransport};
 
 /// Serves a cleartext client connection.
 pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
@@ -286,13 +286,16 @@ impl Ctx<'_> {
                     annotations,
                     recorder,
                 };
-                let open = self.relay(up, addr, x, kept, &p, ended).await;
+                let relayed = self.relay(up, addr, x, kept, &p, ended).await;
+                if let Some(code) = relayed.error {
+                    up.state.metrics.body_error(code);
+                }
                 let entry = access::Entry {
                     upstream: &cfg.name,
                     method: "",
                     path: "",
                     status,
-                    error: None,
+                    error: relayed.error,
                     // From the annotations, as on the general path.
                     attempts: annotations.map(|_| made),
                     retry_stop: annotations.and(stop).map(|s| s.as_str()),
@@ -300,7 +303,7 @@ impl Ctx<'_> {
                     took,
                 };
                 self.access_log(&p, entry);
-                open && !p.close
+                relayed.open && !p.close
             }
             Err(error) => {
                 if let Some(r) = recorder {
@@ -395,163 +398,6 @@ impl Ctx<'_> {
         e.write(&mut self.bufs.out);
         let ok = write_client(self.stream, &self.bufs.out, self.write_timeout).await;
         ok && !close && !f.error.closes_connection()
-    }
-
-    /// Lets go of an attempt's response that is being retried: its connection
-    /// goes back to the pool when its whole body has already arrived.
-    /// Writes the response head and relays the body as it comes, each wait
-    /// for the upstream bounded by `idle_timeout`. Returns whether the client
-    /// connection can carry another request.
-    async fn relay(
-        &mut self,
-        up: &Upstream,
-        addr: SocketAddr,
-        x: Exchange,
-        kept: Kept,
-        p: &Planned,
-        ended: Instant,
-    ) -> bool {
-        let annotations = kept.annotations;
-        let close = p.close || *self.stop.borrow();
-        let need = p.head_len + p.body_len;
-        let Exchange {
-            mut upstream,
-            tag,
-            status,
-            head_len,
-            framing,
-            mut reusable,
-            ..
-        } = x;
-        let idle = up.config.idle_timeout;
-        let bufs = &mut *self.bufs;
-        // A keyed write's response is kept as it passes, its fields as the
-        // client gets them (the head was begun when the upstream's was parsed).
-        let mut capture = kept.recorder.map(|r| {
-            let hint = match framing {
-                Framing::Length(n) => n,
-                _ => 0,
-            };
-            let room = usize::try_from(hint).unwrap_or(usize::MAX).min(r.limit());
-            r.capture(status, head::fields(&bufs.out, bufs.kept, room), hint)
-        });
-        head::finish_response(
-            &mut bufs.out,
-            annotations,
-            close || framing == Framing::Close,
-        );
-        let head_end = bufs.out.len();
-        let tail = &bufs.upstream[head_len..];
-        // How much of the body is still to come, and what of `tail` is body.
-        let mut chunked = head::ChunkedRelay::default();
-        let (mut left, body_now) = match framing {
-            Framing::Empty => (Some(0), 0),
-            Framing::Length(n) => {
-                let have = (tail.len() as u64).min(n);
-                (Some(n - have), have as usize)
-            }
-            Framing::Chunked => match chunked.feed(tail, &mut bufs.out) {
-                Ok(Some(end)) => (Some(0), end),
-                Ok(None) => (None, tail.len()),
-                Err(_) => {
-                    // The head goes out; the broken body ends the connection.
-                    let _ = write_client(self.stream, &bufs.out, self.write_timeout).await;
-                    return false;
-                }
-            },
-            Framing::Close => (None, tail.len()),
-        };
-        if body_now < tail.len() {
-            // Bytes past the end of the response: the connection is not reused.
-            reusable = false;
-        }
-        if framing != Framing::Chunked {
-            bufs.out.extend_from_slice(&tail[..body_now]);
-        }
-        if let Some(c) = capture.as_mut() {
-            c.push(&bufs.out[head_end..]);
-        }
-        // A keyed write's response is read to its end and kept even when
-        // its client has left: a re-send gets it from the record.
-        let mut client_ok = write_client(self.stream, &bufs.out, self.write_timeout).await;
-        if !client_ok && capture.is_none() {
-            return false;
-        }
-        // The last clock reading: when the connection goes back to the pool.
-        let mut last = ended;
-        while left != Some(0) {
-            bufs.upstream.clear();
-            last = Instant::now();
-            let until = last + idle;
-            let n = tokio::select! {
-                biased;
-                () = client_gone(self.stream, &mut bufs.client, need, &mut bufs.eof), if client_ok => {
-                    if capture.is_none() {
-                        return false;
-                    }
-                    client_ok = false;
-                    continue;
-                }
-                r = read_more(&mut upstream, &mut bufs.upstream) => match r {
-                    Ok(n) => n,
-                    Err(_) => return false,
-                },
-                () = self.timer.at(until) => {
-                    tracing::debug!(upstream = %up.config.name, idle = %crate::config::duration::format(idle), "response body idle; cut");
-                    return false;
-                }
-            };
-            if n == 0 {
-                // Closed: the end of a close-delimited body, or a cut one;
-                // either way the client connection ends here too.
-                if let (Framing::Close, Some(c)) = (framing, capture.take()) {
-                    c.done();
-                }
-                return false;
-            }
-            let got = &bufs.upstream[..n];
-            let (pass, send) = match (framing, left) {
-                (Framing::Length(_), Some(l)) => {
-                    let take = (n as u64).min(l);
-                    left = Some(l - take);
-                    (take as usize, &got[..take as usize])
-                }
-                (Framing::Chunked, _) => {
-                    bufs.out.clear();
-                    match chunked.feed(got, &mut bufs.out) {
-                        Ok(Some(end)) => {
-                            left = Some(0);
-                            (end, &bufs.out[..])
-                        }
-                        Ok(None) => (n, &bufs.out[..]),
-                        Err(_) => return false,
-                    }
-                }
-                _ => (n, got),
-            };
-            if pass < n {
-                reusable = false;
-            }
-            if let Some(c) = capture.as_mut() {
-                c.push(send);
-            }
-            if client_ok && !write_client(self.stream, send, self.write_timeout).await {
-                if capture.is_none() {
-                    return false;
-                }
-                client_ok = false;
-            }
-        }
-        if let Some(mut c) = capture {
-            if framing == Framing::Chunked {
-                c.dechunk();
-            }
-            c.done();
-        }
-        if reusable {
-            self.pool.put(addr, tag, upstream, last);
-        }
-        client_ok && framing != Framing::Close
     }
 }
 

@@ -1,0 +1,137 @@
+//! One upstream's metric handles (docs/behaviour.md#metrics), resolved
+//! once when its live state is created ([`super::Metrics::upstream`]): the
+//! hot path increments a counter it already holds.
+
+use super::{cache, idempotency};
+use super::{ATTEMPT_RESULTS, BODY_ERRORS, ERROR_CODES, STATES};
+use crate::policy::{Cause, Outcome, StateKind, StopReason};
+use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+/// One upstream's handles, resolved once.
+#[derive(Debug)]
+pub struct UpstreamMetrics {
+    pub(super) name: String,
+    pub(super) requests: IntCounterVec,
+    pub(super) statuses: Box<[OnceLock<IntCounter>]>,
+    pub(super) errors: [IntCounter; ERROR_CODES.len()],
+    pub(super) request_duration: Histogram,
+    pub(super) attempts: [IntCounter; ATTEMPT_RESULTS.len()],
+    pub(super) attempt_duration: Histogram,
+    pub(super) retries_vec: IntCounterVec,
+    pub(super) retries: Mutex<HashMap<Cause, IntCounter>>,
+    pub(super) stops: [IntCounter; 8],
+    pub(super) budget: Gauge,
+    pub(super) breaker: [IntGauge; 3],
+    pub(super) transitions: [IntCounter; 3],
+    pub(super) rate_limited: IntCounter,
+    pub(super) in_flight: IntGauge,
+    pub(super) tunnels: IntGauge,
+    /// `weir_upstream_body_errors_total`, by [`BODY_ERRORS`].
+    pub(super) body_errors: [IntCounter; 2],
+    /// `weir_idempotency_*`, brought up to the store's counts on a scrape.
+    pub idempotency: idempotency::Series,
+    /// `weir_cache_*`, brought up to the cache's counts on a scrape.
+    pub cache: cache::Series,
+}
+
+impl UpstreamMetrics {
+    /// A relayed response whose upstream body broke off after its head
+    /// was sent: `upstream_reset` (ended early, reset, malformed framing)
+    /// or `upstream_timeout` (idle past `idle_timeout`).
+    pub fn body_error(&self, code: &str) {
+        if let Some(i) = BODY_ERRORS.iter().position(|c| *c == code) {
+            self.body_errors[i].inc();
+        }
+    }
+
+    /// A request answered with an upstream status.
+    pub fn status(&self, status: u16, took: Duration) {
+        if let Some(slot) = status
+            .checked_sub(100)
+            .and_then(|i| self.statuses.get(usize::from(i)))
+        {
+            slot.get_or_init(|| {
+                self.requests
+                    .with_label_values(&[self.name.as_str(), &status.to_string()])
+            })
+            .inc();
+        }
+        self.request_duration.observe(took.as_secs_f64());
+    }
+
+    /// A request answered with one of weir's errors.
+    pub fn error(&self, code: &str, took: Duration) {
+        if let Some(i) = ERROR_CODES.iter().position(|c| *c == code) {
+            self.errors[i].inc();
+        }
+        if code == "rate_limited" {
+            self.rate_limited.inc();
+        }
+        self.request_duration.observe(took.as_secs_f64());
+    }
+
+    pub fn attempt(&self, outcome: &Outcome, took: Duration) {
+        let label = outcome.result_label();
+        if let Some(i) = ATTEMPT_RESULTS.iter().position(|r| *r == label) {
+            self.attempts[i].inc();
+        }
+        self.attempt_duration.observe(took.as_secs_f64());
+    }
+
+    /// Creates the `weir_retries_total` series of these causes at zero, so a
+    /// rate over them reads 0 before the first retry, not nothing.
+    pub fn precreate_retries(&self, causes: &[Cause]) {
+        let mut m = self.retries.lock().expect("metrics lock poisoned");
+        for cause in causes {
+            m.entry(*cause).or_insert_with(|| {
+                self.retries_vec
+                    .with_label_values(&[self.name.as_str(), &cause.to_string()])
+            });
+        }
+    }
+
+    pub fn retry(&self, cause: Cause) {
+        let mut m = self.retries.lock().expect("metrics lock poisoned");
+        m.entry(cause)
+            .or_insert_with(|| {
+                self.retries_vec
+                    .with_label_values(&[self.name.as_str(), &cause.to_string()])
+            })
+            .inc();
+    }
+
+    pub fn stop(&self, reason: StopReason) {
+        if let Some(i) = StopReason::ALL.iter().position(|r| *r == reason) {
+            self.stops[i].inc();
+        }
+    }
+
+    pub fn transition(&self, to: StateKind) {
+        if let Some(i) = STATES.iter().position(|s| *s == to) {
+            self.transitions[i].inc();
+        }
+        self.set_breaker(to);
+    }
+
+    pub fn set_breaker(&self, current: StateKind) {
+        for (i, s) in STATES.iter().enumerate() {
+            self.breaker[i].set(i64::from(*s == current));
+        }
+    }
+
+    pub fn set_budget(&self, tokens: f64) {
+        self.budget.set(tokens);
+    }
+
+    pub fn set_in_flight(&self, n: u32) {
+        self.in_flight.set(i64::from(n));
+    }
+
+    /// The `weir_tunnels_open` gauge, raised while a CONNECT tunnel is open.
+    pub fn tunnels(&self) -> &IntGauge {
+        &self.tunnels
+    }
+}

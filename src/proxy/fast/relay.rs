@@ -1,0 +1,202 @@
+//! The fast path's relay of an upstream's response to its client: the
+//! head, then the body as it comes, each wait bounded by `idle_timeout`; a
+//! keyed write's response kept as it passes; and how it ended
+//! ([`Relayed`]): a body that breaks off after the head is weir's
+//! `upstream_reset` (or `upstream_timeout`), the client's connection ended
+//! short of the length (docs/behaviour.md#logs).
+
+use super::head::{self, Framing, Planned};
+use super::io::{client_gone, read_more, write_client};
+use super::transport::Exchange;
+use super::Upstream;
+use super::{Ctx, Kept};
+use std::net::SocketAddr;
+use tokio::time::Instant;
+
+impl Ctx<'_> {
+    /// Writes the response head and relays the body as it comes, each wait
+    /// for the upstream bounded by `idle_timeout`. Returns whether the client
+    /// connection can carry another request.
+    pub(super) async fn relay(
+        &mut self,
+        up: &Upstream,
+        addr: SocketAddr,
+        x: Exchange,
+        kept: Kept,
+        p: &Planned,
+        ended: Instant,
+    ) -> Relayed {
+        let annotations = kept.annotations;
+        let close = p.close || *self.stop.borrow();
+        let need = p.head_len + p.body_len;
+        let Exchange {
+            mut upstream,
+            tag,
+            status,
+            head_len,
+            framing,
+            mut reusable,
+            ..
+        } = x;
+        let idle = up.config.idle_timeout;
+        let bufs = &mut *self.bufs;
+        // A keyed write's response is kept as it passes, its fields as the
+        // client gets them (the head was begun when the upstream's was parsed).
+        let mut capture = kept.recorder.map(|r| {
+            let hint = match framing {
+                Framing::Length(n) => n,
+                _ => 0,
+            };
+            let room = usize::try_from(hint).unwrap_or(usize::MAX).min(r.limit());
+            r.capture(status, head::fields(&bufs.out, bufs.kept, room), hint)
+        });
+        head::finish_response(
+            &mut bufs.out,
+            annotations,
+            close || framing == Framing::Close,
+        );
+        let head_end = bufs.out.len();
+        let tail = &bufs.upstream[head_len..];
+        // How much of the body is still to come, and what of `tail` is body.
+        let mut chunked = head::ChunkedRelay::default();
+        let (mut left, body_now) = match framing {
+            Framing::Empty => (Some(0), 0),
+            Framing::Length(n) => {
+                let have = (tail.len() as u64).min(n);
+                (Some(n - have), have as usize)
+            }
+            Framing::Chunked => match chunked.feed(tail, &mut bufs.out) {
+                Ok(Some(end)) => (Some(0), end),
+                Ok(None) => (None, tail.len()),
+                Err(_) => {
+                    // The head goes out; the broken body ends the connection.
+                    let _ = write_client(self.stream, &bufs.out, self.write_timeout).await;
+                    return Relayed::BROKEN;
+                }
+            },
+            Framing::Close => (None, tail.len()),
+        };
+        if body_now < tail.len() {
+            // Bytes past the end of the response: the connection is not reused.
+            reusable = false;
+        }
+        if framing != Framing::Chunked {
+            bufs.out.extend_from_slice(&tail[..body_now]);
+        }
+        if let Some(c) = capture.as_mut() {
+            c.push(&bufs.out[head_end..]);
+        }
+        // A keyed write's response is read to its end and kept even when
+        // its client has left: a re-send gets it from the record.
+        let mut client_ok = write_client(self.stream, &bufs.out, self.write_timeout).await;
+        if !client_ok && capture.is_none() {
+            return Relayed::CLOSED;
+        }
+        // The last clock reading: when the connection goes back to the pool.
+        let mut last = ended;
+        while left != Some(0) {
+            bufs.upstream.clear();
+            last = Instant::now();
+            let until = last + idle;
+            let n = tokio::select! {
+                biased;
+                () = client_gone(self.stream, &mut bufs.client, need, &mut bufs.eof), if client_ok => {
+                    if capture.is_none() {
+                        return Relayed::CLOSED;
+                    }
+                    client_ok = false;
+                    continue;
+                }
+                r = read_more(&mut upstream, &mut bufs.upstream) => match r {
+                    Ok(n) => n,
+                    Err(_) => return Relayed::BROKEN,
+                },
+                () = self.timer.at(until) => {
+                    tracing::debug!(upstream = %up.config.name, idle = %crate::config::duration::format(idle), "response body idle; cut");
+                    return Relayed::IDLE;
+                }
+            };
+            if n == 0 {
+                // Closed: the end of a close-delimited body, or a cut one
+                // (short of its length or its last chunk, so that the client
+                // cannot take it for whole); either way the client
+                // connection ends here too.
+                if framing != Framing::Close {
+                    return Relayed::BROKEN;
+                }
+                if let Some(c) = capture.take() {
+                    c.done();
+                }
+                return Relayed::CLOSED;
+            }
+            let got = &bufs.upstream[..n];
+            let (pass, send) = match (framing, left) {
+                (Framing::Length(_), Some(l)) => {
+                    let take = (n as u64).min(l);
+                    left = Some(l - take);
+                    (take as usize, &got[..take as usize])
+                }
+                (Framing::Chunked, _) => {
+                    bufs.out.clear();
+                    match chunked.feed(got, &mut bufs.out) {
+                        Ok(Some(end)) => {
+                            left = Some(0);
+                            (end, &bufs.out[..])
+                        }
+                        Ok(None) => (n, &bufs.out[..]),
+                        Err(_) => return Relayed::BROKEN,
+                    }
+                }
+                _ => (n, got),
+            };
+            if pass < n {
+                reusable = false;
+            }
+            if let Some(c) = capture.as_mut() {
+                c.push(send);
+            }
+            if client_ok && !write_client(self.stream, send, self.write_timeout).await {
+                if capture.is_none() {
+                    return Relayed::CLOSED;
+                }
+                client_ok = false;
+            }
+        }
+        if let Some(mut c) = capture {
+            if framing == Framing::Chunked {
+                c.dechunk();
+            }
+            c.done();
+        }
+        if reusable {
+            self.pool.put(addr, tag, upstream, last);
+        }
+        Relayed {
+            open: client_ok && framing != Framing::Close,
+            error: None,
+        }
+    }
+}
+
+/// How a relayed response ended: whether the client connection can carry
+/// another request, and weir's error when the upstream's body broke off
+/// after the head was sent.
+pub(super) struct Relayed {
+    pub(super) open: bool,
+    pub(super) error: Option<&'static str>,
+}
+
+impl Relayed {
+    const CLOSED: Relayed = Relayed {
+        open: false,
+        error: None,
+    };
+    const BROKEN: Relayed = Relayed {
+        open: false,
+        error: Some("upstream_reset"),
+    };
+    const IDLE: Relayed = Relayed {
+        open: false,
+        error: Some("upstream_timeout"),
+    };
+}
