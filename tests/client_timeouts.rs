@@ -184,3 +184,94 @@ async fn rapidly_reset_streams_close_the_connection() {
         "weir kept a connection resetting 200 streams"
     );
 }
+
+/// Reads one response to a GET of `TestUpstream::text("ok")` off `s`
+/// (its head, then the two bytes of its body); false when the connection
+/// ended first.
+async fn read_ok(s: &mut TcpStream) -> bool {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            if got.len() >= i + 4 + 2 {
+                return got.starts_with(b"HTTP/1.1 200");
+            }
+        }
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_keep_alive_connection_idles_for_client_idle_timeout_not_header_read_timeout
+);
+/// An app's pool reuses a connection after 3 s: `header_read_timeout`
+/// (2 s) bounds a head once it has begun, not the quiet between requests,
+/// which `client_idle_timeout` (5 s) bounds.
+async fn a_keep_alive_connection_idles_for_client_idle_timeout_not_header_read_timeout(
+    path: DataPath,
+) {
+    let up = TestUpstream::text("ok").await;
+    let weir = Weir::with_server_on(
+        path,
+        "header_read_timeout = \"2s\"\nclient_idle_timeout = \"5s\"",
+        &format!(
+            "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",
+            up.url()
+        ),
+    )
+    .await;
+    let mut s = TcpStream::connect(weir.addr).await.unwrap();
+    let get = b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n";
+    s.write_all(get).await.unwrap();
+    assert!(read_ok(&mut s).await, "first request");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    s.write_all(get).await.unwrap();
+    assert!(
+        read_ok(&mut s).await,
+        "the connection was closed after 3 s between requests"
+    );
+    // Idle past client_idle_timeout: closed.
+    let start = Instant::now();
+    let mut sink = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut sink)).await;
+    let took = start.elapsed();
+    assert!(closed.is_ok(), "still open after a minute");
+    assert!(
+        took >= Duration::from_secs(5) && took < Duration::from_secs(7),
+        "closed after {took:?}"
+    );
+    // A head begun and not finished is still cut at header_read_timeout.
+    let mut s = TcpStream::connect(weir.addr).await.unwrap();
+    s.write_all(get).await.unwrap();
+    assert!(read_ok(&mut s).await);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let start = Instant::now();
+    s.write_all(b"GET / HTTP/1.1\r\nHo").await.unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut sink)).await;
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(3),
+        "a partial head was cut after {took:?}"
+    );
+}
+
+/// The same over HTTP/2: a stream opened 3 s after the last one ended.
+#[tokio::test(start_paused = true)]
+async fn an_h2_connection_idles_for_client_idle_timeout_not_header_read_timeout() {
+    let up = TestUpstream::text("ok").await;
+    let weir = weir(&up).await;
+    let (send, _conn) = h2_connect(weir.addr).await;
+    for _ in 0..2 {
+        let mut s = send.clone();
+        let resp = s
+            .send_request(Request::get("http://svc/").body(body("")).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(read_body(resp).await.1, &b"ok"[..]);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+}

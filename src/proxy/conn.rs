@@ -37,7 +37,11 @@ pub(super) fn builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(config.server.header_read_timeout)
+        // The guard (`proxy::guard`) times request heads from their first
+        // byte: hyper's own timer would run from the end of the last
+        // response, and cut a kept-alive connection that is merely quiet
+        // (`client_idle_timeout` bounds that, in `Activity`).
+        .header_read_timeout(None)
         .max_buf_size(config.server.max_header_bytes)
         // Header names go on with the case they came in, as on the fast
         // path: an HTTP/1.1 peer that cares about case sees no difference.
@@ -295,6 +299,10 @@ impl Drop for Busy {
             if let Ok(mut t) = self.activity.quiet_since.lock() {
                 *t = Instant::now();
             }
+            // The watcher's deadline moves from the write one to the idle
+            // one, which may be sooner (`client_idle_timeout` <
+            // `client_write_timeout`).
+            self.activity.changed.notify_one();
         }
     }
 }

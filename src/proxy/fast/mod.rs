@@ -51,6 +51,9 @@ use transport::{ClientWatch, FastTransport};
 pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
     let mut bufs = Bufs::new();
     let mut waiting = Instant::now();
+    // Whether a request was served here: from then on a quiet connection
+    // waits for `client_idle_timeout`, not `header_read_timeout`.
+    let mut served = false;
     let mut timer = Timer::new(waiting);
     let mut stop = conn.stop.clone();
     let stopping = crate::shutdown::stopped(&mut stop);
@@ -79,11 +82,20 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
                 let _ = stream.shutdown().await;
                 return;
             }
-            let deadline = waiting + conn.head_timeout;
+            // Between requests a kept-alive connection may be quiet for
+            // `client_idle_timeout`; a head, once begun (or on a fresh
+            // connection), must be whole within `header_read_timeout` of
+            // its start (docs/behaviour.md#deadlines, "Client connections").
+            let idle = served && bufs.client.is_empty();
+            let deadline = match idle {
+                true => waiting + conn.idle_timeout,
+                false => waiting + conn.head_timeout,
+            };
             tokio::select! {
                 biased;
                 r = read_more(&mut stream, &mut bufs.client) => match r {
                     Ok(0) | Err(_) => return,
+                    Ok(_) if idle => waiting = Instant::now(),
                     Ok(_) => {}
                 },
                 () = timer.at(deadline) => {
@@ -121,6 +133,7 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
         }
         bufs.next_request(consumed);
         waiting = Instant::now();
+        served = true;
     }
 }
 
