@@ -21,6 +21,17 @@ pub const DECAY: Duration = Duration::from_secs(10);
 /// within a few dozen answers rather than within [`DECAY`]s of them.
 pub const MAX_KEEP: f64 = 0.95;
 
+/// What an estimate keeps of itself each time its endpoint loses a draw
+/// with nothing in flight: an endpoint avoided for one slow answer (a
+/// pause of the machine, a garbage collection) is tried again after a few
+/// hundred draws at most, however short the time they take — time alone
+/// ([`DECAY`]) would keep it out for tens of seconds while a few client
+/// connections send everything to the others. A replica that is really
+/// slow pays for it again on its next answer, and while that answer is
+/// pending its estimate does not fade: from 1 s down to 1 ms takes 227
+/// lost draws after each slow answer.
+pub const LOSS_KEEP: f64 = 0.97;
+
 /// What a failed attempt counts as in the estimate, at least: a replica that
 /// answers 503 (or refuses) at once is not a fast replica, and without this
 /// the balancer would send it more than its share.
@@ -106,6 +117,11 @@ impl PeakEwma {
         self.observe(if failure { rtt.max(FAILURE_RTT) } else { rtt }, now);
     }
 
+    /// Its endpoint lost a draw: the estimate fades by [`LOSS_KEEP`].
+    pub fn lost(&mut self) {
+        self.estimate *= LOSS_KEEP;
+    }
+
     /// The last estimate, in nanoseconds.
     pub fn estimate(&self) -> f64 {
         self.estimate
@@ -185,6 +201,24 @@ mod tests {
             e.observe(ms(1), Duration::from_micros(i));
         }
         assert!(e.estimate() < ms(2).as_nanos() as f64, "{}", e.estimate());
+    }
+
+    #[test]
+    fn an_endpoint_that_keeps_losing_draws_is_tried_again() {
+        let mut slow = PeakEwma::starting_at(ms(1), Duration::ZERO);
+        slow.observe(ms(20), Duration::ZERO);
+        let fast = PeakEwma::starting_at(ms(1), Duration::ZERO);
+        let mut losses = 0;
+        while slow.cost(0, Duration::ZERO) >= fast.cost(1, Duration::ZERO) {
+            slow.lost();
+            losses += 1;
+        }
+        assert!((70..=80).contains(&losses), "{losses}");
+        let mut very = PeakEwma::starting_at(ms(1000), Duration::ZERO);
+        for _ in 0..227 {
+            very.lost();
+        }
+        assert!(very.estimate() < ms(1).as_nanos() as f64);
     }
 
     #[test]

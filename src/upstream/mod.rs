@@ -467,8 +467,10 @@ impl Endpoints {
         let mut best: Option<(usize, f64, Availability)> = None;
         for _ in 0..4 {
             let (i, j) = balance::two_of(n, self.draw(), self.draw());
+            let mut drawn = 0;
             for k in [i, j] {
                 if let Some(a) = usable(&set[k]) {
+                    drawn += 1;
                     // An endpoint waiting on its probe takes it first:
                     // its estimate is from before its ejection.
                     let c = if a == Availability::Probe {
@@ -481,7 +483,14 @@ impl Endpoints {
                     }
                 }
             }
-            if best.is_some() {
+            if let Some((won, _, _)) = best {
+                // The other one lost a draw (balance::LOSS_KEEP) — only
+                // while it has nothing in flight: a slow replica's pending
+                // answer is its next sample, not yet a reason to try again.
+                let lost = if won == i { j } else { i };
+                if drawn == 2 && set[lost].in_flight() == 0 {
+                    set[lost].stats().ewma.lost();
+                }
                 break;
             }
         }
