@@ -43,14 +43,19 @@
 //!   (request-smuggling guard), `h1` (HTTP/1 framing), `forward` (one
 //!   request on the general path), `attempt` (`admit`, `drive`, `hyper`:
 //!   the pipeline), `tunnel` (CONNECT), `replay` (bodies kept for a retry;
-//!   `Expect: 100-continue`), `sticky` and `client` (upstream connections),
-//!   `gate` (concurrency), `upgrade` (WebSocket pass-through), `error`
-//!   (weir's own responses), `headers`, `route`, `body`.
+//!   `Expect: 100-continue`), `sticky` (a client connection's held upstream
+//!   connections), `upgrade` (WebSocket pass-through), `error` (weir's own
+//!   responses), `exchange` (one request's forward on the general path),
+//!   `cached` (the response cache's serve), `idempotent` (keyed writes),
+//!   `access` (the access log), `headers`, `route`, `body`.
 //! - [`upstream`]: the upstream side — endpoints (resolution, static
-//!   lists), the balancer (peak-EWMA, two choices), ejection, and each
-//!   endpoint's general-path pool; both paths pick an endpoint there.
+//!   lists), the balancer (peak-EWMA, two choices), ejection, the dial
+//!   loop, and `client`, each endpoint's general-path pool; both paths pick
+//!   an endpoint there. It never imports the request side.
 //! - [`state`]: live per-upstream state keyed by name, surviving reloads;
-//!   `state::link`, each upstream's link to the fleet's shared state.
+//!   `state::gate` (the concurrency gate), `state::link` (each upstream's
+//!   link to the fleet's shared state). It never imports the request side.
+//!   `tests/house.rs` holds these layers.
 //! - [`fleet`]: the state a fleet of weirs shares on Redis (`[state]`):
 //!   published breaker trips and the one half-open probe, leased
 //!   rate-limit tokens, the idempotency store; every call bounded by

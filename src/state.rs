@@ -5,6 +5,7 @@
 //! a new upstream starts fresh; a removed one is dropped when the last
 //! snapshot — and so the last request — holding it goes away.
 
+pub mod gate;
 pub mod link;
 
 use crate::clock::{fresh_seed, Clock};
@@ -14,9 +15,9 @@ use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::policy::cache::{CacheStore, FillRegistry};
 use crate::policy::idempotency::{IdempotencyStore, MemoryStore};
 use crate::policy::{Breaker, KeyedLimiter, RetryBudget, SeededRandom, Transition};
-use crate::proxy::client::UpstreamClient;
-use crate::proxy::gate::Gate;
+use crate::state::gate::Gate;
 use crate::status::ring::Recent;
+use crate::upstream::client::UpstreamClient;
 use crate::upstream::resolve::Resolver;
 use crate::upstream::Endpoints;
 use link::Link;

@@ -1,5 +1,7 @@
 //! The shape of the source tree, held: no import cycle between modules of
-//! `src/` (a module and its own ancestors or descendants aside), and no
+//! `src/` (a module and its own ancestors or descendants aside), the
+//! layers ([`FORBIDDEN`]: the upstream side and the live state never
+//! import the request side, the policy core imports nothing), and no
 //! source file over 500 lines of code (blank and comment lines and inline
 //! tests not counted). See `src/lib.rs` for the module map.
 #![allow(clippy::unwrap_used)]
@@ -101,8 +103,9 @@ fn related(a: &str, b: &str) -> bool {
     a.starts_with(&format!("{b}::")) || b.starts_with(&format!("{a}::"))
 }
 
-#[test]
-fn no_module_imports_one_that_imports_it_back() {
+/// Every module's imports of modules that are neither its ancestors nor
+/// its descendants.
+fn import_edges() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     sources(&src, &mut files);
@@ -111,9 +114,9 @@ fn no_module_imports_one_that_imports_it_back() {
         .filter_map(|f| Some((module_of(&src, f)?, std::fs::read_to_string(f).unwrap())))
         .collect();
     let modules: BTreeSet<String> = texts.keys().cloned().collect();
-    let mut edges: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (m, text) in &texts {
-        let e = edges.entry(m).or_default();
+        let e = edges.entry(m.clone()).or_default();
         for line in code(text) {
             for p in paths(line) {
                 if let Some(t) = resolve(&modules, m, &p) {
@@ -124,6 +127,99 @@ fn no_module_imports_one_that_imports_it_back() {
             }
         }
     }
+    edges
+}
+
+/// Layers (DESIGN: the upstream side as a layer under the request side):
+/// `(from, to, why)` — no module under `from` imports one under `to`.
+const FORBIDDEN: &[(&str, &str, &str)] = &[
+    (
+        "policy",
+        "",
+        "the decision core is pure: it imports only `clock`",
+    ),
+    (
+        "upstream",
+        "proxy",
+        "the upstream side never imports the request side",
+    ),
+    (
+        "upstream",
+        "state",
+        "endpoints and pools are owned by state, not the reverse",
+    ),
+    (
+        "state",
+        "proxy",
+        "live state is the request side's input, never its user",
+    ),
+    (
+        "fleet",
+        "proxy",
+        "the shared state knows nothing of requests",
+    ),
+    (
+        "fleet",
+        "upstream",
+        "the shared state knows nothing of endpoints",
+    ),
+    (
+        "config",
+        "proxy",
+        "a config is parsed and checked without a data plane",
+    ),
+    (
+        "config",
+        "state",
+        "a config is parsed and checked without live state",
+    ),
+    (
+        "config",
+        "fleet",
+        "a config is parsed and checked without Redis",
+    ),
+    (
+        "metrics",
+        "proxy",
+        "series are named and counted, not served, here",
+    ),
+];
+
+/// Whether `m` is `top` or under it.
+fn under(m: &str, top: &str) -> bool {
+    m == top || m.starts_with(&format!("{top}::"))
+}
+
+#[test]
+fn the_layers_hold() {
+    let mut broken = Vec::new();
+    for (m, targets) in import_edges() {
+        for (from, to, why) in FORBIDDEN {
+            if !under(&m, from) {
+                continue;
+            }
+            for t in &targets {
+                let hit = match *to {
+                    // Anything but `clock` and its own descendants.
+                    "" => !under(t, from) && !under(t, "clock"),
+                    to => under(t, to),
+                };
+                if hit {
+                    broken.push(format!("{m} imports {t}: {why}"));
+                }
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "layer rules broken:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn no_module_imports_one_that_imports_it_back() {
+    let edges = import_edges();
     // Any path from a module back to itself is a cycle.
     let mut cycles = Vec::new();
     for start in edges.keys() {

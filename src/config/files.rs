@@ -203,7 +203,7 @@ pub fn client_config(tls: Option<&UpstreamTls>) -> Result<ClientTls, FileErrors>
         None => builder.with_no_client_auth(),
     };
     // ALPN is set by the connector from the upstream's protocol
-    // (proxy::client): h2 + http/1.1, http/1.1 only, or h2 only.
+    // (upstream::client): h2 + http/1.1, http/1.1 only, or h2 only.
     config.alpn_protocols.clear();
     Ok(ClientTls {
         config: Arc::new(config),

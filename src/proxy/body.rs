@@ -3,17 +3,17 @@
 
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
-use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use http_body_util::{BodyExt, Full};
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) use crate::upstream::client::BoxError;
 
 /// The body type weir hands to hyper, in both directions.
-pub(crate) type Body = BoxBody<Bytes, BoxError>;
+pub(crate) use crate::upstream::client::Body;
 
 /// An upstream response body: as it comes (no allocation), or with frames
 /// read ahead for a gRPC status in its trailers.
@@ -54,7 +54,7 @@ pin_project! {
         sleep: tokio::time::Sleep,
         idle: Duration,
         // Held until the body ends: the request's concurrency slot.
-        hold: Option<super::gate::Slot>,
+        hold: Option<crate::state::gate::Slot>,
         progressed: bool,
     }
 }
@@ -66,7 +66,7 @@ impl<B> IdleTimeout<B> {
         inner: B,
         first: tokio::time::Instant,
         idle: Duration,
-        hold: Option<super::gate::Slot>,
+        hold: Option<crate::state::gate::Slot>,
     ) -> Self {
         IdleTimeout {
             inner,

@@ -41,11 +41,11 @@ pub enum ProxyError {
     IdempotencyNotReplayable,
 }
 
-impl From<super::gate::Refused> for ProxyError {
-    fn from(r: super::gate::Refused) -> Self {
+impl From<crate::state::gate::Refused> for ProxyError {
+    fn from(r: crate::state::gate::Refused) -> Self {
         match r {
-            super::gate::Refused::Full => ProxyError::Overloaded,
-            super::gate::Refused::Deadline => ProxyError::DeadlineExceeded,
+            crate::state::gate::Refused::Full => ProxyError::Overloaded,
+            crate::state::gate::Refused::Deadline => ProxyError::DeadlineExceeded,
         }
     }
 }
@@ -224,4 +224,28 @@ fn grpc_percent_encode(s: &str) -> String {
         }
     }
     out
+}
+
+/// A failed send to the upstream as the request side answers it: the
+/// upstream side (`upstream::client`) classifies the failure, this side
+/// turns it into weir's error for the client.
+impl crate::upstream::client::SendError {
+    /// The outcome for the decision, and weir's error for the client.
+    pub fn into_parts(self) -> (crate::policy::Outcome, ProxyError) {
+        (self.kind.outcome(), self.into_proxy_error())
+    }
+
+    pub fn into_proxy_error(self) -> ProxyError {
+        use crate::upstream::client::Failure;
+        match self.kind {
+            Failure::Connect | Failure::NotSent | Failure::NotProcessed => {
+                ProxyError::ConnectFailed(self.message)
+            }
+            Failure::ClientBody => {
+                ProxyError::BadRequest(format!("the request body broke off: {}", self.message))
+            }
+            Failure::Reset => ProxyError::UpstreamReset(self.message),
+            Failure::BadResponse => ProxyError::BadResponse(self.message),
+        }
+    }
 }

@@ -44,7 +44,7 @@ pub(crate) async fn forward(
 
     // The host the upstream is told: its own, or the client's with
     // `preserve_host`. It travels as the URI's authority, which the client
-    // turns into `:authority` (HTTP/2) or `Host` (HTTP/1.1); see proxy::client.
+    // turns into `:authority` (HTTP/2) or `Host` (HTTP/1.1); see upstream::client.
     let authority = if cfg.preserve_host {
         client_authority(&parts)?
     } else {

@@ -9,13 +9,11 @@ pub(crate) mod access;
 pub(crate) mod attempt;
 pub(crate) mod body;
 pub(crate) mod cached;
-pub(crate) mod client;
 mod conn;
 pub(crate) mod error;
 pub(crate) mod exchange;
 pub mod fast;
 pub(crate) mod forward;
-pub(crate) mod gate;
 pub(crate) mod guard;
 pub mod h1;
 pub(crate) mod headers;
@@ -29,7 +27,7 @@ pub(crate) mod upgrade;
 
 /// The largest upstream response head weir reads, on either path; a larger
 /// one is a `bad_response` (502), not retried.
-pub const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+pub use crate::upstream::client::MAX_RESPONSE_HEAD;
 
 pub use server::{Proxy, ProxyHandle};
 
@@ -69,7 +67,7 @@ pub struct Upstream {
     /// connections apply.
     pub own_h1: bool,
     /// The connection pool, copied from the state when the snapshot is made.
-    pub client: client::UpstreamClient,
+    pub client: crate::upstream::client::UpstreamClient,
     /// Precomputed per snapshot so the hot path does no string work.
     pub scheme: http::uri::Scheme,
     /// The `Host` sent upstream (unless `preserve_host`).

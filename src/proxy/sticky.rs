@@ -13,8 +13,8 @@
 //! streams) — takes the shared pool in [`super::client`].
 
 use super::body::Body;
-use super::client::{Failure, SendError};
 use crate::state::UpstreamState;
+use crate::upstream::client::{Failure, SendError};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
@@ -158,7 +158,7 @@ pub(crate) async fn send(
 ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
     sender.send_request(req).await.map_err(|e| SendError {
         kind: Failure::of(&e),
-        message: super::client::root_cause(&e),
+        message: crate::upstream::client::root_cause(&e),
         tls: false,
     })
 }

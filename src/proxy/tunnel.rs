@@ -18,9 +18,9 @@
 use super::attempt::{self, Attempts, Step};
 use super::body::{empty, Body};
 use super::error::ProxyError;
-use super::gate::Slot;
 use super::Upstream;
 use crate::policy::{BodyFacts, Outcome, RequestFacts};
+use crate::state::gate::Slot;
 use http::request::Parts;
 use http::{Response, StatusCode};
 use hyper::upgrade::OnUpgrade;

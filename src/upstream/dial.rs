@@ -25,12 +25,12 @@ pub(crate) async fn dial<S, F, Fut>(
     started: tokio::time::Instant,
     slot: &mut Option<Picked>,
     mut connect: F,
-) -> Result<S, crate::proxy::client::SendError>
+) -> Result<S, crate::upstream::client::SendError>
 where
     F: FnMut(SocketAddr) -> Fut,
-    Fut: std::future::Future<Output = Result<S, crate::proxy::client::SendError>>,
+    Fut: std::future::Future<Output = Result<S, crate::upstream::client::SendError>>,
 {
-    use crate::proxy::client::{Failure, SendError};
+    use crate::upstream::client::{Failure, SendError};
     let mut tries = 0;
     let mut dialled: Vec<SocketAddr> = Vec::new();
     loop {

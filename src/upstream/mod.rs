@@ -11,6 +11,7 @@
 //! never across an await.
 
 pub mod balance;
+pub mod client;
 mod dial;
 pub mod eject;
 pub mod resolve;
@@ -21,7 +22,7 @@ pub(crate) use dial::{dial, report};
 use crate::clock::Clock;
 use crate::metrics::endpoints::{EndpointMetrics, Families};
 use crate::policy::Now;
-use crate::proxy::client::UpstreamClient;
+use crate::upstream::client::UpstreamClient;
 use arc_swap::ArcSwap;
 pub use balance::Params;
 use balance::{Balance, PeakEwma};

@@ -217,7 +217,7 @@ pub(crate) async fn admit<W: Watch>(
     start: Instant,
     deadline: Instant,
     w: &mut W,
-) -> Option<Result<(crate::proxy::gate::Slot, bool), ProxyError>> {
+) -> Option<Result<(crate::state::gate::Slot, bool), ProxyError>> {
     let mut waited = false;
     if !try_rate(up, key, start) {
         waited = true;

@@ -244,7 +244,7 @@ async fn judge(
     plan: &Plan<'_>,
     try_deadline: Instant,
     sent: Result<
-        Result<Response<Incoming>, crate::proxy::client::SendError>,
+        Result<Response<Incoming>, crate::upstream::client::SendError>,
         tokio::time::error::Elapsed,
     >,
 ) -> (Outcome, Result<Response<UpstreamBody>, ProxyError>) {
@@ -294,7 +294,7 @@ async fn dispatch(
     mut req: Request<Body>,
     avoid: &mut Vec<std::net::SocketAddr>,
     picked: &mut Option<crate::upstream::Picked>,
-) -> Result<Response<Incoming>, crate::proxy::client::SendError> {
+) -> Result<Response<Incoming>, crate::upstream::client::SendError> {
     if !up.endpoints.ready() {
         // A name not resolved yet: the upstream-wide client resolves it.
         return up.client.send(req).await;

@@ -8,9 +8,9 @@ use super::stream::UpStream;
 use super::{client_gone, read_more, Pool, Timer};
 use crate::policy::{parse_retry_after, Outcome};
 use crate::proxy::attempt;
-use crate::proxy::client::{Failure, SendError};
 use crate::proxy::error::ProxyError;
 use crate::proxy::{Upstream, MAX_RESPONSE_HEAD};
+use crate::upstream::client::{Failure, SendError};
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -319,7 +319,7 @@ async fn read_head(
 async fn connect(
     up: &Upstream,
     addr: SocketAddr,
-    tls: Option<&crate::proxy::client::FastTls>,
+    tls: Option<&crate::upstream::client::FastTls>,
 ) -> Result<UpStream, Failed> {
     let timeout = up.config.connect_timeout;
     let failed = |why: String| SendError::new(Failure::Connect, why);

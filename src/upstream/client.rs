@@ -1,8 +1,10 @@
-//! The upstream client: pooled connections to one upstream, with its
-//! `connect_timeout`, its protocol and, for `https://`, its TLS
+//! The upstream client: pooled connections to one endpoint, with its
+//! upstream's `connect_timeout`, protocol and, for `https://`, TLS
 //! configuration (ALPN offers h2 and http/1.1 unless the protocol pins one;
-//! hyper uses h2 when the upstream picks it). One per upstream, owned by its
-//! live state and rebuilt only when how the upstream is reached changes.
+//! hyper uses h2 when the upstream picks it). One per endpoint (kept by
+//! `upstream::Endpoint`), rebuilt only when how the upstream is reached
+//! changes. How a send failed ([`SendError`]) is classified here; the
+//! request side turns it into weir's error (`proxy::error`).
 //!
 //! The host an attempt names travels in its URI's authority, never in a
 //! `Host` header: on an HTTP/2 connection it becomes `:authority` (a `Host`
@@ -12,14 +14,24 @@
 //! connector dials the upstream's configured address whatever the URI says,
 //! so a preserved client host never changes where weir connects.
 
-use super::body::Body;
-use super::error::ProxyError;
 use crate::config::{Protocol, Scheme, UpstreamConfig};
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::task::{Context, Poll};
 use std::time::Duration;
+
+/// A body's error, on either side of the proxy.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body type weir hands to hyper, in both directions (the request
+/// side names it `proxy::body::Body`).
+pub type Body = BoxBody<Bytes, BoxError>;
+
+/// The largest response head weir reads from an upstream.
+pub const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
 /// How an upstream is reached; a reload that changes any of these gets a new
 /// pool, one that changes none keeps the warm connections.
@@ -189,7 +201,7 @@ impl UpstreamClient {
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(256)
             // The same response-head limit as the fast path.
-            .http1_max_buf_size(super::MAX_RESPONSE_HEAD)
+            .http1_max_buf_size(MAX_RESPONSE_HEAD)
             // Header names as the client wrote them (hyper keeps the case in
             // the request's extensions); responses keep the upstream's.
             .http1_preserve_header_case(true)
@@ -375,24 +387,6 @@ impl SendError {
             kind: Failure::Connect,
             message: message.into(),
             tls: true,
-        }
-    }
-
-    /// The outcome for the decision, and weir's error for the client.
-    pub fn into_parts(self) -> (crate::policy::Outcome, ProxyError) {
-        (self.kind.outcome(), self.into_proxy_error())
-    }
-
-    pub fn into_proxy_error(self) -> ProxyError {
-        match self.kind {
-            Failure::Connect | Failure::NotSent | Failure::NotProcessed => {
-                ProxyError::ConnectFailed(self.message)
-            }
-            Failure::ClientBody => {
-                ProxyError::BadRequest(format!("the request body broke off: {}", self.message))
-            }
-            Failure::Reset => ProxyError::UpstreamReset(self.message),
-            Failure::BadResponse => ProxyError::BadResponse(self.message),
         }
     }
 }
