@@ -13,6 +13,9 @@
 #   random35  one replica alone, 35 % of its answers 503 (at random): the
 #             cost of retrying in the tail, weir's backoff against nginx's
 #             immediate retry
+#   random35x3  the same replica listed three times to nginx (max_fails=0),
+#             HAProxy and Envoy, so that they have somewhere to retry: each
+#             retries at once, where weir (one endpoint) backs off first
 #
 # Each proxy is configured the way its documentation suggests for the job,
 # the three replicas listed, retries on connect failures and 503 (3 tries):
@@ -52,7 +55,7 @@ REPLICAS=(127.0.0.2 127.0.0.3 127.0.0.4)
 # request it answers to a file of its own (the attempts it saw).
 start_replicas() { # scenario
     local s=$1 blocks="" n=3
-    [ "$s" = random35 ] && n=1
+    case $s in random35*) n=1 ;; esac
     mkdir -p "$T/rep/logs"
     for i in $(seq 0 $((n - 1))); do
         local ip=${REPLICAS[$i]} body='return 200 "ok";'
@@ -61,7 +64,7 @@ start_replicas() { # scenario
                 down) continue ;;
                 bad) body='return 503 "down";' ;;
                 flaky) body='if ($fail50) { return 503 "down"; } return 200 "ok";' ;;
-                random35) body='if ($fail35) { return 503 "down"; } return 200 "ok";' ;;
+                random35*) body='if ($fail35) { return 503 "down"; } return 200 "ok";' ;;
             esac
         fi
         blocks="$blocks server { listen $ip:$RP; access_log $T/rep/logs/$ip.log tiny; location / { $body } }"
@@ -92,12 +95,17 @@ attempts_seen() { cat "$T"/rep/logs/127.0.0.*.log 2>/dev/null | wc -l; }
 reset_logs() { for f in "$T"/rep/logs/127.0.0.*.log; do [ -f "$f" ] && : > "$f"; done; true; }
 
 endpoints_of() { # scenario → the replicas the proxies are given
-    if [ "$1" = random35 ]; then echo "${REPLICAS[0]}"; else echo "${REPLICAS[@]}"; fi
+    case $1 in
+        random35) echo "${REPLICAS[0]}" ;;
+        random35x3) echo "${REPLICAS[0]} ${REPLICAS[0]} ${REPLICAS[0]}" ;;
+        *) echo "${REPLICAS[@]}" ;;
+    esac
 }
 
 start_weir() {
     local list=""
-    for ip in $(endpoints_of "$1"); do list="$list\"$ip:$RP\", "; done
+    # weir refuses a repeated endpoint: each address once.
+    for ip in $(endpoints_of "$1" | tr ' ' '\n' | sort -u); do list="$list\"$ip:$RP\", "; done
     cat > "$T/weir.toml" <<CONF
 [server]
 listen = "127.0.0.1:$WEIR_PORT"
@@ -114,7 +122,9 @@ CONF
 
 start_nginx() {
     local servers=""
-    for ip in $(endpoints_of "$1"); do servers="$servers server $ip:$RP;"; done
+    local opt=""
+    [ "$1" = random35x3 ] && opt=" max_fails=0"
+    for ip in $(endpoints_of "$1"); do servers="$servers server $ip:$RP$opt;"; done
     mkdir -p "$T/ng/logs"
     cat > "$T/ng/nginx.conf" <<CONF
 worker_processes 1;

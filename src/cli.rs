@@ -64,6 +64,9 @@ pub struct ChaosArgs {
     /// Print JSON instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// The replica scenarios: weir speaks h2c to the replicas.
+    #[arg(long)]
+    pub h2c: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -449,6 +452,7 @@ fn chaos(args: ChaosArgs) -> ExitCode {
         seed: args.seed,
         config: args.config,
         weir_only: false,
+        h2c: args.h2c,
     };
     let scenarios: Vec<crate::chaos::Scenario> = match args.scenario {
         Some(s) => vec![s],

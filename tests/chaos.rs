@@ -341,3 +341,40 @@ async fn the_soak_samples_the_weir_process_and_stops_it() {
         "the weir child is still running"
     );
 }
+
+/// `weir chaos bad-replica | down-replica | slow-replica | flaky-replica`,
+/// weir's column, over HTTP/1.1 and h2c: ≥ 99.5 % success at ≤ 1.05
+/// upstream attempts per request, and a slow replica kept out of the tail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bad_replica_of_three_costs_nothing_through_weir() {
+    let _one = serial().await;
+    for h2c in [false, true] {
+        for s in [
+            Scenario::BadReplica,
+            Scenario::DownReplica,
+            Scenario::SlowReplica,
+            Scenario::FlakyReplica,
+        ] {
+            let o = Options {
+                h2c,
+                ..opts(3000, true)
+            };
+            let r = run(s, &o).await.unwrap();
+            let w = col(&r, "weir");
+            let what = format!("{} (h2c {h2c})", s.name());
+            assert_eq!(w.observed.requests, 3000, "{what}");
+            assert!(w.success() >= 99.5, "{what}: success {:.2} %", w.success());
+            assert!(
+                w.amplification() <= 1.05,
+                "{what}: amplification {:.3}",
+                w.amplification()
+            );
+            let served = w.replicas.clone().unwrap();
+            assert!(served[0] <= 150, "{what}: the bad replica got {served:?}");
+            if s == Scenario::SlowReplica {
+                let p99 = w.observed.percentile(0.99);
+                assert!(p99 < Duration::from_millis(200), "{what}: p99 {p99:?}");
+            }
+        }
+    }
+}

@@ -168,6 +168,7 @@ async fn measure(
         stops: None,
         resends: Some(resends),
         cache: None,
+        replicas: None,
     }
 }
 
@@ -227,6 +228,11 @@ async fn send(target: &Target, key: &str) -> Reply {
     match target {
         Target::Direct(addr) => exchange(*addr, None, key).await,
         Target::Weir { addr, host } => exchange(*addr, Some(host), key).await,
+        // Not used by this scenario: its keyed POSTs go to one upstream.
+        Target::Spread(addrs) => match addrs.first() {
+            Some(a) => exchange(*a, None, key).await,
+            None => Reply::Failed,
+        },
         Target::Naive {
             addr,
             attempts,

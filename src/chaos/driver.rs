@@ -53,6 +53,10 @@ pub enum Target {
     },
     /// Through weir's listener, addressed to `host`.
     Weir { addr: SocketAddr, host: String },
+    /// Straight to one of several replicas in turn (request `id` to
+    /// `addrs[id % n]`), one attempt: a client of a name with several
+    /// addresses and no proxy.
+    Spread(Vec<SocketAddr>),
 }
 
 /// One client request as the driver saw it.
@@ -229,6 +233,12 @@ async fn request(
         }
         Target::Weir { addr, host } => {
             send(client, *addr, Some(host), method, path, id).await == Sent::Status(true)
+        }
+        Target::Spread(addrs) => {
+            let Some(addr) = addrs.get(id as usize % addrs.len().max(1)) else {
+                return false;
+            };
+            counted(send(client, *addr, None, method, path, id).await) == Sent::Status(true)
         }
         Target::Naive {
             addr,

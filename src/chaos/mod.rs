@@ -9,6 +9,7 @@
 pub mod catalogue;
 pub mod double_submit;
 pub mod driver;
+pub mod replicas;
 pub mod report;
 pub mod soak;
 pub mod timeline;
@@ -56,10 +57,22 @@ pub enum Scenario {
     /// 200 keys read in a Zipf pattern through weir's cache; connections refused for 5 s.
     #[value(name = "catalogue-outage")]
     CatalogueOutage,
+    /// Three replicas, one answering every request 503.
+    #[value(name = "bad-replica")]
+    BadReplica,
+    /// Three replicas, one refusing connections.
+    #[value(name = "down-replica")]
+    DownReplica,
+    /// Three replicas, one taking 1 s per request.
+    #[value(name = "slow-replica")]
+    SlowReplica,
+    /// Three replicas, one failing half its requests.
+    #[value(name = "flaky-replica")]
+    FlakyReplica,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 14] = [
         Scenario::Transient5,
         Scenario::Transient30,
         Scenario::Outage,
@@ -70,6 +83,10 @@ impl Scenario {
         Scenario::PostTimeouts,
         Scenario::DoubleSubmit,
         Scenario::CatalogueOutage,
+        Scenario::BadReplica,
+        Scenario::DownReplica,
+        Scenario::SlowReplica,
+        Scenario::FlakyReplica,
     ];
 
     /// The name of weir's column.
@@ -92,6 +109,10 @@ impl Scenario {
             Scenario::PostTimeouts => "post-timeouts",
             Scenario::DoubleSubmit => "double-submit",
             Scenario::CatalogueOutage => "catalogue-outage",
+            Scenario::BadReplica => "bad-replica",
+            Scenario::DownReplica => "down-replica",
+            Scenario::SlowReplica => "slow-replica",
+            Scenario::FlakyReplica => "flaky-replica",
         }
     }
 
@@ -152,6 +173,8 @@ impl Scenario {
                 cache_control: Some(catalogue::CACHE_CONTROL),
                 ..base
             },
+            // The misbehaving one of three (the others are healthy).
+            s => replicas::faulty(s),
         }
     }
 
@@ -168,6 +191,7 @@ impl Scenario {
             Scenario::PostTimeouts => (1000, Mode::Closed(32), Method::POST),
             Scenario::DoubleSubmit => (200, Mode::Open(50.0), Method::POST),
             Scenario::CatalogueOutage => (3000, Mode::Open(200.0), Method::GET),
+            _ => return replicas::load(requests, rate),
         };
         Load {
             requests: requests.unwrap_or(n),
@@ -192,7 +216,11 @@ impl Scenario {
             | Scenario::Outage
             | Scenario::Recovery
             | Scenario::Restart
-            | Scenario::DoubleSubmit => "",
+            | Scenario::DoubleSubmit
+            | Scenario::BadReplica
+            | Scenario::DownReplica
+            | Scenario::SlowReplica
+            | Scenario::FlakyReplica => "",
             Scenario::Brownout => "[defaults]\ntimeout = \"2s\"\n",
             Scenario::RateLimited => {
                 "[defaults.retry]\nretry_on = [\"connect-failure\", \"reset\", \"timeout\", \"429\", \"502\", \"503\", \"504\"]\nmax_retry_after = \"2s\"\n"
@@ -214,6 +242,8 @@ pub struct Options {
     pub config: Option<PathBuf>,
     /// Run only the weir column (for tests that check weir's own figures).
     pub weir_only: bool,
+    /// The replica scenarios: weir speaks h2c to the replicas.
+    pub h2c: bool,
 }
 
 /// One column of the report.
@@ -239,6 +269,8 @@ pub struct Column {
     pub resends: Option<double_submit::Resends>,
     /// weir with its cache on: requests by `x-weir-cache` result.
     pub cache: Option<BTreeMap<String, f64>>,
+    /// The replica scenarios: requests each replica received.
+    pub replicas: Option<Vec<u64>>,
 }
 
 impl Column {
@@ -342,6 +374,9 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
     if scenario == Scenario::DoubleSubmit {
         return double_submit::run(opts).await;
+    }
+    if replicas::is_replica(scenario) {
+        return replicas::run(scenario, opts).await;
     }
     let mut load = scenario.load(opts.requests, opts.rate);
     load.keys = catalogue::keys(scenario, opts.seed, load.requests);
@@ -506,6 +541,7 @@ fn column(
         stops: None,
         resends: None,
         cache: None,
+        replicas: None,
     }
 }
 

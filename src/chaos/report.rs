@@ -87,7 +87,8 @@ pub fn rows(r: &Report) -> Vec<(String, Vec<String>)> {
         ("retry stops".into(), cell(&|c| map(&c.stops))),
     ];
     // This scenario's own rows, after the client's successes.
-    let own = super::catalogue::rows(r);
+    let mut own = super::catalogue::rows(r);
+    own.extend(super::replicas::row(r));
     rows.splice(2..2, own);
     if r.columns.iter().any(|c| c.cache.is_some()) {
         rows.push(("cache results".into(), cell(&|c| map(&c.cache))));
@@ -241,6 +242,7 @@ pub fn json(r: &Report) -> serde_json::Value {
                 "client_successes": c.observed.successes,
                 "success_percent": c.success(),
                 "upstream_attempts": c.upstream_attempts,
+                "requests_per_replica": c.replicas,
                 "attempts_refused_at_connect": c.refused,
                 "amplification": c.amplification(),
                 "p50_ms": c.observed.percentile(0.50).as_secs_f64() * 1000.0,
