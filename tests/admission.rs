@@ -252,3 +252,39 @@ async fn concurrency_limit_queues_then_refuses(path: DataPath) {
     assert_eq!((served, overloaded), (6, 4));
     assert_eq!(peak.load(Ordering::SeqCst), 4);
 }
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    requests_refused_by_the_breaker_or_the_gate_keep_their_rate_tokens
+);
+/// During an outage the app hears `circuit_open`, not `rate_limited`: a
+/// request weir refuses itself gives back its token (docs/behaviour.md#admission).
+async fn requests_refused_by_the_breaker_or_the_gate_keep_their_rate_tokens(path: DataPath) {
+    let (up, _mode) = switchable().await;
+    let weir = Weir::single_on(
+        path,
+        &up.url(),
+        "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 5\nfailing_for = \"0s\"\nopen = \"30s\"\nmax_open = \"30s\"\nopen_jitter = 0.0\n[upstreams.svc.rate_limit]\nrps = 5\nburst = 5\n",
+    )
+    .await;
+    for _ in 0..5 {
+        assert_eq!(call(&weir, &[]).await.0, 503);
+    }
+    // The five that reached the upstream spent their tokens (and opened
+    // the breaker); a second refills them.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut codes = std::collections::BTreeMap::new();
+    for _ in 0..100 {
+        let (status, code, _) = call(&weir, &[]).await;
+        *codes.entry((status, code)).or_insert(0) += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        codes,
+        [((503, "circuit_open".to_string()), 100)]
+            .into_iter()
+            .collect(),
+        "100 requests in one second with the breaker open"
+    );
+    assert_eq!(up.requests(), 5);
+}

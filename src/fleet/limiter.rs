@@ -166,6 +166,12 @@ impl FleetBucket {
         take
     }
 
+    /// Gives back an admission [`FleetBucket::take`] made (see
+    /// `LeasedBucket::give_back`).
+    pub fn give_back(&self, now: Now) {
+        self.bucket().give_back(now);
+    }
+
     /// New rates (a reload); leased tokens are kept.
     pub fn set_rate(&self, rps: f64, burst: u32) {
         self.bucket().set_rate(rps, burst);

@@ -97,6 +97,19 @@ impl KeyedLimiter {
         }
     }
 
+    /// Gives back a token [`KeyedLimiter::try_acquire`] took for `key` (a
+    /// key evicted meanwhile has nothing to give back to).
+    pub fn give_back(&mut self, key: Option<&str>) {
+        match key {
+            None => self.shared.give_back(),
+            Some(k) => {
+                if let Some(&i) = self.map.get(k) {
+                    self.nodes[i].limiter.give_back();
+                }
+            }
+        }
+    }
+
     /// How long until `key`'s limiter could admit (see [`Limiter::time_until`]).
     /// Does not create or touch the key.
     pub fn time_until(&self, key: Option<&str>, now: Now) -> Option<Duration> {

@@ -252,6 +252,23 @@ impl LeasedBucket {
         }
     }
 
+    /// Gives back an admission [`LeasedBucket::take`] made for a request
+    /// weir then refused itself: a debt is forgiven first, else the token
+    /// goes back into the stock (lasting one more lease at most).
+    pub fn give_back(&mut self, now: Now) {
+        if self.debt > 0 {
+            self.debt -= 1;
+            return;
+        }
+        match self.lots.front_mut() {
+            Some(lot) => lot.tokens += 1,
+            None => self.lots.push_back(Lot {
+                tokens: 1,
+                expires: now + LEASE,
+            }),
+        }
+    }
+
     /// The tokens to fetch now, if a fetch is due: none in flight, not held
     /// off, and the stock below a quarter batch (or credit to repay). The
     /// fetch is then taken as started; report its end with

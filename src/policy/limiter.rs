@@ -191,6 +191,12 @@ impl TokenBucket {
         }
     }
 
+    /// Puts back one token taken for a request weir then refused itself
+    /// (never above `burst`).
+    pub fn give_back(&mut self) {
+        self.tokens = (self.tokens + 1.0).min(self.burst);
+    }
+
     /// The tokens available at `now` (after refill).
     pub fn available(&mut self, now: Now) -> f64 {
         self.refill(now);
@@ -301,6 +307,19 @@ impl SlidingWindow {
         self.total += u64::from(n);
     }
 
+    /// Forgets one admission counted for a request weir then refused
+    /// itself: from the newest sub-bucket that holds one.
+    pub fn give_back(&mut self) {
+        for back in 0..RING as u64 {
+            let i = (self.head.wrapping_sub(back) % RING as u64) as usize;
+            if self.counts[i] > 0 {
+                self.counts[i] -= 1;
+                self.total -= 1;
+                return;
+            }
+        }
+    }
+
     /// Admits `n` at `now` if that keeps every sliding period within `limit`.
     pub fn try_take(&mut self, n: u32, now: Now) -> bool {
         self.advance(now);
@@ -403,6 +422,17 @@ impl Limiter {
         true
     }
 
+    /// Gives back what [`Limiter::try_acquire`] took, for a request weir
+    /// refused afterwards (circuit open, concurrency gate full).
+    pub fn give_back(&mut self) {
+        if let Some(b) = &mut self.bucket {
+            b.give_back();
+        }
+        if let Some(w) = &mut self.window {
+            w.give_back();
+        }
+    }
+
     /// How long from `now` until [`Limiter::try_acquire`] could succeed (zero
     /// if it can now). For the first attempt's `max_wait` and `Retry-After`.
     pub fn time_until(&self, now: Now) -> Option<Duration> {
@@ -485,6 +515,27 @@ mod tests {
         assert!(b.try_take(1, ms(101)));
         assert_eq!(b.time_until(6, ms(101)), None);
         assert!(b.time_until(5, ms(101)).is_some());
+    }
+
+    #[test]
+    fn a_token_given_back_is_there_again() {
+        let params =
+            RateLimitParams::try_new(Some((5.0, 5)), Some((5, ms(1000))), None, 0, Duration::ZERO)
+                .unwrap();
+        let mut l = Limiter::new(&params, ms(0));
+        for _ in 0..5 {
+            assert!(l.try_acquire(ms(0)));
+        }
+        assert!(!l.try_acquire(ms(0)));
+        // Five refused by weir afterwards: all five are there again.
+        for _ in 0..5 {
+            l.give_back();
+        }
+        assert_eq!((0..10).filter(|_| l.try_acquire(ms(1))).count(), 5);
+        // Never above the burst, never below an empty window.
+        let mut fresh = Limiter::new(&params, ms(0));
+        fresh.give_back();
+        assert_eq!((0..10).filter(|_| fresh.try_acquire(ms(0))).count(), 5);
     }
 
     #[test]

@@ -100,7 +100,8 @@ pub(crate) async fn forward(
     // read (when it is to be kept for a replay) before the breaker is asked,
     // so a slow upload never holds a half-open probe slot.
     let admitted = attempt::admit(up, key.as_deref(), start, deadline, &mut attempt::Dropped).await;
-    let (slot, _) = admitted.unwrap_or(Err(ProxyError::DeadlineExceeded))?;
+    let admitted = admitted.unwrap_or(Err(ProxyError::DeadlineExceeded))?;
+    let (slot, taken) = (admitted.slot, admitted.taken);
 
     let continue_gate = (parts.version == Version::HTTP_11
         && body
@@ -117,7 +118,13 @@ pub(crate) async fn forward(
         (None, Some(body), None) => prepare(body, !single, limit, stream_unknown, deadline).await?,
         (None, None, _) => return Err(ProxyError::BadRequest("no request body".into())),
     };
-    let ticket = attempt::admit_breaker(&up.state)?;
+    let ticket = match attempt::admit_breaker(&up.state) {
+        Ok(t) => t,
+        Err(e) => {
+            attempt::refund(up, key.as_deref(), taken);
+            return Err(e);
+        }
+    };
     let plan = Plan {
         parts,
         body,

@@ -44,14 +44,18 @@ pub(crate) async fn open(
         return (Err(e), 0);
     };
     let (deadline, _) = attempt::deadline(cfg, start, [None, None]);
-    let slot = match attempt::admit(up, key, start, deadline, &mut attempt::Dropped).await {
-        Some(Ok((slot, _))) => slot,
+    let (slot, taken) = match attempt::admit(up, key, start, deadline, &mut attempt::Dropped).await
+    {
+        Some(Ok(a)) => (a.slot, a.taken),
         Some(Err(e)) => return (Err(e), 0),
         None => return (Err(ProxyError::DeadlineExceeded), 0),
     };
     let ticket = match attempt::admit_breaker(&up.state) {
         Ok(t) => t,
-        Err(e) => return (Err(e), 0),
+        Err(e) => {
+            attempt::refund(up, key, taken);
+            return (Err(e), 0);
+        }
     };
     // Every failure before the connection is up is a connect failure: safe
     // to retry whatever the method.

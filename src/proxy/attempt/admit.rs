@@ -98,37 +98,68 @@ pub(crate) fn admit_breaker_at(
     }
 }
 
+/// Where a request's rate-limit token came from, so that it can be given
+/// back when weir refuses the request itself ([`refund`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// No limit: nothing was taken.
+    Nothing,
+    /// The fleet's leased bucket.
+    Fleet,
+    /// The instance's limiter (for a fleet limit, its fallback share).
+    Local,
+}
+
 /// Takes a rate-limit token for a first attempt if one is there at `at`
-/// (or the upstream has no limit); `false`: [`admit_rate`] decides.
-pub(crate) fn try_rate(up: &Upstream, key: Option<&str>, at: Instant) -> bool {
+/// (or the upstream has no limit); `None`: [`admit_rate`] decides.
+fn try_rate(up: &Upstream, key: Option<&str>, at: Instant) -> Option<Taken> {
     if up.config.rate_limit.is_none() {
-        return true;
+        return Some(Taken::Nothing);
     }
     let now = up.state.now_at(at);
-    take_rate(up, key, now).is_ok()
+    take_rate(up, key, now).ok()
 }
 
 /// Takes one token at `now`: from the fleet's leased bucket when the limit
 /// is the fleet's and the shared state answers, else from the local
 /// limiter (its fallback share, for a fleet limit). `Err`: the time until
 /// one may be there.
-fn take_rate(up: &Upstream, key: Option<&str>, now: Duration) -> Result<(), Option<Duration>> {
+fn take_rate(up: &Upstream, key: Option<&str>, now: Duration) -> Result<Taken, Option<Duration>> {
     let state = &up.state;
     if let Some(b) = fleet_bucket(up) {
         match b.take(now) {
-            Take::Admit => return Ok(()),
+            Take::Admit => return Ok(Taken::Fleet),
             Take::Refuse { retry_in } => return Err(Some(retry_in)),
             Take::Fallback => {}
         }
     }
     let mut live = state.live();
     let Some(l) = live.limiter.as_mut() else {
-        return Ok(());
+        return Ok(Taken::Nothing);
     };
     if l.try_acquire(key, now) {
-        Ok(())
+        Ok(Taken::Local)
     } else {
         Err(l.time_until(key, now))
+    }
+}
+
+/// Gives back the token a request took (`taken`) when weir refuses it
+/// afterwards — circuit open, concurrency gate full — so that an outage is
+/// answered `circuit_open`, not `rate_limited` (docs/behaviour.md#admission).
+pub(crate) fn refund(up: &Upstream, key: Option<&str>, taken: Taken) {
+    match taken {
+        Taken::Nothing => {}
+        Taken::Fleet => {
+            if let Some(b) = fleet_bucket(up) {
+                b.give_back(up.state.now());
+            }
+        }
+        Taken::Local => {
+            if let Some(l) = up.state.live().limiter.as_mut() {
+                l.give_back(key);
+            }
+        }
     }
 }
 
@@ -143,20 +174,21 @@ pub(crate) fn fleet_bucket(up: &Upstream) -> Option<crate::fleet::FleetBucket> {
 
 /// Takes a rate-limit token for a first attempt, waiting up to `max_wait` but
 /// never past the deadline.
-pub(crate) async fn admit_rate(
+async fn admit_rate(
     up: &Upstream,
     key: Option<&str>,
     deadline: Instant,
-) -> Result<(), ProxyError> {
+) -> Result<Taken, ProxyError> {
     let Some(max_wait) = up.config.rate_limit.as_ref().map(|r| r.max_wait) else {
-        return Ok(());
+        return Ok(Taken::Nothing);
     };
     let state = &up.state;
     let give_up = (Instant::now() + max_wait).min(deadline);
     loop {
         let now = state.now();
-        let Err(wait) = take_rate(up, key, now) else {
-            return Ok(());
+        let wait = match take_rate(up, key, now) {
+            Ok(taken) => return Ok(taken),
+            Err(wait) => wait,
         };
         match wait {
             Some(w) if Instant::now().checked_add(w).is_some_and(|t| t <= give_up) => {
@@ -210,30 +242,57 @@ pub(crate) fn deadline(
 /// after this and before the breaker is asked ([`admit_breaker`]), so a slow
 /// upload never holds a half-open probe slot. Usually a token and a slot are
 /// there at once, with no wait and no clock read; when weir has to wait, a
-/// client that goes away meanwhile is let go (`None`). `Ok((slot, waited))`.
+/// client that goes away meanwhile is let go (`None`). A request the gate
+/// refuses gets its rate-limit token back.
 pub(crate) async fn admit<W: Watch>(
     up: &Upstream,
     key: Option<&str>,
     start: Instant,
     deadline: Instant,
     w: &mut W,
-) -> Option<Result<(crate::state::gate::Slot, bool), ProxyError>> {
+) -> Option<Result<Admitted, ProxyError>> {
     let mut waited = false;
-    if !try_rate(up, key, start) {
-        waited = true;
-        if let Err(e) = w.unless_gone(admit_rate(up, key, deadline)).await? {
-            return Some(Err(e));
+    let taken = match try_rate(up, key, start) {
+        Some(t) => t,
+        None => {
+            waited = true;
+            match w.unless_gone(admit_rate(up, key, deadline)).await? {
+                Ok(t) => t,
+                Err(e) => return Some(Err(e)),
+            }
         }
-    }
+    };
     let slot = match up.state.gate.try_enter() {
         Some(s) => s,
         None => {
             waited = true;
-            match w.unless_gone(up.state.gate.enter(deadline)).await? {
-                Ok(s) => s,
-                Err(refused) => return Some(Err(refused.into())),
+            let entered = w.unless_gone(up.state.gate.enter(deadline)).await;
+            match entered {
+                Some(Ok(s)) => s,
+                Some(Err(refused)) => {
+                    refund(up, key, taken);
+                    return Some(Err(refused.into()));
+                }
+                None => {
+                    refund(up, key, taken);
+                    return None;
+                }
             }
         }
     };
-    Some(Ok((slot, waited)))
+    Some(Ok(Admitted {
+        slot,
+        waited,
+        taken,
+    }))
+}
+
+/// A request admitted up to its body.
+pub(crate) struct Admitted {
+    /// Its concurrency slot, held until its response ends.
+    pub(crate) slot: crate::state::gate::Slot,
+    /// Whether it waited for a token or a slot.
+    pub(crate) waited: bool,
+    /// Its rate-limit token, for [`refund`] should the breaker refuse it.
+    pub(crate) taken: Taken,
 }

@@ -16,6 +16,6 @@ mod admit;
 mod drive;
 mod hyper;
 
-pub(crate) use admit::{admit, admit_breaker, admit_breaker_at, deadline, Dropped, Watch};
+pub(crate) use admit::{admit, admit_breaker, admit_breaker_at, deadline, refund, Dropped, Watch};
 pub(crate) use drive::{annotate, annotation_fields, drive, timed_out, Attempts, Step, Transport};
 pub(crate) use hyper::{run, Plan};

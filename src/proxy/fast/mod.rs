@@ -224,9 +224,9 @@ impl Ctx<'_> {
             need,
         };
         let admitted = attempt::admit(up, p.key.as_deref(), start, deadline, &mut watch).await;
-        let (_slot, waited) = match admitted {
+        let (_slot, waited, taken) = match admitted {
             None => return false,
-            Some(Ok(admitted)) => admitted,
+            Some(Ok(a)) => (a.slot, a.waited, a.taken),
             Some(Err(e)) => return self.fail(up, start, &p, fail(e)).await,
         };
         // Nothing waited for (admission, the body): `start` still tells the time.
@@ -241,7 +241,10 @@ impl Ctx<'_> {
         let t0 = now.unwrap_or_else(Instant::now);
         let ticket = match attempt::admit_breaker_at(&up.state, t0) {
             Ok(t) => t,
-            Err(e) => return self.fail(up, start, &p, fail(e)).await,
+            Err(e) => {
+                attempt::refund(up, p.key.as_deref(), taken);
+                return self.fail(up, start, &p, fail(e)).await;
+            }
         };
         let key = p.key.as_deref();
         let begun = Attempts::begin(up, ticket, p.facts, key, deadline, lowered, t0);
