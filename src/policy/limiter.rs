@@ -519,9 +519,14 @@ mod tests {
 
     #[test]
     fn a_token_given_back_is_there_again() {
-        let params =
-            RateLimitParams::try_new(Some((5.0, 5)), Some((5, ms(1000))), None, 0, Duration::ZERO)
-                .unwrap();
+        let params = RateLimitParams::try_new(
+            Some((5.0, 5)),
+            Some((5, ms(1000))),
+            None,
+            10,
+            Duration::ZERO,
+        )
+        .unwrap();
         let mut l = Limiter::new(&params, ms(0));
         for _ in 0..5 {
             assert!(l.try_acquire(ms(0)));
