@@ -19,8 +19,8 @@
 use super::driver::{offer, Load, Observed, Record, Target};
 use super::upstream::{ChaosUpstream, REQUEST_ID};
 use super::{
-    start_upstream, start_weir, weir_config, weir_rows, BreakerTrace, Column, Options, Report,
-    Scenario,
+    config::weir_config, start_upstream, start_weir, weir_rows, BreakerTrace, Column, Options,
+    Report, Scenario,
 };
 use bytes::Bytes;
 use http::{Method, Request};

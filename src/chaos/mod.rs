@@ -7,6 +7,7 @@
 //! in-process on loopback. Nothing here is used by the data plane.
 
 pub mod catalogue;
+mod config;
 pub mod double_submit;
 pub mod driver;
 pub mod replicas;
@@ -15,14 +16,13 @@ pub mod soak;
 pub mod timeline;
 pub mod upstream;
 
-use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::policy::StateKind;
 use crate::proxy::Proxy;
 use driver::{drive, Load, Mode, Observed, Target};
 use http::Method;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -323,53 +323,6 @@ pub struct Report {
     pub breaker: BreakerTrace,
 }
 
-/// The weir config for a scenario: weir's defaults, the scenario's settings,
-/// `user`'s `[defaults]` merged over those, and one upstream pointed at `addr`.
-fn weir_config(
-    scenario: Scenario,
-    addr: std::net::SocketAddr,
-    user: Option<&Path>,
-) -> Result<Config, String> {
-    let mut policy: toml::Table =
-        toml::from_str(scenario.settings()).map_err(|e| format!("scenario settings: {e}"))?;
-    if let Some(p) = user {
-        let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        let table: toml::Table =
-            toml::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
-        if let Some(d) = table.get("defaults") {
-            let mut t = toml::Table::new();
-            t.insert("defaults".into(), d.clone());
-            merge(&mut policy, t);
-        }
-    }
-    let mut src = String::from("[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\n");
-    src.push_str(&toml::to_string(&policy).map_err(|e| e.to_string())?);
-    src.push_str(&format!(
-        "\n[upstreams.chaos]\nurl = \"http://{addr}\"\nhosts = [\"chaos\"]\n"
-    ));
-    let path = match user {
-        Some(p) => PathBuf::from(format!(
-            "<chaos {} merged with {}>",
-            scenario.name(),
-            p.display()
-        )),
-        None => PathBuf::from(format!("<chaos {}>", scenario.name())),
-    };
-    Config::parse(&path, &src).map_err(|e| e.to_string())
-}
-
-/// Merges `over` into `base`: tables field by field, anything else replaced.
-fn merge(base: &mut toml::Table, over: toml::Table) {
-    for (k, v) in over {
-        match (base.get_mut(&k), v) {
-            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
-            (_, v) => {
-                base.insert(k, v);
-            }
-        }
-    }
-}
-
 /// Runs one scenario: three columns, one after the other.
 pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
     if scenario == Scenario::DoubleSubmit {
@@ -380,7 +333,7 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
     }
     let mut load = scenario.load(opts.requests, opts.rate);
     load.keys = catalogue::keys(scenario, opts.seed, load.requests);
-    let probe = weir_config(
+    let probe = config::weir_config(
         scenario,
         "127.0.0.1:9".parse().map_err(|_| "addr")?,
         opts.config.as_deref(),
@@ -470,7 +423,7 @@ async fn start_weir(
     String,
 > {
     let up = start_upstream(scenario, opts.seed).await?;
-    let config = weir_config(scenario, up.addr, opts.config.as_deref())?;
+    let config = config::weir_config(scenario, up.addr, opts.config.as_deref())?;
     let metrics = Arc::new(Metrics::new());
     let proxy = Proxy::start_with(config, metrics.clone())
         .await

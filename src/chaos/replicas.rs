@@ -120,22 +120,8 @@ fn config(s: Scenario, addrs: &[SocketAddr], opts: &Options) -> Result<Config, S
         addrs[0],
         list.join(", ")
     );
-    let defaults = match &opts.config {
-        None => String::new(),
-        Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            let table: toml::Table =
-                toml::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
-            match table.get("defaults") {
-                Some(d) => {
-                    let mut t = toml::Table::new();
-                    t.insert("defaults".into(), d.clone());
-                    toml::to_string(&t).map_err(|e| e.to_string())?
-                }
-                None => String::new(),
-            }
-        }
-    };
+    let defaults = toml::to_string(&super::config::user_defaults(opts.config.as_deref())?)
+        .map_err(|e| e.to_string())?;
     let src = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\n{defaults}\n{upstream}"
     );
