@@ -514,7 +514,6 @@ fn run(path: &std::path::Path, workers: Option<usize>) -> ExitCode {
 }
 
 async fn serve(config: Config, workers: usize) -> ExitCode {
-    let grace = config.server.shutdown_timeout;
     let path = config.path.clone();
     let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
     let opts = crate::runtime::Options {
@@ -545,6 +544,8 @@ async fn serve(config: Config, workers: usize) -> ExitCode {
         "weir is serving"
     );
     shutdown_signal().await;
+    // The config in force now: a reload may have changed it.
+    let grace = rt.proxy.snapshot().config.server.shutdown_timeout;
     tracing::info!(
         grace = %crate::config::duration::format(grace),
         "shutting down: /readyz is 503, no new connections, finishing requests in flight"

@@ -59,6 +59,9 @@ impl Reloader {
             Err(e) => return self.failed(why, e.to_string()),
         };
         let upstreams = config.upstreams.len();
+        if let Some(e) = fixed_fields_changed(&self.proxy.snapshot().config, &config, &src) {
+            return self.failed(why, e.to_string());
+        }
         let changes = Changes::between(&self.proxy.snapshot().config, &config);
         if let Err(e) = self.proxy.reload(config).await {
             return self.failed(why, e.to_string());
@@ -94,6 +97,39 @@ impl Reloader {
         tracing::error!(trigger = why, error = %e, "config reload rejected; the running config stays");
         Err(e)
     }
+}
+
+/// `[server]` fields a reload cannot apply to the running process: the
+/// admin listener (the socket a reload may be arriving on) and the
+/// connection limit (a semaphore sized at start). A reload that changes
+/// one is refused, naming it where the new file sets it — never reported
+/// as applied while the old value still serves (docs/behaviour.md#reload).
+/// Everything else in `[server]` applies: listeners are bound and the old
+/// ones drained, and the rest is read per connection.
+const FIXED: [&str; 2] = ["admin", "max_connections"];
+
+fn fixed_fields_changed(
+    old: &Config,
+    new: &Config,
+    src: &str,
+) -> Option<crate::config::ConfigError> {
+    let (o, n) = (&old.server, &new.server);
+    let changed = FIXED.into_iter().find(|f| match *f {
+        "admin" => o.admin != n.admin,
+        _ => o.max_connections != n.max_connections,
+    })?;
+    let (was, now) = match changed {
+        "admin" => (o.admin.to_string(), n.admin.to_string()),
+        _ => (o.max_connections.to_string(), n.max_connections.to_string()),
+    };
+    let idx = crate::config::error::SpanIndex::new(src);
+    Some(idx.error_at_path(
+        &new.path,
+        &format!("server.{changed}"),
+        format!(
+            "cannot change on reload ({was} → {now}): restart weir to apply it; the running config stays"
+        ),
+    ))
 }
 
 /// What a reload changed, for its log line: upstreams by name, and whether
