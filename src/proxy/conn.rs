@@ -90,15 +90,34 @@ where
     let ctx = Arc::new(super::sticky::ConnCtx::default());
     let activity = Arc::new(Activity::new(max_resets));
     let busy_on = activity.clone();
+    // Whether the client speaks HTTP/2 here (a drain says goodbye with a
+    // GOAWAY then), and the stop signal each HTTP/1 response reads.
+    let h2 = Arc::new(AtomicBool::new(false));
+    let h2_seen = h2.clone();
+    let draining = stop.clone();
     let svc = service_fn(move |req| {
         let snap = shared.snapshot.load_full();
         let role = role.clone();
         let ctx = ctx.clone();
+        let h1 = req.version() < http::Version::HTTP_2;
+        if !h1 {
+            h2_seen.store(true, Ordering::Relaxed);
+        }
+        let draining = draining.clone();
         // In flight until its response body is done with (finished, or the
         // stream reset).
         let busy = busy_on.begin();
         async move {
-            let resp = forward::handle(&snap, &role, &ctx, req).await;
+            let mut resp = forward::handle(&snap, &role, &ctx, req).await;
+            // Draining (docs/behaviour.md#shutdown): every HTTP/1.1
+            // response says the connection closes after it, so that the
+            // client's pool lets it go between requests, never under one.
+            if h1 && *draining.borrow() {
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
             // The head is handed over now; until hyper asks for the body,
             // it waits on the client (an HTTP/2 window of 0 never asks).
             busy.handed_now();
@@ -141,7 +160,15 @@ where
             return;
         }
     }
-    conn.as_mut().graceful_shutdown();
+    // Draining. HTTP/2: a GOAWAY naming the last stream, then the streams
+    // in flight finish. HTTP/1.1: the connection stays as it is — an idle
+    // one is not closed under a client that may be sending on it this
+    // instant; its next response says `Connection: close` (above) and hyper
+    // closes it after that. Whatever is still open when `shutdown_timeout`
+    // runs out is closed then (`ProxyHandle::shutdown`).
+    if h2.load(Ordering::Relaxed) {
+        conn.as_mut().graceful_shutdown();
+    }
     if let Err(e) = conn.await {
         tracing::debug!(%peer, error = %e, "client connection ended with an error while draining");
     }

@@ -54,6 +54,8 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
     // Whether a request was served here: from then on a quiet connection
     // waits for `client_idle_timeout`, not `header_read_timeout`.
     let mut served = false;
+    // The stop signal has been seen (it is taken once).
+    let mut drained = false;
     let mut timer = Timer::new(waiting);
     let mut stop = conn.stop.clone();
     let stopping = crate::shutdown::stopped(&mut stop);
@@ -105,7 +107,11 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
                     // A chunked body slower than a head may be is hyper's to read.
                     break (conn.shared.snapshot.load_full(), None);
                 }
-                () = &mut stopping, if bufs.client.is_empty() => return,
+                // Draining: an idle connection is not closed under a client
+                // that may be sending on it this instant; its next response
+                // says `Connection: close`, and whatever is still idle when
+                // `shutdown_timeout` runs out is closed then.
+                () = &mut stopping, if bufs.client.is_empty() && !drained => drained = true,
             }
         };
         let Some(planned) = planned else {
