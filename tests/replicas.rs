@@ -86,6 +86,15 @@ impl Replicas {
 }
 
 /// Three replicas on 127.0.0.2, .3 and .4; the first has `fault`.
+/// The tests that measure shares and tails run one at a time: `cargo
+/// test` runs two tests at once on a two-core machine, and two load
+/// drivers measure each other (an outlier answer is a pause of the machine).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().await
+}
+
 async fn replicas(fault: Fault) -> Replicas {
     let mut addrs = Vec::new();
     let mut replicas = Vec::new();
@@ -218,6 +227,7 @@ async fn load_from(weir: &Weir, clients: usize) -> Run {
 
 /// The done-when gate: ≥ 99.5 % success at ≤ 1.05 attempts per request.
 async fn one_bad_replica(fault: Fault, via: Via) {
+    let _one = serial().await;
     let r = replicas(fault).await;
     let w = weir(via, &r.addrs, "").await;
     let run = load(&w).await;
@@ -278,6 +288,7 @@ async fn balanced(via: Via) {
 }
 
 async fn balanced_from(via: Via, clients: usize) {
+    let _one = serial().await;
     let r = replicas(Fault::None).await;
     let w = weir(via, &r.addrs, "").await;
     let run = load_from(&w, clients).await;
@@ -348,6 +359,7 @@ async fn round_robin_takes_them_in_turn() {
 /// milliseconds) cannot fail it; one request held by the slow replica
 /// takes a second.
 async fn slow_replica(via: Via) {
+    let _one = serial().await;
     let healthy = replicas(Fault::None).await;
     let w = weir(via, &healthy.addrs[1..], "").await;
     let alone = load(&w).await;

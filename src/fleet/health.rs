@@ -145,6 +145,27 @@ impl Health {
         }
     }
 
+    /// While down: `Some(downs held back)` once a held-back "down" is due
+    /// (a minute after the last logged one), so that the last line logged
+    /// never says "reachable" about a backend that has been down since.
+    pub(super) fn overdue_down(&self) -> Option<u64> {
+        if self.is_up() {
+            return None;
+        }
+        let now = Instant::now();
+        let f = &mut self.log().flaps;
+        let due = !f.down_logged
+            && f.held_back > 0
+            && f.last_down
+                .is_none_or(|t| now.saturating_duration_since(t) >= LOG_EVERY);
+        if !due {
+            return None;
+        }
+        f.last_down = Some(now);
+        f.down_logged = true;
+        Some(std::mem::take(&mut f.held_back))
+    }
+
     /// The backend just came back: whether to log it (its "down" was).
     pub(super) fn came_up(&self) -> bool {
         std::mem::take(&mut self.log().flaps.down_logged)
@@ -235,6 +256,15 @@ mod tests {
         assert_eq!(h.went_down(), Some(10));
         assert!(h.came_up());
         assert!(!h.came_up(), "once");
+        // Down, held back, and still down a minute later: the "down" is
+        // logged then, not left behind a "reachable".
+        h.set_up(true);
+        assert_eq!(h.went_down(), None);
+        h.set_up(false);
+        assert_eq!(h.overdue_down(), None, "not yet due");
+        tokio::time::advance(LOG_EVERY).await;
+        assert_eq!(h.overdue_down(), Some(1));
+        assert_eq!(h.overdue_down(), None, "once");
     }
 
     #[test]

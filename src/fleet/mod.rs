@@ -365,6 +365,9 @@ async fn supervise(fleet: Weak<Inner>, wake: Arc<Notify>, cap: Duration) {
                 backoff = MIN_BACKOFF;
                 continue;
             }
+            if let Some(held_back) = f.inner.health.overdue_down() {
+                tracing::warn!(target = %f.inner.target, held_back, "shared state backend still unavailable; deciding with local state until it is back");
+            }
             f.reconnect();
         }
         tokio::time::sleep(backoff).await;

@@ -90,19 +90,14 @@ where
     let ctx = Arc::new(super::sticky::ConnCtx::default());
     let activity = Arc::new(Activity::new(max_resets));
     let busy_on = activity.clone();
-    // Whether the client speaks HTTP/2 here (a drain says goodbye with a
-    // GOAWAY then), and the stop signal each HTTP/1 response reads.
-    let h2 = Arc::new(AtomicBool::new(false));
-    let h2_seen = h2.clone();
+    // The stop signal each HTTP/1 response reads (draining).
     let draining = stop.clone();
     let svc = service_fn(move |req| {
         let snap = shared.snapshot.load_full();
         let role = role.clone();
         let ctx = ctx.clone();
         let h1 = req.version() < http::Version::HTTP_2;
-        if !h1 {
-            h2_seen.store(true, Ordering::Relaxed);
-        }
+        let connect = req.method() == http::Method::CONNECT;
         let draining = draining.clone();
         // In flight until its response body is done with (finished, or the
         // stream reset).
@@ -111,8 +106,12 @@ where
             let mut resp = forward::handle(&snap, &role, &ctx, req).await;
             // Draining (docs/behaviour.md#shutdown): every HTTP/1.1
             // response says the connection closes after it, so that the
-            // client's pool lets it go between requests, never under one.
-            if h1 && *draining.borrow() {
+            // client's pool lets it go between requests, never under one —
+            // except one that switches the connection to something else (a
+            // 101, a CONNECT's 2xx), which must say so.
+            let switched = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
+                || (connect && resp.status().is_success());
+            if h1 && !switched && *draining.borrow() {
                 resp.headers_mut().insert(
                     http::header::CONNECTION,
                     http::HeaderValue::from_static("close"),
@@ -124,7 +123,9 @@ where
             Ok::<_, Infallible>(resp.map(|b| boxed(Holding { inner: b, busy })))
         }
     });
-    let io = TokioIo::new(FramingGuard::new(io, max_head, head_timeout));
+    let guard = FramingGuard::new(io, max_head, head_timeout);
+    let h2 = guard.h2_flag();
+    let io = TokioIo::new(guard);
     let conn = builder.serve_connection_with_upgrades(io, svc);
     tokio::pin!(conn);
     // The connection first: a request the fast path handed over with its
@@ -160,15 +161,35 @@ where
             return;
         }
     }
-    // Draining. HTTP/2: a GOAWAY naming the last stream, then the streams
-    // in flight finish. HTTP/1.1: the connection stays as it is — an idle
-    // one is not closed under a client that may be sending on it this
-    // instant; its next response says `Connection: close` (above) and hyper
-    // closes it after that. Whatever is still open when `shutdown_timeout`
-    // runs out is closed then (`ProxyHandle::shutdown`).
-    if h2.load(Ordering::Relaxed) {
-        conn.as_mut().graceful_shutdown();
+    // Draining. HTTP/2 (the preface seen, now or later): a GOAWAY naming
+    // the last stream, then the streams in flight finish. HTTP/1.1: the
+    // connection stays as it is — an idle one is not closed under a client
+    // that may be sending on it this instant; its next response says
+    // `Connection: close` (above) and hyper closes it after that. The idle
+    // and stalled limits still hold (a listener removed by a reload is
+    // never aborted), and whatever is open when `shutdown_timeout` runs out
+    // is closed then (`ProxyHandle::shutdown`).
+    let mut recheck = tokio::time::interval(Duration::from_millis(100));
+    while !h2.load(Ordering::Relaxed) {
+        tokio::select! {
+            biased;
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(%peer, error = %e, "client connection ended with an error while draining");
+                }
+                return;
+            }
+            ending = activity.watch(idle_timeout, write_timeout) => {
+                if ending == Ending::Idle {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(head_timeout, conn).await;
+                }
+                return;
+            }
+            _ = recheck.tick() => {}
+        }
     }
+    conn.as_mut().graceful_shutdown();
     if let Err(e) = conn.await {
         tracing::debug!(%peer, error = %e, "client connection ended with an error while draining");
     }

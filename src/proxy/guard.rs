@@ -20,6 +20,8 @@ use pin_project_lite::pin_project;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -94,6 +96,9 @@ pin_project! {
         head_timeout: Duration,
         timer: Option<Pin<Box<tokio::time::Sleep>>>,
         seen_request: bool,
+        // Set once the client sent the HTTP/2 preface: a drain says
+        // goodbye to it with a GOAWAY (`proxy::conn`).
+        h2: Arc<AtomicBool>,
     }
 }
 
@@ -109,7 +114,13 @@ impl<T> FramingGuard<T> {
             head_timeout,
             timer: None,
             seen_request: false,
+            h2: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// Set once the client has sent the HTTP/2 connection preface.
+    pub(crate) fn h2_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.h2)
     }
 }
 
@@ -152,11 +163,17 @@ const H2_HANDSHAKE: usize = 24 + 9;
 
 /// Moves `ready` forward through the stash as far as framing allows, judging
 /// each complete head; replaces a conflicting head with [`CONFLICT_MARKER`].
-fn process(state: &mut State, stash: &mut Vec<u8>, ready: &mut usize, max_head: usize) {
+fn process(
+    state: &mut State,
+    stash: &mut Vec<u8>,
+    ready: &mut usize,
+    max_head: usize,
+    h2: &AtomicBool,
+) {
     if matches!(*state, State::Rejected | State::Cut) {
         return;
     }
-    match scan_slice(state, &stash[*ready..], max_head) {
+    match scan_slice(state, &stash[*ready..], max_head, h2) {
         Scan::All => *ready = stash.len(),
         Scan::Partial(h) => *ready += h, // hold until the head is complete
         Scan::Cut(at) => {
@@ -188,8 +205,12 @@ enum Scan {
 
 /// Follows framing through `data` in place (also what [`process`] runs on
 /// the stash).
-fn scan_slice(state: &mut State, data: &[u8], max_head: usize) -> Scan {
-    scan_marked(state, data, max_head, &mut |_| {})
+fn scan_slice(state: &mut State, data: &[u8], max_head: usize, h2: &AtomicBool) -> Scan {
+    scan_marked(state, data, max_head, &mut |m| {
+        if let Mark::Stop(_, Stop::Http2) = m {
+            h2.store(true, Ordering::Relaxed);
+        }
+    })
 }
 
 /// What the guard decided at an offset of the bytes it scanned: the view
@@ -489,7 +510,7 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                     if end == before {
                         return Poll::Ready(Ok(())); // EOF
                     }
-                    match scan_slice(this.state, &buf.filled()[before..], *this.max_head) {
+                    match scan_slice(this.state, &buf.filled()[before..], *this.max_head, this.h2) {
                         Scan::All => return Poll::Ready(Ok(())),
                         Scan::Partial(h) => {
                             // Hold the unfinished head back (slow path from here).
@@ -541,7 +562,7 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                         this.stash
                             .extend_from_slice(&buf.filled()[before + used..end]);
                         buf.set_filled(before + used);
-                        process(this.state, this.stash, this.ready, *this.max_head);
+                        process(this.state, this.stash, this.ready, *this.max_head, this.h2);
                         if used == 0 {
                             continue;
                         }
@@ -581,7 +602,7 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                 return Poll::Ready(Ok(()));
             }
             this.stash.extend_from_slice(rb.filled());
-            process(this.state, this.stash, this.ready, *this.max_head);
+            process(this.state, this.stash, this.ready, *this.max_head, this.h2);
             let handshaking = matches!(*this.state, State::H2Preface { .. });
             if !handshaking && (*this.ready == this.stash.len() || *this.state != State::Head) {
                 // Every held head is complete: stand the timer down.
@@ -629,7 +650,13 @@ mod tests {
         let mut ready = 0;
         for c in chunks {
             stash.extend_from_slice(c);
-            process(&mut st, &mut stash, &mut ready, 65536);
+            process(
+                &mut st,
+                &mut stash,
+                &mut ready,
+                65536,
+                &AtomicBool::new(false),
+            );
         }
         stash.truncate(ready);
         (st, stash)
@@ -711,7 +738,7 @@ mod tests {
         let whole = [&b"GET / HTTP/1.1\r\nx: "[..], &big, b"\r\n\r\n"].concat();
         let mut st = State::Head;
         assert!(matches!(
-            scan_slice(&mut st, &whole, 65536),
+            scan_slice(&mut st, &whole, 65536, &AtomicBool::new(false)),
             Scan::Reject(0, TOO_LARGE_MARKER)
         ));
     }
@@ -721,16 +748,23 @@ mod tests {
         let ok = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nPOST /b HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /c HTTP/1.1\r\n";
         let mut st = State::Head;
         let last = ok.windows(6).position(|w| w == b"GET /c").unwrap_or(0);
-        assert!(matches!(scan_slice(&mut st, ok, 65536), Scan::Partial(p) if p == last));
+        assert!(
+            matches!(scan_slice(&mut st, ok, 65536, &AtomicBool::new(false)), Scan::Partial(p) if p == last)
+        );
         let bad = b"GET / HTTP/1.1\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n";
         let mut st = State::Head;
         assert!(matches!(
-            scan_slice(&mut st, bad, 65536),
+            scan_slice(&mut st, bad, 65536, &AtomicBool::new(false)),
             Scan::Reject(18, CONFLICT_MARKER)
         ));
         let mut st = State::Head;
         assert!(matches!(
-            scan_slice(&mut st, b"GET / HTTP/1.1\r\n\r\n", 65536),
+            scan_slice(
+                &mut st,
+                b"GET / HTTP/1.1\r\n\r\n",
+                65536,
+                &AtomicBool::new(false)
+            ),
             Scan::All
         ));
         assert_eq!(st, State::Head);

@@ -484,12 +484,13 @@ impl Endpoints {
                     }
                 }
             }
-            if let Some((won, _, _)) = best {
+            if let Some((won, _, a)) = best {
                 // The other one lost a draw (balance::LOSS_KEEP) — only
-                // while it has nothing in flight: a slow replica's pending
-                // answer is its next sample, not yet a reason to try again.
+                // on latency (not to a probe), and only while it has
+                // nothing in flight: a slow replica's pending answer is its
+                // next sample, not yet a reason to try again.
                 let lost = if won == i { j } else { i };
-                if drawn == 2 && set[lost].in_flight() == 0 {
+                if drawn == 2 && a != Availability::Probe && set[lost].in_flight() == 0 {
                     set[lost].stats().ewma.lost();
                 }
                 break;
