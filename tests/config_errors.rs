@@ -43,6 +43,51 @@ fn unknown_field() {
     );
 }
 
+/// A slip in a field name or an enumerated value gets "did you mean".
+#[test]
+fn did_you_mean() {
+    let src = format!(
+        "{UP}[upstreams.api.retry]
+max_atempts = 3
+"
+    );
+    let e = expect_one(&src, 5, "upstreams.api.retry.max_atempts", "unknown field");
+    assert!(e.message.contains("did you mean `max_attempts`?"), "{e}");
+    let src = format!(
+        "{UP}[upstreams.api.retry]
+retry_on = [\"timout\"]
+"
+    );
+    let e = expect_one(&src, 5, "upstreams.api.retry.retry_on", "unknown condition");
+    assert!(e.message.contains("did you mean \"timeout\"?"), "{e}");
+    let src = format!(
+        "{UP}protocol = \"h2\"
+"
+    );
+    let e = expect_one(&src, 4, "upstreams.api.protocol", "unknown protocol");
+    assert!(e.message.contains("did you mean \"h2c\"?"), "{e}");
+    let src = format!(
+        "{UP}balance = \"roundrobin\"
+"
+    );
+    let e = expect_one(&src, 4, "upstreams.api.balance", "unknown balance");
+    assert!(e.message.contains("did you mean \"round_robin\"?"), "{e}");
+    let src = format!(
+        "[server]
+access_log = \"error\"
+{UP}"
+    );
+    let e = expect_one(&src, 2, "server.access_log", "unknown variant");
+    assert!(e.message.contains("did you mean `errors`?"), "{e}");
+    // Nothing close: no guess.
+    let src = format!(
+        "{UP}protocol = \"banana\"
+"
+    );
+    let e = expect_one(&src, 4, "upstreams.api.protocol", "unknown protocol");
+    assert!(!e.message.contains("did you mean"), "{e}");
+}
+
 /// `none` is the `upstream` label of requests routed nowhere: no upstream
 /// may take it.
 #[test]

@@ -200,6 +200,25 @@ pub(super) fn join(prefix: &str, key: &str) -> String {
     }
 }
 
+/// serde's "unknown field `timout`, expected one of `a`, `b`" (or "unknown
+/// variant …") with "; did you mean `timeout`?" added when one of the
+/// expected names is a slip away.
+pub(super) fn with_suggestion(message: &str) -> String {
+    let unknown = ["unknown field `", "unknown variant `"]
+        .iter()
+        .find_map(|p| message.strip_prefix(p))
+        .and_then(|r| r.split('`').next());
+    let expected = message.split_once("expected").map(|(_, r)| r);
+    let (Some(word), Some(expected)) = (unknown, expected) else {
+        return message.to_string();
+    };
+    let names = expected.split('`').skip(1).step_by(2);
+    match crate::policy::suggest::closest(word, names) {
+        Some(c) => format!("{message}; did you mean `{c}`?"),
+        None => message.to_string(),
+    }
+}
+
 /// Turns a toml/serde error into a located [`ConfigError`].
 pub fn from_toml(file: &Path, src: &str, idx: &SpanIndex, e: &toml::de::Error) -> ConfigError {
     let offset = e.span().map(|s| s.start);
@@ -208,7 +227,7 @@ pub fn from_toml(file: &Path, src: &str, idx: &SpanIndex, e: &toml::de::Error) -
         .and_then(|o| idx.path_at(o))
         .unwrap_or_default()
         .to_string();
-    let message = e.message().trim().to_string();
+    let message = with_suggestion(e.message().trim());
     // For an unknown field, the path is the field itself; name it even when the
     // span index could not (e.g. the document did not parse at all).
     if field.is_empty() {

@@ -11,8 +11,9 @@
 //! and feed the "did you mean" hints ([`suggest`]). The only thing written
 //! down here is which fields are tables of their own, walked in turn.
 
-use super::error::{from_toml, join, ConfigError, ConfigErrors, SpanIndex};
+use super::error::{from_toml, join, with_suggestion, ConfigError, ConfigErrors, SpanIndex};
 use super::raw::*;
+use crate::policy::suggest::distance;
 use serde::de::{self, DeserializeOwned, Visitor};
 use std::ops::Range;
 use std::path::Path;
@@ -195,7 +196,7 @@ impl Walk<'_> {
             Some(p) if p.len() > path.len() && p.starts_with(path) => p.to_string(),
             _ => path.to_string(),
         };
-        self.push(offset, field, e.message().trim().to_string());
+        self.push(offset, field, with_suggestion(e.message().trim()));
     }
 
     fn table(&mut self, schema: &Schema, path: &str, t: &DeTable<'_>, span: Range<usize>) {
@@ -307,33 +308,6 @@ fn suggest(schema: &Schema, name: &str) -> Option<String> {
         [one] => Some(one.to_string()),
         _ => None,
     }
-}
-
-/// Edit distance counting a swap of two neighbours as one edit
-/// (optimal string alignment).
-fn distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for (i, row) in d.iter_mut().enumerate() {
-        row[0] = i;
-    }
-    for (j, cell) in d[0].iter_mut().enumerate() {
-        *cell = j;
-    }
-    for i in 1..=a.len() {
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            let mut best = (d[i - 1][j] + 1)
-                .min(d[i][j - 1] + 1)
-                .min(d[i - 1][j - 1] + cost);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                best = best.min(d[i - 2][j - 2] + 1);
-            }
-            d[i][j] = best;
-        }
-    }
-    d[a.len()][b.len()]
 }
 
 #[cfg(test)]

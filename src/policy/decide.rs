@@ -71,10 +71,20 @@ impl RetryOn {
                     {
                         on.grpc |= 1 << c;
                     } else {
+                        let known = [
+                            "connect-failure",
+                            "reset",
+                            "timeout",
+                            "5xx",
+                            "gateway-error",
+                        ]
+                        .into_iter()
+                        .chain(GRPC_CODES.iter().map(|(n, _)| *n));
+                        let hint = super::suggest::hint(other, known);
                         return Err(PolicyError::new(
                             "retry_on",
                             format!(
-                                "unknown condition {e:?}: expected connect-failure, reset, timeout, \
+                                "unknown condition {e:?}: {hint}expected connect-failure, reset, timeout, \
                                  5xx, gateway-error, a status code, or a gRPC code \
                                  (unavailable, resource-exhausted, deadline-exceeded, internal, cancelled, …)"
                             ),

@@ -41,6 +41,7 @@ pub mod limiter;
 pub mod random;
 pub mod report;
 pub mod retry_after;
+pub mod suggest;
 
 pub use backoff::{delay, envelope, schedule, BackoffPolicy, Envelope, Growth, Jitter};
 pub use breaker::{

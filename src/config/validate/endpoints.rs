@@ -71,7 +71,10 @@ pub(super) fn endpoints(
         other => {
             cx.err(
                 format!("upstreams.{q}.balance"),
-                format!("unknown balance {other:?}: expected peak_ewma or round_robin"),
+                format!(
+                    "unknown balance {other:?}: {}expected peak_ewma or round_robin",
+                    crate::policy::suggest::hint(other, ["peak_ewma", "round_robin"])
+                ),
             );
             Balance::PeakEwma
         }

@@ -351,7 +351,10 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
         other => {
             cx.err(
                 format!("upstreams.{q}.protocol"),
-                format!("unknown protocol {other:?}: expected auto, http1, h2c or grpc"),
+                format!(
+                    "unknown protocol {other:?}: {}expected auto, http1, h2c or grpc",
+                    crate::policy::suggest::hint(other, ["auto", "http1", "h2c", "grpc"])
+                ),
             );
             Protocol::Auto
         }
