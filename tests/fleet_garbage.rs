@@ -11,9 +11,8 @@
 mod common;
 
 use common::redis_server::{self, RedisServer};
-use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -175,20 +174,6 @@ fn wrong_types(read: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Everything logged, as text.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Answers `PING` with `+PONG` and every other command with bytes that
 /// are not RESP: each call takes the backend for down, each PING up again.
 /// (The connection's handshake, `CLIENT SETINFO`, gets well-formed
@@ -214,14 +199,8 @@ async fn a_server_that_flaps_costs_a_warning_a_minute_not_a_line_a_call() {
 }
 
 async fn few_lines(answer: fn(&[u8]) -> Vec<u8>) {
-    let logs = Captured::default();
-    let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let logs = common::Captured::default();
+    let _guard = logs.install();
     let fake = Fake::start(answer).await;
     let f = Fleet::start(&config(fake.port), StateMetrics::unregistered()).unwrap();
     assert!(
@@ -246,8 +225,7 @@ async fn few_lines(answer: fn(&[u8]) -> Vec<u8>) {
         failed, 200,
         "a reply no call asks for was taken for an answer"
     );
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    let lines: Vec<&str> = text.lines().filter(|l| l.contains("weir::fleet")).collect();
+    let lines = logs.lines_of("weir::fleet");
     assert!(
         lines.len() <= 6,
         "{} lines from weir::fleet for 400 failed calls:\n{}",

@@ -161,20 +161,6 @@ async fn over_http2_a_truncated_body_resets_the_stream() {
     assert!(got.is_err(), "the stream ended as if whole");
 }
 
-/// Everything logged, as text.
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 both_paths!(
     // One thread: the subscriber set here sees weir's tasks too.
     #[tokio::test(flavor = "current_thread")]
@@ -182,23 +168,14 @@ both_paths!(
 );
 async fn the_access_log_says_the_body_broke_off(path: DataPath) {
     let logs = Captured::default();
-    let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = logs.install();
     let up = truncating(0).await;
     // The default mode, `errors`: a 200 whose body broke off is one.
     let weir = Weir::single_on(path, &up.url(), NO_RETRY).await;
     let _ = exchange_raw(weir.addr, GET).await;
     drop(weir);
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    let lines: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("weir::access"))
-        .collect();
-    assert_eq!(lines.len(), 1, "{text}");
+    let lines = logs.lines_of("weir::access");
+    assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(lines[0].contains("status=200"), "{}", lines[0]);
     assert!(
         lines[0].contains("error=\"upstream_reset\"") || lines[0].contains("error=upstream_reset"),

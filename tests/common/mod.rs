@@ -413,3 +413,41 @@ pub fn header(parts: &http::response::Parts, name: &str) -> String {
         .map(|v| v.to_str().unwrap_or_default().to_string())
         .unwrap_or_default()
 }
+
+/// Everything logged (at `info` and above) while [`Captured::install`]'s
+/// guard lives, as text. The subscriber is the current thread's: run the
+/// test on a `current_thread` runtime so that weir's tasks log into it.
+#[derive(Clone, Default)]
+pub struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Captured {
+    pub fn install(&self) -> tracing::subscriber::DefaultGuard {
+        let sink = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    /// The lines of `target` (`weir::access`, `weir::fleet`).
+    pub fn lines_of(&self, target: &str) -> Vec<String> {
+        let bytes = self.0.lock().unwrap().clone();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter(|l| l.contains(target))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl std::io::Write for Captured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
