@@ -502,3 +502,23 @@ async fn a_body_too_large_to_hold_is_fingerprinted_as_it_streams(path: DataPath)
     );
     assert_eq!(o.up.requests(), 1);
 }
+
+both_paths!(
+    #[tokio::test]
+    a_key_its_connection_field_names_is_hop_by_hop_and_no_key
+);
+/// A key field that the request's `Connection` names is for weir's hop
+/// only: it is not forwarded, so it keys nothing, on either path.
+async fn a_key_its_connection_field_names_is_hop_by_hop_and_no_key(path: DataPath) {
+    let o = orders(0).await;
+    let weir = Weir::single_on(path, &o.up.url(), "").await;
+    let req = "POST /orders HTTP/1.1\r\nHost: svc\r\nIdempotency-Key: k1\r\n\
+               Connection: close, Idempotency-Key\r\nContent-Length: 1\r\n\r\nx";
+    for n in 1..=2 {
+        let out = exchange_raw(weir.addr, req.as_bytes()).await;
+        assert!(out.starts_with("HTTP/1.1 201"), "{out}");
+        assert!(out.ends_with(&format!("order {n}")), "{out}");
+        assert!(!out.contains("idempotent-replayed"), "{out}");
+    }
+    assert_eq!(o.up.requests(), 2);
+}

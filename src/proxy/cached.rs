@@ -16,6 +16,7 @@
 use super::body::{self, Body};
 use super::error::ProxyError;
 use super::exchange::forward;
+use super::request::Parsed;
 use super::sticky::ConnCtx;
 use super::Upstream;
 use crate::policy::cache::{
@@ -93,6 +94,7 @@ pub(crate) fn invalidate(
 /// the cache took the request up (not a Range, the client's own
 /// conditional…), so that weir's own error to it is marked too
 /// ([`mark_error`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     up: &Upstream,
     conn: &ConnCtx,
@@ -100,6 +102,7 @@ pub(crate) async fn serve(
     body: Body,
     start: Instant,
     grpc: bool,
+    asked: Parsed,
     handled: &mut bool,
 ) -> Result<Response<Body>, ProxyError> {
     let parsed = CacheRequest::parse(parts.method.as_str(), pairs(&parts.headers));
@@ -117,14 +120,15 @@ pub(crate) async fn serve(
     };
     let Some((req, lookup)) = lookup else {
         // Left alone (a Range, the client's own conditional, a body…).
-        return forward(up, conn, parts, body, start, grpc, Ok(None), &mut None).await;
+        return forward(up, conn, parts, body, start, grpc, Ok(asked), &mut None).await;
     };
     *handled = true;
-    let x = Exchange {
+    let x = Visit {
         up,
         conn,
         start,
         grpc,
+        asked,
         key,
         req,
         count: true,
@@ -144,11 +148,13 @@ pub(crate) async fn serve(
 }
 
 /// One request the cache handles, going upstream.
-struct Exchange<'a> {
+struct Visit<'a> {
     up: &'a Upstream,
     conn: &'a ConnCtx,
     start: Instant,
     grpc: bool,
+    /// What the client's request said of itself.
+    asked: Parsed,
     key: String,
     req: CacheRequest,
     /// Whether it is a client's request (a background refresh is not
@@ -156,7 +162,7 @@ struct Exchange<'a> {
     count: bool,
 }
 
-impl Exchange<'_> {
+impl Visit<'_> {
     /// A miss or a revalidation, coalesced: the first request for the key
     /// goes upstream; the others wait for it, then take what it stored.
     async fn fill(
@@ -199,8 +205,8 @@ impl Exchange<'_> {
 
     /// The request's deadline, as forward() sets it.
     fn deadline(&self, parts: &Parts) -> Instant {
-        let lowered = super::headers::weir_timeout(&parts.headers).ok().flatten();
         let grpc = super::headers::grpc_timeout(&parts.headers);
+        let lowered = self.asked.lowered;
         super::attempt::deadline(&self.up.config, self.start, [lowered, grpc]).0
     }
 
@@ -287,7 +293,7 @@ impl Exchange<'_> {
             body::empty(),
             start,
             grpc,
-            Ok(None),
+            Ok(self.asked.clone()),
             &mut None,
         )
         .await
@@ -541,11 +547,12 @@ fn refresh(up: &Upstream, parts: &Parts, key: &str, entry: &Arc<CachedResponse>)
     tokio::spawn(async move {
         let conn = ConnCtx::default();
         let req = CacheRequest::parse("GET", pairs(&parts.headers)).unwrap_or_default();
-        let x = Exchange {
+        let x = Visit {
             up: &up,
             conn: &conn,
             start: Instant::now(),
             grpc: false,
+            asked: super::request::read(&up.config, &parts).unwrap_or_default(),
             key,
             req,
             count: false,

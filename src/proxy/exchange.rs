@@ -10,6 +10,7 @@ use super::error::ProxyError;
 use super::headers;
 use super::idempotent::{self, Begun};
 use super::replay::RequestBody;
+use super::request::Parsed;
 use super::route::upstream_path;
 use super::Upstream;
 use http::header;
@@ -18,8 +19,8 @@ use http::{Response, Uri, Version};
 
 use tokio::time::Instant;
 
-/// `key`: the request's idempotency key, as [`idempotent::key_in`] found it (scoped);
-/// `capture`: set to the keeping of a keyed write's response, whose body
+/// `parsed`: what the request says of itself ([`request::read`]), or the
+/// 400 it earned; `capture`: set to the keeping of a keyed write's response, whose body
 /// the caller relays ([`detached`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn forward(
@@ -29,15 +30,15 @@ pub(crate) async fn forward(
     body: Body,
     start: Instant,
     is_grpc_request: bool,
-    key: Result<Option<String>, ProxyError>,
+    parsed: Result<Parsed, ProxyError>,
     capture: &mut Option<idempotent::Capture>,
 ) -> Result<Response<Body>, ProxyError> {
     let cfg = &up.config;
-    let lowered = headers::weir_timeout(&parts.headers).map_err(ProxyError::BadRequest)?;
+    let parsed = parsed?;
     let grpc = headers::grpc_timeout(&parts.headers);
-    let (deadline, client_lowered) = attempt::deadline(cfg, start, [lowered, grpc]);
+    let (deadline, client_lowered) = attempt::deadline(cfg, start, [parsed.lowered, grpc]);
     // A keyed write, with the target the client sent, for its fingerprint.
-    let keyed = key?.map(|k| {
+    let keyed = parsed.key.map(|k| {
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         (k, target.to_owned())
     });
@@ -51,7 +52,7 @@ pub(crate) async fn forward(
         None
     };
     let uri = upstream_uri(up, &parts.method, &parts.uri, authority)?;
-    let key = rate_key(cfg, &parts.headers);
+    let key = parsed.rate_key;
     let upgrade = super::upgrade::requested(&parts.headers);
     let on_upgrade = upgrade
         .as_ref()
@@ -60,8 +61,7 @@ pub(crate) async fn forward(
     if let (Some(u), Some(_)) = (&upgrade, &on_upgrade) {
         super::upgrade::restore(&mut parts.headers, u.clone());
     }
-    // Checked after stripping: a key the upstream will not receive does not count.
-    let has_idempotency_key = parts.headers.contains_key(&cfg.idempotency_header);
+    let has_idempotency_key = parsed.carries_key;
     parts.headers.remove(header::HOST);
     parts.uri = uri;
     parts.version = if up.h2 {
@@ -220,17 +220,6 @@ async fn prepare(
         ))),
         Err(_) => Err(ProxyError::DeadlineExceeded),
     }
-}
-
-/// The rate-limit key of a request: the named header's value, if keyed.
-pub(super) fn rate_key(cfg: &crate::config::UpstreamConfig, h: &http::HeaderMap) -> Option<String> {
-    cfg.rate_limit.as_ref().and_then(|r| match &r.key {
-        Some(crate::policy::limiter::KeySource::Header(name)) => h
-            .get(name.as_str())
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned),
-        None => None,
-    })
 }
 
 /// The host the client named (its target's authority, else `Host`), for

@@ -6,9 +6,9 @@
 use super::attempt;
 use super::body::Body;
 use super::error::ProxyError;
-use super::exchange::{forward, rate_key};
+use super::exchange::forward;
 use super::idempotent;
-use super::route::request_host;
+use super::request::{self, Parsed};
 use super::{ListenerRole, Snapshot, Upstream};
 use crate::metrics::NO_UPSTREAM;
 use http::header;
@@ -85,14 +85,7 @@ async fn serve(
         return log(NO_UPSTREAM, &parts.method, &parts.uri, resp);
     }
     let connect = parts.method == http::Method::CONNECT;
-    // A CONNECT's target is `host:port`, with no path: route it as `/`.
-    let path = if connect { "/" } else { parts.uri.path() };
-    let upstream = match role {
-        ListenerRole::Shared => request_host(&parts)
-            .and_then(|h| snap.routes.lookup(h, path))
-            .and_then(|i| snap.upstreams.get(i)),
-        ListenerRole::Dedicated(name) => snap.upstreams.iter().find(|u| &u.config.name == name),
-    };
+    let upstream = request::route(snap, role, &parts).and_then(|i| snap.upstreams.get(i));
     if connect {
         return tunnel(snap, upstream, parts).await;
     }
@@ -110,21 +103,20 @@ async fn serve(
         .cache
         .as_ref()
         .and_then(|_| parts.headers.get(header::HOST).cloned());
-    // A keyed write (docs/behaviour.md#idempotency-keys); a bad key is
-    // forward's to answer (400).
-    let key = idempotent::key_in(cfg, method.as_str(), &parts.headers)
-        .map(|k| k.map(|k| idempotent::scoped(cfg, k, &parts.uri, &parts.headers)));
+    // The client's deadline, its rate key, and a keyed write's key
+    // (docs/behaviour.md#idempotency-keys); a 400 is forward's to answer.
+    let parsed = request::read(cfg, &parts);
     let body = super::body::boxed(body);
     let cached = cfg.cache.is_some() && matches!(method, http::Method::GET | http::Method::HEAD);
     // Whether the cache takes it up (not a Range, the client's own
     // conditional…): its answer, weir's errors included, says how.
     let mut handled = false;
-    let forwarded = match key {
-        Ok(Some(k)) => detached(up, parts, body, start, grpc, k).await,
-        Ok(None) if cached => {
-            super::cached::serve(up, conn, parts, body, start, grpc, &mut handled).await
+    let forwarded = match parsed {
+        Ok(p) if p.key.is_some() => detached(up, parts, body, start, grpc, p).await,
+        Ok(p) if cached => {
+            super::cached::serve(up, conn, parts, body, start, grpc, p, &mut handled).await
         }
-        key => forward(up, conn, parts, body, start, grpc, key, &mut None).await,
+        parsed => forward(up, conn, parts, body, start, grpc, parsed, &mut None).await,
     };
     let resp = match forwarded {
         Ok(resp) if !cached && cfg.cache.is_some() => {
@@ -211,7 +203,7 @@ async fn detached(
     body: Body,
     start: Instant,
     grpc: bool,
-    key: String,
+    parsed: Parsed,
 ) -> Result<Response<Body>, ProxyError> {
     let up = up.clone();
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -219,8 +211,8 @@ async fn detached(
         // No held connection: it belongs to a client connection.
         let conn = super::sticky::ConnCtx::default();
         let mut capture = None;
-        let key = Ok(Some(key));
-        let forwarded = forward(&up, &conn, parts, body, start, grpc, key, &mut capture).await;
+        let parsed = Ok(parsed);
+        let forwarded = forward(&up, &conn, parts, body, start, grpc, parsed, &mut capture).await;
         match (forwarded, capture) {
             (Ok(resp), Some(c)) => {
                 let (head, body) = resp.into_parts();
@@ -260,7 +252,7 @@ async fn tunnel(
         return ProxyError::ConnectNotAllowed.to_response(name);
     };
     let start = Instant::now();
-    let key = rate_key(&up.config, &parts.headers);
+    let key = request::rate_key(&up.config, &parts);
     let (result, attempts) = super::tunnel::open(up, parts, key.as_deref(), start).await;
     let mut resp = match result {
         Ok(resp) => {
@@ -280,6 +272,5 @@ async fn tunnel(
 
 fn is_grpc(h: &http::HeaderMap) -> bool {
     h.get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/grpc"))
+        .is_some_and(|v| request::grpc_content_type(v.as_bytes()))
 }

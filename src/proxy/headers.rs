@@ -4,22 +4,6 @@
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use std::time::Duration;
 
-/// Fields never forwarded as they came, in either direction (besides those
-/// a `Connection` field names, and `Transfer-Encoding`, which each side
-/// frames itself): RFC 9110 §7.6.1, plus the proxy credentials meant for
-/// weir itself. The fast path (`fast::head`) strips the same list.
-/// `Trailer` is end to end (RFC 9110 §6.6.2) and stays: hyper only sends
-/// the trailer fields it announces.
-pub(crate) const HOP_BY_HOP: [&str; 7] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "upgrade",
-];
-
 /// Removes hop-by-hop headers, every header the `Connection` header names, and
 /// every `x-weir-*` header. `TE: trailers` survives on requests: it is how a
 /// client says it accepts trailers, and gRPC requires it end to end.
@@ -33,22 +17,19 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap, keep_te_trailers: bool) {
                 })
                 .unwrap_or(false)
         });
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+    let named = |n: &HeaderName| {
+        h.get_all(header::CONNECTION)
+            .iter()
+            .any(|v| super::request::connection_names(v.as_bytes(), n.as_str()))
+    };
+    let gone: Vec<HeaderName> = h
+        .keys()
+        .filter(|n| super::request::dropped(n.as_str()) || named(n))
+        .cloned()
         .collect();
-    for n in named {
+    for n in gone {
         h.remove(n);
     }
-    for n in HOP_BY_HOP {
-        h.remove(n);
-    }
-    h.remove(header::TRANSFER_ENCODING);
-    strip_lookalikes(h);
-    strip_weir(h);
     if te_trailers {
         h.insert(header::TE, HeaderValue::from_static("trailers"));
     }
@@ -90,33 +71,6 @@ pub(crate) fn restate_length(h: &mut HeaderMap) {
     }
 }
 
-/// Removes every `x-weir-*` header.
-pub(crate) fn strip_weir(h: &mut HeaderMap) {
-    if !h.keys().any(|k| k.as_str().starts_with("x-weir-")) {
-        return;
-    }
-    let names: Vec<HeaderName> = h
-        .keys()
-        .filter(|k| k.as_str().starts_with("x-weir-"))
-        .cloned()
-        .collect();
-    for n in names {
-        h.remove(n);
-    }
-}
-
-/// `x-weir-timeout-ms: N`. `Err` carries the reason for a 400.
-pub(crate) fn weir_timeout(h: &HeaderMap) -> Result<Option<Duration>, String> {
-    let Some(v) = h.get("x-weir-timeout-ms") else {
-        return Ok(None);
-    };
-    v.to_str()
-        .ok()
-        .and_then(|s| s.trim().parse::<u64>().ok())
-        .map(|ms| Some(Duration::from_millis(ms)))
-        .ok_or_else(|| "x-weir-timeout-ms must be a whole number of milliseconds".to_string())
-}
-
 /// `grpc-timeout`: up to 8 digits and a unit (H M S m u n). A malformed value
 /// is ignored, as gRPC servers do.
 pub(crate) fn grpc_timeout(h: &HeaderMap) -> Option<Duration> {
@@ -145,34 +99,6 @@ pub(crate) fn grpc_timeout_value(left: Duration) -> HeaderValue {
         .ok()
         .and_then(|s| HeaderValue::from_str(&format!("{s}m")).ok())
         .unwrap_or_else(|| HeaderValue::from_static("0m"))
-}
-
-/// Whether a field name reads as `Content-Length`, `Transfer-Encoding` or
-/// `Host` once `_` is taken for `-`, as CGI-style servers (PHP, WSGI) map
-/// both to the same variable: `Content_Length` must not reach an upstream
-/// that may frame or route by it (nginx drops such names too). Both paths
-/// drop them.
-pub(crate) fn is_lookalike(name: &str) -> bool {
-    name.contains('_')
-        && ["content-length", "transfer-encoding", "host"]
-            .iter()
-            .any(|f| {
-                f.len() == name.len()
-                    && f.bytes()
-                        .zip(name.bytes())
-                        .all(|(a, b)| a == b.to_ascii_lowercase() || (a == b'-' && b == b'_'))
-            })
-}
-
-fn strip_lookalikes(h: &mut HeaderMap) {
-    let found: Vec<HeaderName> = h
-        .keys()
-        .filter(|n| is_lookalike(n.as_str()))
-        .cloned()
-        .collect();
-    for n in found {
-        h.remove(n);
-    }
 }
 
 /// `n` in decimal, written into `buf` without allocating: the digits of a
@@ -250,14 +176,5 @@ mod tests {
         h.insert("grpc-timeout", HeaderValue::from_static("5x"));
         assert_eq!(grpc_timeout(&h), None);
         assert_eq!(grpc_timeout_value(Duration::from_millis(1500)), "1500m");
-    }
-
-    #[test]
-    fn weir_timeout_rejects_garbage() {
-        let mut h = HeaderMap::new();
-        h.insert("x-weir-timeout-ms", HeaderValue::from_static("100"));
-        assert_eq!(weir_timeout(&h), Ok(Some(Duration::from_millis(100))));
-        h.insert("x-weir-timeout-ms", HeaderValue::from_static("soon"));
-        assert!(weir_timeout(&h).is_err());
     }
 }

@@ -13,9 +13,6 @@
 //! fingerprinted on its way to the upstream ([`begin_body`]).
 
 mod fleet;
-mod keys;
-
-pub(crate) use keys::{key_bytes_of, key_in, key_text, scoped};
 
 use super::error::ProxyError;
 use super::Upstream;

@@ -19,6 +19,7 @@ pub mod h1;
 pub(crate) mod headers;
 pub(crate) mod idempotent;
 pub(crate) mod replay;
+pub mod request;
 pub(crate) mod route;
 mod server;
 pub(crate) mod sticky;

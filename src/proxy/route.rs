@@ -72,16 +72,6 @@ pub(crate) fn prefix_matches(prefix: &str, path: &str) -> bool {
     }
 }
 
-/// The host a request is addressed to, without its port: the authority of an
-/// absolute-form target (or HTTP/2 `:authority`), else the `Host` header.
-pub(crate) fn request_host(parts: &Parts) -> Option<&str> {
-    let raw = match parts.uri.authority() {
-        Some(a) => a.as_str(),
-        None => parts.headers.get(http::header::HOST)?.to_str().ok()?,
-    };
-    Some(host_of(raw))
-}
-
 /// Where a request names userinfo (`user:password@host`), which HTTP
 /// deprecates in a target (RFC 9110 §4.2.4) and never allows in `Host`: a
 /// 400 on both paths, so that credentials are never forwarded in `Host`
@@ -143,20 +133,5 @@ mod tests {
         assert!(prefix_matches("/api", "/api/v1"));
         assert!(!prefix_matches("/api", "/apix"));
         assert!(!prefix_matches("/api", "/"));
-    }
-
-    #[test]
-    fn host_extraction_drops_ports() {
-        let (p, _) = http::Request::get("http://Payments:8080/x")
-            .body(())
-            .unwrap_or_default()
-            .into_parts();
-        assert_eq!(request_host(&p), Some("Payments"));
-        let (p, _) = http::Request::get("/x")
-            .header("host", "[::1]:80")
-            .body(())
-            .unwrap_or_default()
-            .into_parts();
-        assert_eq!(request_host(&p), Some("::1"));
     }
 }

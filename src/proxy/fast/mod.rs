@@ -180,7 +180,7 @@ impl Ctx<'_> {
             return self.cache_hit(up, start, &p, e).await;
         }
         let cfg = &up.config;
-        let (deadline, lowered) = attempt::deadline(cfg, start, [p.lowered, None]);
+        let (deadline, lowered) = attempt::deadline(cfg, start, [p.asked.lowered, None]);
         let need = p.head_len + p.body_len;
         let fail = |e: ProxyError| Failure {
             error: e,
@@ -201,19 +201,8 @@ impl Ctx<'_> {
             if let Err(open) = self.read_body(up, start, &p, deadline).await {
                 return open;
             }
-            let (key, method, target) = k.parts(&self.bufs.client);
-            let key = match idempotent::key_text(cfg, key) {
-                Ok(key) => key,
-                Err(e) => return self.fail(up, start, &p, fail(e)).await,
-            };
-            let scoped;
-            let key = match &k.principal {
-                Some(who) => {
-                    scoped = [key, who].concat();
-                    &scoped
-                }
-                None => key,
-            };
+            let (method, target) = k.parts(&self.bufs.client);
+            let key = p.asked.key.as_deref().unwrap_or_default();
             let body = &self.bufs.client[p.head_len..need];
             let fp = idempotent::fingerprint(method, target, body, p.chunked);
             match idempotent::begin(up, key, &fp).await {
@@ -229,7 +218,8 @@ impl Ctx<'_> {
             eof: &mut self.bufs.eof,
             need,
         };
-        let admitted = attempt::admit(up, p.key.as_deref(), start, deadline, &mut watch).await;
+        let admitted =
+            attempt::admit(up, p.asked.rate_key.as_deref(), start, deadline, &mut watch).await;
         let (_slot, waited, taken) = match admitted {
             None => return false,
             Some(Ok(a)) => (a.slot, a.waited, a.taken),
@@ -248,11 +238,11 @@ impl Ctx<'_> {
         let ticket = match attempt::admit_breaker_at(&up.state, t0) {
             Ok(t) => t,
             Err(e) => {
-                attempt::refund(up, p.key.as_deref(), taken);
+                attempt::refund(up, p.asked.rate_key.as_deref(), taken);
                 return self.fail(up, start, &p, fail(e)).await;
             }
         };
-        let key = p.key.as_deref();
+        let key = p.asked.rate_key.as_deref();
         let begun = Attempts::begin(up, ticket, p.facts, key, deadline, lowered, t0);
         let Ok(mut attempts) = begun else {
             let f = Failure {

@@ -15,10 +15,9 @@ mod cache;
 
 use crate::policy::RequestFacts;
 use crate::proxy::h1;
-use crate::proxy::headers::HOP_BY_HOP;
-use crate::proxy::route::{host_of, upstream_path};
+use crate::proxy::request::{self, Parsed};
+use crate::proxy::route::upstream_path;
 use crate::proxy::{ListenerRole, Snapshot, Upstream};
-use std::time::Duration;
 
 mod response;
 pub use response::{
@@ -71,10 +70,9 @@ pub struct Planned {
     pub head_method: bool,
     /// The client asked to close the connection after this response.
     pub close: bool,
-    /// `x-weir-timeout-ms`: the client's own, lower, deadline.
-    pub lowered: Option<Duration>,
-    /// The rate limiter's key, when the upstream keys its limiter.
-    pub key: Option<String>,
+    /// What the request says of itself: its deadline, rate key and
+    /// idempotency key ([`request::read`]).
+    pub asked: Parsed,
     /// A keyed write, for the upstream's idempotency store.
     pub idem: Option<Keyed>,
     /// A fresh entry of the upstream's response cache that answers it.
@@ -82,50 +80,37 @@ pub struct Planned {
 }
 
 /// A request the upstream's idempotency store applies to
-/// (docs/behaviour.md#idempotency-keys): where its key, method and target
-/// (for the fingerprint) are in the head, which stays at the start of the
-/// client's buffer while the request is served.
+/// (docs/behaviour.md#idempotency-keys): where its method and target (for
+/// the fingerprint) are in the head, which stays at the start of the
+/// client's buffer while the request is served. Its key is `asked.key`.
 #[derive(Debug, Clone)]
 pub struct Keyed {
-    pub key: std::ops::Range<usize>,
     pub method: std::ops::Range<usize>,
     pub target: std::ops::Range<usize>,
-    /// Who asked, as the key's suffix (`[….idempotency] scope`).
-    pub principal: Option<Box<str>>,
 }
 
 impl Keyed {
-    /// The key, method and target, read from the head in `buf`, as bytes
-    /// (the key is made text once, where it is used; the method and target
+    /// The method and target, read from the head in `buf`, as bytes (they
     /// are only hashed).
-    pub fn parts<'b>(&self, buf: &'b [u8]) -> (&'b [u8], &'b [u8], &'b [u8]) {
+    pub fn parts<'b>(&self, buf: &'b [u8]) -> (&'b [u8], &'b [u8]) {
         let bytes = |r: &std::ops::Range<usize>| buf.get(r.clone()).unwrap_or_default();
-        (bytes(&self.key), bytes(&self.method), bytes(&self.target))
+        (bytes(&self.method), bytes(&self.target))
     }
 }
 
-/// The principal a keyed request's record is scoped to
-/// (docs/behaviour.md#idempotency-keys): the same parts the general path
-/// reads, from the same fields.
-fn principal(up: &Upstream, req: &Request<'_, '_>) -> Option<Box<str>> {
-    use crate::policy::idempotency::ScopePart;
-    let scope = &up.config.idempotency.as_ref()?.scope;
-    let all = |name: &str| -> Vec<&[u8]> {
-        req.fields
-            .iter()
-            .filter(|f| eq(f.name, name))
-            .map(|f| f.value)
-            .collect()
-    };
-    crate::policy::idempotency::principal(scope, |part| match part {
-        ScopePart::Authorization => all("authorization"),
-        ScopePart::Host => match req.authority {
-            Some(a) => vec![a.as_bytes()],
-            None => all("host"),
-        },
-        ScopePart::Header(name) => all(name),
-    })
-    .map(String::into_boxed_str)
+impl request::Head for Request<'_, '_> {
+    fn method(&self) -> &str {
+        self.method
+    }
+    fn authority(&self) -> Option<&str> {
+        self.authority
+    }
+    fn path(&self) -> &str {
+        self.path
+    }
+    fn fields(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.fields.iter().map(|f| (f.name, f.value))
+    }
 }
 
 /// Where `part` (a slice of `buf`) lies in `buf`.
@@ -140,15 +125,6 @@ fn eq(a: &str, b: &str) -> bool {
 
 fn tokens(v: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
     v.split(|b| *b == b',').map(|t| t.trim_ascii())
-}
-
-/// Fields weir never forwards as they came, as on the general path
-/// (`headers::strip_hop_by_hop`): its hop-by-hop list, `Transfer-Encoding`
-/// (the framing is restated) and `x-weir-*`.
-fn hop_by_hop(name: &str) -> bool {
-    HOP_BY_HOP.iter().any(|h| eq(h, name))
-        || eq(name, "transfer-encoding")
-        || (name.len() >= 7 && name.as_bytes()[..7].eq_ignore_ascii_case(b"x-weir-"))
 }
 
 /// The most `Connection` fields a head may have on the fast path.
@@ -186,7 +162,7 @@ impl<'b> ConnectionField<'b> {
     fn names(&self, name: &str) -> bool {
         self.values[..self.count]
             .iter()
-            .any(|v| tokens(v).any(|t| t.eq_ignore_ascii_case(name.as_bytes())))
+            .any(|v| request::connection_names(v, name))
     }
 }
 
@@ -205,15 +181,6 @@ const TARGET: [bool; 256] = {
     t
 };
 
-/// A header value as `http::HeaderValue::to_str` would accept it.
-fn visible(v: &[u8]) -> Option<&str> {
-    if v.iter().all(|b| *b == b'\t' || (0x20..0x7f).contains(b)) {
-        std::str::from_utf8(v).ok()
-    } else {
-        None
-    }
-}
-
 /// What the first pass over a client's head found: the request line and
 /// the fields that framing, routing and hygiene need.
 struct Request<'h, 'b> {
@@ -227,7 +194,6 @@ struct Request<'h, 'b> {
     /// `Transfer-Encoding: chunked`, the only coding the fast path takes.
     chunked: bool,
     connection: ConnectionField<'b>,
-    lowered: Option<Duration>,
     te_trailers: bool,
     head_len: usize,
     fields: &'h [httparse::Header<'b>],
@@ -245,6 +211,11 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     let (up_index, up) = match route(snap, role, &req) {
         Ok(found) => found,
         Err(why) => return Parse::Fallback(why),
+    };
+    // A 400 (a bad deadline or idempotency key) is the general path's to
+    // answer, from the same bytes.
+    let Ok(asked) = request::read(&up.config, &req) else {
+        return Parse::Fallback("a request weir refuses");
     };
     let cap = up.config.retry.max_replay_body_bytes.min(MAX_BODY);
     let body_len = if req.chunked {
@@ -277,26 +248,11 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         // 401) before reading a large body; hyper's client does.
         return Parse::Fallback("a large body to a TLS upstream");
     }
-    let Some(Written {
-        key,
-        idem_value,
-        idem_twice,
-    }) = write(up, &req, out)
-    else {
-        return Parse::Fallback("a target that cannot be mapped");
-    };
-    let idem = match crate::proxy::idempotent::key_bytes_of(&up.config, req.method, idem_value) {
-        // hyper's path answers it (400).
-        Ok(Some(_)) if idem_twice => return Parse::Fallback("two idempotency keys"),
-        Ok(k) => k.map(|k| Keyed {
-            key: range_in(buf, k),
-            method: range_in(buf, req.method.as_bytes()),
-            target: range_in(buf, req.path_and_query.as_bytes()),
-            principal: principal(up, &req),
-        }),
-        // hyper's path answers it (400).
-        Err(_) => return Parse::Fallback("an invalid idempotency key"),
-    };
+    write(up, &req, out);
+    let idem = asked.key.as_ref().map(|_| Keyed {
+        method: range_in(buf, req.method.as_bytes()),
+        target: range_in(buf, req.path_and_query.as_bytes()),
+    });
     let data_len = if req.chunked {
         let start = req.head_len;
         h1::rechunk(&buf[start..start + body_len as usize], out)
@@ -313,11 +269,10 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         head_len: req.head_len,
         body_len: body_len as usize,
         chunked: req.chunked,
-        facts: RequestFacts::new(req.method, idem_value.is_some(), body),
+        facts: RequestFacts::new(req.method, asked.carries_key, body),
         head_method: req.method == "HEAD",
         close: req.connection.close,
-        lowered: req.lowered,
-        key,
+        asked,
         idem,
         hit,
     })
@@ -386,7 +341,6 @@ fn parse<'h, 'b>(buf: &'b [u8], fields: &'h mut [httparse::Header<'b>]) -> Parse
     let mut content_length: Option<u64> = None;
     let mut chunked = false;
     let mut connection = ConnectionField::default();
-    let mut lowered = None;
     let mut te_trailers = false;
     for h in req.headers.iter() {
         let n = h.name;
@@ -422,18 +376,9 @@ fn parse<'h, 'b>(buf: &'b [u8], fields: &'h mut [httparse::Header<'b>]) -> Parse
         } else if eq(n, "te") {
             te_trailers |= tokens(h.value).any(|t| t.eq_ignore_ascii_case(b"trailers"));
         } else if eq(n, "grpc-timeout")
-            || (eq(n, "content-type") && h.value.starts_with(b"application/grpc"))
+            || (eq(n, "content-type") && request::grpc_content_type(h.value))
         {
             return Parse::Fallback("gRPC");
-        } else if eq(n, "x-weir-timeout-ms") && lowered.is_none() {
-            // The first one counts, as on the general path.
-            match std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-            {
-                Some(ms) => lowered = Some(Duration::from_millis(ms)),
-                None => return Parse::Fallback("an invalid x-weir-timeout-ms"),
-            }
         }
     }
     if chunked && content_length.is_some() {
@@ -451,7 +396,6 @@ fn parse<'h, 'b>(buf: &'b [u8], fields: &'h mut [httparse::Header<'b>]) -> Parse
         content_length,
         chunked,
         connection,
-        lowered,
         te_trailers,
         head_len,
         fields: req.headers,
@@ -464,17 +408,7 @@ fn route<'s>(
     role: &ListenerRole,
     req: &Request<'_, '_>,
 ) -> Result<(usize, &'s Upstream), &'static str> {
-    let index = match role {
-        ListenerRole::Shared => {
-            let h = req.authority.or(req.host).ok_or("no host")?;
-            snap.routes.lookup(host_of(h), req.path).ok_or("no route")?
-        }
-        ListenerRole::Dedicated(name) => snap
-            .upstreams
-            .iter()
-            .position(|u| &u.config.name == name)
-            .ok_or("no upstream")?,
-    };
+    let index = request::route(snap, role, req).ok_or("no route")?;
     let up = snap.upstreams.get(index).ok_or("no upstream")?;
     if up.h2 || !up.own_h1 || !up.endpoints.ready() {
         // HTTP/2, TLS without `protocol = "http1"`, or a name not resolved yet.
@@ -484,44 +418,24 @@ fn route<'s>(
 }
 
 /// Writes the upstream's head to `out` (which it clears first): the
-/// request line with the mapped target, the client's fields without
-/// hop-by-hop ones and those its `Connection` names, `Host`, the framing
-/// restated. Returns the rate limiter's key and the idempotency key's
-/// value, if any; `None` when the target cannot be mapped.
-fn write<'b>(up: &Upstream, req: &Request<'_, 'b>, out: &mut Vec<u8>) -> Option<Written<'b>> {
+/// request line with the mapped target, the client's fields but those
+/// [`request::dropped`] and those its `Connection` names, `Host`, the
+/// framing restated.
+fn write(up: &Upstream, req: &Request<'_, '_>, out: &mut Vec<u8>) {
     let cfg = &up.config;
     out.clear();
     out.extend_from_slice(req.method.as_bytes());
     out.push(b' ');
-    if !write_target(up, req.path, req.path_and_query, out) {
-        return None;
-    }
+    write_target(up, req.path, req.path_and_query, out);
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    let idem = cfg.idempotency_header.as_str();
-    let key_header = cfg
-        .rate_limit
-        .as_ref()
-        .and_then(|r| r.key.as_ref())
-        .map(|crate::policy::limiter::KeySource::Header(h)| h.as_str());
-    let mut key = None;
-    let mut idem_value = None;
-    let mut idem_twice = false;
     for h in req.fields.iter() {
         let n = h.name;
-        if key.is_none() && key_header.is_some_and(|k| eq(k, n)) {
-            key = visible(h.value).map(str::to_owned);
-        }
         if eq(n, "host")
             || eq(n, "content-length")
-            || hop_by_hop(n)
+            || request::dropped(n)
             || req.connection.names(n)
-            || crate::proxy::headers::is_lookalike(n)
         {
             continue;
-        }
-        if eq(n, idem) {
-            idem_twice |= idem_value.is_some();
-            idem_value = idem_value.or(Some(h.value));
         }
         header(out, n.as_bytes(), h.value);
     }
@@ -544,28 +458,15 @@ fn write<'b>(up: &Upstream, req: &Request<'_, 'b>, out: &mut Vec<u8>) -> Option<
         out.extend_from_slice(b"te: trailers\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    Some(Written {
-        key,
-        idem_value,
-        idem_twice,
-    })
-}
-
-/// What [`write`] found on the way: the rate limiter's key, the
-/// idempotency key's value, and whether a second key field came.
-struct Written<'b> {
-    key: Option<String>,
-    idem_value: Option<&'b [u8]>,
-    idem_twice: bool,
 }
 
 /// Writes the upstream's request target (origin form), mapped as
 /// [`upstream_path`] maps it; the query as sent.
-fn write_target(up: &Upstream, path: &str, path_and_query: &str, out: &mut Vec<u8>) -> bool {
+fn write_target(up: &Upstream, path: &str, path_and_query: &str, out: &mut Vec<u8>) {
     let cfg = &up.config;
     if cfg.url.base_path.is_empty() && !cfg.strip_prefix {
         out.extend_from_slice(path_and_query.as_bytes());
-        return true;
+        return;
     }
     let (base, slash, rest) = upstream_path(cfg, path);
     out.extend_from_slice(base.as_bytes());
@@ -575,7 +476,6 @@ fn write_target(up: &Upstream, path: &str, path_and_query: &str, out: &mut Vec<u
         out.push(b'?');
         out.extend_from_slice(q.as_bytes());
     }
-    true
 }
 
 fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {

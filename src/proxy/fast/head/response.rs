@@ -3,9 +3,10 @@
 //! as on the general path), weir's annotations, and a chunked body relayed
 //! with its trailer section filtered.
 
-use super::{eq, header, hop_by_hop, push_u64, ConnectionField, MAX_HEADERS};
+use super::{eq, header, push_u64, ConnectionField, MAX_HEADERS};
 use crate::policy::StopReason;
 use crate::proxy::h1;
+use crate::proxy::request::dropped as hop_by_hop;
 
 /// How a response body is delimited (RFC 9112 §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

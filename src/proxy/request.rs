@@ -1,0 +1,334 @@
+//! The parsed request: every rule weir reads off a client's request head,
+//! written once over either codec's head. The fast path views its httparse
+//! fields through [`Head`], the general path `http::request::Parts`; both
+//! route with [`route`] and read the rest with [`read`]: the client's own
+//! deadline, the rate limiter's key, the idempotency key and who it belongs
+//! to. What each codec does with a refusal differs only in who answers it:
+//! the general path answers 400 itself, the fast path hands the connection
+//! to the general path, which answers the same bytes the same way.
+//!
+//! Which fields are not forwarded ([`dropped`]) is written here too; the
+//! fast path filters as it copies the head, the general path removes them
+//! from its header map (`headers::strip_hop_by_hop`).
+
+use super::error::ProxyError;
+use super::route::host_of;
+use super::{ListenerRole, Snapshot};
+use crate::config::UpstreamConfig;
+use crate::policy::idempotency::{parse_key, ScopePart, MAX_KEY_BYTES};
+use std::time::Duration;
+
+/// A client's request head, as either codec carries it.
+pub(crate) trait Head {
+    /// The method, as sent.
+    fn method(&self) -> &str;
+    /// The target's authority, when the target came in absolute form
+    /// (HTTP/1) or with `:authority` (HTTP/2).
+    fn authority(&self) -> Option<&str>;
+    /// The target's path, without the query.
+    fn path(&self) -> &str;
+    /// Every field, in the order it came: the name and the value's bytes.
+    fn fields(&self) -> impl Iterator<Item = (&str, &[u8])>;
+}
+
+/// Every value of the field `name`, in order.
+pub(crate) fn values<'h: 'i, 'n: 'i, 'i>(
+    h: &'h impl Head,
+    name: &'n str,
+) -> impl Iterator<Item = &'h [u8]> + 'i {
+    h.fields()
+        .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v)
+}
+
+/// The host a request names, for routing: its target's authority, else its
+/// first `Host` field; the port dropped (docs/behaviour.md#routing).
+pub(crate) fn host(h: &impl Head) -> Option<&str> {
+    let raw = match h.authority() {
+        Some(a) => a,
+        None => std::str::from_utf8(values(h, "host").next()?).ok()?.trim(),
+    };
+    Some(host_of(raw))
+}
+
+/// The upstream a request goes to, by its index in the snapshot: on the
+/// shared listener by host and path (a CONNECT, whose target has no path,
+/// routes as `/`), on a dedicated one its upstream.
+pub(crate) fn route(snap: &Snapshot, role: &ListenerRole, h: &impl Head) -> Option<usize> {
+    match role {
+        ListenerRole::Shared => {
+            let path = if h.method() == "CONNECT" {
+                "/"
+            } else {
+                h.path()
+            };
+            snap.routes.lookup(host(h)?, path)
+        }
+        ListenerRole::Dedicated(name) => snap.upstreams.iter().position(|u| &u.config.name == name),
+    }
+}
+
+/// What a routed request says about itself, read once for the path that
+/// serves it.
+#[derive(Debug, Default, Clone)]
+pub struct Parsed {
+    /// `x-weir-timeout-ms`: the client's own, lower, deadline.
+    pub lowered: Option<Duration>,
+    /// The rate limiter's key, when the upstream keys its limiter.
+    pub rate_key: Option<String>,
+    /// The key a keyed write's record is kept under: the client's
+    /// idempotency key and who asked ([`scoped`]); `None` for a request
+    /// the upstream's store does not apply to.
+    pub key: Option<String>,
+    /// The request carries an idempotency key the upstream will receive,
+    /// store or not: the retry decision may then replay a write
+    /// (docs/behaviour.md#classifying-an-attempt).
+    pub carries_key: bool,
+}
+
+/// Reads what the upstream's policy needs from a routed request. `Err` is
+/// a 400 with its reason: an `x-weir-timeout-ms` that is not a number,
+/// an idempotency key that is empty, too long or not text, or two of them.
+pub(crate) fn read(cfg: &UpstreamConfig, h: &impl Head) -> Result<Parsed, ProxyError> {
+    let lowered = lowered(h).map_err(|why| ProxyError::BadRequest(why.into()))?;
+    let key = match idempotency_key(cfg, h)? {
+        Some(k) => Some(scoped(key_text(cfg, k)?, principal(cfg, h).as_deref())),
+        None => None,
+    };
+    let name = cfg.idempotency_header.as_str();
+    let carries_key =
+        values(h, name).next().is_some() && !dropped(name) && !named_by_connection(h, name);
+    Ok(Parsed {
+        lowered,
+        rate_key: rate_key(cfg, h),
+        key,
+        carries_key,
+    })
+}
+
+/// `x-weir-timeout-ms: N`, the first one (docs/behaviour.md#deadlines-and-timeouts).
+pub(crate) fn lowered(h: &impl Head) -> Result<Option<Duration>, &'static str> {
+    let Some(v) = values(h, "x-weir-timeout-ms").next() else {
+        return Ok(None);
+    };
+    std::str::from_utf8(v)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map(|ms| Some(Duration::from_millis(ms)))
+        .ok_or("x-weir-timeout-ms must be a whole number of milliseconds")
+}
+
+/// The rate limiter's key (`[….rate_limit] key = "header:NAME"`): the
+/// first such field, when it is text (docs/behaviour.md#rate-limits).
+pub(crate) fn rate_key(cfg: &UpstreamConfig, h: &impl Head) -> Option<String> {
+    let crate::policy::limiter::KeySource::Header(name) = cfg.rate_limit.as_ref()?.key.as_ref()?;
+    let v = values(h, name).next()?;
+    visible(v).map(str::to_owned)
+}
+
+/// A header value as `http::HeaderValue::to_str` would accept it.
+fn visible(v: &[u8]) -> Option<&str> {
+    if v.iter().all(|b| *b == b'\t' || (0x20..0x7f).contains(b)) {
+        std::str::from_utf8(v).ok()
+    } else {
+        None
+    }
+}
+
+/// The idempotency key of a request the upstream's store applies to
+/// (docs/behaviour.md#idempotency-keys); `Ok(None)` when it applies to none
+/// (no store, another method, no key). A key field a `Connection` field
+/// names is hop-by-hop and no key. An empty or over-long key, or two key
+/// fields (which one did the client mean?), is a 400.
+pub(crate) fn idempotency_key<'h>(
+    cfg: &UpstreamConfig,
+    h: &'h impl Head,
+) -> Result<Option<&'h [u8]>, ProxyError> {
+    let Some(params) = &cfg.idempotency else {
+        return Ok(None);
+    };
+    if !params.applies_to(h.method()) {
+        return Ok(None);
+    }
+    let name = cfg.idempotency_header.as_str();
+    let mut all = values(h, name);
+    let Some(first) = all.next() else {
+        return Ok(None);
+    };
+    if named_by_connection(h, name) {
+        return Ok(None);
+    }
+    if all.next().is_some() {
+        return Err(ProxyError::BadRequest(format!(
+            "more than one {name} header"
+        )));
+    }
+    match first.len() {
+        1..=MAX_KEY_BYTES => Ok(Some(first)),
+        _ => Err(bad_key(cfg)),
+    }
+}
+
+/// A key [`idempotency_key`] let through, as text; not text: a 400.
+fn key_text<'v>(cfg: &UpstreamConfig, key: &'v [u8]) -> Result<&'v str, ProxyError> {
+    parse_key(key).ok_or_else(|| bad_key(cfg))
+}
+
+fn bad_key(cfg: &UpstreamConfig) -> ProxyError {
+    ProxyError::BadRequest(format!(
+        "the {} header must be 1 to 255 bytes of text",
+        cfg.idempotency_header
+    ))
+}
+
+/// The principal a keyed request's record is scoped to
+/// (`[….idempotency] scope`, docs/behaviour.md#idempotency-keys): `~` and
+/// 32 hex digits over every value of each part; `None` without a scope.
+pub(crate) fn principal(cfg: &UpstreamConfig, h: &impl Head) -> Option<String> {
+    let scope = &cfg.idempotency.as_ref()?.scope;
+    let all = |name: &str| -> Vec<&[u8]> { values(h, name).collect() };
+    crate::policy::idempotency::principal(scope, |part| match part {
+        ScopePart::Authorization => all("authorization"),
+        ScopePart::Host => match h.authority() {
+            Some(a) => vec![a.as_bytes()],
+            None => all("host"),
+        },
+        ScopePart::Header(name) => all(name),
+    })
+}
+
+/// The key the store keeps a request's record under: the client's key and
+/// its principal.
+fn scoped(key: &str, principal: Option<&str>) -> String {
+    match principal {
+        Some(who) => [key, who].concat(),
+        None => key.to_string(),
+    }
+}
+
+/// Fields never forwarded as they came, in either direction
+/// (docs/behaviour.md#header-hygiene): RFC 9110's hop-by-hop list and the
+/// proxy credentials meant for weir itself, `Transfer-Encoding` (each side
+/// frames its own), `x-weir-*`, and names that read as `Content-Length`,
+/// `Transfer-Encoding` or `Host` once `_` is taken for `-`. Besides these,
+/// whatever a `Connection` field names ([`named_by_connection`]).
+pub(crate) fn dropped(name: &str) -> bool {
+    HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(name))
+        || name.eq_ignore_ascii_case("transfer-encoding")
+        || (name.len() >= 7 && name.as_bytes()[..7].eq_ignore_ascii_case(b"x-weir-"))
+        || is_lookalike(name)
+}
+
+/// Fields never forwarded as they came, in either direction (besides those
+/// a `Connection` field names, and `Transfer-Encoding`, which each side
+/// frames itself): RFC 9110 §7.6.1, plus the proxy credentials meant for
+/// weir itself.
+/// `Trailer` is end to end (RFC 9110 §6.6.2) and stays: hyper only sends
+/// the trailer fields it announces.
+const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "upgrade",
+];
+
+/// Whether a field name reads as `Content-Length`, `Transfer-Encoding` or
+/// `Host` once `_` is taken for `-`, as CGI-style servers (PHP, WSGI) map
+/// both to the same variable: `Content_Length` must not reach an upstream
+/// that may frame or route by it (nginx drops such names too). Both paths
+/// drop them.
+fn is_lookalike(name: &str) -> bool {
+    name.contains('_')
+        && ["content-length", "transfer-encoding", "host"]
+            .iter()
+            .any(|f| {
+                f.len() == name.len()
+                    && f.bytes()
+                        .zip(name.bytes())
+                        .all(|(a, b)| a == b.to_ascii_lowercase() || (a == b'-' && b == b'_'))
+            })
+}
+
+/// Whether a `Content-Type` value says gRPC (docs/behaviour.md#grpc).
+pub(crate) fn grpc_content_type(value: &[u8]) -> bool {
+    value.starts_with(b"application/grpc")
+}
+
+/// Whether a `Connection` field of the head names `name`.
+pub(crate) fn named_by_connection(h: &impl Head, name: &str) -> bool {
+    values(h, "connection").any(|v| connection_names(v, name))
+}
+
+/// Whether one `Connection` value names `name`.
+pub(crate) fn connection_names(value: &[u8], name: &str) -> bool {
+    value
+        .split(|b| *b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(name.as_bytes()))
+}
+
+impl Head for http::request::Parts {
+    fn method(&self) -> &str {
+        self.method.as_str()
+    }
+    fn authority(&self) -> Option<&str> {
+        self.uri.authority().map(|a| a.as_str())
+    }
+    fn path(&self) -> &str {
+        self.uri.path()
+    }
+    fn fields(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn parts(req: http::request::Builder) -> http::request::Parts {
+        req.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn the_host_is_the_authority_else_the_first_host_field() {
+        let p = parts(http::Request::get("http://Payments:8080/x").header("host", "other"));
+        assert_eq!(host(&p), Some("Payments"));
+        let p = parts(http::Request::get("/x").header("host", "[::1]:80"));
+        assert_eq!(host(&p), Some("::1"));
+        let p = parts(http::Request::get("/x"));
+        assert_eq!(host(&p), None);
+    }
+
+    #[test]
+    fn the_clients_deadline_is_a_number_of_milliseconds() {
+        let p = parts(http::Request::get("/").header("x-weir-timeout-ms", " 100 "));
+        assert_eq!(lowered(&p), Ok(Some(Duration::from_millis(100))));
+        let p = parts(http::Request::get("/").header("x-weir-timeout-ms", "soon"));
+        assert!(lowered(&p).is_err());
+        assert_eq!(lowered(&parts(http::Request::get("/"))), Ok(None));
+    }
+
+    #[test]
+    fn dropped_fields() {
+        for n in [
+            "Connection",
+            "TE",
+            "transfer-encoding",
+            "X-Weir-Attempts",
+            "Content_Length",
+            "proxy-authorization",
+        ] {
+            assert!(dropped(n), "{n}");
+        }
+        for n in ["content-type", "trailer", "x-weirdo", "authorization"] {
+            assert!(!dropped(n), "{n}");
+        }
+        let p = parts(http::Request::get("/").header("connection", "close, X-Private"));
+        assert!(named_by_connection(&p, "x-private"));
+        assert!(!named_by_connection(&p, "x-public"));
+    }
+}
