@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Three replicas of one service, one misbehaving, behind weir, nginx, HAProxy
-# and Envoy side by side (docs/endpoints.md): what a client sees (success,
+# and Envoy side by side (docs/reference/endpoints.md): what a client sees (success,
 # p50 / p99) and what the replicas see (upstream attempts per request).
 #
 #   bench/replicas.sh [SCENARIO ...]     # default: bad down flaky random35

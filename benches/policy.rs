@@ -136,7 +136,7 @@ fn benches(c: &mut Criterion) {
     });
 }
 
-/// A keyed write's work (docs/behaviour.md#idempotency-keys), as the fast
+/// A keyed write's work (docs/reference/idempotency.md#idempotency-keys), as the fast
 /// path does it for a 1 KiB POST with a new key, against a store that is
 /// full (every new record evicts the oldest): the fingerprint alone; the
 /// store's begin and finish alone; and the whole of it — the fingerprint,

@@ -1,6 +1,6 @@
-//! The admin listener (docs/behaviour.md#admin-listener): `GET /metrics`, `/healthz`, `/readyz`,
+//! The admin listener (docs/reference/admin.md#admin-listener): `GET /metrics`, `/healthz`, `/readyz`,
 //! `/config`, `POST /reload`, and the status page, `GET /` and
-//! `/status.json` (docs/behaviour.md#status-page, served by `status`).
+//! `/status.json` (docs/reference/admin.md#status-page, served by `status`).
 //! `/config` and `/reload` answer loopback peers only, whatever address the
 //! listener binds: the effective config names every upstream, and a reload
 //! is a write. The status page answers requests that name a loopback host.

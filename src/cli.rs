@@ -185,7 +185,7 @@ pub enum Command {
     Chaos(ChaosArgs),
     /// Run the retry decision on a JSON request history and print the verdict as JSON.
     ///
-    /// Reads one decision input (contract version 1; see the README's "How weir decides")
+    /// Reads one decision input (contract version 1; see docs/reference/cli.md#weir-decide)
     /// from `--input FILE` or stdin, and prints e.g.
     /// `{"contract_version":1,"decision":"retry","delay_ms":3000,"cause":"status_503"}`.
     /// Exit 1 on malformed input.

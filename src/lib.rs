@@ -29,7 +29,8 @@
 //! HTTP/1 framing — `Content-Length`, `Transfer-Encoding`, the chunked
 //! coding — is written once, in `proxy::h1`, with hyper's rules; the guard
 //! and the fast path both use it. The behaviour reference is
-//! `docs/behaviour.md`; comments cite its sections.
+//! `docs/reference/` (the book's Reference part, `docs/reference/index.md`);
+//! comments cite its sections.
 //!
 //! # Who owns what
 //!

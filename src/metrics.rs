@@ -1,4 +1,4 @@
-//! Every metric family weir exports (docs/behaviour.md#metrics), in one place.
+//! Every metric family weir exports (docs/reference/metrics.md#metrics), in one place.
 //!
 //! Label values come only from the configuration (upstream names, `retry_on`
 //! entries) and fixed sets (status codes 100–599, weir's error codes, attempt
@@ -472,7 +472,7 @@ impl Default for Metrics {
     }
 }
 
-/// Read access for the status page's sampler (docs/behaviour.md#status-page).
+/// Read access for the status page's sampler (docs/reference/admin.md#status-page).
 impl Metrics {
     /// The current values of the four families the status page samples
     /// (requests, retries, retry stops, request duration), collected from

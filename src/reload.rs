@@ -1,4 +1,4 @@
-//! Reloading the config file into the running proxy (docs/behaviour.md#reload):
+//! Reloading the config file into the running proxy (docs/reference/reload.md#reload):
 //! read and validate it in full, swap the snapshot, count and log the
 //! outcome; an invalid file leaves the running config in place. The
 //! triggers (SIGHUP, the file watch, `POST /reload`) live with what starts
@@ -103,7 +103,7 @@ impl Reloader {
 /// admin listener (the socket a reload may be arriving on) and the
 /// connection limit (a semaphore sized at start). A reload that changes
 /// one is refused, naming it where the new file sets it — never reported
-/// as applied while the old value still serves (docs/behaviour.md#reload).
+/// as applied while the old value still serves (docs/reference/reload.md#reload).
 /// Everything else in `[server]` applies: listeners are bound and the old
 /// ones drained, and the rest is read per connection.
 const FIXED: [&str; 2] = ["admin", "max_connections"];

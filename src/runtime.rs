@@ -37,8 +37,8 @@ pub struct Options {
 
 /// The worker threads: one current-thread runtime each. A connection lives
 /// on one worker from accept to close, so nothing it touches crosses threads
-/// (measured: a multi-thread runtime cost more CPU per request, see README
-/// "Performance").
+/// (measured: a multi-thread runtime cost more CPU per request, see
+/// bench/RESULTS.md#how-it-got-there).
 #[derive(Debug)]
 struct Workers {
     handles: Vec<tokio::runtime::Handle>,

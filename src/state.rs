@@ -49,22 +49,22 @@ pub struct UpstreamState {
     /// TLS failures already logged, so each cause is logged once, not per request.
     tls_logged: Mutex<std::collections::HashSet<String>>,
     /// The status page's samples and recent breaker transitions
-    /// (docs/behaviour.md#status-page); bounded, never touched per request.
+    /// (docs/reference/admin.md#status-page); bounded, never touched per request.
     pub recent: Recent,
-    /// The upstream's endpoints (docs/endpoints.md): kept across reloads,
+    /// The upstream's endpoints (docs/reference/endpoints.md): kept across reloads,
     /// with their pools, estimates and ejections.
     pub endpoints: Arc<Endpoints>,
     /// What keeps them current, and the config it was made from (a reload
     /// that keeps those keeps the resolver).
     resolver: Mutex<(SourceKey, Arc<Resolver>)>,
-    /// The idempotency-key store (docs/behaviour.md#idempotency-keys);
+    /// The idempotency-key store (docs/reference/idempotency.md#idempotency-keys);
     /// `None` when `[idempotency] enabled = false`. With the fleet's store
     /// on Redis, this one decides while Redis is away.
     idempotency: Mutex<Option<MemoryStore>>,
-    /// The link to the fleet's shared state (docs/behaviour.md#fleet-state),
+    /// The link to the fleet's shared state (docs/reference/fleet.md#fleet-state),
     /// with `[state] backend = "redis"`.
     fleet: arc_swap::ArcSwapOption<Link>,
-    /// The response cache (docs/behaviour.md#response-cache); `None` while
+    /// The response cache (docs/reference/cache.md#response-cache); `None` while
     /// it is off. Locked for one call at a time, never across an await.
     cache: Mutex<Option<CacheStore>>,
     /// The cache's fills and background refreshes in progress.

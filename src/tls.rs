@@ -4,7 +4,7 @@
 //! of an inbound TLS listener, and certificate failures in words.
 //!
 //! There is deliberately no way to skip verification. Files are read and
-//! parsed by the config loader (`config::files`, docs/behaviour.md#reload)
+//! parsed by the config loader (`config::files`, docs/reference/reload.md#reload)
 //! when a config is loaded or reloaded, so a rotated certificate or a new CA
 //! takes effect on the next reload; a fingerprint of their bytes tells
 //! whether an upstream's connection pool must be rebuilt.

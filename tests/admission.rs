@@ -258,7 +258,7 @@ both_paths!(
     requests_refused_by_the_breaker_or_the_gate_keep_their_rate_tokens
 );
 /// During an outage the app hears `circuit_open`, not `rate_limited`: a
-/// request weir refuses itself gives back its token (docs/behaviour.md#admission).
+/// request weir refuses itself gives back its token (docs/reference/admission.md#admission).
 async fn requests_refused_by_the_breaker_or_the_gate_keep_their_rate_tokens(path: DataPath) {
     let (up, _mode) = switchable().await;
     let weir = Weir::single_on(

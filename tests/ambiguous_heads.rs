@@ -1,9 +1,9 @@
 //! Requests that name their host ambiguously, from raw bytes: userinfo in
 //! `Host`, in an absolute-form target, in HTTP/2's `:authority` and in a
 //! CONNECT target is a 400 `bad_request` on both paths and reaches no
-//! upstream (docs/behaviour.md#routing); the admin listener refuses two
+//! upstream (docs/reference/routing.md#routing); the admin listener refuses two
 //! `Host` or two `Origin` fields and judges an absolute-form target's
-//! authority as it judges `Host` (docs/operations.md).
+//! authority as it judges `Host` (docs/reference/admin.md#admin-listener).
 #![allow(clippy::unwrap_used)]
 
 mod common;

@@ -1,6 +1,7 @@
-//! The default breaker is a hard-down detector (README, "The circuit
-//! breaker"): random partial failure never opens it, a hard outage opens it
-//! within 20 attempts or 1 s, whichever is later. The parameters are read
+//! The default breaker is a hard-down detector
+//! (docs/reference/breaker.md#trip-rules): random partial failure never
+//! opens it, a hard outage opens it within 20 attempts or 1 s, whichever is
+//! later. The parameters are read
 //! from a parsed config with no breaker table, so these tests follow the
 //! defaults wherever they are defined.
 #![allow(clippy::unwrap_used)]
@@ -115,7 +116,7 @@ fn openings_in_an_hour(params: &BreakerParams, per_s: u64, p: f64, seed: u64) ->
     opened
 }
 
-/// docs/behaviour.md#trip-rules: independent random failure at 50, 70 and
+/// docs/reference/breaker.md#trip-rules: independent random failure at 50, 70 and
 /// 85 % over a simulated hour opens the default breaker at most once, at
 /// 100, 1,000 and 10,000 attempts per second. At 10 per second "within
 /// 20 attempts of a hard outage" means 20 failures in a row are enough,

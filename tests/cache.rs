@@ -1,4 +1,4 @@
-//! The response cache (docs/behaviour.md#response-cache), on both paths (the
+//! The response cache (docs/reference/cache.md#response-cache), on both paths (the
 //! fast path hands a cached upstream's requests to hyper's), counting what
 //! the upstream received: hits make no request, concurrent misses make one,
 //! stale-if-error answers through an outage and an open breaker,

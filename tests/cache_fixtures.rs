@@ -1,4 +1,4 @@
-//! The response-cache fixture matrix (docs/behaviour.md#response-cache):
+//! The response-cache fixture matrix (docs/reference/cache.md#response-cache):
 //! every `tests/fixtures/cache/*.json` is `{ "description", "input",
 //! "expected" }` of one of two kinds, told apart by `input`:
 //!

@@ -310,7 +310,7 @@ async fn config_merges_over_the_scenario_settings() {
 
 /// `weir chaos soak` runs the real binary as a child, samples its RSS and
 /// fds each interval, judges only what comes after the warm-up, and stops
-/// the child when it ends. (Its 10-minute figures are in the README; this
+/// the child when it ends. (Its 10-minute figures are in bench/RESULTS.md; this
 /// checks the machinery in seconds.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_soak_samples_the_weir_process_and_stops_it() {

@@ -942,7 +942,7 @@ async fn a_failed_reload_answers_422_with_every_error_and_keeps_the_running_conf
 }
 
 // ---------------------------------------------------------------------------
-// `[state]` and the scopes (docs/behaviour.md#fleet-state, issue 20).
+// `[state]` and the scopes (docs/reference/fleet.md#fleet-state, issue 20).
 
 /// Without `[state]`: memory, with the documented defaults spelt out in the
 /// effective config; every breaker's scope `fleet`, every rate limit's
@@ -1106,7 +1106,7 @@ fn scopes_are_validated_where_they_are_written() {
     expect_one(&src, 6, "upstreams.api.rate_limit.expected_instances", "-2");
 }
 
-// ---- endpoints (docs/endpoints.md) ----
+// ---- endpoints (docs/reference/endpoints.md) ----
 
 #[test]
 fn an_endpoints_entry_that_is_not_host_and_port() {

@@ -1,5 +1,5 @@
 //! What a draining weir does with the connections it holds
-//! (docs/behaviour.md#shutdown): an HTTP/2 connection gets a GOAWAY even
+//! (docs/reference/shutdown.md#shutdown): an HTTP/2 connection gets a GOAWAY even
 //! when it has not sent a request yet, and an idle HTTP/1.1 connection is
 //! still closed at `client_idle_timeout` (never held open for ever, say by
 //! a listener a reload removed).

@@ -1,4 +1,4 @@
-//! A fleet of weirs as one (docs/behaviour.md#fleet-state), end to end:
+//! A fleet of weirs as one (docs/reference/fleet.md#fleet-state), end to end:
 //! three weir instances, each a whole in-process `Runtime` with its own
 //! proxy and admin listeners, sharing one real `redis-server`, in front of a
 //! real test upstream that counts what reaches it. The acceptance list of
@@ -454,7 +454,7 @@ async fn a_fleet_rate_limit_holds_within_five_percent() {
     // What an exact token bucket of the fleet's limit admits when offered
     // more than its rate throughout: `burst` at once, then `rps` per second
     // over the span the requests were offered in (first to last tick,
-    // 9.99 s). The leased bucket's own bound (docs/behaviour.md#leased-tokens)
+    // 9.99 s). The leased bucket's own bound (docs/reference/fleet.md#leased-tokens)
     // is 1.5 batches of 10 per instance, 45 here: inside the 5 %.
     let allowance = f64::from(BURST) + RPS * span;
     let got = delivered as f64;

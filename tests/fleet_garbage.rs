@@ -1,5 +1,5 @@
 //! The shared state's connection against a server that does not speak
-//! Redis (docs/behaviour.md#fleet-state): whatever bytes come back, the
+//! Redis (docs/reference/fleet.md#fleet-state): whatever bytes come back, the
 //! connection is dropped and made again with the supervisor's backoff, so
 //! that a real `redis-server` started on the same port is in use within
 //! `refresh` + 1 s; and a server that answers well-formed replies of the

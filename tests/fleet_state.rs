@@ -1,4 +1,4 @@
-//! The shared state on a real redis-server (docs/behaviour.md#fleet-state):
+//! The shared state on a real redis-server (docs/reference/fleet.md#fleet-state):
 //! several `Fleet` handles on one server stand for several weir instances.
 //! Published trips and the one probe, the Lua token bucket, the idempotency
 //! store across instances, and what a call does while Redis is killed,

@@ -44,7 +44,7 @@ fn trailers_only(status: u8) -> Response<TestBody> {
 
 fn grpc_request(path: &str, timeout: Option<&str>) -> Request<TestBody> {
     // gRPC calls are POSTs: a call is replayable when the client marks it
-    // idempotent with the idempotency-key metadata (docs/behaviour.md#classifying-an-attempt).
+    // idempotent with the idempotency-key metadata (docs/reference/retries.md#classifying-an-attempt).
     let mut b = Request::post(format!("http://svc{path}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")

@@ -1,4 +1,4 @@
-//! Idempotency keys (docs/behaviour.md#idempotency-keys), on both paths,
+//! Idempotency keys (docs/reference/idempotency.md#idempotency-keys), on both paths,
 //! counting what the upstream received: a repeat of a completed keyed write
 //! is answered from the record, a repeat while it runs is 409, a key reused
 //! for another request is 422, outcomes a retry could change are not kept,

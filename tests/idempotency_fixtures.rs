@@ -1,4 +1,4 @@
-//! The idempotency fixture matrix (docs/behaviour.md#idempotency-keys): every
+//! The idempotency fixture matrix (docs/reference/idempotency.md#idempotency-keys): every
 //! `tests/fixtures/idempotency/*.json` is `{ "description", "input",
 //! "expected" }` of one of three kinds, told apart by `input`:
 //!

@@ -1,4 +1,4 @@
-//! Idempotency keys are per principal (docs/behaviour.md#idempotency-keys):
+//! Idempotency keys are per principal (docs/reference/idempotency.md#idempotency-keys):
 //! the same key and body from another `Authorization`, another host the
 //! client named, or another value of a scoped header is a new request that
 //! reaches the upstream, never a replay of someone else's response; with

@@ -1,7 +1,7 @@
 //! The decision fixture matrix: every `tests/fixtures/decisions/*.json` is
 //! `{ "description", "input": DecisionInput, "expected": partial VerdictJson }`.
 //! Each field of `expected` must equal the verdict's; together the fixtures
-//! must cover every stop reason of docs/behaviour.md#the-retry-decision.
+//! must cover every stop reason of docs/reference/retries.md#the-retry-decision.
 #![allow(clippy::unwrap_used)]
 
 #[path = "common/fixtures.rs"]

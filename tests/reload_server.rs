@@ -1,4 +1,4 @@
-//! A reload that changes `[server]` is honest (docs/behaviour.md#reload):
+//! A reload that changes `[server]` is honest (docs/reference/reload.md#reload):
 //! a new shared listener or an upstream's dedicated listener is bound and
 //! serves at once, the old one closed; a change weir cannot apply to the
 //! running process (`admin`, `max_connections`) is refused with 422 naming

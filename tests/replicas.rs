@@ -1,4 +1,4 @@
-//! Three replicas of one service behind weir (docs/endpoints.md), one of
+//! Three replicas of one service behind weir (docs/reference/endpoints.md), one of
 //! them misbehaving: it answers 503, refuses connections, resets them, is
 //! 1 s slow, or fails every other request. Each scenario sends 3,000
 //! requests from 16 clients through each of weir's paths and protocols —
@@ -282,7 +282,7 @@ scenarios! {
 /// from 16 client connections, and from 4 (where an outlier answer — a
 /// pause of this loaded machine — kept one endpoint out of the draws for
 /// the rest of the run until a lost draw faded its estimate:
-/// docs/endpoints.md#balancing).
+/// docs/reference/endpoints.md#balancing).
 async fn balanced(via: Via) {
     balanced_from(via, CLIENTS).await
 }

@@ -105,7 +105,7 @@ async fn sigterm_drains_in_flight_requests_then_exits_0() {
 /// refused while no weir listened. The draining weir answers each pooled
 /// connection's next request with `Connection: close` and closes it after,
 /// instead of closing idle connections under the app
-/// (docs/behaviour.md#shutdown).
+/// (docs/reference/shutdown.md#shutdown).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_apps_pooled_connections_survive_a_restart() {
     let python = common::third_party::python()

@@ -1,4 +1,4 @@
-//! The status page on the admin listener (docs/behaviour.md#status-page):
+//! The status page on the admin listener (docs/reference/admin.md#status-page):
 //! `/status.json`'s fields over plain HTTP, the Host/Origin guard, reloads
 //! adding and removing rows, and the page itself rendered by a real headless
 //! Chromium against a weir whose breaker is open (its rows are drawn by the
@@ -420,7 +420,7 @@ async fn chromium_renders_the_open_breaker() {
     rt.shutdown(Duration::from_secs(1)).await;
 }
 
-/// Writes docs/status-page.png (the README's screenshot): `ok` with 150 s
+/// Writes docs/status-page.png (the screenshot in docs/guide/operations.md): `ok` with 150 s
 /// of traffic, some of it failing and retried (40 % of it from 50 s to
 /// 90 s), and `dead` with its breaker open. Run it with
 /// `cargo test --test status_page -- --ignored`.

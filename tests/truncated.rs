@@ -1,5 +1,5 @@
 //! An upstream body that ends early is an upstream failure
-//! (docs/behaviour.md#response-cache, #retries): an upstream announces
+//! (docs/reference/cache.md#response-cache, #retries): an upstream announces
 //! `Content-Length: 5000`, sends 250 bytes and closes. On a cached upstream
 //! the client gets the stale entry within its `stale-if-error`, else weir's
 //! 502 `upstream_reset`, and nothing is stored; on an upstream without a

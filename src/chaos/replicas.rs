@@ -1,5 +1,5 @@
 //! `weir chaos bad-replica | down-replica | slow-replica | flaky-replica`
-//! (docs/endpoints.md#measured): three replicas of one service on
+//! (bench/RESULTS.md#weir-chaos-replica-scenarios): three replicas of one service on
 //! 127.0.0.2–4, the first misbehaving — answering every request 503,
 //! refusing connections, taking 1 s, or failing half its requests — the
 //! others healthy (1–3 ms). Two columns: an application that spreads its

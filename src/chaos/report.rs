@@ -163,7 +163,7 @@ fn per_second_table(r: &Report) -> Option<String> {
     Some(out)
 }
 
-/// The table, in Markdown (readable in a terminal, pastable in the README).
+/// The table, in Markdown (readable in a terminal, pastable in bench/RESULTS.md).
 pub fn table(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "scenario: {} (seed {})\n", r.scenario.name(), r.seed);

@@ -1,6 +1,6 @@
 //! The files a config names — CA bundles, certificates, keys — read, parsed
 //! and built into the rustls configurations they are for, when the config is
-//! loaded (docs/behaviour.md#configuration-and-defaults). `weir check`,
+//! loaded (docs/reference/configuration.md#configuration-and-defaults). `weir check`,
 //! `weir run` and every reload go through this one loader, so none of them
 //! accepts a file another refuses, and a failure is reported like any config
 //! error: at the field that names the file. `crate::tls` builds its client

@@ -1,4 +1,4 @@
-//! Configuration (docs/behaviour.md#configuration-and-defaults): the text is
+//! Configuration (docs/reference/configuration.md#configuration-and-defaults): the text is
 //! checked against the raw serde model ([`raw`]) table by table (`schema`:
 //! every unknown field and wrong type at once), merged (`[upstreams.NAME]`
 //! over `[defaults]` over the built-in defaults), validated (`validate`),
@@ -17,6 +17,7 @@ mod schema;
 mod validate;
 
 pub use error::{ConfigError, ConfigErrors};
+pub use schema::catalogue;
 
 use crate::policy::{BreakerParams, CacheParams, IdempotencyParams, RateLimitParams, RetryPolicy};
 use http::HeaderName;
@@ -39,7 +40,7 @@ pub struct Config {
     pub effective: raw::RawConfig,
 }
 
-/// Which requests get an access-log line (docs/behaviour.md#logs).
+/// Which requests get an access-log line (docs/reference/logs.md#logs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AccessLog {
@@ -52,7 +53,7 @@ pub enum AccessLog {
     All,
 }
 
-/// `[state] backend` (docs/behaviour.md#fleet-state).
+/// `[state] backend` (docs/reference/fleet.md#fleet-state).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StateBackend {
@@ -65,7 +66,7 @@ pub enum StateBackend {
 }
 
 /// `[state]`, validated: where the state a fleet of weirs shares is kept
-/// (docs/behaviour.md#fleet-state).
+/// (docs/reference/fleet.md#fleet-state).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateConfig {
     pub backend: StateBackend,
@@ -227,7 +228,7 @@ pub struct UpstreamTls {
     pub client_key: Option<PathBuf>,
 }
 
-/// An upstream's endpoints (docs/endpoints.md).
+/// An upstream's endpoints (docs/reference/endpoints.md).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EndpointsConfig {
     /// `host:port` entries: the static list, or the `url`'s host and port.
@@ -255,10 +256,10 @@ pub struct UpstreamConfig {
     pub listen_tls: Option<ListenerTls>,
     pub protocol: Protocol,
     /// How often a host name in `url` is resolved again (the fast path's
-    /// addresses, docs/behaviour.md#upstream).
+    /// addresses, docs/reference/protocols.md#upstream).
     pub resolve_every: Duration,
     /// Where its endpoints come from, how they are balanced and ejected
-    /// (docs/endpoints.md).
+    /// (docs/reference/endpoints.md).
     pub endpoints: EndpointsConfig,
     pub tls: Option<UpstreamTls>,
     pub timeout: Duration,
@@ -271,10 +272,10 @@ pub struct UpstreamConfig {
     pub breaker: BreakerParams,
     pub concurrency: ConcurrencyParams,
     pub rate_limit: Option<RateLimitParams>,
-    /// The idempotency-key store (docs/behaviour.md#idempotency-keys);
+    /// The idempotency-key store (docs/reference/idempotency.md#idempotency-keys);
     /// `None` with `enabled = false`.
     pub idempotency: Option<IdempotencyParams>,
-    /// The response cache (docs/behaviour.md#response-cache); `None` with
+    /// The response cache (docs/reference/cache.md#response-cache); `None` with
     /// `enabled = false`, the default.
     pub cache: Option<CacheParams>,
 }

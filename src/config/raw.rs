@@ -38,7 +38,7 @@ pub use ejection::RawEjection;
 pub struct RawConfig {
     #[serde(default)]
     pub server: RawServer,
-    /// Where the state a fleet shares is kept (docs/behaviour.md#fleet-state).
+    /// Where the state a fleet shares is kept (docs/reference/fleet.md#fleet-state).
     #[serde(default)]
     pub state: RawState,
     #[serde(default)]
@@ -112,7 +112,7 @@ impl RawServer {
 mergeable!(RawServer { listen, admin, max_connections, header_read_timeout, client_idle_timeout, client_write_timeout, max_streams_per_connection, max_resets_per_second, max_header_bytes, shutdown_timeout, tls, access_log } nested {});
 
 /// `[state]`: the backend of the state a fleet of weirs shares
-/// (docs/behaviour.md#fleet-state).
+/// (docs/reference/fleet.md#fleet-state).
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawState {
@@ -185,7 +185,7 @@ pub struct RawPolicy {
 mergeable!(RawPolicy { timeout, per_try_timeout, connect_timeout, idle_timeout, annotate, idempotency_header } nested { retry, breaker, concurrency, rate_limit, idempotency, cache });
 
 impl RawPolicy {
-    /// The built-in defaults: the schema of docs/behaviour.md#policy-defaults, written down once.
+    /// The built-in defaults: the schema of docs/reference/configuration.md#policy-defaults, written down once.
     pub fn builtin() -> Self {
         use std::time::Duration as D;
         RawPolicy {
@@ -208,7 +208,7 @@ impl RawPolicy {
                 backoff: Some(RawBackoff {
                     // 25 ms / 1 s: a retry usually goes to another
                     // replica, and the budget, not the backoff, bounds the
-                    // load retries add (docs/behaviour.md#backoff).
+                    // load retries add (docs/reference/retries.md#backoff).
                     base: Some(Dur(D::from_millis(25))),
                     max: Some(Dur(D::from_secs(1))),
                     multiplier: Some(2.0),
@@ -227,7 +227,7 @@ impl RawPolicy {
                 enabled: Some(true),
                 consecutive_failures: Some(20),
                 // With `failing_for` 1 s, the breaker opens only on an
-                // upstream that is down: docs/behaviour.md#trip-rules.
+                // upstream that is down: docs/reference/breaker.md#trip-rules.
                 failing_for: Some(Dur(D::from_secs(1))),
                 window: Some(100),
                 min_samples: Some(50),
@@ -252,7 +252,7 @@ impl RawPolicy {
                 max_response_bytes: Some(1 << 20),
                 // Every method that is not idempotent by itself.
                 methods: Some(["POST", "PATCH"].map(String::from).to_vec()),
-                // A key is one caller's (docs/behaviour.md#idempotency-keys).
+                // A key is one caller's (docs/reference/idempotency.md#idempotency-keys).
                 scope: Some(["authorization", "host"].map(String::from).to_vec()),
             }),
             // Off: a cache changes what the application sees.
@@ -418,7 +418,7 @@ pub struct RawRateLimit {
 }
 mergeable!(RawRateLimit { rps, burst, window, key, max_keys, max_wait, scope, expected_instances } nested {});
 
-/// `[….idempotency]`: the idempotency-key store (docs/behaviour.md#idempotency-keys).
+/// `[….idempotency]`: the idempotency-key store (docs/reference/idempotency.md#idempotency-keys).
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawIdempotency {
@@ -437,7 +437,7 @@ pub struct RawIdempotency {
 }
 mergeable!(RawIdempotency { enabled, ttl, max_bytes, max_response_bytes, methods, scope } nested {});
 
-/// `[….cache]`: the response cache (docs/behaviour.md#response-cache).
+/// `[….cache]`: the response cache (docs/reference/cache.md#response-cache).
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCache {
@@ -507,7 +507,7 @@ pub struct RawUpstream {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resolve_every: Option<Dur>,
     /// The upstream's replicas as `host:port` entries; absent: every
-    /// address the `url`'s host resolves to (docs/endpoints.md).
+    /// address the `url`'s host resolves to (docs/reference/endpoints.md).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<Vec<String>>,
     /// How an endpoint is picked: `peak_ewma` (default) or `round_robin`.

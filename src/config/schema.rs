@@ -1,4 +1,4 @@
-//! Stage one's check (docs/behaviour.md#configuration-and-defaults): the
+//! Stage one's check (docs/reference/configuration.md#configuration-and-defaults): the
 //! parsed document is walked against the raw model table by table, so that
 //! **every** unknown field and every value of the wrong type is reported in
 //! one pass — serde, given the whole file, stops at the first.
@@ -120,8 +120,10 @@ schema!(WINDOW: RawWindow {});
 schema!(IDEMPOTENCY: RawIdempotency {});
 schema!(CACHE: RawCache {});
 schema!(UPSTREAM_TLS: RawUpstreamTls {});
+schema!(EJECTION: RawEjection {});
 schema!(UPSTREAM: RawUpstream {
     "listen_tls" => Nested::Table(&LISTENER_TLS),
+    "ejection" => Nested::Table(&EJECTION),
     "tls" => Nested::Table(&UPSTREAM_TLS),
     "retry" => Nested::Table(&RETRY),
     "breaker" => Nested::Table(&BREAKER),
@@ -130,6 +132,47 @@ schema!(UPSTREAM: RawUpstream {
     "idempotency" => Nested::Table(&IDEMPOTENCY),
     "cache" => Nested::Table(&CACHE),
 });
+
+/// Every field of the config file, table by table: for each table of the
+/// raw model, the places it stands (`server.tls`, `upstreams.NAME.retry`,
+/// `defaults.retry`, …) and the names of its fields that are not tables of
+/// their own. The configuration reference is checked against it
+/// (`tests/docs.rs`).
+pub fn catalogue() -> Vec<(Vec<String>, Vec<&'static str>)> {
+    fn walk(
+        schema: &'static Schema,
+        path: String,
+        out: &mut Vec<(&'static Schema, Vec<String>, Vec<&'static str>)>,
+    ) {
+        let leaves: Vec<&'static str> = (schema.fields)()
+            .iter()
+            .copied()
+            .filter(|f| !schema.nested.iter().any(|(n, _)| n == f))
+            .collect();
+        match out.iter_mut().find(|(s, _, _)| std::ptr::eq(*s, schema)) {
+            Some((_, paths, _)) => paths.push(path.clone()),
+            None => out.push((schema, vec![path.clone()], leaves)),
+        }
+        for (name, nested) in schema.nested {
+            let at = |p: &str| {
+                if path.is_empty() {
+                    p.to_string()
+                } else {
+                    format!("{path}.{p}")
+                }
+            };
+            match nested {
+                Nested::Table(s) => walk(s, at(name), out),
+                Nested::MapOf(s) => walk(s, at(&format!("{name}.NAME")), out),
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&CONFIG, String::new(), &mut out);
+    out.into_iter()
+        .map(|(_, paths, fields)| (paths, fields))
+        .collect()
+}
 
 /// Parses config text into the raw model, or returns every unknown field and
 /// every value of the wrong type, in file order.

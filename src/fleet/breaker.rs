@@ -1,4 +1,4 @@
-//! The shared breaker (docs/behaviour.md#fleet-state): each instance still
+//! The shared breaker (docs/reference/fleet.md#fleet-state): each instance still
 //! counts its own attempts and trips on its own evidence; a trip is
 //! *published*, every instance reads the published trips once per
 //! `refresh` ([`Fleet::refresh`]) and opens until the published expiry,

@@ -1,4 +1,4 @@
-//! The idempotency store on Redis (docs/behaviour.md#fleet-state): the same
+//! The idempotency store on Redis (docs/reference/fleet.md#fleet-state): the same
 //! contract as `policy::idempotency::IdempotencyStore` — `begin` decides
 //! ([`decide`](crate::policy::idempotency::decide)'s table) and records *in
 //! flight* in one atomic step; the finishing calls act only on a record in

@@ -1,4 +1,4 @@
-//! Fleet-wide token buckets (docs/behaviour.md#fleet-state): the bucket
+//! Fleet-wide token buckets (docs/reference/fleet.md#fleet-state): the bucket
 //! lives in Redis and is changed only by one atomic Lua script
 //! ([`Fleet::lease`]), which refills it on Redis's own clock (`TIME`, so
 //! instances' clocks never matter) and grants up to the tokens asked for.

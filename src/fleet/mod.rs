@@ -1,4 +1,4 @@
-//! Fleet state (docs/behaviour.md#fleet-state): the state a fleet of weirs
+//! Fleet state (docs/reference/fleet.md#fleet-state): the state a fleet of weirs
 //! shares through `[state] backend = "redis"` — breaker trips and the
 //! half-open probe ([`breaker`]), fleet-wide token buckets leased in
 //! batches ([`limiter`], spent by `policy::lease`), and the idempotency

@@ -1,4 +1,4 @@
-//! The response cache's series (docs/behaviour.md#response-cache):
+//! The response cache's series (docs/reference/cache.md#response-cache):
 //! `weir_cache_requests_total{upstream, result}`, `weir_cache_bytes{upstream}`
 //! and `weir_cache_evictions_total{upstream}`, following the cache's own
 //! [`CacheStats`] on a scrape ([`super::follow`]).

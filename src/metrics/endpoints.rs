@@ -1,4 +1,4 @@
-//! The per-endpoint families (docs/endpoints.md#seeing-it): bounded by each
+//! The per-endpoint families (docs/reference/endpoints.md#seeing-it): bounded by each
 //! upstream's `max_endpoints`, dropped when an endpoint goes away.
 
 use prometheus::{

@@ -1,4 +1,4 @@
-//! The idempotency store's series (docs/behaviour.md#idempotency-keys):
+//! The idempotency store's series (docs/reference/idempotency.md#idempotency-keys):
 //! `weir_idempotency_total{upstream, result}` and
 //! `weir_idempotency_bytes{upstream}`. The store counts for itself (its
 //! evictions and expiries happen inside it); the counters here follow its

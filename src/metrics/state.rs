@@ -1,4 +1,4 @@
-//! The shared state's series (docs/behaviour.md#fleet-state):
+//! The shared state's series (docs/reference/fleet.md#fleet-state):
 //! `weir_state_backend_up`, `weir_state_commands_total{op}`,
 //! `weir_state_errors_total{op}`, `weir_state_roundtrip_seconds{op}` and
 //! `weir_state_leased_tokens_total{upstream}`. `op` is one of [`OPS`], a

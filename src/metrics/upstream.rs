@@ -1,4 +1,4 @@
-//! One upstream's metric handles (docs/behaviour.md#metrics), resolved
+//! One upstream's metric handles (docs/reference/metrics.md#metrics), resolved
 //! once when its live state is created ([`super::Metrics::upstream`]): the
 //! hot path increments a counter it already holds.
 

@@ -1,4 +1,4 @@
-//! Backoff delays (docs/behaviour.md#backoff): grow → cap → jitter → clamp → floor → round.
+//! Backoff delays (docs/reference/retries.md#backoff): grow → cap → jitter → clamp → floor → round.
 //!
 //! Owns the validated [`BackoffPolicy`], the per-retry [`delay`], and the
 //! operator views [`schedule`] and [`envelope`]. It must not sleep, read a
@@ -97,7 +97,7 @@ impl BackoffPolicy {
 }
 
 /// The delay before retry `n` (`n = 1` for the first retry), in exactly the
-/// order of docs/behaviour.md#backoff: grow → cap → jitter → clamp → floor → round to
+/// order of docs/reference/retries.md#backoff: grow → cap → jitter → clamp → floor → round to
 /// whole milliseconds.
 ///
 /// `prev` is the delay actually slept before the previous retry; it only

@@ -1,4 +1,4 @@
-//! The circuit breaker (docs/behaviour.md#circuit-breaker).
+//! The circuit breaker (docs/reference/breaker.md#circuit-breaker).
 //!
 //! Owns [`Breaker`]: its typed states ([`State`]), the trip rules
 //! (consecutive failures; failure share over a window with `min_samples`), the
@@ -40,7 +40,7 @@ pub struct BreakerParams {
     /// shared `[state]` backend). Set with [`BreakerParams::with_scope`].
     pub scope: Scope,
     /// A trip rule opens it only once no attempt has succeeded for this
-    /// long (docs/behaviour.md#trip-rules): the hard-down detector's
+    /// long (docs/reference/breaker.md#trip-rules): the hard-down detector's
     /// guard against random failure at high rates. Zero unless set with
     /// [`BreakerParams::with_failing_for`] (the config's default is 1 s).
     pub failing_for: std::time::Duration,
@@ -246,7 +246,7 @@ pub struct Breaker {
     /// Opens since it was last closed by successful probes.
     opens: u32,
     epoch: u64,
-    /// The fleet owns the half-open probe (docs/behaviour.md#fleet-state):
+    /// The fleet owns the half-open probe (docs/reference/fleet.md#fleet-state):
     /// past its open interval the breaker stays open until
     /// [`Breaker::grant_probe`] (this instance won the probe), or until
     /// the fleet's verdict is adopted.
@@ -379,7 +379,7 @@ impl Breaker {
         }
     }
 
-    /// Records the verdict of an admitted attempt (`failure` per docs/behaviour.md#what-counts-as-a-failure:
+    /// Records the verdict of an admitted attempt (`failure` per docs/reference/breaker.md#what-counts-as-a-failure:
     /// connect failure, reset, timeout or a status in `failure_statuses`).
     /// Returns the transition it caused, if any.
     pub fn record(
@@ -505,7 +505,7 @@ impl Breaker {
     }
 
     /// The fleet published a trip with `remaining` to run at `now`
-    /// (docs/behaviour.md#fleet-state): open until then, as if this breaker
+    /// (docs/reference/fleet.md#fleet-state): open until then, as if this breaker
     /// had tripped (its next own opening doubles from it), unless it is
     /// already open at least that long — an open interval is only extended.
     /// A half-open breaker re-opens (its probes' verdicts are then ignored).

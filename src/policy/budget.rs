@@ -1,4 +1,4 @@
-//! The retry budget (docs/behaviour.md#retry-budget): the retry-storm defence.
+//! The retry budget (docs/reference/budget.md#retry-budget): the retry-storm defence.
 //!
 //! Owns [`RetryBudget`], shaped like Finagle's / tower's `TpsBudget`: first
 //! attempts deposit `ratio` tokens, retries withdraw `1` (or `timeout_cost`),

@@ -1,4 +1,4 @@
-//! The response cache (docs/behaviour.md#response-cache): a bounded,
+//! The response cache (docs/reference/cache.md#response-cache): a bounded,
 //! private (one application's) HTTP cache per upstream with RFC 9111
 //! freshness, RFC 5861 `stale-while-revalidate` and `stale-if-error`, and
 //! the bookkeeping for request coalescing.
@@ -438,7 +438,7 @@ pub fn lookup_decision(entry: &CachedResponse, req: &CacheRequest, now: Now) -> 
 /// (`x-weir-cache: stale-if-error`): stale by less than its
 /// `stale-if-error` window (zero with `must-revalidate` or `no-cache`). A
 /// fresh entry counts as stale by zero. The failures that count are the
-/// data plane's to name (docs/behaviour.md#response-cache): a 5xx,
+/// data plane's to name (docs/reference/cache.md#response-cache): a 5xx,
 /// `connect_failed`, `upstream_reset`, `upstream_timeout`, `circuit_open`,
 /// `rate_limited` and `overloaded`.
 pub fn on_error(entry: &CachedResponse, now: Now) -> bool {

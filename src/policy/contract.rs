@@ -127,7 +127,7 @@ impl Default for GatesJson {
     }
 }
 
-/// A retry policy, as JSON. Defaults as in docs/behaviour.md#policy-defaults.
+/// A retry policy, as JSON. Defaults as in docs/reference/configuration.md#policy-defaults.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyJson {

@@ -1,4 +1,4 @@
-//! Classification (docs/behaviour.md#classifying-an-attempt) and the retry decision (docs/behaviour.md#the-retry-decision).
+//! Classification (docs/reference/retries.md#classifying-an-attempt) and the retry decision (docs/reference/retries.md#the-retry-decision).
 //!
 //! Owns the compiled `retry_on` set, the validated [`RetryPolicy`], the
 //! request facts and attempt outcomes, [`classify`] and [`decide`]. It must
@@ -289,7 +289,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// The breaker's verdict (docs/behaviour.md#what-counts-as-a-failure): `Some(true)` for a failure
+    /// The breaker's verdict (docs/reference/breaker.md#what-counts-as-a-failure): `Some(true)` for a failure
     /// (transport failure or a status in `failure_statuses`), `Some(false)` for
     /// any other response, `None` when the client went away (no verdict:
     /// release the admission instead).
@@ -380,7 +380,7 @@ pub enum Delivery {
     Uncertain,
 }
 
-/// An attempt's outcome, classified (docs/behaviour.md#classifying-an-attempt).
+/// An attempt's outcome, classified (docs/reference/retries.md#classifying-an-attempt).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
     /// A response whose status and gRPC code are not in `retry_on`, or a
@@ -400,7 +400,7 @@ pub enum Class {
     Cancelled,
 }
 
-/// Classifies one attempt's outcome for this request (docs/behaviour.md#classifying-an-attempt).
+/// Classifies one attempt's outcome for this request (docs/reference/retries.md#classifying-an-attempt).
 pub fn classify(outcome: &Outcome, facts: &RequestFacts, retry_on: &RetryOn) -> Class {
     let (cause, delivery) = match *outcome {
         Outcome::ClientGone => return Class::Cancelled,
@@ -445,7 +445,7 @@ pub fn classify(outcome: &Outcome, facts: &RequestFacts, retry_on: &RetryOn) -> 
 }
 
 /// Why a retryable outcome was not retried: the first failing check of
-/// docs/behaviour.md#the-retry-decision, in its order.
+/// docs/reference/retries.md#the-retry-decision, in its order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StopReason {
@@ -482,7 +482,7 @@ impl StopReason {
         }
     }
 
-    /// Every reason, in the order of docs/behaviour.md#the-retry-decision (to pre-register metric series).
+    /// Every reason, in the order of docs/reference/retries.md#the-retry-decision (to pre-register metric series).
     pub const ALL: [StopReason; 8] = [
         StopReason::Unsafe,
         StopReason::Body,
@@ -531,7 +531,7 @@ fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// The stateful checks of docs/behaviour.md#the-retry-decision (6–8), asked lazily and in order: a later gate
+/// The stateful checks of docs/reference/retries.md#the-retry-decision (6–8), asked lazily and in order: a later gate
 /// is only asked when every earlier check passed, so a budget token is only
 /// withdrawn for a retry that got that far.
 pub trait Gates {
@@ -585,7 +585,7 @@ pub struct DecideInput<'a> {
     pub prev_delay: Duration,
 }
 
-/// Decides whether to retry (docs/behaviour.md#the-retry-decision). The backoff delay is drawn from
+/// Decides whether to retry (docs/reference/retries.md#the-retry-decision). The backoff delay is drawn from
 /// `rng` only when it is needed (no draw when a check before it fails, or a
 /// `Retry-After` replaces it).
 pub fn decide(input: &DecideInput<'_>, rng: &mut dyn Random, gates: &mut dyn Gates) -> Verdict {

@@ -1,4 +1,4 @@
-//! The idempotency-key store (docs/behaviour.md#idempotency-keys): the
+//! The idempotency-key store (docs/reference/idempotency.md#idempotency-keys): the
 //! outcome of a keyed write is remembered, and a repeat of it is answered
 //! from the record instead of reaching the upstream a second time.
 //!
@@ -32,7 +32,8 @@
 //! the slab slot and its links, the table's bucket, the key's and the
 //! response's allocations, each rounded up by the allocator, with the
 //! slab's and the map's spare capacity (measured: RSS of a full store
-//! against its accounted bytes, README "Exactly-once writes"). Every record counts; only completed and uncertain ones are
+//! against its accounted bytes, docs/reference/idempotency.md#idempotency-keys).
+//! Every record counts; only completed and uncertain ones are
 //! evicted (uncertain first: losing one changes no answer to a repeat of the
 //! same request, which is forwarded either way; then completed ones, least
 //! recently used first). In-flight records are never evicted: each is a request in

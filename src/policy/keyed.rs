@@ -1,4 +1,4 @@
-//! The keyed limiter registry (docs/behaviour.md#rate-limits): one [`Limiter`] per key, at most
+//! The keyed limiter registry (docs/reference/admission.md#rate-limits): one [`Limiter`] per key, at most
 //! `max_keys`, least-recently-used evicted, plus a shared limiter for requests
 //! without a key.
 //!

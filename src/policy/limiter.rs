@@ -1,4 +1,4 @@
-//! Admission limiters (docs/behaviour.md#rate-limits): token bucket, sliding window, and a keyed
+//! Admission limiters (docs/reference/admission.md#rate-limits): token bucket, sliding window, and a keyed
 //! registry bounded by `max_keys`.
 //!
 //! Owns [`TokenBucket`], [`SlidingWindow`] and [`Limiter`] (both must admit);
@@ -131,7 +131,7 @@ impl RateLimitParams {
     }
 
     /// The limits an instance applies alone while a fleet bucket's shared
-    /// state is away (docs/behaviour.md#fleet-state): its share of the token
+    /// state is away (docs/reference/fleet.md#fleet-state): its share of the token
     /// bucket, `rps / expected_instances` with `burst / expected_instances`
     /// (rounded up, at least 1), or the whole bucket when
     /// `expected_instances` is unset; the `window` and everything else as
@@ -449,7 +449,7 @@ impl Limiter {
 
     /// What is left at `now`, without taking or changing anything: the
     /// bucket's tokens and the window's remaining admissions (for the status
-    /// page, docs/behaviour.md#status-page).
+    /// page, docs/reference/admin.md#status-page).
     pub fn peek(&self, now: Now) -> Left {
         Left {
             bucket_tokens: self.bucket.as_ref().map(|b| {

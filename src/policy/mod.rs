@@ -91,7 +91,7 @@ impl PolicyError {
 }
 
 /// Whose a piece of policy state is (`breaker.scope`, `rate_limit.scope`;
-/// docs/behaviour.md#fleet-state): this instance's alone, or shared by every
+/// docs/reference/fleet.md#fleet-state): this instance's alone, or shared by every
 /// instance through the `[state]` backend. With `backend = "memory"` every
 /// scope is the instance's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

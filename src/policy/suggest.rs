@@ -1,5 +1,5 @@
 //! "Did you mean": the closest of a field's known values to one that is
-//! not among them, for config errors (docs/behaviour.md#configuration-and-defaults).
+//! not among them, for config errors (docs/reference/configuration.md#configuration-and-defaults).
 
 /// The candidate closest to `word` by edit distance (case-insensitive),
 /// when it is close enough to be a slip: at most 2 edits, and at most half

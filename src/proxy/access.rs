@@ -1,4 +1,4 @@
-//! The access log (docs/behaviour.md#logs): one line per request, written
+//! The access log (docs/reference/logs.md#logs): one line per request, written
 //! by both data paths through [`write`], for the requests `[server]
 //! access_log` selects. The query string is never logged (it may carry
 //! secrets), nor any header value.
@@ -22,7 +22,7 @@ pub(crate) struct Entry<'a> {
     /// Why a retryable outcome was not retried.
     pub(crate) retry_stop: Option<&'a str>,
     /// The endpoint of the last attempt, when it had one
-    /// (docs/endpoints.md#seeing-it).
+    /// (docs/reference/endpoints.md#seeing-it).
     pub(crate) endpoint: Option<std::net::SocketAddr>,
     pub(crate) took: Duration,
 }

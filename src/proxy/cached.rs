@@ -1,4 +1,4 @@
-//! The response cache in the data plane (docs/behaviour.md#response-cache):
+//! The response cache in the data plane (docs/reference/cache.md#response-cache):
 //! a `GET` or `HEAD` to an upstream whose cache is on is looked up before
 //! admission and answered from an entry when the entry may answer it (no
 //! attempt, nothing admitted); otherwise it goes upstream through

@@ -104,7 +104,7 @@ where
         let busy = busy_on.begin();
         async move {
             let mut resp = forward::handle(&snap, &role, &ctx, req).await;
-            // Draining (docs/behaviour.md#shutdown): every HTTP/1.1
+            // Draining (docs/reference/shutdown.md#shutdown): every HTTP/1.1
             // response says the connection closes after it, so that the
             // client's pool lets it go between requests, never under one —
             // except one that switches the connection to something else (a

@@ -1,4 +1,4 @@
-//! weir's own error responses (docs/behaviour.md#error-responses). One enum; each variant knows its
+//! weir's own error responses (docs/reference/responses.md#error-responses). One enum; each variant knows its
 //! status, its `x-weir-error` code and its metric label in one `match`.
 
 use super::body::{full, Body};
@@ -153,7 +153,7 @@ impl ProxyError {
         resp
     }
 
-    /// The JSON body of weir's own error response (docs/behaviour.md#error-responses).
+    /// The JSON body of weir's own error response (docs/reference/responses.md#error-responses).
     pub fn json_body(&self, upstream: Option<&str>) -> Vec<u8> {
         let mut body = serde_json::json!({
             "error": self.code(),

@@ -96,7 +96,7 @@ pub(crate) async fn forward(
         None => (None, Some(body)),
     };
 
-    // Admission in the order of docs/behaviour.md#admission: rate limit, concurrency; the body is
+    // Admission in the order of docs/reference/admission.md#admission: rate limit, concurrency; the body is
     // read (when it is to be kept for a replay) before the breaker is asked,
     // so a slow upload never holds a half-open probe slot.
     let admitted = attempt::admit(up, key.as_deref(), start, deadline, &mut attempt::Dropped).await;

@@ -29,7 +29,7 @@ pub(crate) async fn handle(
     // the request-smuggling guard stops following the connection at its
     // head. When it does not leave — the upstream declines, no route, an
     // error — the connection closes after the answer, so nothing read after
-    // it is served unjudged (docs/behaviour.md#upgrades).
+    // it is served unjudged (docs/reference/protocols.md#upgrades).
     let connect = req.method() == http::Method::CONNECT;
     let leaves = req.version() < Version::HTTP_2
         && (connect || super::upgrade::requested(req.headers()).is_some());
@@ -104,7 +104,7 @@ async fn serve(
         .as_ref()
         .and_then(|_| parts.headers.get(header::HOST).cloned());
     // The client's deadline, its rate key, and a keyed write's key
-    // (docs/behaviour.md#idempotency-keys); a 400 is forward's to answer.
+    // (docs/reference/idempotency.md#idempotency-keys); a 400 is forward's to answer.
     let parsed = request::read(cfg, &parts);
     let body = super::body::boxed(body);
     let cached = cfg.cache.is_some() && matches!(method, http::Method::GET | http::Method::HEAD);
@@ -193,7 +193,7 @@ fn access_log(
     Response::from_parts(parts, http_body_util::BodyExt::boxed(watched))
 }
 
-/// A keyed write (docs/behaviour.md#idempotency-keys) runs in a task of
+/// A keyed write (docs/reference/idempotency.md#idempotency-keys) runs in a task of
 /// its own: when its client leaves, its attempts go on within the request's
 /// deadline and its response is read to the end and kept, so a re-send is
 /// answered from the record instead of reaching the upstream again.

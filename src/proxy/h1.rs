@@ -12,7 +12,7 @@
 //! hyper's decoder accepts (hex size, optional whitespace, extensions up to
 //! 16 KiB without a bare LF, CRLF everywhere, trailers up to 16 KiB). The
 //! property tests (`tests/framing_props.rs`) hold this module against hyper
-//! on arbitrary messages. See docs/behaviour.md#protocols.
+//! on arbitrary messages. See docs/reference/protocols.md#protocols.
 
 /// Longest run of chunk extensions hyper accepts in one body.
 const EXTENSIONS_LIMIT: u64 = 16 * 1024;

@@ -41,7 +41,7 @@ pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap, keep_te_trailers: bool) {
 /// come), and a list of equal lengths (`2, 2`, or the field twice), which
 /// hyper accepts, becomes one value. Runs before [`strip_hop_by_hop`], which
 /// removes `Transfer-Encoding` itself; the fast path restates the same way
-/// (docs/behaviour.md#protocols).
+/// (docs/reference/protocols.md#protocols).
 pub(crate) fn restate_length(h: &mut HeaderMap) {
     if h.contains_key(header::TRANSFER_ENCODING) {
         h.remove(header::CONTENT_LENGTH);

@@ -1,4 +1,4 @@
-//! Idempotency keys in the data plane (docs/behaviour.md#idempotency-keys):
+//! Idempotency keys in the data plane (docs/reference/idempotency.md#idempotency-keys):
 //! the one place both paths ask the upstream's store what a keyed request
 //! gets, answer a replay or a refusal, and record how a forwarded one ended.
 //! What the store decides is `policy::idempotency`'s; this module only

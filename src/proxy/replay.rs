@@ -1,4 +1,4 @@
-//! The request body across attempts (docs/behaviour.md#replaying-the-body).
+//! The request body across attempts (docs/reference/retries.md#replaying-the-body).
 //!
 //! When a retry is possible at all (`max_attempts > 1`), a body of at most
 //! `max_replay_body_bytes` is buffered once and replayed for each attempt.

@@ -42,7 +42,7 @@ pub(crate) fn values<'h: 'i, 'n: 'i, 'i>(
 }
 
 /// The host a request names, for routing: its target's authority, else its
-/// first `Host` field; the port dropped (docs/behaviour.md#routing).
+/// first `Host` field; the port dropped (docs/reference/routing.md#routing).
 pub(crate) fn host(h: &impl Head) -> Option<&str> {
     let raw = match h.authority() {
         Some(a) => a,
@@ -82,7 +82,7 @@ pub struct Parsed {
     pub key: Option<String>,
     /// The request carries an idempotency key the upstream will receive,
     /// store or not: the retry decision may then replay a write
-    /// (docs/behaviour.md#classifying-an-attempt).
+    /// (docs/reference/retries.md#classifying-an-attempt).
     pub carries_key: bool,
 }
 
@@ -182,7 +182,7 @@ fn bad_key(cfg: &UpstreamConfig) -> ProxyError {
 }
 
 /// The principal a keyed request's record is scoped to
-/// (`[….idempotency] scope`, docs/behaviour.md#idempotency-keys): `~` and
+/// (`[….idempotency] scope`, docs/reference/idempotency.md#idempotency-keys): `~` and
 /// 32 hex digits over every value of each part; `None` without a scope.
 pub(crate) fn principal(cfg: &UpstreamConfig, h: &impl Head) -> Option<String> {
     let scope = &cfg.idempotency.as_ref()?.scope;
@@ -207,7 +207,7 @@ fn scoped(key: &str, principal: Option<&str>) -> String {
 }
 
 /// Fields never forwarded as they came, in either direction
-/// (docs/behaviour.md#header-hygiene): RFC 9110's hop-by-hop list and the
+/// (docs/reference/routing.md#header-hygiene): RFC 9110's hop-by-hop list and the
 /// proxy credentials meant for weir itself, `Transfer-Encoding` (each side
 /// frames its own), `x-weir-*`, and names that read as `Content-Length`,
 /// `Transfer-Encoding` or `Host` once `_` is taken for `-`. Besides these,
@@ -252,7 +252,7 @@ fn is_lookalike(name: &str) -> bool {
             })
 }
 
-/// Whether a `Content-Type` value says gRPC (docs/behaviour.md#grpc).
+/// Whether a `Content-Type` value says gRPC (docs/reference/protocols.md#grpc).
 pub(crate) fn grpc_content_type(value: &[u8]) -> bool {
     value.starts_with(b"application/grpc")
 }

@@ -106,7 +106,7 @@ pub(crate) fn host_of(authority: &str) -> &str {
     a.split(':').next().unwrap_or(a)
 }
 
-/// Where a request path goes on the upstream (docs/behaviour.md#routing): the matched
+/// Where a request path goes on the upstream (docs/reference/routing.md#routing): the matched
 /// `path_prefix` removed when `strip_prefix`, then the URL's base path in
 /// front, joined by a `/` when the rest does not start with one. The three
 /// pieces, in order; both data paths write them out.

@@ -281,7 +281,7 @@ impl ProxyHandle {
 /// option, same user) share the port and take part of the traffic unnoticed
 /// — an old instance with an old config. So the address is first bound
 /// alone, without the option: that fails while anyone is listening there,
-/// and weir refuses to start (docs/behaviour.md#listeners).
+/// and weir refuses to start (docs/reference/protocols.md#listeners).
 fn bind(addr: SocketAddr, n: usize, alone: bool) -> io::Result<Vec<std::net::TcpListener>> {
     use socket2::{Domain, Protocol, Socket, Type};
     let in_use = |e: io::Error| {

@@ -6,7 +6,7 @@
 //!
 //! An HTTP/1.1 client connection carries one request at a time, so the
 //! upstream connection it holds is free again by the time the next request
-//! arrives. Measured (README "Performance"), the shared pool's checkout —
+//! arrives. Measured (bench/RESULTS.md#how-it-got-there), the shared pool's checkout —
 //! hashing its key, locking, a spawned task per response — was a large share
 //! of weir's CPU per request. Anything else — TLS, HTTP/2, a host name to
 //! resolve, or a held connection still busy (an HTTP/2 client's concurrent

@@ -1,4 +1,4 @@
-//! The concurrency gate (docs/behaviour.md#concurrency): at most `max_in_flight` requests to an
+//! The concurrency gate (docs/reference/admission.md#concurrency): at most `max_in_flight` requests to an
 //! upstream at once, up to `max_queue` more waiting in FIFO order (tokio's
 //! semaphore is fair), anything beyond that refused at once with 503
 //! `overloaded`. A waiting request never waits past its deadline.

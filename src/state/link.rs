@@ -1,5 +1,5 @@
 //! The data plane's link to the fleet's shared state
-//! (docs/behaviour.md#fleet-state), one per upstream: what the request
+//! (docs/reference/fleet.md#fleet-state), one per upstream: what the request
 //! paths, the breaker's transitions and the refresher ask of [`Fleet`].
 //!
 //! - **Breaker** (`breaker.scope = "fleet"`): a trip this instance makes is

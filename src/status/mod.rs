@@ -1,4 +1,4 @@
-//! The status page on the admin listener (docs/behaviour.md#status-page):
+//! The status page on the admin listener (docs/reference/admin.md#status-page):
 //! `GET /` (one HTML file, `page.html`, with its script and styles inline)
 //! and `GET /status.json`, which the page's script reads every 2 s.
 //!

@@ -1,4 +1,4 @@
-//! `/status.json` (docs/behaviour.md#status-page): per upstream, the breaker
+//! `/status.json` (docs/reference/admin.md#status-page): per upstream, the breaker
 //! and how long it has been in its state, rates over the last
 //! [`RATE_WINDOW`], latency quantiles over the last [`LATENCY_WINDOW`], the
 //! live budget, gate and limiter, and the history the sparklines draw.
@@ -48,7 +48,7 @@ pub struct UpstreamReport {
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub history: Vec<Point>,
-    /// Its endpoints (docs/endpoints.md#seeing-it).
+    /// Its endpoints (docs/reference/endpoints.md#seeing-it).
     pub endpoints: Vec<crate::upstream::EndpointView>,
 }
 

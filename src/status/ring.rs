@@ -1,4 +1,4 @@
-//! What the status page remembers per upstream (docs/behaviour.md#status-page):
+//! What the status page remembers per upstream (docs/reference/admin.md#status-page):
 //! a fixed ring of counter samples, taken every [`INTERVAL`] off the data
 //! plane, and the last [`TRANSITIONS`] breaker transitions. Both are bounded
 //! whatever the traffic; nothing here is touched per request (a transition
@@ -182,7 +182,7 @@ mod tests {
 
     #[test]
     fn the_documented_bound_holds() {
-        // docs/behaviour.md#status-page: "at most 36 KiB per upstream".
+        // docs/reference/admin.md#status-page: "at most 36 KiB per upstream".
         let bytes = CAPACITY * std::mem::size_of::<Sample>()
             + TRANSITIONS * std::mem::size_of::<Recorded>()
             + BUCKETS * std::mem::size_of::<f64>();

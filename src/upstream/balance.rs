@@ -1,4 +1,4 @@
-//! Choosing an endpoint (docs/endpoints.md#balancing): the latency estimate
+//! Choosing an endpoint (docs/reference/endpoints.md#balancing): the latency estimate
 //! each endpoint keeps (peak-EWMA) and the power-of-two-choices pick over
 //! it. Pure: time and the random draws are arguments.
 

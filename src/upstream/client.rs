@@ -355,7 +355,7 @@ pub struct SendError {
 
 impl Failure {
     /// The outcome this failure is for the retry decision and the breaker:
-    /// the one classification, on either path (docs/behaviour.md#classifying-an-attempt).
+    /// the one classification, on either path (docs/reference/retries.md#classifying-an-attempt).
     pub fn outcome(self) -> crate::policy::Outcome {
         use crate::policy::Outcome;
         match self {

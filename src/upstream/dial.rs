@@ -1,5 +1,5 @@
 //! How both data paths use the endpoints for one attempt
-//! (docs/endpoints.md#connections): [`dial`] picks and connects, trying
+//! (docs/reference/endpoints.md#connections): [`dial`] picks and connects, trying
 //! the next endpoint when one refuses; [`report`] gives the attempt's
 //! outcome to the endpoint it went to and keeps the request's avoid list.
 

@@ -1,4 +1,4 @@
-//! Passive outlier ejection (docs/endpoints.md#ejection): each endpoint's
+//! Passive outlier ejection (docs/reference/endpoints.md#ejection): each endpoint's
 //! own breaker. Pure: time and the random draw are arguments; the caller
 //! (`upstream::Endpoints`) holds the siblings and the cap on how many may
 //! be ejected at once.

@@ -1,4 +1,4 @@
-//! The upstream side (docs/endpoints.md): an upstream's endpoints — the
+//! The upstream side (docs/reference/endpoints.md): an upstream's endpoints — the
 //! addresses its name resolves to, or a static list — each with its
 //! latency estimate, requests in flight, ejection state and general-path
 //! connection pool; the balancer that picks one for each attempt; and the

@@ -1,4 +1,4 @@
-//! Where an upstream's endpoints come from (docs/endpoints.md#endpoints):
+//! Where an upstream's endpoints come from (docs/reference/endpoints.md#endpoints):
 //! the `url`'s host, or each entry of a static `endpoints` list. An IP
 //! literal is an endpoint as it is; a name is resolved off the request
 //! path: a task per upstream asks the system resolver (`getaddrinfo`, on

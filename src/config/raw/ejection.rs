@@ -3,7 +3,7 @@
 use super::Dur;
 use serde::{Deserialize, Serialize};
 
-/// `[upstreams.NAME.ejection]` (docs/endpoints.md#ejection).
+/// `[upstreams.NAME.ejection]` (docs/reference/endpoints.md#ejection).
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawEjection {
@@ -23,7 +23,7 @@ pub struct RawEjection {
 mergeable!(RawEjection { consecutive_failures, failure_share_above, min_samples, base, max, max_ejected } nested {});
 
 impl RawEjection {
-    /// The built-in ejection defaults, with their reasons in docs/endpoints.md#ejection.
+    /// The built-in ejection defaults, with their reasons in docs/reference/endpoints.md#ejection.
     pub fn builtin() -> Self {
         use std::time::Duration as D;
         RawEjection {

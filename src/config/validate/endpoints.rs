@@ -1,5 +1,5 @@
 //! `endpoints`, `balance`, `max_endpoints` and `[ejection]` of an upstream
-//! (docs/endpoints.md).
+//! (docs/reference/endpoints.md).
 
 use super::super::raw::{RawEjection, RawUpstream, DEFAULT_BALANCE, DEFAULT_MAX_ENDPOINTS};
 use super::{quote, Ctx};

@@ -1,5 +1,5 @@
 //! The files a config's TLS tables name, loaded with the config
-//! (docs/behaviour.md#configuration-and-defaults): every one that cannot be
+//! (docs/reference/configuration.md#configuration-and-defaults): every one that cannot be
 //! read, or is not what its field says (a PEM certificate, CA bundle or
 //! private key; a key that goes with its certificate), is an error at the
 //! field that names it.

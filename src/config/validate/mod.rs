@@ -1,6 +1,6 @@
 //! Stage two: merged raw tables → typed, validated values, and the files
 //! they name loaded (`files`). Collects every error it can find rather than
-//! stopping at the first (docs/behaviour.md#configuration-and-defaults).
+//! stopping at the first (docs/reference/configuration.md#configuration-and-defaults).
 
 use super::error::{ConfigError, ConfigErrors, SpanIndex};
 use super::raw::{RawConfig, RawPolicy, RawServer, RawUpstream};

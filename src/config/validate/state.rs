@@ -1,5 +1,5 @@
 //! `[state]`: where the state a fleet shares is kept
-//! (docs/behaviour.md#fleet-state), validated into a [`StateConfig`]. The
+//! (docs/reference/fleet.md#fleet-state), validated into a [`StateConfig`]. The
 //! URL is checked as text (and by the Redis client's own parser), never
 //! dialled: the config layer touches no network.
 

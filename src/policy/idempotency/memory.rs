@@ -1,4 +1,4 @@
-//! The in-memory [`IdempotencyStore`] (docs/behaviour.md#idempotency-keys):
+//! The in-memory [`IdempotencyStore`] (docs/reference/idempotency.md#idempotency-keys):
 //! one upstream's records in a hash map into a slab threaded by intrusive
 //! lists, O(1) per operation, bounded by `max_bytes` with the accounting of
 //! [`Entry::bytes`]. Owns eviction and expiry; the decision itself is

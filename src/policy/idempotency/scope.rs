@@ -1,4 +1,4 @@
-//! Who asked (docs/behaviour.md#idempotency-keys, "Keys are per
+//! Who asked (docs/reference/idempotency.md#idempotency-keys, "Keys are per
 //! principal"): an idempotency key names a write *of one caller*, so a
 //! record is kept under the client's key qualified by the request's
 //! principal — by default its `Authorization` and the host it named — and

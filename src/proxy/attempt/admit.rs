@@ -1,4 +1,4 @@
-//! Admission (docs/behaviour.md#admission): the request's deadline, the rate
+//! Admission (docs/reference/admission.md#admission): the request's deadline, the rate
 //! limit and the concurrency gate up to the body, then the breaker; and the
 //! breaker [`Ticket`] every attempt holds until its verdict.
 
@@ -146,7 +146,7 @@ fn take_rate(up: &Upstream, key: Option<&str>, now: Duration) -> Result<Taken, O
 
 /// Gives back the token a request took (`taken`) when weir refuses it
 /// afterwards — circuit open, concurrency gate full — so that an outage is
-/// answered `circuit_open`, not `rate_limited` (docs/behaviour.md#admission).
+/// answered `circuit_open`, not `rate_limited` (docs/reference/admission.md#admission).
 pub(crate) fn refund(up: &Upstream, key: Option<&str>, taken: Taken) {
     match taken {
         Taken::Nothing => {}
@@ -223,7 +223,7 @@ impl Watch for Dropped {
     }
 }
 
-/// A request's deadline (docs/behaviour.md#deadlines-and-timeouts): `start`
+/// A request's deadline (docs/reference/deadlines.md#deadlines-and-timeouts): `start`
 /// plus the upstream's `timeout`, lowered (never raised) by what the client
 /// asked for (`x-weir-timeout-ms`, `grpc-timeout`); and whether the client
 /// lowered it.
@@ -237,7 +237,7 @@ pub(crate) fn deadline(
 }
 
 /// Admission up to the request body, in the order of
-/// docs/behaviour.md#admission: the rate limit (waiting up to `max_wait`,
+/// docs/reference/admission.md#admission: the rate limit (waiting up to `max_wait`,
 /// never past the deadline), then the concurrency gate. The body is read
 /// after this and before the breaker is asked ([`admit_breaker`]), so a slow
 /// upload never holds a half-open probe slot. Usually a token and a slot are

@@ -15,7 +15,7 @@ use http::{HeaderMap, HeaderValue};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// The gates of docs/behaviour.md#the-retry-decision (6–8) on this upstream's live state.
+/// The gates of docs/reference/retries.md#the-retry-decision (6–8) on this upstream's live state.
 struct LiveGates<'a> {
     breaker: &'a mut Breaker,
     budget: &'a mut RetryBudget,
@@ -154,7 +154,7 @@ impl<'a> Attempts<'a> {
         now
     }
 
-    /// Records an attempt and decides (docs/behaviour.md#the-retry-decision) what follows it.
+    /// Records an attempt and decides (docs/reference/retries.md#the-retry-decision) what follows it.
     pub(crate) fn judge(
         &mut self,
         outcome: &Outcome,
@@ -322,7 +322,7 @@ pub(crate) fn timed_out(try_deadline: Instant, deadline: Instant) -> (Outcome, P
     }
 }
 
-/// weir's annotations on a response (docs/behaviour.md#what-weir-adds-to-responses):
+/// weir's annotations on a response (docs/reference/responses.md#what-weir-adds-to-responses):
 /// `x-weir-attempts` and, when a retryable outcome was not retried,
 /// `x-weir-retry-stop`. The one writer of both, for either path: `put` gets
 /// each field's name and value.

@@ -1,11 +1,11 @@
-//! Admission and the attempt loop (docs/behaviour.md#the-life-of-a-request): the data plane enforcing
+//! Admission and the attempt loop (docs/reference/life-of-a-request.md#the-life-of-a-request): the data plane enforcing
 //! what the policy core decides.
 //!
-//! Admission, in the order of docs/behaviour.md#admission: the rate limiter (waits up to
+//! Admission, in the order of docs/reference/admission.md#admission: the rate limiter (waits up to
 //! `max_wait`, never past the deadline, else 429 `rate_limited`), the
 //! concurrency gate (503 `overloaded`), the breaker (503 `circuit_open`). Then each attempt: build the
 //! request, send it under the per-try timeout, record the breaker's verdict,
-//! and ask `policy::decide` — which checks docs/behaviour.md#the-retry-decision in order and asks the budget,
+//! and ask `policy::decide` — which checks docs/reference/retries.md#the-retry-decision in order and asks the budget,
 //! breaker and limiter lazily through `LiveGates`. A retry sleeps its delay;
 //! everything else returns the last outcome unchanged.
 //!

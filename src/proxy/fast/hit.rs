@@ -1,5 +1,5 @@
 //! A fresh hit of the response cache, answered on the fast path
-//! (docs/behaviour.md#response-cache); `head::cache` finds it. Everything else a cached upstream
+//! (docs/reference/cache.md#response-cache); `head::cache` finds it. Everything else a cached upstream
 //! gets — misses, revalidations, stale answers, writes that invalidate —
 //! goes to hyper's path, where the cache is written (`proxy::cached`);
 //! here only the one answer that needs nothing of it: the entry as it is.

@@ -4,7 +4,7 @@
 //! HTTP/1.1 upstream over a pooled connection, and relays the response —
 //! without a header map, a channel, a second task or a timer per request.
 //!
-//! Measured (README "Performance"), hyper on both sides of the proxy cost
+//! Measured (bench/RESULTS.md#the-fast-path), hyper on both sides of the proxy cost
 //! more user-space CPU per request than the kernel's loopback work; nginx
 //! and HAProxy do what this module does: copy heads from buffer to buffer.
 //!
@@ -87,7 +87,7 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
             // Between requests a kept-alive connection may be quiet for
             // `client_idle_timeout`; a head, once begun (or on a fresh
             // connection), must be whole within `header_read_timeout` of
-            // its start (docs/behaviour.md#deadlines, "Client connections").
+            // its start (docs/reference/deadlines.md#deadlines-and-timeouts, "Client connections").
             let idle = served && bufs.client.is_empty();
             let deadline = match idle {
                 true => waiting + conn.idle_timeout,
@@ -160,7 +160,7 @@ struct Ctx<'c> {
 
 impl Ctx<'_> {
     /// The access-log line of the request whose head starts the client
-    /// buffer (docs/behaviour.md#logs); the request line is read only when
+    /// buffer (docs/reference/logs.md#logs); the request line is read only when
     /// a line is written.
     /// `e`'s method and path are filled in here.
     fn access_log(&self, p: &Planned, e: access::Entry<'_>) {
@@ -362,7 +362,7 @@ impl Ctx<'_> {
     }
 
     /// Answers a repeat of a keyed write from its record
-    /// (docs/behaviour.md#idempotency-keys). Returns whether the connection
+    /// (docs/reference/idempotency.md#idempotency-keys). Returns whether the connection
     /// stays open.
     async fn replay(
         &mut self,

@@ -3,7 +3,7 @@
 //! keyed write's response kept as it passes; and how it ended
 //! ([`Relayed`]): a body that breaks off after the head is weir's
 //! `upstream_reset` (or `upstream_timeout`), the client's connection ended
-//! short of the length (docs/behaviour.md#logs).
+//! short of the length (docs/reference/logs.md#logs).
 
 use super::head::{self, Framing, Planned};
 use super::io::{client_gone, read_more, write_client};

@@ -4,7 +4,7 @@ use super::head::Annotations;
 use crate::proxy::attempt;
 use crate::proxy::error::ProxyError;
 
-/// weir's own error response (docs/behaviour.md#error-responses), as the fast path writes it.
+/// weir's own error response (docs/reference/responses.md#error-responses), as the fast path writes it.
 pub(super) struct ErrorResponse<'a> {
     pub(super) error: &'a ProxyError,
     pub(super) upstream: &'a str,

@@ -49,12 +49,12 @@ pub(super) struct FastTransport<'c> {
     pub(super) pool: &'c Pool,
     pub(super) up: &'c Upstream,
     pub(super) head_method: bool,
-    /// A keyed write (docs/behaviour.md#idempotency-keys): its attempts go
+    /// A keyed write (docs/reference/idempotency.md#idempotency-keys): its attempts go
     /// on when the client leaves, within the request's deadline, so that
     /// their outcome is recorded for a re-send.
     pub(super) detached: bool,
     /// Endpoints that failed this request: a retry goes elsewhere when it
-    /// can (docs/endpoints.md#retries-go-elsewhere).
+    /// can (docs/reference/endpoints.md#retries-go-elsewhere).
     pub(super) avoid: Vec<SocketAddr>,
 }
 

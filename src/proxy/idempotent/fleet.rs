@@ -1,4 +1,4 @@
-//! Idempotency records on the fleet's Redis (docs/behaviour.md#fleet-state):
+//! Idempotency records on the fleet's Redis (docs/reference/fleet.md#fleet-state):
 //! tried first when the upstream's state is shared; a call that fails or
 //! takes past `[state] timeout` leaves the decision to the instance's own
 //! memory store. The finishing calls run in the background: the client is

@@ -3,7 +3,7 @@
 //! response head is parsed for its framing and its outcome, then written out
 //! for the client. Nothing here does I/O or keeps a header map: header names
 //! and values are copied from the buffer they arrived in to the buffer that
-//! leaves, with the same hygiene as the general path (docs/behaviour.md#header-hygiene).
+//! leaves, with the same hygiene as the general path (docs/reference/routing.md#header-hygiene).
 //!
 //! Anything this path does not handle itself — another HTTP version, a body
 //! too large to hold for a replay, announced with `Expect` or chunked with
@@ -80,7 +80,7 @@ pub struct Planned {
 }
 
 /// A request the upstream's idempotency store applies to
-/// (docs/behaviour.md#idempotency-keys): where its method and target (for
+/// (docs/reference/idempotency.md#idempotency-keys): where its method and target (for
 /// the fingerprint) are in the head, which stays at the start of the
 /// client's buffer while the request is served. Its key is `asked.key`.
 #[derive(Debug, Clone)]
