@@ -13,6 +13,7 @@
 //! upstream with a cache to hyper (`fast::head::plan`), so the cache is
 //! written once.
 
+use super::attempt::Annotations;
 use super::body::{self, Body};
 use super::error::ProxyError;
 use super::exchange::forward;
@@ -244,7 +245,7 @@ impl Visit<'_> {
                 let received = self.up.state.clock.wall();
                 let fresh =
                     on_not_modified(&e, &self.req, pairs(resp.headers()), &params, now, received);
-                let attempts = resp.headers().get("x-weir-attempts").cloned();
+                let attempts = resp.extensions().get::<Annotations>().copied();
                 let answer = {
                     let mut cache = self.up.state.cache();
                     let c = cache.as_mut();
@@ -273,7 +274,7 @@ impl Visit<'_> {
                 }
             }
             Some(e) if status >= 500 && on_error(&e, now) => {
-                let attempts = resp.headers().get("x-weir-attempts").cloned();
+                let attempts = resp.extensions().get::<Annotations>().copied();
                 self.count(CacheResult::StaleIfError);
                 Ok(self.answer_uncounted(&e, CacheResult::StaleIfError, attempts))
             }
@@ -412,7 +413,7 @@ impl Visit<'_> {
         &self,
         e: &CachedResponse,
         result: CacheResult,
-        attempts: Option<HeaderValue>,
+        attempts: Option<Annotations>,
     ) -> Response<Body> {
         self.count(result);
         self.answer_uncounted(e, result, attempts)
@@ -423,7 +424,7 @@ impl Visit<'_> {
         &self,
         e: &CachedResponse,
         result: CacheResult,
-        attempts: Option<HeaderValue>,
+        attempts: Option<Annotations>,
     ) -> Response<Body> {
         let now = self.up.state.now();
         let (parts, bytes) = entry_parts(self.up, e, result, self.req.head, attempts, now);
@@ -440,7 +441,7 @@ pub(crate) fn entry_parts(
     e: &CachedResponse,
     result: CacheResult,
     head: bool,
-    attempts: Option<HeaderValue>,
+    attempts: Option<Annotations>,
     now: Duration,
 ) -> (http::response::Parts, Bytes) {
     let (mut parts, ()) = Response::new(()).into_parts();
@@ -452,11 +453,13 @@ pub(crate) fn entry_parts(
         }
     }
     h.insert(http::header::AGE, HeaderValue::from(e.age_secs(now)));
-    if up.config.annotate {
-        super::attempt::annotate(h, 0, None);
-        if let Some(a) = attempts {
-            h.insert("x-weir-attempts", a);
-        }
+    let spent = attempts.unwrap_or(Annotations {
+        attempts: 0,
+        stop: None,
+    });
+    let on = up.config.annotate;
+    super::attempt::annotate_response(h, &mut parts.extensions, spent, on);
+    if on {
         h.insert(CACHE_HEADER, HeaderValue::from_static(result.name()));
     }
     if head {

@@ -150,6 +150,7 @@ impl ProxyError {
         if let Some(secs) = self.retry_after_secs() {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        resp.extensions_mut().insert(ErrorCode(self.code()));
         resp
     }
 
@@ -194,6 +195,7 @@ impl ProxyError {
         if self.closes_connection() {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        parts.extensions.insert(ErrorCode(self.code()));
         (parts, self.json_body(upstream))
     }
 
@@ -212,6 +214,11 @@ impl ProxyError {
         Response::from_parts(parts, full(body))
     }
 }
+
+/// The code of weir's own error response (its `x-weir-error`), carried as
+/// the response's extension for the access log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ErrorCode(pub &'static str);
 
 /// gRPC's percent-encoding of `grpc-message`: printable ASCII except `%` as is.
 fn grpc_percent_encode(s: &str) -> String {

@@ -179,9 +179,16 @@ pub(crate) async fn forward(
                 let hint = http_body::Body::size_hint(&rbody).exact().unwrap_or(0);
                 r.capture(rparts.status.as_u16(), fields, hint)
             });
-            if cfg.annotate {
-                attempt::annotate(&mut rparts.headers, done.attempts, done.stop);
-            }
+            let spent = attempt::Annotations {
+                attempts: done.attempts,
+                stop: done.stop,
+            };
+            attempt::annotate_response(
+                &mut rparts.headers,
+                &mut rparts.extensions,
+                spent,
+                cfg.annotate,
+            );
             up.state.metrics.status(
                 rparts.status.as_u16(),
                 done.ended.saturating_duration_since(start),
@@ -194,11 +201,18 @@ pub(crate) async fn forward(
             up.state
                 .metrics
                 .error(e.code(), done.ended.saturating_duration_since(start));
-            let mut resp = e.respond(Some(&cfg.name), is_grpc_request);
-            if cfg.annotate {
-                attempt::annotate(resp.headers_mut(), done.attempts, done.stop);
-            }
-            Ok(resp)
+            let (mut parts, body) = e.respond(Some(&cfg.name), is_grpc_request).into_parts();
+            let spent = attempt::Annotations {
+                attempts: done.attempts,
+                stop: done.stop,
+            };
+            attempt::annotate_response(
+                &mut parts.headers,
+                &mut parts.extensions,
+                spent,
+                cfg.annotate,
+            );
+            Ok(Response::from_parts(parts, body))
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use super::attempt;
 use super::body::Body;
-use super::error::ProxyError;
+use super::error::{ErrorCode, ProxyError};
 use super::exchange::forward;
 use super::idempotent;
 use super::request::{self, Parsed};
@@ -148,10 +148,11 @@ fn access_log(
 ) -> Response<Body> {
     let mode = snap.config.server.access_log;
     let status = resp.status().as_u16();
-    let h = resp.headers();
-    let error = h.get("x-weir-error").and_then(|v| v.to_str().ok());
+    let error = resp.extensions().get::<ErrorCode>().map(|c| c.0);
     let wanted = super::access::wanted(mode, status, error.is_some());
-    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+    let spent = resp.extensions().get::<attempt::Annotations>().copied();
+    let attempts = spent.map(|a| a.attempts);
+    let retry_stop = spent.and_then(|a| a.stop).map(|s| s.as_str());
     let endpoint = resp
         .extensions()
         .get::<crate::upstream::Served>()
@@ -167,8 +168,8 @@ fn access_log(
                 path: uri.path(),
                 status,
                 error,
-                attempts: text("x-weir-attempts").and_then(|v| v.parse().ok()),
-                retry_stop: text("x-weir-retry-stop"),
+                attempts,
+                retry_stop,
                 endpoint,
                 took: start.elapsed(),
             };
@@ -183,8 +184,8 @@ fn access_log(
         method: method.as_str().to_string(),
         path: uri.path().to_string(),
         status,
-        attempts: text("x-weir-attempts").and_then(|v| v.parse().ok()),
-        retry_stop: text("x-weir-retry-stop").map(str::to_string),
+        attempts,
+        retry_stop: retry_stop.map(str::to_string),
         endpoint,
         took: start.elapsed(),
     };
@@ -264,8 +265,15 @@ async fn tunnel(
             e.to_response(Some(&up.config.name))
         }
     };
-    if up.config.annotate && attempts > 0 {
-        attempt::annotate(resp.headers_mut(), attempts, None);
+    if attempts > 0 {
+        let (mut parts, body) = resp.into_parts();
+        let spent = attempt::Annotations {
+            attempts,
+            stop: None,
+        };
+        let on = up.config.annotate;
+        attempt::annotate_response(&mut parts.headers, &mut parts.extensions, spent, on);
+        resp = Response::from_parts(parts, body);
     }
     resp
 }

@@ -313,9 +313,11 @@ pub(crate) fn replay_parts(
         http::HeaderName::from_static(REPLAYED_HEADER),
         http::HeaderValue::from_static("true"),
     );
-    if annotate {
-        super::attempt::annotate(&mut parts.headers, 0, None);
-    }
+    let none = super::attempt::Annotations {
+        attempts: 0,
+        stop: None,
+    };
+    super::attempt::annotate_response(&mut parts.headers, &mut parts.extensions, none, annotate);
     (parts, stored.body_bytes())
 }
 

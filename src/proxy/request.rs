@@ -29,6 +29,14 @@ pub(crate) trait Head {
     fn path(&self) -> &str;
     /// Every field, in the order it came: the name and the value's bytes.
     fn fields(&self) -> impl Iterator<Item = (&str, &[u8])>;
+    /// The first `Host` field, as text (a codec that parsed it already
+    /// says so without another pass).
+    fn host_field(&self) -> Option<&str> {
+        let (_, v) = self
+            .fields()
+            .find(|(n, _)| n.eq_ignore_ascii_case("host"))?;
+        std::str::from_utf8(v).ok().map(str::trim)
+    }
 }
 
 /// Every value of the field `name`, in order.
@@ -46,7 +54,7 @@ pub(crate) fn values<'h: 'i, 'n: 'i, 'i>(
 pub(crate) fn host(h: &impl Head) -> Option<&str> {
     let raw = match h.authority() {
         Some(a) => a,
-        None => std::str::from_utf8(values(h, "host").next()?).ok()?.trim(),
+        None => h.host_field()?,
     };
     Some(host_of(raw))
 }
@@ -86,43 +94,67 @@ pub struct Parsed {
     pub carries_key: bool,
 }
 
-/// Reads what the upstream's policy needs from a routed request. `Err` is
-/// a 400 with its reason: an `x-weir-timeout-ms` that is not a number,
-/// an idempotency key that is empty, too long or not text, or two of them.
+/// Reads what the upstream's policy needs from a routed request, in one
+/// pass over its fields. `Err` is a 400 with its reason: an
+/// `x-weir-timeout-ms` that is not a number, an idempotency key that is
+/// empty, too long or not text, or two of them.
 pub(crate) fn read(cfg: &UpstreamConfig, h: &impl Head) -> Result<Parsed, ProxyError> {
-    let lowered = lowered(h).map_err(|why| ProxyError::BadRequest(why.into()))?;
-    let key = match idempotency_key(cfg, h)? {
+    let rate_name = rate_key_field(cfg);
+    let key_name = cfg.idempotency_header.as_str();
+    let (mut timeout, mut rate, mut key, mut keys) = (None, None, None, 0);
+    for (n, v) in h.fields() {
+        if timeout.is_none() && n.eq_ignore_ascii_case(TIMEOUT_FIELD) {
+            timeout = Some(v);
+        } else if rate.is_none() && rate_name.is_some_and(|r| n.eq_ignore_ascii_case(r)) {
+            rate = Some(v);
+        }
+        if n.eq_ignore_ascii_case(key_name) {
+            keys += 1;
+            key = key.or(Some(v));
+        }
+    }
+    let lowered = match timeout {
+        Some(v) => Some(lowered(v).map_err(|why| ProxyError::BadRequest(why.into()))?),
+        None => None,
+    };
+    // A key field its `Connection` names is for this hop only.
+    let carries_key = key.is_some() && !dropped(key_name) && !named_by_connection(h, key_name);
+    let key = match idempotency_key(cfg, h.method(), key.filter(|_| carries_key), keys)? {
         Some(k) => Some(scoped(key_text(cfg, k)?, principal(cfg, h).as_deref())),
         None => None,
     };
-    let name = cfg.idempotency_header.as_str();
-    let carries_key =
-        values(h, name).next().is_some() && !dropped(name) && !named_by_connection(h, name);
     Ok(Parsed {
         lowered,
-        rate_key: rate_key(cfg, h),
+        rate_key: rate.and_then(visible).map(str::to_owned),
         key,
         carries_key,
     })
 }
 
-/// `x-weir-timeout-ms: N`, the first one (docs/behaviour.md#deadlines-and-timeouts).
-pub(crate) fn lowered(h: &impl Head) -> Result<Option<Duration>, &'static str> {
-    let Some(v) = values(h, "x-weir-timeout-ms").next() else {
-        return Ok(None);
-    };
+/// The field a client lowers its deadline with.
+const TIMEOUT_FIELD: &str = "x-weir-timeout-ms";
+
+/// An `x-weir-timeout-ms` value: a whole number of milliseconds
+/// (docs/reference/deadlines.md#deadlines-and-timeouts).
+fn lowered(v: &[u8]) -> Result<Duration, &'static str> {
     std::str::from_utf8(v)
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
-        .map(|ms| Some(Duration::from_millis(ms)))
+        .map(Duration::from_millis)
         .ok_or("x-weir-timeout-ms must be a whole number of milliseconds")
 }
 
-/// The rate limiter's key (`[….rate_limit] key = "header:NAME"`): the
-/// first such field, when it is text (docs/behaviour.md#rate-limits).
-pub(crate) fn rate_key(cfg: &UpstreamConfig, h: &impl Head) -> Option<String> {
+/// The field the rate limiter is keyed by (`[….rate_limit] key =
+/// "header:NAME"`), if any.
+fn rate_key_field(cfg: &UpstreamConfig) -> Option<&str> {
     let crate::policy::limiter::KeySource::Header(name) = cfg.rate_limit.as_ref()?.key.as_ref()?;
-    let v = values(h, name).next()?;
+    Some(name)
+}
+
+/// The rate limiter's key: the first such field, when it is text
+/// (docs/reference/admission.md#rate-limits).
+pub(crate) fn rate_key(cfg: &UpstreamConfig, h: &impl Head) -> Option<String> {
+    let v = values(h, rate_key_field(cfg)?).next()?;
     visible(v).map(str::to_owned)
 }
 
@@ -136,29 +168,24 @@ fn visible(v: &[u8]) -> Option<&str> {
 }
 
 /// The idempotency key of a request the upstream's store applies to
-/// (docs/behaviour.md#idempotency-keys); `Ok(None)` when it applies to none
-/// (no store, another method, no key). A key field a `Connection` field
-/// names is hop-by-hop and no key. An empty or over-long key, or two key
-/// fields (which one did the client mean?), is a 400.
-pub(crate) fn idempotency_key<'h>(
+/// (docs/reference/idempotency.md#idempotency-keys), from the first of the
+/// `count` key fields it carries; `Ok(None)` when the store applies to
+/// none (no store, another method, no key). An empty or over-long key, or
+/// two key fields (which one did the client mean?), is a 400.
+fn idempotency_key<'v>(
     cfg: &UpstreamConfig,
-    h: &'h impl Head,
-) -> Result<Option<&'h [u8]>, ProxyError> {
-    let Some(params) = &cfg.idempotency else {
+    method: &str,
+    first: Option<&'v [u8]>,
+    count: usize,
+) -> Result<Option<&'v [u8]>, ProxyError> {
+    let (Some(params), Some(first)) = (&cfg.idempotency, first) else {
         return Ok(None);
     };
-    if !params.applies_to(h.method()) {
+    if !params.applies_to(method) {
         return Ok(None);
     }
-    let name = cfg.idempotency_header.as_str();
-    let mut all = values(h, name);
-    let Some(first) = all.next() else {
-        return Ok(None);
-    };
-    if named_by_connection(h, name) {
-        return Ok(None);
-    }
-    if all.next().is_some() {
+    if count > 1 {
+        let name = &cfg.idempotency_header;
         return Err(ProxyError::BadRequest(format!(
             "more than one {name} header"
         )));
@@ -305,11 +332,20 @@ mod tests {
 
     #[test]
     fn the_clients_deadline_is_a_number_of_milliseconds() {
+        let toml = "[upstreams.a]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"a\"]\n";
+        let cfg = crate::config::Config::parse(std::path::Path::new("t.toml"), toml).unwrap();
+        let up = &cfg.upstreams[0];
         let p = parts(http::Request::get("/").header("x-weir-timeout-ms", " 100 "));
-        assert_eq!(lowered(&p), Ok(Some(Duration::from_millis(100))));
+        assert_eq!(
+            read(up, &p).unwrap().lowered,
+            Some(Duration::from_millis(100))
+        );
         let p = parts(http::Request::get("/").header("x-weir-timeout-ms", "soon"));
-        assert!(lowered(&p).is_err());
-        assert_eq!(lowered(&parts(http::Request::get("/"))), Ok(None));
+        assert!(read(up, &p).is_err());
+        assert_eq!(
+            read(up, &parts(http::Request::get("/"))).unwrap().lowered,
+            None
+        );
     }
 
     #[test]

@@ -341,6 +341,16 @@ pub(crate) fn annotation_fields(
     }
 }
 
+/// What a request's attempts came to: how many were made, and why a
+/// retryable outcome was not retried. A general-path response carries it as
+/// an extension, which the access log and the response cache read; the
+/// fields [`annotation_fields`] writes say the same to the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Annotations {
+    pub attempts: u32,
+    pub stop: Option<StopReason>,
+}
+
 /// Adds weir's annotations ([`annotation_fields`]) to a response's headers.
 pub(crate) fn annotate(h: &mut HeaderMap, attempts: u32, stop: Option<StopReason>) {
     annotation_fields(attempts, stop, |name, value| {
@@ -348,4 +358,18 @@ pub(crate) fn annotate(h: &mut HeaderMap, attempts: u32, stop: Option<StopReason
             h.insert(name, v);
         }
     });
+}
+
+/// Records `a` on a general-path response (its extensions), and writes it
+/// as fields when the upstream annotates (`fields`).
+pub(crate) fn annotate_response(
+    h: &mut HeaderMap,
+    ext: &mut http::Extensions,
+    a: Annotations,
+    fields: bool,
+) {
+    ext.insert(a);
+    if fields {
+        annotate(h, a.attempts, a.stop);
+    }
 }

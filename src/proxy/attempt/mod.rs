@@ -17,5 +17,8 @@ mod drive;
 mod hyper;
 
 pub(crate) use admit::{admit, admit_breaker, admit_breaker_at, deadline, refund, Dropped, Watch};
-pub(crate) use drive::{annotate, annotation_fields, drive, timed_out, Attempts, Step, Transport};
+pub use drive::Annotations;
+pub(crate) use drive::{
+    annotate, annotate_response, annotation_fields, drive, timed_out, Attempts, Step, Transport,
+};
 pub(crate) use hyper::{run, Plan};

@@ -247,7 +247,7 @@ impl Ctx<'_> {
         let Ok(mut attempts) = begun else {
             let f = Failure {
                 error: ProxyError::DeadlineExceeded,
-                attempts: cfg.annotate.then_some(Annotations {
+                attempts: Some(Annotations {
                     attempts: 0,
                     stop: None,
                 }),
@@ -283,10 +283,11 @@ impl Ctx<'_> {
         let last_failed = t.avoid.last().copied();
         let (result, stop, ended) = (driven.result, driven.stop, driven.ended);
         let made = attempts.made();
-        let annotations = cfg.annotate.then_some(Annotations {
+        let spent = Annotations {
             attempts: made,
             stop,
-        });
+        };
+        let annotations = cfg.annotate.then_some(spent);
         drop(attempts);
         let took = ended.saturating_duration_since(start);
         match result {
@@ -308,9 +309,8 @@ impl Ctx<'_> {
                     path: "",
                     status,
                     error: relayed.error,
-                    // From the annotations, as on the general path.
-                    attempts: annotations.map(|_| made),
-                    retry_stop: annotations.and(stop).map(|s| s.as_str()),
+                    attempts: Some(made),
+                    retry_stop: stop.map(|s| s.as_str()),
                     endpoint: Some(addr),
                     took,
                 };
@@ -323,7 +323,7 @@ impl Ctx<'_> {
                 }
                 let f = Failure {
                     error,
-                    attempts: annotations,
+                    attempts: Some(spent),
                     endpoint: last_failed,
                 };
                 self.fail(up, start, &p, f).await
@@ -402,7 +402,7 @@ impl Ctx<'_> {
         let e = ErrorResponse {
             error: &f.error,
             upstream: &up.config.name,
-            annotations: f.attempts,
+            annotations: f.attempts.filter(|_| up.config.annotate),
             close,
             head_method: p.head_method,
             date: up.state.clock.wall(),

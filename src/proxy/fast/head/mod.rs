@@ -108,6 +108,9 @@ impl request::Head for Request<'_, '_> {
     fn path(&self) -> &str {
         self.path
     }
+    fn host_field(&self) -> Option<&str> {
+        self.host
+    }
     fn fields(&self) -> impl Iterator<Item = (&str, &[u8])> {
         self.fields.iter().map(|f| (f.name, f.value))
     }

@@ -4,7 +4,6 @@
 //! with its trailer section filtered.
 
 use super::{eq, header, push_u64, ConnectionField, MAX_HEADERS};
-use crate::policy::StopReason;
 use crate::proxy::h1;
 use crate::proxy::request::dropped as hop_by_hop;
 
@@ -175,12 +174,8 @@ pub fn parse_response<'b>(
     })))
 }
 
-/// What weir adds to a proxied response (docs/behaviour.md#what-weir-adds-to-responses).
-#[derive(Debug, Clone, Copy)]
-pub struct Annotations {
-    pub attempts: u32,
-    pub stop: Option<StopReason>,
-}
+/// What weir adds to a proxied response (docs/reference/responses.md#what-weir-adds-to-responses).
+pub use crate::proxy::attempt::Annotations;
 
 /// Ends the client's response head [`parse_response`] began in `out`: the
 /// annotations and, when `close`, `Connection: close`.
