@@ -171,6 +171,41 @@ async fn access_log_lines_in_json_on_both_paths() {
     assert!(!weir.seen.iter().any(|l| l.contains('\u{1b}')));
 }
 
+/// The access log's attempts come from the attempts themselves, not from
+/// the fields written for the client: with `annotate = false` (no
+/// `x-weir-attempts` on the response) the line still has them, on both
+/// paths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_counts_attempts_when_responses_are_not_annotated() {
+    let up = upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (listen, admin) = (free_port(), free_port());
+    let path = dir.path().join("weir.toml");
+    let extra = "[defaults]\nannotate = false\n";
+    std::fs::write(
+        &path,
+        config(listen, admin, up.addr.port(), "access_log = \"all\"", extra),
+    )
+    .unwrap();
+    let mut weir = Weir::start(&path, "json");
+    wait_ready(admin).await;
+    for host in ["fast", "general"] {
+        let resp = get(&client(), &format!("http://127.0.0.1:{listen}/fail"), host).await;
+        assert_eq!(resp.status(), 503);
+        assert!(resp.headers().get("x-weir-attempts").is_none(), "{host}");
+    }
+    weir.wait_for("\"general\"");
+    let lines = weir.access_lines();
+    for host in ["fast", "general"] {
+        let failed = lines
+            .iter()
+            .find(|l| l["upstream"] == host && l["status"] == 503)
+            .unwrap_or_else(|| panic!("{host}: {lines:#?}"));
+        assert_eq!(failed["attempts"], 2, "{host}: {failed}");
+        assert_eq!(failed["retry_stop"], "attempts", "{host}: {failed}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_logs_errors_in_text_and_a_reload_names_its_changes() {
     let up = upstream().await;
