@@ -5,7 +5,8 @@
 //! ```text
 //! client ──► proxy::server (worker, listener) ──► a connection:
 //!              │
-//!              ├─ cleartext HTTP/1.1 to an HTTP/1.1 upstream, body held:
+//!              ├─ cleartext HTTP/1.1 to an upstream spoken to in HTTP/1.1,
+//!              │  body held:
 //!              │  proxy::fast — one task per connection: head parsed,
 //!              │  routed and rewritten buffer to buffer (fast::head), sent
 //!              │  on a pooled upstream connection (fast::transport)
@@ -14,6 +15,9 @@
 //!                 gRPC, CONNECT, errors to answer): handed over with the
 //!                 bytes read so far to proxy::conn ─ proxy::guard ─ hyper ─
 //!                 proxy::forward (route, request hygiene, the body)
+//!              │
+//!              │  both read the request through proxy::request: route,
+//!              │  client deadline, rate key, idempotency key, dropped fields
 //!              │
 //!              ▼  one pipeline for both (proxy::attempt):
 //!            deadline (timeout, lowered by x-weir-timeout-ms / grpc-timeout)
@@ -46,12 +50,16 @@
 //!   the pipeline), `tunnel` (CONNECT), `replay` (bodies kept for a retry;
 //!   `Expect: 100-continue`), `sticky` (a client connection's held upstream
 //!   connections), `upgrade` (WebSocket pass-through), `error` (weir's own
-//!   responses), `exchange` (one request's forward on the general path),
-//!   `cached` (the response cache's serve), `idempotent` (keyed writes),
-//!   `access` (the access log), `headers`, `route`, `body`.
+//!   responses), `request` (the parsed request: the rules read off a
+//!   request head, written once over either codec), `exchange` (one
+//!   request's forward on the general path), `cached` (the response
+//!   cache's serve), `idempotent` (keyed writes), `access` (the access
+//!   log), `headers` (response framing, gRPC deadlines), `route` (route
+//!   tables and target mapping), `body`.
 //! - [`upstream`]: the upstream side — endpoints (resolution, static
-//!   lists), the balancer (peak-EWMA, two choices), ejection, the dial
-//!   loop, and `client`, each endpoint's general-path pool; both paths pick
+//!   lists; `resolve`), the balancer (`balance`: peak-EWMA, two choices),
+//!   ejection (`eject`), the dial loop (`dial`), and `client`, each
+//!   endpoint's general-path pool; both paths pick
 //!   an endpoint there. It never imports the request side.
 //! - [`state`]: live per-upstream state keyed by name, surviving reloads;
 //!   `state::gate` (the concurrency gate), `state::link` (each upstream's

@@ -402,7 +402,7 @@ impl StateRegistry {
     /// changes: on error nothing is touched and the reload is refused.
     pub fn sync(&self, config: &Config) -> Result<Vec<Arc<UpstreamState>>, String> {
         let mut map = self.by_name.lock().expect("state registry lock poisoned");
-        enum Plan {
+        enum Change {
             Keep(Arc<UpstreamState>, Option<UpstreamClient>),
             New(UpstreamClient),
         }
@@ -410,10 +410,10 @@ impl StateRegistry {
         for u in &config.upstreams {
             plans.push(match map.get(&u.name) {
                 Some(s) if s.client().key == UpstreamClient::key_of(u)? => {
-                    Plan::Keep(s.clone(), None)
+                    Change::Keep(s.clone(), None)
                 }
-                Some(s) => Plan::Keep(s.clone(), Some(UpstreamClient::new(u)?)),
-                None => Plan::New(UpstreamClient::new(u)?),
+                Some(s) => Change::Keep(s.clone(), Some(UpstreamClient::new(u)?)),
+                None => Change::New(UpstreamClient::new(u)?),
             });
         }
         let run = self.fleet_for(config)?;
@@ -423,11 +423,11 @@ impl StateRegistry {
             .iter()
             .zip(plans)
             .map(|(u, plan)| match plan {
-                Plan::Keep(s, pool) => {
+                Change::Keep(s, pool) => {
                     s.update(u, pool, &self.metrics, on);
                     s
                 }
-                Plan::New(pool) => {
+                Change::New(pool) => {
                     Arc::new(UpstreamState::new(u, self.clock, &self.metrics, pool, on))
                 }
             })

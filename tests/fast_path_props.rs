@@ -118,9 +118,9 @@ proptest! {
     #[test]
     fn any_bytes_from_an_upstream_parse_or_fail_without_panicking(
         bytes in proptest::collection::vec(any::<u8>(), 0..300),
-        head_method in any::<bool>(),
+        is_head_request in any::<bool>(),
     ) {
-        let _ = head::parse_response(&bytes, head_method, || std::time::UNIX_EPOCH, &mut Vec::new());
+        let _ = head::parse_response(&bytes, is_head_request, || std::time::UNIX_EPOCH, &mut Vec::new());
         let _ = ChunkedRelay::default().feed(&bytes, &mut Vec::new());
     }
 
@@ -144,7 +144,7 @@ proptest! {
         };
         prop_assert_eq!(p.head_len, head_len);
         prop_assert_eq!(p.body_len, body.len());
-        prop_assert_eq!(p.head_method, line.starts_with("HEAD "));
+        prop_assert_eq!(p.is_head_request, line.starts_with("HEAD "));
         // What goes upstream is a valid head, with the upstream's Host and
         // the body's length, and nothing hop-by-hop.
         let mut hs = [httparse::EMPTY_HEADER; 64];

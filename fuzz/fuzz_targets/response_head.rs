@@ -10,10 +10,10 @@ use weir_fuzz::reads;
 
 fuzz_target!(|data: &[u8]| {
     let (pieces, bytes) = reads(data);
-    let head_method = pieces.first().is_some_and(|p| p % 2 == 1);
+    let is_head_request = pieces.first().is_some_and(|p| p % 2 == 1);
     let mut out = Vec::new();
     let now = || std::time::UNIX_EPOCH;
-    if let Ok(Some(Head::Final(r))) = parse_response(bytes, head_method, now, &mut out) {
+    if let Ok(Some(Head::Final(r))) = parse_response(bytes, is_head_request, now, &mut out) {
         assert!(r.head_len <= bytes.len());
         finish_response(&mut out, None, false);
         let mut fields = [httparse::EMPTY_HEADER; 256];

@@ -18,7 +18,7 @@ pub(crate) use crate::upstream::client::Body;
 /// An upstream response body: as it comes (no allocation), or with frames
 /// read ahead for a gRPC status in its trailers.
 pub(crate) type UpstreamBody =
-    http_body_util::Either<hyper::body::Incoming, Held<hyper::body::Incoming>>;
+    http_body_util::Either<hyper::body::Incoming, ReadAhead<hyper::body::Incoming>>;
 
 pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
@@ -124,23 +124,23 @@ where
 pin_project! {
     /// Frames read ahead (to look at trailers), then the rest of the body.
     #[derive(Debug)]
-    pub struct Held<B> {
+    pub struct ReadAhead<B> {
         frames: std::collections::VecDeque<Frame<Bytes>>,
         #[pin]
         rest: Option<B>,
     }
 }
 
-impl<B> Held<B> {
+impl<B> ReadAhead<B> {
     pub(crate) fn new(frames: Vec<Frame<Bytes>>, rest: Option<B>) -> Self {
-        Held {
+        ReadAhead {
             frames: frames.into(),
             rest,
         }
     }
 }
 
-impl<B> HttpBody for Held<B>
+impl<B> HttpBody for ReadAhead<B>
 where
     B: HttpBody<Data = Bytes>,
     B::Error: Into<BoxError>,

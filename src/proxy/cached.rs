@@ -9,9 +9,9 @@
 //! and every decision, are `policy::cache`'s; this module carries requests
 //! and responses to and from it.
 //!
-//! Only hyper's path runs it: the fast path hands every request of an
-//! upstream with a cache to hyper (`fast::head::plan`), so the cache is
-//! written once.
+//! Only hyper's path writes the cache. The fast path answers a fresh hit
+//! itself (`fast::head::cache`, `fast::hit`) and hands every other
+//! request of an upstream with a cache to hyper (`fast::head::plan`).
 
 use super::attempt::Annotations;
 use super::body::{self, Body};

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 /// State shared by every listener and connection.
 #[derive(Debug)]
-pub(super) struct Shared {
+pub(super) struct ServeState {
     pub(super) snapshot: ArcSwap<Snapshot>,
     pub(super) states: StateRegistry,
     pub(super) connections: Arc<Semaphore>,
@@ -58,7 +58,7 @@ pub(super) fn builder(config: &Config) -> auto::Builder<TokioExecutor> {
 pub(super) struct Conn {
     pub(super) peer: SocketAddr,
     pub(super) role: ListenerRole,
-    pub(super) shared: Arc<Shared>,
+    pub(super) shared: Arc<ServeState>,
     pub(super) stop: watch::Receiver<bool>,
     pub(super) builder: auto::Builder<TokioExecutor>,
     pub(super) max_head: usize,

@@ -4,7 +4,7 @@
 //! path (`proxy::forward`) and the response cache (`proxy::cached`) go
 //! upstream through [`forward`].
 
-use super::attempt::{self, Plan};
+use super::attempt::{self, Outbound};
 use super::body::{boxed, Body, IdleTimeout};
 use super::error::ProxyError;
 use super::headers;
@@ -125,7 +125,7 @@ pub(crate) async fn forward(
             return Err(e);
         }
     };
-    let plan = Plan {
+    let plan = Outbound {
         parts,
         body,
         deadline,

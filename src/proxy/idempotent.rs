@@ -119,10 +119,10 @@ pub(crate) struct Recorder {
     limit: usize,
     /// Where the record is, when it is on the fleet's Redis. (Boxed, as
     /// `landed`: without a fleet a recorder is small, and cheap to move.)
-    shared: Option<Box<fleet::Shared>>,
+    shared: Option<Box<fleet::RedisRecord>>,
     /// With the record in the local store: the one an unanswered begin on
     /// Redis may have left there, finished the same way.
-    landed: Option<Box<fleet::Shared>>,
+    landed: Option<Box<fleet::RedisRecord>>,
     done: bool,
 }
 
@@ -131,7 +131,7 @@ impl Recorder {
         state: &Arc<UpstreamState>,
         key: &str,
         limit: usize,
-        shared: Option<fleet::Shared>,
+        shared: Option<fleet::RedisRecord>,
     ) -> Self {
         Recorder {
             state: state.clone(),

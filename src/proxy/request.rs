@@ -1,6 +1,6 @@
 //! The parsed request: every rule weir reads off a client's request head,
 //! written once over either codec's head. The fast path views its httparse
-//! fields through [`Head`], the general path `http::request::Parts`; both
+//! fields through [`RequestHead`], the general path `http::request::Parts`; both
 //! route with [`route`] and read the rest with [`read`]: the client's own
 //! deadline, the rate limiter's key, the idempotency key and who it belongs
 //! to. What each codec does with a refusal differs only in who answers it:
@@ -19,7 +19,7 @@ use crate::policy::idempotency::{parse_key, ScopePart, MAX_KEY_BYTES};
 use std::time::Duration;
 
 /// A client's request head, as either codec carries it.
-pub(crate) trait Head {
+pub(crate) trait RequestHead {
     /// The method, as sent.
     fn method(&self) -> &str;
     /// The target's authority, when the target came in absolute form
@@ -41,7 +41,7 @@ pub(crate) trait Head {
 
 /// Every value of the field `name`, in order.
 pub(crate) fn values<'h: 'i, 'n: 'i, 'i>(
-    h: &'h impl Head,
+    h: &'h impl RequestHead,
     name: &'n str,
 ) -> impl Iterator<Item = &'h [u8]> + 'i {
     h.fields()
@@ -51,7 +51,7 @@ pub(crate) fn values<'h: 'i, 'n: 'i, 'i>(
 
 /// The host a request names, for routing: its target's authority, else its
 /// first `Host` field; the port dropped (docs/reference/routing.md#routing).
-pub(crate) fn host(h: &impl Head) -> Option<&str> {
+pub(crate) fn host(h: &impl RequestHead) -> Option<&str> {
     let raw = match h.authority() {
         Some(a) => a,
         None => h.host_field()?,
@@ -62,7 +62,7 @@ pub(crate) fn host(h: &impl Head) -> Option<&str> {
 /// The upstream a request goes to, by its index in the snapshot: on the
 /// shared listener by host and path (a CONNECT, whose target has no path,
 /// routes as `/`), on a dedicated one its upstream.
-pub(crate) fn route(snap: &Snapshot, role: &ListenerRole, h: &impl Head) -> Option<usize> {
+pub(crate) fn route(snap: &Snapshot, role: &ListenerRole, h: &impl RequestHead) -> Option<usize> {
     match role {
         ListenerRole::Shared => {
             let path = if h.method() == "CONNECT" {
@@ -98,7 +98,7 @@ pub struct Parsed {
 /// pass over its fields. `Err` is a 400 with its reason: an
 /// `x-weir-timeout-ms` that is not a number, an idempotency key that is
 /// empty, too long or not text, or two of them.
-pub(crate) fn read(cfg: &UpstreamConfig, h: &impl Head) -> Result<Parsed, ProxyError> {
+pub(crate) fn read(cfg: &UpstreamConfig, h: &impl RequestHead) -> Result<Parsed, ProxyError> {
     let rate_name = rate_key_field(cfg);
     let key_name = cfg.idempotency_header.as_str();
     let (mut timeout, mut rate, mut key, mut keys) = (None, None, None, 0);
@@ -153,7 +153,7 @@ fn rate_key_field(cfg: &UpstreamConfig) -> Option<&str> {
 
 /// The rate limiter's key: the first such field, when it is text
 /// (docs/reference/admission.md#rate-limits).
-pub(crate) fn rate_key(cfg: &UpstreamConfig, h: &impl Head) -> Option<String> {
+pub(crate) fn rate_key(cfg: &UpstreamConfig, h: &impl RequestHead) -> Option<String> {
     let v = values(h, rate_key_field(cfg)?).next()?;
     visible(v).map(str::to_owned)
 }
@@ -211,7 +211,7 @@ fn bad_key(cfg: &UpstreamConfig) -> ProxyError {
 /// The principal a keyed request's record is scoped to
 /// (`[….idempotency] scope`, docs/reference/idempotency.md#idempotency-keys): `~` and
 /// 32 hex digits over every value of each part; `None` without a scope.
-pub(crate) fn principal(cfg: &UpstreamConfig, h: &impl Head) -> Option<String> {
+pub(crate) fn principal(cfg: &UpstreamConfig, h: &impl RequestHead) -> Option<String> {
     let scope = &cfg.idempotency.as_ref()?.scope;
     let all = |name: &str| -> Vec<&[u8]> { values(h, name).collect() };
     crate::policy::idempotency::principal(scope, |part| match part {
@@ -285,7 +285,7 @@ pub(crate) fn grpc_content_type(value: &[u8]) -> bool {
 }
 
 /// Whether a `Connection` field of the head names `name`.
-pub(crate) fn named_by_connection(h: &impl Head, name: &str) -> bool {
+pub(crate) fn named_by_connection(h: &impl RequestHead, name: &str) -> bool {
     values(h, "connection").any(|v| connection_names(v, name))
 }
 
@@ -296,7 +296,7 @@ pub(crate) fn connection_names(value: &[u8], name: &str) -> bool {
         .any(|t| t.trim_ascii().eq_ignore_ascii_case(name.as_bytes()))
 }
 
-impl Head for http::request::Parts {
+impl RequestHead for http::request::Parts {
     fn method(&self) -> &str {
         self.method.as_str()
     }

@@ -3,7 +3,7 @@
 //! bound addresses, publishes reloaded configs — binding listeners a reload
 //! adds and draining those it removes — and shuts everything down.
 
-use super::conn::{builder, serve_io, Conn, Shared};
+use super::conn::{builder, serve_io, Conn, ServeState};
 use super::{ListenerRole, Snapshot};
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -39,7 +39,7 @@ pub struct Proxy;
 /// A running proxy.
 #[derive(Debug)]
 pub struct ProxyHandle {
-    shared: Arc<Shared>,
+    shared: Arc<ServeState>,
     /// Worker runtimes that run the accept loops and connections; empty:
     /// the runtime that started the proxy does.
     workers: Vec<tokio::runtime::Handle>,
@@ -71,7 +71,7 @@ impl Proxy {
         let states = StateRegistry::new(metrics.clone());
         let upstreams = states.sync(&config).map_err(io::Error::other)?;
         let snap = Snapshot::build(config.clone(), upstreams, metrics).map_err(io::Error::other)?;
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(ServeState {
             snapshot: ArcSwap::from_pointee(snap),
             states,
             connections: Arc::new(Semaphore::new(config.server.max_connections)),
@@ -323,7 +323,7 @@ fn bind(addr: SocketAddr, n: usize, alone: bool) -> io::Result<Vec<std::net::Tcp
 async fn serve_socket(
     socket: std::net::TcpListener,
     role: ListenerRole,
-    shared: Arc<Shared>,
+    shared: Arc<ServeState>,
     stop: watch::Receiver<bool>,
 ) {
     match TcpListener::from_std(socket) {
@@ -335,7 +335,7 @@ async fn serve_socket(
 async fn accept_loop(
     listener: TcpListener,
     role: ListenerRole,
-    shared: Arc<Shared>,
+    shared: Arc<ServeState>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut conns = JoinSet::new();
@@ -384,7 +384,7 @@ async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     role: ListenerRole,
-    shared: Arc<Shared>,
+    shared: Arc<ServeState>,
     stop: watch::Receiver<bool>,
     pool: Arc<super::fast::Pool>,
 ) {

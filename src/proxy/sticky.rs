@@ -1,4 +1,4 @@
-//! Held upstream connections, on the general path to a cleartext HTTP/1.1
+//! HeldConn upstream connections, on the general path to a cleartext HTTP/1.1
 //! upstream: each client connection keeps the upstream connection it used
 //! last and sends its next request on it, without a shared pool in between.
 //! (Not to be confused with `proxy::fast`, which serves plain HTTP/1.1
@@ -25,7 +25,7 @@ use std::time::Duration;
 /// lately, at most [`HELD_PER_CLIENT`].
 #[derive(Debug, Default)]
 pub(crate) struct ConnCtx {
-    held: Mutex<Vec<Held>>,
+    held: Mutex<Vec<HeldConn>>,
 }
 
 /// Endpoints one client connection keeps a connection to: with several
@@ -34,7 +34,7 @@ pub(crate) struct ConnCtx {
 const HELD_PER_CLIENT: usize = 4;
 
 #[derive(Debug)]
-struct Held {
+struct HeldConn {
     /// Which upstream (by identity of its live state) the connection goes to.
     upstream: usize,
     /// Which of its endpoints.
@@ -74,7 +74,7 @@ impl ConnCtx {
             if held.len() >= HELD_PER_CLIENT {
                 held.remove(0);
             }
-            held.push(Held {
+            held.push(HeldConn {
                 upstream: id(state),
                 addr,
                 sender,
@@ -83,7 +83,7 @@ impl ConnCtx {
     }
 }
 
-/// Held upstream connections per upstream, all workers together. Beyond
+/// HeldConn upstream connections per upstream, all workers together. Beyond
 /// this, client connections share the pool: an application with thousands
 /// of connections must not get thousands of upstream connections (measured:
 /// ~70 KiB of memory each, and an upstream that did not ask for them).

@@ -1,6 +1,6 @@
 //! Admission (docs/reference/admission.md#admission): the request's deadline, the rate
 //! limit and the concurrency gate up to the body, then the breaker; and the
-//! breaker [`Ticket`] every attempt holds until its verdict.
+//! breaker [`BreakerTicket`] every attempt holds until its verdict.
 
 use crate::policy::lease::Take;
 use crate::policy::Admission;
@@ -12,17 +12,17 @@ use tokio::time::Instant;
 
 /// A breaker admission that must be recorded or released.
 #[derive(Debug)]
-pub(crate) struct Ticket<'a> {
+pub(crate) struct BreakerTicket<'a> {
     state: &'a UpstreamState,
     admission: Option<Admission>,
 }
 
-impl<'a> Ticket<'a> {
+impl<'a> BreakerTicket<'a> {
     pub(super) fn new(state: &'a UpstreamState, admission: Admission) -> Self {
         if let Some(t) = &admission.transition {
             state.log_transition(t);
         }
-        Ticket {
+        BreakerTicket {
             state,
             admission: Some(admission),
         }
@@ -50,7 +50,7 @@ impl<'a> Ticket<'a> {
     }
 }
 
-impl Ticket<'_> {
+impl BreakerTicket<'_> {
     /// Swaps this admission for a fresh one, taken now.
     pub(super) fn renew(&mut self) -> Result<(), crate::policy::Refused> {
         let now = self.state.now();
@@ -70,7 +70,7 @@ impl Ticket<'_> {
     }
 }
 
-impl Drop for Ticket<'_> {
+impl Drop for BreakerTicket<'_> {
     fn drop(&mut self) {
         if let Some(a) = self.admission.take() {
             self.state.live().breaker.release(a);
@@ -79,7 +79,7 @@ impl Drop for Ticket<'_> {
 }
 
 /// Asks the breaker to admit a first attempt.
-pub(crate) fn admit_breaker(state: &UpstreamState) -> Result<Ticket<'_>, ProxyError> {
+pub(crate) fn admit_breaker(state: &UpstreamState) -> Result<BreakerTicket<'_>, ProxyError> {
     admit_breaker_at(state, Instant::now())
 }
 
@@ -87,11 +87,11 @@ pub(crate) fn admit_breaker(state: &UpstreamState) -> Result<Ticket<'_>, ProxyEr
 pub(crate) fn admit_breaker_at(
     state: &UpstreamState,
     at: Instant,
-) -> Result<Ticket<'_>, ProxyError> {
+) -> Result<BreakerTicket<'_>, ProxyError> {
     let now = state.now_at(at);
     let r = state.live().breaker.try_acquire(now);
     match r {
-        Ok(a) => Ok(Ticket::new(state, a)),
+        Ok(a) => Ok(BreakerTicket::new(state, a)),
         Err(refused) => Err(ProxyError::CircuitOpen {
             retry_after: Some(refused.retry_after),
         }),

@@ -3,7 +3,7 @@
 //! second look after it), over a [`Transport`] that sends one attempt; and
 //! weir's annotations on what it returns.
 
-use super::admit::{Ticket, Watch};
+use super::admit::{BreakerTicket, Watch};
 use crate::policy::{
     decide, Admission, Breaker, DecideInput, Gates, KeyedLimiter, Outcome, RequestFacts,
     RetryBudget, StopReason, Verdict,
@@ -62,7 +62,7 @@ impl Gates for LiveGates<'_> {
 #[derive(Debug)]
 pub(crate) struct Attempts<'a> {
     up: &'a Upstream,
-    ticket: Ticket<'a>,
+    ticket: BreakerTicket<'a>,
     facts: RequestFacts,
     key: Option<&'a str>,
     deadline: Instant,
@@ -89,7 +89,7 @@ impl<'a> Attempts<'a> {
     /// time out and be blamed on the upstream (504 `deadline_exceeded`).
     pub(crate) fn begin(
         up: &'a Upstream,
-        ticket: Ticket<'a>,
+        ticket: BreakerTicket<'a>,
         facts: RequestFacts,
         key: Option<&'a str>,
         deadline: Instant,
@@ -200,7 +200,7 @@ impl<'a> Attempts<'a> {
                 tracing::debug!(upstream = %name, attempt = self.made, %cause, delay = %crate::config::duration::format(delay), "retrying");
                 state.metrics.retry(cause);
                 if let Some(a) = admission {
-                    self.ticket = Ticket::new(state, a);
+                    self.ticket = BreakerTicket::new(state, a);
                 }
                 Step::Retry(delay)
             }
@@ -209,7 +209,7 @@ impl<'a> Attempts<'a> {
                 state.metrics.stop(reason);
                 if let Some(a) = admission {
                     // Granted by the breaker gate, then refused by a later one.
-                    drop(Ticket::new(state, a));
+                    drop(BreakerTicket::new(state, a));
                 }
                 Step::Done(Some(reason))
             }

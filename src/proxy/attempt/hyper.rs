@@ -1,8 +1,8 @@
-//! The general path's attempts: the request rebuilt from a [`Plan`] for each
+//! The general path's attempts: the request rebuilt from a [`Outbound`] for each
 //! one and sent through hyper's client (or a held connection); gRPC
 //! responses held until their first message.
 
-use super::admit::{Ticket, Watch};
+use super::admit::{BreakerTicket, Watch};
 use super::drive::{drive, timed_out, Attempts, Transport};
 use crate::policy::{parse_retry_after, Outcome, RequestFacts, StopReason};
 use crate::proxy::body::{Body, UpstreamBody};
@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 /// What one request brings to the attempt loop.
 #[derive(Debug)]
-pub(crate) struct Plan<'a> {
+pub(crate) struct Outbound<'a> {
     pub parts: Parts,
     pub body: RequestBody,
     pub deadline: Instant,
@@ -56,7 +56,7 @@ pub(crate) struct Finished {
 struct HyperTransport<'p, 'a> {
     up: &'a Upstream,
     conn: &'p crate::proxy::sticky::ConnCtx,
-    plan: &'p mut Plan<'a>,
+    plan: &'p mut Outbound<'a>,
     /// Endpoints that failed this request (a retry goes elsewhere).
     avoid: Vec<std::net::SocketAddr>,
 }
@@ -103,8 +103,8 @@ impl Transport for HyperTransport<'_, '_> {
 pub(crate) async fn run<'a>(
     up: &'a Upstream,
     conn: &crate::proxy::sticky::ConnCtx,
-    mut plan: Plan<'a>,
-    ticket: Ticket<'a>,
+    mut plan: Outbound<'a>,
+    ticket: BreakerTicket<'a>,
 ) -> Finished {
     let facts = RequestFacts::new(
         plan.parts.method.as_str(),
@@ -170,7 +170,7 @@ pub(crate) async fn run<'a>(
 
 /// The request for the next attempt: headers cloned only when a retry is
 /// possible (the body says so), the body from the replay buffer or stream.
-fn build(plan: &mut Plan<'_>) -> Request<crate::proxy::body::Body> {
+fn build(plan: &mut Outbound<'_>) -> Request<crate::proxy::body::Body> {
     let mut req = Request::new(plan.body.for_attempt());
     *req.method_mut() = plan.parts.method.clone();
     *req.uri_mut() = plan.parts.uri.clone();
@@ -222,7 +222,7 @@ async fn send(
     up: &Upstream,
     conn: &crate::proxy::sticky::ConnCtx,
     req: Request<crate::proxy::body::Body>,
-    plan: &Plan<'_>,
+    plan: &Outbound<'_>,
     try_deadline: Instant,
     avoid: &mut Vec<std::net::SocketAddr>,
 ) -> (Outcome, Result<Response<UpstreamBody>, ProxyError>) {
@@ -241,7 +241,7 @@ async fn send(
 /// The outcome of a sent attempt, and what the client would get.
 async fn judge(
     up: &Upstream,
-    plan: &Plan<'_>,
+    plan: &Outbound<'_>,
     try_deadline: Instant,
     sent: Result<
         Result<Response<Incoming>, crate::upstream::client::SendError>,
@@ -410,7 +410,7 @@ async fn hold_for_trailers(
             break;
         }
     }
-    let body = crate::proxy::body::Held::new(held, if rest { Some(body) } else { None });
+    let body = crate::proxy::body::ReadAhead::new(held, if rest { Some(body) } else { None });
     (
         Response::from_parts(parts, UpstreamBody::Right(body)),
         status,

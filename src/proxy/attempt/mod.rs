@@ -11,7 +11,7 @@
 //!
 //! Cancellation is structural: when the client goes away hyper drops this
 //! future, which drops the sleep or the attempt in flight, and the breaker
-//! [`Ticket`] releases its slot without a verdict.
+//! [`BreakerTicket`] releases its slot without a verdict.
 mod admit;
 mod drive;
 mod hyper;
@@ -21,4 +21,4 @@ pub use drive::Annotations;
 pub(crate) use drive::{
     annotate, annotate_response, annotation_fields, drive, timed_out, Attempts, Step, Transport,
 };
-pub(crate) use hyper::{run, Plan};
+pub(crate) use hyper::{run, Outbound};

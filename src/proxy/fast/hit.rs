@@ -26,7 +26,7 @@ impl Ctx<'_> {
         let (mut parts, body) =
             crate::proxy::cached::entry_parts(up, e, CacheResult::Hit, false, None, now);
         parts.headers.remove(http::header::CONTENT_LENGTH);
-        self.answer_stored(up, start, p, &parts, &body, !p.head_method)
+        self.answer_stored(up, start, p, &parts, &body, !p.is_head_request)
             .await
     }
 

@@ -1,7 +1,8 @@
 //! The HTTP/1.1 fast path: one task per client connection reads each request
 //! head, routes it, applies the upstream's policy through the same
-//! `Attempts` core as the general path, exchanges it with a cleartext
-//! HTTP/1.1 upstream over a pooled connection, and relays the response —
+//! `Attempts` core as the general path, exchanges it with an HTTP/1.1
+//! upstream (cleartext, or TLS with `protocol = "http1"`) over a pooled
+//! connection, and relays the response —
 //! without a header map, a channel, a second task or a timer per request.
 //!
 //! Measured (bench/RESULTS.md#the-fast-path), hyper on both sides of the proxy cost
@@ -10,7 +11,8 @@
 //!
 //! The fast path takes the requests that make up nearly all of a sidecar's
 //! traffic: HTTP/1.1, a body (of known length or chunked without trailers)
-//! small enough to hold for a replay, to an upstream reached over cleartext HTTP/1.1. Anything else (see
+//! small enough to hold for a replay, to an upstream it speaks HTTP/1.1
+//! to. Anything else (see
 //! [`head::plan`]) hands the connection, with every byte read so far, to the
 //! general hyper path in `super::server`, which serves it from then on. The
 //! behaviour a client sees is the same on both paths: the attempts run in
@@ -47,7 +49,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use transport::{ClientWatch, FastTransport};
 
-/// Serves a cleartext client connection.
+/// Serves a client connection that arrived in cleartext.
 pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
     let mut bufs = Bufs::new();
     let mut waiting = Instant::now();
@@ -182,7 +184,7 @@ impl Ctx<'_> {
         let cfg = &up.config;
         let (deadline, lowered) = attempt::deadline(cfg, start, [p.asked.lowered, None]);
         let need = p.head_len + p.body_len;
-        let fail = |e: ProxyError| Failure {
+        let fail = |e: ProxyError| OwnError {
             error: e,
             attempts: None,
             endpoint: None,
@@ -245,7 +247,7 @@ impl Ctx<'_> {
         let key = p.asked.rate_key.as_deref();
         let begun = Attempts::begin(up, ticket, p.facts, key, deadline, lowered, t0);
         let Ok(mut attempts) = begun else {
-            let f = Failure {
+            let f = OwnError {
                 error: ProxyError::DeadlineExceeded,
                 attempts: Some(Annotations {
                     attempts: 0,
@@ -272,7 +274,7 @@ impl Ctx<'_> {
             timer: &mut *self.timer,
             pool: self.pool,
             up,
-            head_method: p.head_method,
+            is_head_request: p.is_head_request,
             detached: recorder.is_some(),
             avoid: Vec::new(),
         };
@@ -321,7 +323,7 @@ impl Ctx<'_> {
                 if let Some(r) = recorder {
                     r.finish(idempotent::ending_of(&error), None);
                 }
-                let f = Failure {
+                let f = OwnError {
                     error,
                     attempts: Some(spent),
                     endpoint: last_failed,
@@ -353,7 +355,7 @@ impl Ctx<'_> {
                     Ok(_) => {}
                 },
                 () = self.timer.at(deadline) => {
-                    let f = Failure { error: ProxyError::DeadlineExceeded, attempts: None, endpoint: None };
+                    let f = OwnError { error: ProxyError::DeadlineExceeded, attempts: None, endpoint: None };
                     return Err(self.fail(up, start, p, f).await);
                 }
             }
@@ -377,7 +379,7 @@ impl Ctx<'_> {
 
     /// Answers with weir's own error. Returns whether the connection stays
     /// open: not when the request's body is still unread, nor after a 400.
-    async fn fail(&mut self, up: &Upstream, start: Instant, p: &Planned, f: Failure) -> bool {
+    async fn fail(&mut self, up: &Upstream, start: Instant, p: &Planned, f: OwnError) -> bool {
         let took = start.elapsed();
         up.state.metrics.error(f.error.code(), took);
         let (made, stop) = match f.attempts {
@@ -404,7 +406,7 @@ impl Ctx<'_> {
             upstream: &up.config.name,
             annotations: f.attempts.filter(|_| up.config.annotate),
             close,
-            head_method: p.head_method,
+            is_head_request: p.is_head_request,
             date: up.state.clock.wall(),
         };
         e.write(&mut self.bufs.out);
@@ -421,7 +423,7 @@ struct Kept {
 }
 
 /// weir's error for the client, with what the attempts added.
-struct Failure {
+struct OwnError {
     error: ProxyError,
     attempts: Option<Annotations>,
     /// The endpoint of the last attempt, if one was made.

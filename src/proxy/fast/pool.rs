@@ -8,7 +8,7 @@
 //! client connections. The newest idle connection is taken first, which
 //! keeps few connections warm and lets the rest age out.
 
-use super::stream::UpStream;
+use super::stream::UpstreamIo;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -26,7 +26,7 @@ struct Idle {
     addr: SocketAddr,
     /// 0 for cleartext; a TLS connection's configuration (`FastTls::tag`).
     tag: u64,
-    stream: UpStream,
+    stream: UpstreamIo,
     since: Instant,
 }
 
@@ -39,7 +39,7 @@ pub(crate) struct Pool {
 impl Pool {
     /// The newest idle connection to the endpoint at `addr`, made with
     /// `tag`'s TLS (0: cleartext), that is still open.
-    pub(crate) fn take(&self, addr: SocketAddr, tag: u64, now: Instant) -> Option<UpStream> {
+    pub(crate) fn take(&self, addr: SocketAddr, tag: u64, now: Instant) -> Option<UpstreamIo> {
         let mut idle = self.idle.lock().ok()?;
         while let Some(at) = idle.iter().rposition(|i| i.tag == tag && i.addr == addr) {
             let mut i = idle.remove(at);
@@ -54,7 +54,7 @@ impl Pool {
     /// for `IDLE_FOR` are closed on the way, and when `MAX_IDLE` are
     /// held the oldest makes room: connections to an upstream nobody asks
     /// for any more cannot crowd out those of one in use.
-    pub(crate) fn put(&self, addr: SocketAddr, tag: u64, stream: UpStream, now: Instant) {
+    pub(crate) fn put(&self, addr: SocketAddr, tag: u64, stream: UpstreamIo, now: Instant) {
         let Ok(mut idle) = self.idle.lock() else {
             return;
         };

@@ -11,7 +11,7 @@ pub(super) struct ErrorResponse<'a> {
     pub(super) annotations: Option<Annotations>,
     pub(super) close: bool,
     /// A response to HEAD announces its body and does not send it.
-    pub(super) head_method: bool,
+    pub(super) is_head_request: bool,
     pub(super) date: std::time::SystemTime,
 }
 
@@ -30,7 +30,7 @@ impl ErrorResponse<'_> {
             date.as_ref(),
             &body,
             self.close,
-            !self.head_method,
+            !self.is_head_request,
             out,
         );
     }

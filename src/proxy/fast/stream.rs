@@ -11,12 +11,12 @@ use tokio_rustls::client::TlsStream;
 
 /// An upstream connection of the fast path.
 #[derive(Debug)]
-pub(crate) enum UpStream {
+pub(crate) enum UpstreamIo {
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
 }
 
-impl UpStream {
+impl UpstreamIo {
     /// Whether an idle connection is still open, without a system call in
     /// the common case. Cleartext: nothing has been seen on it since its
     /// last read, so the runtime reports it not readable; when it is, a read
@@ -27,7 +27,7 @@ impl UpStream {
     pub(crate) fn still_open(&mut self) -> bool {
         let mut cx = Context::from_waker(Waker::noop());
         match self {
-            UpStream::Plain(s) => match s.poll_read_ready(&mut cx) {
+            UpstreamIo::Plain(s) => match s.poll_read_ready(&mut cx) {
                 Poll::Pending => true,
                 Poll::Ready(Err(_)) => false,
                 Poll::Ready(Ok(())) => {
@@ -35,7 +35,7 @@ impl UpStream {
                     matches!(s.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
                 }
             },
-            UpStream::Tls(s) => {
+            UpstreamIo::Tls(s) => {
                 let mut byte = [0u8; 1];
                 let mut buf = ReadBuf::new(&mut byte);
                 matches!(
@@ -47,42 +47,42 @@ impl UpStream {
     }
 }
 
-impl AsyncRead for UpStream {
+impl AsyncRead for UpstreamIo {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            UpStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            UpstreamIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
 
-impl AsyncWrite for UpStream {
+impl AsyncWrite for UpstreamIo {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            UpStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            UpstreamIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            UpStream::Plain(s) => Pin::new(s).poll_flush(cx),
-            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            UpstreamIo::Plain(s) => Pin::new(s).poll_flush(cx),
+            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            UpStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            UpStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            UpstreamIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }

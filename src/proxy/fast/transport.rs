@@ -4,7 +4,7 @@
 //! retried gives its connection back.
 
 use super::head::{self, Framing, Head};
-use super::stream::UpStream;
+use super::stream::UpstreamIo;
 use super::{client_gone, read_more, Pool, Timer};
 use crate::policy::{parse_retry_after, Outcome};
 use crate::proxy::attempt;
@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 /// A response head from the upstream, and the connection it came on.
 pub(super) struct Exchange {
-    pub(super) upstream: UpStream,
+    pub(super) upstream: UpstreamIo,
     /// The address `upstream` is connected to, and its TLS (0: none): its
     /// pool key.
     pub(super) addr: SocketAddr,
@@ -48,7 +48,7 @@ pub(super) struct FastTransport<'c> {
     pub(super) timer: &'c mut Timer,
     pub(super) pool: &'c Pool,
     pub(super) up: &'c Upstream,
-    pub(super) head_method: bool,
+    pub(super) is_head_request: bool,
     /// A keyed write (docs/reference/idempotency.md#idempotency-keys): its attempts go
     /// on when the client leaves, within the request's deadline, so that
     /// their outcome is recorded for a re-send.
@@ -103,7 +103,7 @@ impl attempt::Transport for FastTransport<'_> {
             // The client went away: the attempt is dropped, the breaker
             // slot released without a verdict.
             () = client_gone(self.watch.stream, self.watch.client, self.watch.need, self.watch.eof), if !self.detached => return None,
-            r = exchange(self.pool, self.up, started, self.request, self.upstream, (self.out, self.kept), self.head_method, (&mut self.avoid, &mut picked)) => r.map_err(SendError::into_parts),
+            r = exchange(self.pool, self.up, started, self.request, self.upstream, (self.out, self.kept), self.is_head_request, (&mut self.avoid, &mut picked)) => r.map_err(SendError::into_parts),
             () = self.timer.at(try_deadline) => Err(attempt::timed_out(try_deadline, deadline)),
         };
         let outcome = match &sent {
@@ -161,7 +161,7 @@ async fn exchange(
     request: &[u8],
     buf: &mut Vec<u8>,
     (out, kept): (&mut Vec<u8>, &mut Option<(usize, usize)>),
-    head_method: bool,
+    is_head_request: bool,
     (avoid, picked): (&mut Vec<SocketAddr>, &mut Option<crate::upstream::Picked>),
 ) -> Result<Exchange, Failed> {
     let tls = up.client.fast_tls.as_deref();
@@ -181,8 +181,8 @@ async fn exchange(
     let addr = picked.as_ref().map(|p| p.addr()).ok_or_else(no_endpoint)?;
 
     let written = match &mut s {
-        UpStream::Plain(tcp) => write_plain(tcp, request).await?,
-        UpStream::Tls(t) => {
+        UpstreamIo::Plain(tcp) => write_plain(tcp, request).await?,
+        UpstreamIo::Tls(t) => {
             use tokio::io::AsyncWriteExt;
             // rustls takes the request into its records; what reached the
             // upstream is not known, so a failure is a reset, not "not sent".
@@ -204,7 +204,7 @@ async fn exchange(
         whole,
         buf,
         (out, kept),
-        head_method,
+        is_head_request,
     )
     .await
 }
@@ -251,14 +251,14 @@ async fn write_plain(s: &mut TcpStream, request: &[u8]) -> Result<usize, Failed>
 #[allow(clippy::too_many_arguments)]
 async fn read_head(
     up: &Upstream,
-    mut s: UpStream,
+    mut s: UpstreamIo,
     addr: SocketAddr,
     tag: u64,
     written: usize,
     whole: bool,
     buf: &mut Vec<u8>,
     (out, kept): (&mut Vec<u8>, &mut Option<(usize, usize)>),
-    head_method: bool,
+    is_head_request: bool,
 ) -> Result<Exchange, Failed> {
     loop {
         match read_more(&mut s, buf).await {
@@ -282,7 +282,7 @@ async fn read_head(
             Ok(_) => {}
         }
         loop {
-            match head::parse_response(buf, head_method, || up.state.clock.wall(), out) {
+            match head::parse_response(buf, is_head_request, || up.state.clock.wall(), out) {
                 Ok(None) if buf.len() > MAX_RESPONSE_HEAD => {
                     let why = "the response head is too large";
                     return Err(SendError::new(Failure::BadResponse, why));
@@ -320,7 +320,7 @@ async fn connect(
     up: &Upstream,
     addr: SocketAddr,
     tls: Option<&crate::upstream::client::FastTls>,
-) -> Result<UpStream, Failed> {
+) -> Result<UpstreamIo, Failed> {
     let timeout = up.config.connect_timeout;
     let failed = |why: String| SendError::new(Failure::Connect, why);
     let s = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
@@ -330,10 +330,10 @@ async fn connect(
     };
     let _ = s.set_nodelay(true);
     let Some(tls) = tls else {
-        return Ok(UpStream::Plain(s));
+        return Ok(UpstreamIo::Plain(s));
     };
     match tokio::time::timeout(timeout, tls.connector.connect(tls.name.clone(), s)).await {
-        Ok(Ok(t)) => Ok(UpStream::Tls(Box::new(t))),
+        Ok(Ok(t)) => Ok(UpstreamIo::Tls(Box::new(t))),
         Ok(Err(e)) => {
             let why = crate::tls::describe_failure(&e).unwrap_or_else(|| e.to_string());
             up.state.log_tls_failure_once(&why);

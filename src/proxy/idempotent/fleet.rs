@@ -15,7 +15,7 @@ use std::time::Duration;
 
 /// A record kept on Redis: what its finishing call needs.
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(crate) struct RedisRecord {
     link: Arc<Link>,
     fingerprint: Fingerprint,
     ttl: Duration,
@@ -47,7 +47,7 @@ pub(super) async fn begin(
     link: Arc<Link>,
     key: &str,
     fingerprint: &Fingerprint,
-) -> Result<Begun, Option<Shared>> {
+) -> Result<Begun, Option<RedisRecord>> {
     let (ttl, limit) = params(up).ok_or(None)?;
     let action = match (link.fleet)
         .idempotency_begin(&up.state.name, key, fingerprint, lease(up))
@@ -56,7 +56,7 @@ pub(super) async fn begin(
         Ok(a) => a,
         Err(StateError::Unavailable | StateError::Setup(_)) => return Err(None),
         Err(_) => {
-            return Err(Some(Shared {
+            return Err(Some(RedisRecord {
                 link,
                 fingerprint: *fingerprint,
                 ttl,
@@ -67,7 +67,7 @@ pub(super) async fn begin(
     Ok(match action {
         Action::Forward => {
             let fingerprint = *fingerprint;
-            let shared = Shared {
+            let shared = RedisRecord {
                 link,
                 fingerprint,
                 ttl,
@@ -98,7 +98,7 @@ pub(super) async fn claim(
         link.count::<()>(&Action::InFlight);
     }
     let forward = (claim == Claim::Forward).then(|| {
-        let shared = Shared {
+        let shared = RedisRecord {
             link: link.clone(),
             fingerprint: Fingerprint::PENDING,
             ttl,
@@ -119,7 +119,7 @@ pub(super) fn fingerprinted(link: Arc<Link>, key: Box<str>, fingerprint: Fingerp
 
 /// Writes how a request ended, in the background.
 pub(super) fn finish(
-    shared: Shared,
+    shared: RedisRecord,
     key: Box<str>,
     what: Record,
     response: Option<StoredResponse>,
@@ -132,7 +132,7 @@ pub(super) fn finish(
 
 /// Drops the record an unanswered `begin` may have left on Redis, when the
 /// local store did not forward the request.
-pub(super) fn forget(shared: Shared, key: &str) {
+pub(super) fn forget(shared: RedisRecord, key: &str) {
     finish_landed(shared, key.into(), Record::Forget, None);
 }
 
@@ -141,13 +141,13 @@ pub(super) fn forget(shared: Shared, key: &str) {
 /// left on Redis (a no-op there unless that record is in flight and this
 /// instance's, with this fingerprint).
 pub(super) fn finish_landed(
-    shared: Shared,
+    shared: RedisRecord,
     key: Box<str>,
     what: Record,
     response: Option<StoredResponse>,
 ) {
     spawn(async move {
-        let Shared {
+        let RedisRecord {
             link,
             fingerprint,
             ttl,

@@ -67,7 +67,7 @@ pub struct Planned {
     /// The method and idempotency key, for the retry decision.
     pub facts: RequestFacts,
     /// A HEAD request: the response has no body, whatever it announces.
-    pub head_method: bool,
+    pub is_head_request: bool,
     /// The client asked to close the connection after this response.
     pub close: bool,
     /// What the request says of itself: its deadline, rate key and
@@ -98,7 +98,7 @@ impl Keyed {
     }
 }
 
-impl request::Head for Request<'_, '_> {
+impl request::RequestHead for Request<'_, '_> {
     fn method(&self) -> &str {
         self.method
     }
@@ -273,7 +273,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         body_len: body_len as usize,
         chunked: req.chunked,
         facts: RequestFacts::new(req.method, asked.carries_key, body),
-        head_method: req.method == "HEAD",
+        is_head_request: req.method == "HEAD",
         close: req.connection.close,
         asked,
         idem,
@@ -530,8 +530,13 @@ mod tests {
         }
     }
 
-    fn parse(b: &[u8], head_method: bool) -> Result<Option<Head<'_>>, &'static str> {
-        parse_response(b, head_method, || std::time::UNIX_EPOCH, &mut Vec::new())
+    fn parse(b: &[u8], is_head_request: bool) -> Result<Option<Head<'_>>, &'static str> {
+        parse_response(
+            b,
+            is_head_request,
+            || std::time::UNIX_EPOCH,
+            &mut Vec::new(),
+        )
     }
 
     #[test]

@@ -56,7 +56,7 @@ pub enum Head<'b> {
 /// Parsing once for both keeps the head's bytes in the cache they arrived in.
 pub fn parse_response<'b>(
     buf: &'b [u8],
-    head_method: bool,
+    is_head_request: bool,
     now: impl FnOnce() -> std::time::SystemTime,
     out: &mut Vec<u8>,
 ) -> Result<Option<Head<'b>>, &'static str> {
@@ -112,7 +112,7 @@ pub fn parse_response<'b>(
         close = !connection.keep_alive;
     }
     close |= connection.close;
-    let framing = if head_method || status == 204 || status == 304 {
+    let framing = if is_head_request || status == 204 || status == 304 {
         Framing::Empty
     } else {
         match (chunked, length) {
