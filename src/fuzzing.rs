@@ -2,7 +2,7 @@
 //! replay their corpus: the parts of weir that read bytes from outside,
 //! reachable without a running proxy. Not a stable API.
 
-pub use crate::proxy::guard::{Mark, Stop};
+pub use crate::proxy::guard::{Mark, Refusal, Stop};
 
 /// The request-smuggling guard's view of a client connection's bytes, read
 /// in pieces of the given sizes (the rest in one read): each head it

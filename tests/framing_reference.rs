@@ -11,7 +11,7 @@ mod reference;
 
 use proptest::prelude::*;
 use reference::{agree, frame, RefMark, RefStop};
-use weir::fuzzing::{guard_frame, Mark, Stop};
+use weir::fuzzing::{guard_frame, Mark, Refusal, Stop};
 
 const MAX_HEAD: usize = 64 * 1024;
 
@@ -47,7 +47,7 @@ fn a_first_request_cannot_blind_the_guard() {
                 marks.last(),
                 Some(&Mark::Stop(
                     first.len(),
-                    Stop::Refused("/!weir-framing-conflict")
+                    Stop::Refused(Refusal::FramingConflict)
                 )),
                 "{:?}",
                 String::from_utf8_lossy(first)

@@ -119,3 +119,25 @@ async fn an_upgrade_that_does_not_happen_ends_the_connection(path: DataPath) {
         );
     }
 }
+
+both_paths!(
+    #[tokio::test]
+    a_path_that_looks_like_weirs_marker_is_an_ordinary_request
+);
+/// The guard says which request it refused out of band: a client whose
+/// target happens to be the path the marker once had is forwarded like any
+/// other, and a refused head after it is still weir's 400.
+async fn a_path_that_looks_like_weirs_marker_is_an_ordinary_request(path: DataPath) {
+    let (_up, seen, weir) = recording_weir(path).await;
+    let bytes = format!(
+        "GET /!weir-framing-conflict HTTP/1.1\r\nHost: svc\r\n\r\n\
+         GET /!weir-head-too-large HTTP/1.1\r\nHost: svc\r\n\r\n{CONFLICT}"
+    );
+    let out = send_all(&weir, bytes.as_bytes()).await;
+    assert_eq!(out.matches("HTTP/1.1 200").count(), 2, "{out}");
+    assert_eq!(out.matches("HTTP/1.1 400").count(), 1, "{out}");
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["/!weir-framing-conflict", "/!weir-head-too-large"]
+    );
+}

@@ -88,6 +88,11 @@ where
         max_resets,
     } = conn;
     let ctx = Arc::new(super::sticky::ConnCtx::default());
+    let guard = FramingGuard::new(io, max_head, head_timeout);
+    let h2 = guard.h2_flag();
+    // Which HTTP/1 request is the guard's marker for a head it refused.
+    let verdict = guard.verdict();
+    let served = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let activity = Arc::new(Activity::new(max_resets));
     let busy_on = activity.clone();
     // The stop signal each HTTP/1 response reads (draining).
@@ -99,11 +104,17 @@ where
         let h1 = req.version() < http::Version::HTTP_2;
         let connect = req.method() == http::Method::CONNECT;
         let draining = draining.clone();
+        let refused = if h1 {
+            let n = served.fetch_add(1, Ordering::Relaxed) + 1;
+            verdict.refusal(n)
+        } else {
+            None
+        };
         // In flight until its response body is done with (finished, or the
         // stream reset).
         let busy = busy_on.begin();
         async move {
-            let mut resp = forward::handle(&snap, &role, &ctx, req).await;
+            let mut resp = forward::handle(&snap, &role, &ctx, req, refused).await;
             // Draining (docs/reference/shutdown.md#shutdown): every HTTP/1.1
             // response says the connection closes after it, so that the
             // client's pool lets it go between requests, never under one —
@@ -123,8 +134,6 @@ where
             Ok::<_, Infallible>(resp.map(|b| boxed(Holding { inner: b, busy })))
         }
     });
-    let guard = FramingGuard::new(io, max_head, head_timeout);
-    let h2 = guard.h2_flag();
     let io = TokioIo::new(guard);
     let conn = builder.serve_connection_with_upgrades(io, svc);
     tokio::pin!(conn);

@@ -7,6 +7,7 @@ use super::attempt;
 use super::body::Body;
 use super::error::{ErrorCode, ProxyError};
 use super::exchange::forward;
+use super::guard::Refusal;
 use super::idempotent;
 use super::request::{self, Parsed};
 use super::{ListenerRole, Snapshot, Upstream};
@@ -18,12 +19,15 @@ use hyper::body::Incoming;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Serves one request from a client.
+/// Serves one request from a client. `refused`: the request is the
+/// request-smuggling guard's marker for a head it refused, and why
+/// (`proxy::guard`): weir answers it with its error and routes nothing.
 pub(crate) async fn handle(
     snap: &Snapshot,
     role: &ListenerRole,
     conn: &super::sticky::ConnCtx,
     req: Request<Incoming>,
+    refused: Option<Refusal>,
 ) -> Response<Body> {
     // An HTTP/1 request that asks to leave HTTP/1 (CONNECT, an upgrade):
     // the request-smuggling guard stops following the connection at its
@@ -33,7 +37,7 @@ pub(crate) async fn handle(
     let connect = req.method() == http::Method::CONNECT;
     let leaves = req.version() < Version::HTTP_2
         && (connect || super::upgrade::requested(req.headers()).is_some());
-    let mut resp = serve(snap, role, conn, req).await;
+    let mut resp = serve(snap, role, conn, req, refused).await;
     let switched = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
         || (connect && resp.status().is_success());
     if leaves && !switched {
@@ -48,33 +52,38 @@ async fn serve(
     role: &ListenerRole,
     conn: &super::sticky::ConnCtx,
     req: Request<Incoming>,
+    refused: Option<Refusal>,
 ) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let start = Instant::now();
     let log = |upstream: &str, method: &http::Method, uri: &Uri, resp: Response<Body>| {
         access_log(snap, upstream, method, uri, start, resp)
     };
-    if parts.uri.path() == super::guard::TOO_LARGE_PATH {
-        snap.metrics.header_too_large();
-        let limit = snap.config.server.max_header_bytes;
-        let resp = ProxyError::HeadTooLarge(limit).to_response(None);
-        return log(NO_UPSTREAM, &parts.method, &parts.uri, resp);
-    }
-    if parts.uri.path() == super::guard::INVALID_PATH {
-        snap.metrics.bad_request();
-        let resp = ProxyError::BadRequest(
-            "the request head is invalid: a Content-Length that is not digits (or too large), Content-Lengths that disagree, a Transfer-Encoding that does not end in chunked, or two Host fields".into(),
-        )
-        .to_response(None);
-        return log(NO_UPSTREAM, &parts.method, &parts.uri, resp);
-    }
-    if parts.uri.path() == super::guard::CONFLICT_PATH {
-        snap.metrics.bad_request();
-        let resp = ProxyError::BadRequest(
-            "a request may not carry both Content-Length and Transfer-Encoding".into(),
-        )
-        .to_response(None);
-        return log(NO_UPSTREAM, &parts.method, &parts.uri, resp);
+    if let Some(why) = refused {
+        let resp = match why {
+            Refusal::HeadTooLarge => {
+                snap.metrics.header_too_large();
+                ProxyError::HeadTooLarge(snap.config.server.max_header_bytes)
+            }
+            Refusal::InvalidFraming => {
+                snap.metrics.bad_request();
+                ProxyError::BadRequest(
+                    "the request head is invalid: a Content-Length that is not digits (or too large), Content-Lengths that disagree, a Transfer-Encoding that does not end in chunked, or two Host fields".into(),
+                )
+            }
+            Refusal::FramingConflict => {
+                snap.metrics.bad_request();
+                ProxyError::BadRequest(
+                    "a request may not carry both Content-Length and Transfer-Encoding".into(),
+                )
+            }
+        };
+        return log(
+            NO_UPSTREAM,
+            &parts.method,
+            &parts.uri,
+            resp.to_response(None),
+        );
     }
     if let Some(field) = super::route::userinfo_in(&parts) {
         snap.metrics.bad_request();

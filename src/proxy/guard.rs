@@ -16,6 +16,11 @@
 //! hyper's own parser remains the one that decides everything else.
 
 use super::h1;
+
+mod judge;
+pub use judge::Refusal;
+use judge::{find_head_end, judge, Judged};
+pub(crate) use judge::{Verdict, MARKER};
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::io;
@@ -25,28 +30,6 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-
-/// What hyper is given in place of a conflicting head: a request weir's own
-/// service answers with 400 `bad_request` and `Connection: close`. Going
-/// through hyper keeps the answer in order behind responses to requests
-/// pipelined before it. A client sending this path itself gets the same 400.
-pub(crate) const CONFLICT_MARKER: &[u8] = b"GET /!weir-framing-conflict HTTP/1.1\r\n\r\n";
-/// The path of [`CONFLICT_MARKER`].
-pub(crate) const CONFLICT_PATH: &str = "/!weir-framing-conflict";
-/// What hyper is given in place of a request head over `max_header_bytes`:
-/// weir's service answers it with 431 `header_too_large` (weir's JSON error and
-/// `x-weir-error`, like every response weir makes) instead of hyper's bare
-/// 431, and closes the connection.
-pub(crate) const TOO_LARGE_MARKER: &[u8] = b"GET /!weir-head-too-large HTTP/1.1\r\n\r\n";
-/// The path of [`TOO_LARGE_MARKER`].
-pub(crate) const TOO_LARGE_PATH: &str = "/!weir-head-too-large";
-/// What hyper is given in place of a head whose framing hyper would refuse
-/// (an invalid or disagreeing `Content-Length`, a `Transfer-Encoding` that
-/// does not end in `chunked`): weir answers it with 400 `bad_request` and its
-/// JSON error instead of hyper's bare 400, and closes the connection.
-pub(crate) const INVALID_MARKER: &[u8] = b"GET /!weir-invalid-framing HTTP/1.1\r\n\r\n";
-/// The path of [`INVALID_MARKER`].
-pub(crate) const INVALID_PATH: &str = "/!weir-invalid-framing";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -99,6 +82,8 @@ pin_project! {
         // Set once the client sent the HTTP/2 preface: a drain says
         // goodbye to it with a GOAWAY (`proxy::conn`).
         h2: Arc<AtomicBool>,
+        // Heads counted and the one refused, for the service.
+        verdict: Arc<Verdict>,
     }
 }
 
@@ -115,7 +100,13 @@ impl<T> FramingGuard<T> {
             timer: None,
             seen_request: false,
             h2: Arc::new(AtomicBool::new(false)),
+            verdict: Arc::new(Verdict::default()),
         }
+    }
+
+    /// What the guard refused, for the service that answers the marker.
+    pub(crate) fn verdict(&self) -> Arc<Verdict> {
+        Arc::clone(&self.verdict)
     }
 
     /// Set once the client has sent the HTTP/2 connection preface.
@@ -162,27 +153,27 @@ fn advance_body(state: &mut State, data: &[u8]) -> usize {
 const H2_HANDSHAKE: usize = 24 + 9;
 
 /// Moves `ready` forward through the stash as far as framing allows, judging
-/// each complete head; replaces a conflicting head with [`CONFLICT_MARKER`].
+/// each complete head; replaces a refused head with [`MARKER`].
 fn process(
     state: &mut State,
     stash: &mut Vec<u8>,
     ready: &mut usize,
     max_head: usize,
-    h2: &AtomicBool,
+    seen: (&AtomicBool, &Verdict),
 ) {
     if matches!(*state, State::Rejected | State::Cut) {
         return;
     }
-    match scan_slice(state, &stash[*ready..], max_head, h2) {
+    match scan_slice(state, &stash[*ready..], max_head, seen) {
         Scan::All => *ready = stash.len(),
         Scan::Partial(h) => *ready += h, // hold until the head is complete
         Scan::Cut(at) => {
             stash.truncate(*ready + at);
             *ready = stash.len();
         }
-        Scan::Reject(h, marker) => {
+        Scan::Reject(h) => {
             stash.truncate(*ready + h);
-            stash.extend_from_slice(marker);
+            stash.extend_from_slice(MARKER);
             *ready = stash.len();
             *state = State::Rejected;
         }
@@ -196,8 +187,8 @@ enum Scan {
     /// A head starting at this offset is not complete yet.
     Partial(usize),
     /// A head weir answers itself starts at this offset: replace it (and
-    /// everything after it) with the marker.
-    Reject(usize, &'static [u8]),
+    /// everything after it) with the [`MARKER`].
+    Reject(usize),
     /// A chunked body weir refuses goes wrong after this offset: nothing
     /// from here reaches hyper ([`State::Cut`]).
     Cut(usize),
@@ -205,11 +196,19 @@ enum Scan {
 
 /// Follows framing through `data` in place (also what [`process`] runs on
 /// the stash).
-fn scan_slice(state: &mut State, data: &[u8], max_head: usize, h2: &AtomicBool) -> Scan {
-    scan_marked(state, data, max_head, &mut |m| {
-        if let Mark::Stop(_, Stop::Http2) = m {
-            h2.store(true, Ordering::Relaxed);
+fn scan_slice(
+    state: &mut State,
+    data: &[u8],
+    max_head: usize,
+    (h2, verdict): (&AtomicBool, &Verdict),
+) -> Scan {
+    scan_marked(state, data, max_head, &mut |m| match m {
+        Mark::Head { .. } => {
+            verdict.heads.fetch_add(1, Ordering::Relaxed);
         }
+        Mark::Stop(_, Stop::Http2) => h2.store(true, Ordering::Relaxed),
+        Mark::Stop(_, Stop::Refused(why)) => verdict.refuse(why),
+        _ => {}
     })
 }
 
@@ -239,7 +238,7 @@ pub enum Stop {
     /// The HTTP/2 preface: hyper's HTTP/2 server reads what follows.
     Http2,
     /// A head weir answers itself (the marker's request) and closes.
-    Refused(&'static str),
+    Refused(Refusal),
 }
 
 fn scan_marked(
@@ -289,19 +288,19 @@ fn scan_marked(
                 match find_head_end(head) {
                     None => {
                         if head.len() > max_head {
-                            mark(Mark::Stop(i, Stop::Refused(TOO_LARGE_PATH)));
-                            return Scan::Reject(i, TOO_LARGE_MARKER);
+                            mark(Mark::Stop(i, Stop::Refused(Refusal::HeadTooLarge)));
+                            return Scan::Reject(i);
                         }
                         return Scan::Partial(i);
                     }
                     Some(end) if end > max_head => {
-                        mark(Mark::Stop(i, Stop::Refused(TOO_LARGE_PATH)));
-                        return Scan::Reject(i, TOO_LARGE_MARKER);
+                        mark(Mark::Stop(i, Stop::Refused(Refusal::HeadTooLarge)));
+                        return Scan::Reject(i);
                     }
                     Some(end) => match judge(&head[..end]) {
-                        Judged::Reject(marker, path) => {
-                            mark(Mark::Stop(i, Stop::Refused(path)));
-                            return Scan::Reject(i, marker);
+                        Judged::Reject(why) => {
+                            mark(Mark::Stop(i, Stop::Refused(why)));
+                            return Scan::Reject(i);
                         }
                         Judged::Stop(why) => {
                             mark(Mark::Stop(i, why));
@@ -385,91 +384,6 @@ pub(crate) fn frame(bytes: &[u8], pieces: &[usize], max_head: usize) -> Vec<Mark
     marks
 }
 
-/// Where a request head ends: after the empty line that closes it. Lines
-/// may end in CRLF or a bare LF, as httparse (hyper's parser) accepts; a
-/// guard that only knew CRLF would take a bare-LF head and the request
-/// after it for one head, and never judge the second (a bypass).
-fn find_head_end(b: &[u8]) -> Option<usize> {
-    let mut i = 0;
-    while let Some(p) = b[i..].iter().position(|c| *c == b'\n') {
-        let lf = i + p;
-        match b.get(lf + 1) {
-            Some(b'\n') => return Some(lf + 2),
-            Some(b'\r') if b.get(lf + 2) == Some(&b'\n') => return Some(lf + 3),
-            _ => i = lf + 1,
-        }
-    }
-    None
-}
-
-enum Judged {
-    /// Answered by weir itself: replaced with this marker (whose path is
-    /// the second).
-    Reject(&'static [u8], &'static str),
-    /// No longer followed (hyper decides, or it is not HTTP/1 any more).
-    Stop(Stop),
-    /// Followed: the body's framing.
-    Next(State),
-}
-
-/// Decides a complete request head: conflict, or how its body is framed
-/// (`proxy::h1`, the rules hyper applies to the same head).
-fn judge(head: &[u8]) -> Judged {
-    let mut headers = [httparse::EMPTY_HEADER; 128];
-    let mut req = httparse::Request::new(&mut headers);
-    match req.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {}
-        // hyper will answer whatever this is; stop following.
-        _ => return Judged::Stop(Stop::Unparsed),
-    }
-    // Only a request weir will upgrade (`Upgrade` with `Connection:
-    // upgrade`, as `proxy::upgrade` asks; or CONNECT) may turn the
-    // connection into something that is not HTTP: stop following then. A
-    // bare `Upgrade` is an ordinary request, and what follows it is judged.
-    let names_upgrade = req.headers.iter().any(|h| {
-        h.name.eq_ignore_ascii_case("connection")
-            && std::str::from_utf8(h.value).is_ok_and(|v| {
-                v.split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-            })
-    });
-    let has_upgrade = req
-        .headers
-        .iter()
-        .any(|h| h.name.eq_ignore_ascii_case("upgrade"));
-    // Two Host fields: which one routes is anyone's guess (RFC 9112 §3.2: 400).
-    let hosts = req
-        .headers
-        .iter()
-        .filter(|h| h.name.eq_ignore_ascii_case("host"))
-        .count();
-    if hosts > 1 {
-        return Judged::Reject(INVALID_MARKER, INVALID_PATH);
-    }
-    let fields = req.headers.iter().map(|h| (h.name, h.value));
-    let framing = h1::request_framing(req.version == Some(1), fields);
-    // A tunnel is judged after its framing: a CONNECT with a bad
-    // Content-Length is refused like any request, by weir, with its reason.
-    let valid = matches!(
-        framing,
-        h1::RequestFraming::Length(_) | h1::RequestFraming::Chunked
-    );
-    // hyper upgrades HTTP/1.1 requests only; an HTTP/1.0 `Upgrade` is an
-    // ordinary request, and what follows it is judged.
-    let upgrade = req.version == Some(1) && names_upgrade && has_upgrade;
-    if valid && (req.method == Some("CONNECT") || upgrade) {
-        return Judged::Stop(Stop::Tunnel);
-    }
-    match framing {
-        h1::RequestFraming::Conflict => Judged::Reject(CONFLICT_MARKER, CONFLICT_PATH),
-        h1::RequestFraming::Length(0) => Judged::Next(State::Head),
-        h1::RequestFraming::Length(n) => Judged::Next(State::Fixed(n)),
-        h1::RequestFraming::Chunked => Judged::Next(State::Chunked(h1::Chunked::whole())),
-        // hyper would answer a bare 400: weir answers it, with its reason.
-        h1::RequestFraming::Invalid(_) => Judged::Reject(INVALID_MARKER, INVALID_PATH),
-    }
-}
-
 impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -510,7 +424,12 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                     if end == before {
                         return Poll::Ready(Ok(())); // EOF
                     }
-                    match scan_slice(this.state, &buf.filled()[before..], *this.max_head, this.h2) {
+                    match scan_slice(
+                        this.state,
+                        &buf.filled()[before..],
+                        *this.max_head,
+                        (this.h2, this.verdict),
+                    ) {
                         Scan::All => return Poll::Ready(Ok(())),
                         Scan::Partial(h) => {
                             // Hold the unfinished head back (slow path from here).
@@ -528,7 +447,8 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                             }
                             return Poll::Ready(Ok(()));
                         }
-                        Scan::Reject(h, marker) => {
+                        Scan::Reject(h) => {
+                            let marker = MARKER;
                             *this.state = State::Rejected;
                             let at = before + h;
                             if end - at >= marker.len() {
@@ -562,7 +482,13 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                         this.stash
                             .extend_from_slice(&buf.filled()[before + used..end]);
                         buf.set_filled(before + used);
-                        process(this.state, this.stash, this.ready, *this.max_head, this.h2);
+                        process(
+                            this.state,
+                            this.stash,
+                            this.ready,
+                            *this.max_head,
+                            (this.h2, this.verdict),
+                        );
                         if used == 0 {
                             continue;
                         }
@@ -602,7 +528,13 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                 return Poll::Ready(Ok(()));
             }
             this.stash.extend_from_slice(rb.filled());
-            process(this.state, this.stash, this.ready, *this.max_head, this.h2);
+            process(
+                this.state,
+                this.stash,
+                this.ready,
+                *this.max_head,
+                (this.h2, this.verdict),
+            );
             let handshaking = matches!(*this.state, State::H2Preface { .. });
             if !handshaking && (*this.ready == this.stash.len() || *this.state != State::Head) {
                 // Every held head is complete: stand the timer down.
@@ -640,141 +572,4 @@ impl<T: AsyncWrite> AsyncWrite for FramingGuard<T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Feeds reads through `process`; returns the final state and the bytes hyper would see.
-    fn run(chunks: &[&[u8]]) -> (State, Vec<u8>) {
-        let mut st = State::Head;
-        let mut stash = Vec::new();
-        let mut ready = 0;
-        for c in chunks {
-            stash.extend_from_slice(c);
-            process(
-                &mut st,
-                &mut stash,
-                &mut ready,
-                65536,
-                &AtomicBool::new(false),
-            );
-        }
-        stash.truncate(ready);
-        (st, stash)
-    }
-
-    #[test]
-    fn follows_fixed_and_chunked_bodies_across_reads() {
-        let a = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhel";
-        let b = b"loGET / HTTP/1.1\r\nHost: x\r\n\r\n";
-        let (st, out) = run(&[a, b]);
-        assert_eq!(st, State::Head);
-        assert_eq!(out, [&a[..], &b[..]].concat());
-        let c = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n0\r\nx-t: 1\r\n\r\n";
-        assert_eq!(run(&[c]).0, State::Head);
-        // Split at every byte.
-        let whole = [&c[..], &b"GET / HTTP/1.1\r\n\r\n"[..]].concat();
-        let bytes: Vec<&[u8]> = whole.chunks(1).collect();
-        let (st, out) = run(&bytes);
-        assert_eq!(st, State::Head);
-        assert_eq!(out, whole);
-    }
-
-    #[test]
-    fn heads_end_at_an_empty_line_however_lines_end() {
-        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\n\r\nX"), Some(18));
-        assert_eq!(find_head_end(b"GET / HTTP/1.1\nHost: x\n\nX"), Some(24));
-        assert_eq!(find_head_end(b"GET / HTTP/1.1\n\r\nX"), Some(17));
-        assert_eq!(find_head_end(b"GET / HTTP/1.1\r\nHost: x\r\n"), None);
-    }
-
-    #[test]
-    fn a_partial_head_is_held_back() {
-        let (st, out) = run(&[b"GET / HTTP/1.1\r\nHost: x\r\n"]);
-        assert_eq!(st, State::Head);
-        assert!(out.is_empty());
-    }
-
-    #[test]
-    fn conflicting_head_is_replaced_by_the_marker() {
-        let ok = b"GET / HTTP/1.1\r\n\r\n";
-        let bad =
-            b"POST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
-        let joined = [&ok[..], &bad[..]].concat();
-        let (st, out) = run(&[&joined]);
-        assert_eq!(st, State::Rejected);
-        assert_eq!(out, [&ok[..], CONFLICT_MARKER].concat());
-        let (st, out) = run(&[&bad[..10], &bad[10..]]);
-        assert_eq!(st, State::Rejected);
-        assert_eq!(out, CONFLICT_MARKER);
-    }
-
-    #[test]
-    fn h2_and_upgrades_pass_through() {
-        // The preface alone is still a handshake (timed); with a frame
-        // header after it the connection is HTTP/2's.
-        assert_eq!(
-            run(&[b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"]).0,
-            State::H2Preface { seen: 24 }
-        );
-        assert_eq!(
-            run(&[b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", b"\0\0\0\x04\0\0\0\0\0"]).0,
-            State::Passthrough
-        );
-        assert_eq!(run(&[b"PRI * HTTP/2.0"]).0, State::H2Preface { seen: 14 });
-        let up = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n";
-        assert_eq!(run(&[up]).0, State::Passthrough);
-    }
-
-    /// Regression: hyper answered an oversized head with a bare 431 (no body,
-    /// no `x-weir-error`). It is replaced by the marker weir answers itself,
-    /// whether the head is still growing or already complete.
-    #[test]
-    fn oversized_heads_become_the_too_large_marker() {
-        let first = b"GET /a HTTP/1.1\r\n\r\n";
-        let big = vec![b'a'; 70_000];
-        let (st, out) = run(&[first, b"GET / HTTP/1.1\r\nx: ", &big]);
-        assert_eq!(st, State::Rejected);
-        assert_eq!(out, [&first[..], TOO_LARGE_MARKER].concat());
-        let whole = [&b"GET / HTTP/1.1\r\nx: "[..], &big, b"\r\n\r\n"].concat();
-        let mut st = State::Head;
-        assert!(matches!(
-            scan_slice(&mut st, &whole, 65536, &AtomicBool::new(false)),
-            Scan::Reject(0, TOO_LARGE_MARKER)
-        ));
-    }
-
-    #[test]
-    fn the_in_place_scan_agrees_with_the_stash() {
-        let ok = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nPOST /b HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /c HTTP/1.1\r\n";
-        let mut st = State::Head;
-        let last = ok.windows(6).position(|w| w == b"GET /c").unwrap_or(0);
-        assert!(
-            matches!(scan_slice(&mut st, ok, 65536, &AtomicBool::new(false)), Scan::Partial(p) if p == last)
-        );
-        let bad = b"GET / HTTP/1.1\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n";
-        let mut st = State::Head;
-        assert!(matches!(
-            scan_slice(&mut st, bad, 65536, &AtomicBool::new(false)),
-            Scan::Reject(18, CONFLICT_MARKER)
-        ));
-        let mut st = State::Head;
-        assert!(matches!(
-            scan_slice(
-                &mut st,
-                b"GET / HTTP/1.1\r\n\r\n",
-                65536,
-                &AtomicBool::new(false)
-            ),
-            Scan::All
-        ));
-        assert_eq!(st, State::Head);
-    }
-
-    #[test]
-    fn the_marker_is_shorter_than_any_conflicting_head() {
-        assert!(CONFLICT_MARKER.starts_with(b"GET /!weir-framing-conflict "));
-        assert_eq!(CONFLICT_PATH.len() + 17, CONFLICT_MARKER.len());
-        assert_eq!(TOO_LARGE_PATH.len() + 17, TOO_LARGE_MARKER.len());
-        assert_eq!(INVALID_PATH.len() + 17, INVALID_MARKER.len());
-    }
-}
+mod tests;
