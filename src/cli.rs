@@ -183,6 +183,27 @@ pub enum Command {
     /// policy against it.
     #[command(args_conflicts_with_subcommands = true)]
     Chaos(ChaosArgs),
+    /// Ask a running weir whether it is ready: exit 0 when its admin listener answers 200.
+    ///
+    /// `GET /readyz` (or `--path`) over plain HTTP to the admin listener: `--admin ADDR`,
+    /// or the `[server] admin` of the config file (only that field is read, so an invalid
+    /// edit waiting to be reloaded does not fail the check). An unspecified address
+    /// (0.0.0.0, [::]) is asked on loopback. Prints the status and body; exit 1 on any
+    /// other status, a refused connection or no answer within --timeout. For container
+    /// health checks: the image has no curl.
+    Health {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// The admin listener's address (instead of reading it from the config).
+        #[arg(long)]
+        admin: Option<std::net::SocketAddr>,
+        /// `/readyz` (ready for traffic; 503 while draining) or `/healthz` (alive).
+        #[arg(long, default_value = "/readyz")]
+        path: String,
+        /// Give up after this long, connecting included.
+        #[arg(long, default_value = "2s", value_parser = crate::config::duration::parse)]
+        timeout: std::time::Duration,
+    },
     /// Run the retry decision on a JSON request history and print the verdict as JSON.
     ///
     /// Reads one decision input (contract version 1; see docs/reference/cli.md#weir-decide)
@@ -205,6 +226,12 @@ pub fn main() -> ExitCode {
         Command::Run { config, workers } => run(&config.config, workers),
         Command::Schedule { config, upstream } => schedule(&config.config, upstream.as_deref()),
         Command::Decide { input } => decide(input.as_deref()),
+        Command::Health {
+            config,
+            admin,
+            path,
+            timeout,
+        } => crate::health::run(&config.config, admin, &path, timeout),
         Command::Chaos(args) => chaos(args),
     }
 }

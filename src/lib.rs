@@ -79,7 +79,8 @@
 //! - [`chaos`]: the fault-injecting upstream, load driver and scenarios
 //!   behind `weir chaos` (never used by the data plane).
 //! - [`clock`]: the only module that reads clocks or seeds randomness.
-//! - [`cli`]: the command line; `main.rs` only calls it.
+//! - [`cli`]: the command line; `main.rs` only calls it. [`health`]: `weir
+//!   health`, a running weir's admin listener asked from outside.
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -90,6 +91,7 @@ pub mod config;
 pub mod fleet;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod health;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;

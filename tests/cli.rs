@@ -164,3 +164,112 @@ fn run_refuses_a_missing_ca_file_like_check_does() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&want), "{err}");
 }
+
+/// weir run as a child process on `toml`; its admin address, read off the
+/// "weir is serving" line. Killed when dropped.
+struct Running {
+    child: std::process::Child,
+    admin: std::net::SocketAddr,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run_weir(dir: &std::path::Path, toml: &str) -> Running {
+    use std::io::BufRead;
+    let p = dir.join("run.toml");
+    std::fs::write(&p, toml).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["--log-format", "json", "run", "--workers", "1", "--config"])
+        .arg(&p)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let admin = loop {
+        let line = lines.next().expect("weir exited before serving").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if v["message"] == "weir is serving" {
+            break v["admin"].as_str().unwrap().parse().unwrap();
+        }
+    };
+    // Keep draining its log so it never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Running { child, admin }
+}
+
+/// `weir health` against a real running weir: 0 with the answer when it is
+/// ready, 1 otherwise, the address given or read from the config file's
+/// `[server] admin` alone (issue 32, item 8: the image's HEALTHCHECK).
+#[test]
+fn health_asks_a_running_weir_and_exits_by_its_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let weir_ = run_weir(
+        dir.path(),
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+         [upstreams.app]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"app\"]\n",
+    );
+    let admin = weir_.admin.to_string();
+
+    let (code, out, err) = weir(&["health", "--admin", &admin], None);
+    assert_eq!(
+        (code, out.as_str()),
+        (0, &*format!("{admin}/readyz: 200\nready\n")),
+        "{err}"
+    );
+    let (code, out, _) = weir(&["health", "--admin", &admin, "--path", "/healthz"], None);
+    assert_eq!(
+        (code, out.as_str()),
+        (0, &*format!("{admin}/healthz: 200\nok\n"))
+    );
+
+    // From a config file: only `[server] admin` is read (the rest may be an
+    // edit that does not validate yet), and 0.0.0.0 is asked on loopback.
+    let cfg = dir.path().join("edited.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\nadmin = \"0.0.0.0:{}\"\nlisten = 7\n[upstreams.app]\nurl = \"nope\"\n",
+            weir_.admin.port()
+        ),
+    )
+    .unwrap();
+    let (code, out, err) = weir(&["health", "--config", cfg.to_str().unwrap()], None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, format!("{admin}/readyz: 200\nready\n"));
+
+    // Any other status is a failure, and says what came back.
+    let (code, out, err) = weir(&["health", "--admin", &admin, "--path", "/nope"], None);
+    assert_eq!(code, 1);
+    assert!(out.is_empty());
+    assert!(
+        err.starts_with(&format!("weir health: {admin}/nope: 404\n")),
+        "{err}"
+    );
+
+    // Nothing listening: exit 1, saying so.
+    drop(weir_);
+    let (code, _, err) = weir(&["health", "--admin", &admin], None);
+    assert_eq!(code, 1);
+    assert!(err.contains(&format!("cannot connect to {admin}")), "{err}");
+
+    // A listener that never answers: exit 1 within --timeout.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = silent.local_addr().unwrap().to_string();
+    let (code, _, err) = weir(&["health", "--admin", &at, "--timeout", "300ms"], None);
+    assert_eq!(code, 1);
+    assert_eq!(err, format!("weir health: {at}: no answer within 300ms\n"));
+
+    // A config that cannot be read is a failure too, not a default address.
+    let (code, _, err) = weir(&["health", "--config", "/nonexistent/weir.toml"], None);
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with("weir health: cannot read /nonexistent/weir.toml"),
+        "{err}"
+    );
+}
