@@ -16,6 +16,7 @@ pub mod idempotency;
 mod labels;
 pub mod state;
 mod upstream;
+mod wire;
 
 pub use upstream::UpstreamMetrics;
 
@@ -66,6 +67,7 @@ pub struct Metrics {
     cache: cache::Families,
     endpoints: endpoints::Families,
     state: state::StateMetrics,
+    wire: wire::Families,
     /// `weir_requests_total{upstream="none", code="no_route"}`.
     no_route: IntCounter,
     bad_request: IntCounter,
@@ -95,13 +97,13 @@ impl Metrics {
         let requests = counter(
             &r,
             "weir_requests_total",
-            "Client requests answered, by upstream and status code or weir error code.",
-            &["upstream", "code"],
+            "Client requests answered, by upstream, HTTP status, and weir's error code when weir answered itself (empty for the upstream's answers).",
+            &["upstream", "code", "error"],
         );
         let request_duration = histogram(
             &r,
             "weir_request_duration_seconds",
-            "Time from a request's arrival to its response headers, retries and backoff included.",
+            "Time from a request's arrival to its response headers, retries and backoff included, over requests weir sent upstream (not its refusals: rate limited, circuit open, overloaded, bad requests).",
         );
         let attempts = counter(
             &r,
@@ -238,11 +240,12 @@ impl Metrics {
         let cache = cache::Families::register(&r);
         let endpoints = endpoints::Families::register(&r);
         let state = state::StateMetrics::register(&r);
+        let wire = wire::Families::register(&r);
         reloads.with_label_values(&["ok"]);
         reloads.with_label_values(&["error"]);
         last_reload.set(1);
-        let no_route = requests.with_label_values(&[NO_UPSTREAM, "no_route"]);
-        let bad_request = requests.with_label_values(&[NO_UPSTREAM, "bad_request"]);
+        let no_route = requests.with_label_values(&[NO_UPSTREAM, "404", "no_route"]);
+        let bad_request = requests.with_label_values(&[NO_UPSTREAM, "400", "bad_request"]);
         Metrics {
             registry: r,
             requests,
@@ -266,6 +269,7 @@ impl Metrics {
             cache,
             endpoints,
             state,
+            wire,
             no_route,
             bad_request,
         }
@@ -278,7 +282,8 @@ impl Metrics {
             name: name.to_string(),
             requests: self.requests.clone(),
             statuses: (100..=599).map(|_| OnceLock::new()).collect(),
-            errors: ERROR_CODES.map(|c| by(&self.requests, c)),
+            errors: ERROR_CODES
+                .map(|(c, status, _)| self.requests.with_label_values(&[name, status, c])),
             request_duration: self.request_duration.with_label_values(&[name]),
             attempts: ATTEMPT_RESULTS.map(|r| by(&self.attempts, r)),
             attempt_duration: self.attempt_duration.with_label_values(&[name]),
@@ -294,6 +299,7 @@ impl Metrics {
             body_errors: BODY_ERRORS.map(|c| by(&self.body_errors, c)),
             idempotency: self.idempotency.upstream(name),
             cache: self.cache.upstream(name),
+            wire: self.wire.upstream(name),
         }
     }
 
@@ -334,8 +340,19 @@ impl Metrics {
         &self.state
     }
 
+    /// One upstream's connection and byte counts (`upstream::meter`).
+    pub fn wire(&self, name: &str) -> crate::upstream::meter::Meter {
+        self.wire.upstream(name)
+    }
+
+    /// `weir_client_connections_open`.
+    pub fn client_connections(&self) -> &IntGauge {
+        self.wire.clients()
+    }
+
     /// Drops every series of an upstream removed by a reload.
     pub fn forget(&self, name: &str) {
+        self.wire.forget(name);
         self.forget_dns(name);
         self.endpoints.forget(name);
         self.state.forget(name);
@@ -364,8 +381,8 @@ impl Metrics {
         for r in ATTEMPT_RESULTS {
             self.attempts.remove_label_values(&[name, r]).ok();
         }
-        for c in ERROR_CODES {
-            self.requests.remove_label_values(&[name, c]).ok();
+        for (c, status, _) in ERROR_CODES {
+            self.requests.remove_label_values(&[name, status, c]).ok();
         }
         let causes = [
             Cause::ConnectFailure,
@@ -383,7 +400,7 @@ impl Metrics {
         }
         for s in 100..=599u16 {
             self.requests
-                .remove_label_values(&[name, &s.to_string()])
+                .remove_label_values(&[name, &s.to_string(), ""])
                 .ok();
         }
     }
@@ -396,19 +413,19 @@ impl Metrics {
         self.bad_request.inc();
     }
 
-    /// `weir_requests_total{upstream="none", code="header_too_large"}` (rare: not
-    /// worth a cached handle).
+    /// `weir_requests_total{upstream="none", code="431",
+    /// error="header_too_large"}` (rare: not worth a cached handle).
     pub fn header_too_large(&self) {
         self.requests
-            .with_label_values(&[NO_UPSTREAM, "header_too_large"])
+            .with_label_values(&[NO_UPSTREAM, "431", "header_too_large"])
             .inc();
     }
 
-    /// `weir_requests_total{upstream="none", code="connect_not_allowed"}`: a
-    /// CONNECT that routes to no upstream.
+    /// `weir_requests_total{upstream="none", code="405",
+    /// error="connect_not_allowed"}`: a CONNECT that routes to no upstream.
     pub fn connect_not_allowed(&self) {
         self.requests
-            .with_label_values(&[NO_UPSTREAM, "connect_not_allowed"])
+            .with_label_values(&[NO_UPSTREAM, "405", "connect_not_allowed"])
             .inc();
     }
 

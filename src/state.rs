@@ -412,8 +412,11 @@ impl StateRegistry {
                 Some(s) if s.client().key == UpstreamClient::key_of(u)? => {
                     Change::Keep(s.clone(), None)
                 }
-                Some(s) => Change::Keep(s.clone(), Some(UpstreamClient::new(u)?)),
-                None => Change::New(UpstreamClient::new(u)?),
+                Some(s) => {
+                    let meter = self.metrics.wire(&u.name);
+                    Change::Keep(s.clone(), Some(UpstreamClient::new(u, meter)?))
+                }
+                None => Change::New(UpstreamClient::new(u, self.metrics.wire(&u.name))?),
             });
         }
         let run = self.fleet_for(config)?;

@@ -222,8 +222,8 @@ burst = 2
     assert_eq!(status, 200);
     let m = parse_metrics(&text);
     let expect = [
-        ("weir_requests_total{upstream=flaky,code=200}", 4.0),
-        ("weir_requests_total{upstream=flaky,code=503}", 2.0),
+        ("weir_requests_total{upstream=flaky,code=200,error=}", 4.0),
+        ("weir_requests_total{upstream=flaky,code=503,error=}", 2.0),
         (
             "weir_upstream_attempts_total{upstream=flaky,result=ok}",
             4.0,
@@ -241,9 +241,9 @@ burst = 2
         ("weir_retry_stops_total{upstream=flaky,reason=unsafe}", 0.0),
         ("weir_retry_budget_tokens{upstream=flaky}", 0.0),
         ("weir_breaker_state{upstream=flaky,state=closed}", 1.0),
-        ("weir_requests_total{upstream=fragile,code=503}", 2.0),
+        ("weir_requests_total{upstream=fragile,code=503,error=}", 2.0),
         (
-            "weir_requests_total{upstream=fragile,code=circuit_open}",
+            "weir_requests_total{upstream=fragile,code=503,error=circuit_open}",
             1.0,
         ),
         (
@@ -260,14 +260,17 @@ burst = 2
         ),
         ("weir_breaker_state{upstream=fragile,state=open}", 1.0),
         ("weir_breaker_state{upstream=fragile,state=closed}", 0.0),
-        ("weir_requests_total{upstream=limited,code=200}", 2.0),
+        ("weir_requests_total{upstream=limited,code=200,error=}", 2.0),
         (
-            "weir_requests_total{upstream=limited,code=rate_limited}",
+            "weir_requests_total{upstream=limited,code=429,error=rate_limited}",
             1.0,
         ),
         ("weir_rate_limited_total{upstream=limited}", 1.0),
         ("weir_in_flight_requests{upstream=flaky}", 0.0),
-        ("weir_requests_total{upstream=none,code=no_route}", 1.0),
+        (
+            "weir_requests_total{upstream=none,code=404,error=no_route}",
+            1.0,
+        ),
         // Created at zero before the first retry, for every cause retry_on can produce.
         ("weir_retries_total{upstream=limited,cause=status_503}", 0.0),
         (
@@ -282,6 +285,10 @@ burst = 2
         ("weir_config_reloads_total{result=error}", 0.0),
         ("weir_config_last_reload_success{}", 1.0),
         ("weir_request_duration_seconds_count{upstream=flaky}", 6.0),
+        // weir's refusals (one circuit_open, one rate_limited) take no
+        // place in the latency histogram: 2 of fragile's 3, 2 of limited's 3.
+        ("weir_request_duration_seconds_count{upstream=fragile}", 2.0),
+        ("weir_request_duration_seconds_count{upstream=limited}", 2.0),
         (
             "weir_upstream_attempt_duration_seconds_count{upstream=flaky}",
             9.0,
@@ -289,6 +296,15 @@ burst = 2
     ];
     for (k, v) in expect {
         assert_eq!(val(&m, k), v, "{k}");
+    }
+    // After every kind of refusal above, `code` is an HTTP status in every
+    // series; weir's reason is in `error`.
+    for key in m.keys().filter(|k| k.starts_with("weir_requests_total{")) {
+        let code = key
+            .split("code=")
+            .nth(1)
+            .and_then(|r| r.split([',', '}']).next());
+        assert!(code.is_some_and(|c| c.parse::<u16>().is_ok()), "{key}");
     }
     let build = format!("weir_build_info{{version={}}}", env!("CARGO_PKG_VERSION"));
     assert_eq!(val(&m, &build), 1.0);
@@ -583,4 +599,66 @@ async fn the_file_watch_sees_a_configmap_symlink_swap() {
         "debounce should make one reload of one swap"
     );
     rt.shutdown(Duration::from_secs(1)).await;
+}
+
+/// `weir_upstream_bytes_total`, `weir_upstream_connections_open` and
+/// `weir_client_connections_open`, on both paths: the fast path (an
+/// HTTP/1.1 upstream) and the general one (h2c).
+#[tokio::test]
+async fn connections_and_bytes_are_counted_on_both_paths() {
+    let up = TestUpstream::start(|_req: Request<hyper::body::Incoming>| async move {
+        Response::new(body(vec![b'x'; 10_000]))
+    })
+    .await;
+    let u = up.url();
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+         [upstreams.fast]\nurl = \"{u}\"\nhosts = [\"fast\"]\n\
+         [upstreams.general]\nurl = \"{u}\"\nhosts = [\"general\"]\nprotocol = \"h2c\"\n"
+    );
+    let (rt, _) = start(dir.path(), &toml, NO_WATCH).await;
+    for host in ["fast", "general"] {
+        for _ in 0..3 {
+            assert_eq!(through(&rt, host, "/").await.0, 200);
+        }
+    }
+    // A client connection that stays open while the scrape is made.
+    let held = tokio::net::TcpStream::connect(rt.proxy.listen_addr())
+        .await
+        .unwrap();
+    let mut m = BTreeMap::new();
+    for _ in 0..100 {
+        m = parse_metrics(&admin(&rt, "GET", "/metrics").await.1);
+        if val(&m, "weir_client_connections_open{}") >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(val(&m, "weir_client_connections_open{}") >= 1.0);
+    for host in ["fast", "general"] {
+        let bytes = |d: &str| {
+            val(
+                &m,
+                &format!("weir_upstream_bytes_total{{upstream={host},direction={d}}}"),
+            )
+        };
+        // Three responses of 10,000 body bytes each came back; three
+        // requests went out.
+        assert!(
+            bytes("received") >= 30_000.0,
+            "{host}: {}",
+            bytes("received")
+        );
+        assert!(bytes("sent") >= 3.0 * 16.0, "{host}: {}", bytes("sent"));
+        let open = val(
+            &m,
+            &format!("weir_upstream_connections_open{{upstream={host}}}"),
+        );
+        assert!(
+            (1.0..=3.0).contains(&open),
+            "{host}: {open} pooled connections"
+        );
+    }
+    drop(held);
 }

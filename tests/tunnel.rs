@@ -122,8 +122,10 @@ async fn connect_elsewhere_is_405_and_never_forwarded() {
         assert!(body.contains("tunnel = true"), "{target}: {body}");
     }
     assert_eq!(up.connections(), 0, "a CONNECT reached the upstream");
+    let errors = m.values("weir_requests_total", "svc", "error");
+    assert_eq!(errors.get("connect_not_allowed"), Some(&1.0), "{errors:?}");
     let codes = m.values("weir_requests_total", "svc", "code");
-    assert_eq!(codes.get("connect_not_allowed"), Some(&1.0), "{codes:?}");
+    assert_eq!(codes.get("405"), Some(&1.0), "{codes:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,22 +1,26 @@
 //! The fixed label values of weir's series, pre-created at zero.
 
-/// weir's own error codes, the `code` label values that are not statuses.
-pub const ERROR_CODES: [&str; 15] = [
-    "no_route",
-    "bad_request",
-    "header_too_large",
-    "connect_not_allowed",
-    "bad_response",
-    "rate_limited",
-    "overloaded",
-    "circuit_open",
-    "connect_failed",
-    "upstream_reset",
-    "upstream_timeout",
-    "deadline_exceeded",
-    "idempotency_in_flight",
-    "idempotency_key_reused",
-    "idempotency_not_replayable",
+/// weir's own error codes (the `error` label of `weir_requests_total`),
+/// each with the HTTP status weir answers it with (its `code` label) and
+/// whether it is a refusal: an answer weir gave without asking the
+/// upstream, which takes no place in `weir_request_duration_seconds`.
+/// `proxy::error` keeps the same table (a test there holds them equal).
+pub const ERROR_CODES: [(&str, &str, bool); 15] = [
+    ("no_route", "404", true),
+    ("bad_request", "400", true),
+    ("header_too_large", "431", true),
+    ("connect_not_allowed", "405", true),
+    ("bad_response", "502", false),
+    ("rate_limited", "429", true),
+    ("overloaded", "503", true),
+    ("circuit_open", "503", true),
+    ("connect_failed", "502", false),
+    ("upstream_reset", "502", false),
+    ("upstream_timeout", "504", false),
+    ("deadline_exceeded", "504", false),
+    ("idempotency_in_flight", "409", true),
+    ("idempotency_key_reused", "422", true),
+    ("idempotency_not_replayable", "409", true),
 ];
 
 /// The `result` label values of `weir_upstream_attempts_total`.

@@ -35,6 +35,8 @@ pub struct UpstreamMetrics {
     pub idempotency: idempotency::Series,
     /// `weir_cache_*`, brought up to the cache's counts on a scrape.
     pub cache: cache::Series,
+    /// `weir_upstream_connections_open`, `weir_upstream_bytes_total`.
+    pub wire: crate::upstream::meter::Meter,
 }
 
 impl UpstreamMetrics {
@@ -55,22 +57,26 @@ impl UpstreamMetrics {
         {
             slot.get_or_init(|| {
                 self.requests
-                    .with_label_values(&[self.name.as_str(), &status.to_string()])
+                    .with_label_values(&[self.name.as_str(), &status.to_string(), ""])
             })
             .inc();
         }
         self.request_duration.observe(took.as_secs_f64());
     }
 
-    /// A request answered with one of weir's errors.
+    /// A request answered with one of weir's errors. A refusal (weir did
+    /// not ask the upstream) takes no place in the latency histogram.
     pub fn error(&self, code: &str, took: Duration) {
-        if let Some(i) = ERROR_CODES.iter().position(|c| *c == code) {
+        let found = ERROR_CODES.iter().position(|(c, _, _)| *c == code);
+        if let Some(i) = found {
             self.errors[i].inc();
         }
         if code == "rate_limited" {
             self.rate_limited.inc();
         }
-        self.request_duration.observe(took.as_secs_f64());
+        if !found.is_some_and(|i| ERROR_CODES[i].2) {
+            self.request_duration.observe(took.as_secs_f64());
+        }
     }
 
     pub fn attempt(&self, outcome: &Outcome, took: Duration) {

@@ -256,3 +256,37 @@ impl crate::upstream::client::SendError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The metrics' table of weir's errors names every error with the
+    /// status weir answers it with: `weir_requests_total{code}` is the
+    /// status the client saw.
+    #[test]
+    fn every_error_is_counted_under_its_status() {
+        let all = [
+            ProxyError::NoRoute,
+            ProxyError::BadRequest(String::new()),
+            ProxyError::HeadTooLarge(1),
+            ProxyError::ConnectNotAllowed,
+            ProxyError::RateLimited { retry_after: None },
+            ProxyError::Overloaded,
+            ProxyError::CircuitOpen { retry_after: None },
+            ProxyError::ConnectFailed(String::new()),
+            ProxyError::UpstreamReset(String::new()),
+            ProxyError::UpstreamTimeout,
+            ProxyError::DeadlineExceeded,
+            ProxyError::BadResponse(String::new()),
+            ProxyError::IdempotencyInFlight,
+            ProxyError::IdempotencyKeyReused,
+            ProxyError::IdempotencyNotReplayable,
+        ];
+        assert_eq!(all.len(), crate::metrics::ERROR_CODES.len());
+        for e in all {
+            let row = crate::metrics::ERROR_CODES.iter().find(|r| r.0 == e.code());
+            assert_eq!(row.map(|r| r.1), Some(e.status().as_str()), "{e:?}");
+        }
+    }
+}

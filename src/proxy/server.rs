@@ -380,6 +380,24 @@ async fn accept_loop(
     reaper.abort();
 }
 
+/// One client connection in `weir_client_connections_open`, from accept
+/// to its end on either path.
+struct Open(prometheus::IntGauge);
+
+impl Open {
+    fn client(metrics: &crate::metrics::Metrics) -> Open {
+        let open = metrics.client_connections().clone();
+        open.inc();
+        Open(open)
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
@@ -389,6 +407,7 @@ async fn serve_connection(
     pool: Arc<super::fast::Pool>,
 ) {
     let _ = stream.set_nodelay(true);
+    let _open = Open::client(&shared.snapshot.load().metrics);
     let (builder, max_head, head_timeout, idle_timeout, write_timeout, max_resets, tls, fast_path) = {
         let snap = shared.snapshot.load();
         let s = &snap.config.server;

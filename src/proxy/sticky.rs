@@ -95,8 +95,9 @@ pub(crate) async fn connect(
     addr: SocketAddr,
     timeout: Duration,
     live: Arc<std::sync::atomic::AtomicUsize>,
+    meter: &crate::upstream::meter::Meter,
 ) -> Result<SendRequest<Body>, SendError> {
-    let r = open(addr, timeout, live.clone()).await;
+    let r = open(addr, timeout, live.clone(), meter).await;
     if r.is_err() {
         live.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
@@ -118,6 +119,7 @@ async fn open(
     addr: SocketAddr,
     timeout: Duration,
     live: Arc<std::sync::atomic::AtomicUsize>,
+    meter: &crate::upstream::meter::Meter,
 ) -> Result<SendRequest<Body>, SendError> {
     let fail = |kind, message: String| SendError {
         kind,
@@ -138,7 +140,9 @@ async fn open(
     let (sender, conn) = hyper::client::conn::http1::Builder::new()
         .preserve_header_case(true)
         .max_buf_size(super::MAX_RESPONSE_HEAD)
-        .handshake(TokioIo::new(stream))
+        .handshake(TokioIo::new(crate::upstream::meter::Metered::new(
+            stream, meter,
+        )))
         .await
         .map_err(|e| fail(Failure::Connect, e.to_string()))?;
     tokio::spawn(async move {

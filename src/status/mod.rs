@@ -92,7 +92,10 @@ pub(crate) fn read(metrics: &Metrics, snap: &Snapshot) -> (HashMap<String, Sampl
             match name.as_str() {
                 "weir_requests_total" => {
                     s.requests += value;
-                    if label("code").parse::<u16>().is_ok_and(|c| c < 500) {
+                    // The upstream's answers below 500; weir's own
+                    // answers (a 429, a 404) carry an `error` and are not.
+                    let upstream = label("error").is_empty();
+                    if upstream && label("code").parse::<u16>().is_ok_and(|c| c < 500) {
                         s.successes += value;
                     }
                 }

@@ -50,15 +50,12 @@ pub struct ClientKey {
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
     pub key: ClientKey,
-    inner: Client<Dial<HttpsConnector<HttpConnector>>, Body>,
+    inner: Client<Dial<HttpsConnector<Tcp>>, Body>,
     /// What [`UpstreamClient::for_addr`] builds an endpoint's pool from: the
     /// client settings, and a connector whose TLS server name is fixed (the
     /// `url`'s host or `tls.server_name`), since an endpoint is dialled by
     /// its address.
-    per_endpoint: std::sync::Arc<(
-        hyper_util::client::legacy::Builder,
-        HttpsConnector<HttpConnector>,
-    )>,
+    per_endpoint: std::sync::Arc<(hyper_util::client::legacy::Builder, HttpsConnector<Tcp>)>,
     scheme: &'static str,
     /// For an `https://` upstream pinned to `protocol = "http1"`: what the
     /// fast path's own TLS connections use.
@@ -110,6 +107,9 @@ impl FastTls {
     }
 }
 
+/// The TCP connector under TLS: hyper-util's, each connection metered.
+type Tcp = crate::upstream::meter::MeteredConnector<HttpConnector>;
+
 /// A connector that always dials `target`, whatever URI it is asked for: the
 /// URI's authority is the host the request names (`preserve_host`), not an
 /// address. TLS's server name comes from `target` too (or `tls.server_name`).
@@ -134,8 +134,9 @@ impl<C: tower_service::Service<http::Uri>> tower_service::Service<http::Uri> for
 }
 
 impl UpstreamClient {
-    /// Builds the pool; reads the upstream's TLS files.
-    pub fn new(u: &UpstreamConfig) -> Result<Self, String> {
+    /// Builds the pool; reads the upstream's TLS files. `meter` counts its
+    /// connections and their bytes.
+    pub fn new(u: &UpstreamConfig, meter: crate::upstream::meter::Meter) -> Result<Self, String> {
         let tls =
             crate::tls::client_config(u).map_err(|e| format!("upstream {:?}: {e}", u.name))?;
         let server_name = u.tls.as_ref().and_then(|t| t.server_name.clone());
@@ -143,6 +144,7 @@ impl UpstreamClient {
         http.set_connect_timeout(Some(u.connect_timeout));
         http.set_nodelay(true);
         http.enforce_http(false);
+        let http = crate::upstream::meter::MeteredConnector { inner: http, meter };
         let base = || {
             hyper_rustls::HttpsConnectorBuilder::new()
                 .with_tls_config((*tls.config).clone())

@@ -14,6 +14,7 @@ pub mod balance;
 pub mod client;
 mod dial;
 pub mod eject;
+pub mod meter;
 pub mod resolve;
 
 pub use dial::Served;
@@ -602,7 +603,8 @@ mod tests {
         let c = crate::config::Config::parse(std::path::Path::new("t.toml"), src)
             .unwrap_or_else(|e| panic!("{e}"));
         let u = &c.upstreams[0];
-        let client = UpstreamClient::new(u).unwrap_or_else(|e| panic!("{e}"));
+        let meter = crate::upstream::meter::Meter::unregistered();
+        let client = UpstreamClient::new(u, meter).unwrap_or_else(|e| panic!("{e}"));
         let mut params = u.endpoints.params.clone();
         params.ejection.max_ejected = max_ejected;
         // Round robin: every other pick is the endpoint a test fails.

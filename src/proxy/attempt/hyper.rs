@@ -329,7 +329,7 @@ async fn dispatch(
             if !crate::proxy::sticky::reserve(places) {
                 return Ok(Via::Pool);
             }
-            crate::proxy::sticky::connect(addr, timeout, places.clone())
+            crate::proxy::sticky::connect(addr, timeout, places.clone(), &up.state.metrics.wire)
                 .await
                 .map(Via::Held)
         },

@@ -2,6 +2,7 @@
 //! for an `https://` upstream pinned to HTTP/1.1. One type, so the pool,
 //! the exchange and the relay are written once for both.
 
+use crate::upstream::meter::Metered;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
@@ -9,11 +10,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-/// An upstream connection of the fast path.
+/// An upstream connection of the fast path, its socket metered (open, and
+/// its bytes: `upstream::meter`).
 #[derive(Debug)]
 pub(crate) enum UpstreamIo {
-    Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
+    Plain(Metered<TcpStream>),
+    Tls(Box<TlsStream<Metered<TcpStream>>>),
 }
 
 impl UpstreamIo {
@@ -27,11 +29,12 @@ impl UpstreamIo {
     pub(crate) fn still_open(&mut self) -> bool {
         let mut cx = Context::from_waker(Waker::noop());
         match self {
-            UpstreamIo::Plain(s) => match s.poll_read_ready(&mut cx) {
+            UpstreamIo::Plain(s) => match s.get_mut().poll_read_ready(&mut cx) {
                 Poll::Pending => true,
                 Poll::Ready(Err(_)) => false,
                 Poll::Ready(Ok(())) => {
                     let mut byte = [0u8; 1];
+                    let s = s.get_mut();
                     matches!(s.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
                 }
             },

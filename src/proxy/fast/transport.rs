@@ -181,7 +181,12 @@ async fn exchange(
     let addr = picked.as_ref().map(|p| p.addr()).ok_or_else(no_endpoint)?;
 
     let written = match &mut s {
-        UpstreamIo::Plain(tcp) => write_plain(tcp, request).await?,
+        UpstreamIo::Plain(tcp) => {
+            // Written past the meter (a non-blocking write): counted here.
+            let n = write_plain(tcp.get_mut(), request).await?;
+            tcp.meter().sent(n);
+            n
+        }
         UpstreamIo::Tls(t) => {
             use tokio::io::AsyncWriteExt;
             // rustls takes the request into its records; what reached the
@@ -329,6 +334,7 @@ async fn connect(
         Err(_) => return Err(failed(format!("connect timed out after {timeout:?}"))),
     };
     let _ = s.set_nodelay(true);
+    let s = crate::upstream::meter::Metered::new(s, &up.state.metrics.wire);
     let Some(tls) = tls else {
         return Ok(UpstreamIo::Plain(s));
     };
