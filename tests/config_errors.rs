@@ -694,13 +694,158 @@ fn a_field_written_in_the_wrong_table_is_pointed_to_the_right_one() {
     expect_one(&src, 1, "timeout", "did you mean `defaults.timeout`?");
 }
 
-/// Validation comes after the schema, and it too reports everything at once.
+/// Validation too reports everything at once.
 #[test]
 fn once_the_schema_passes_every_validation_error_is_reported() {
     let src = format!("{UP}timeout = \"0s\"\n[upstreams.api.retry]\nmax_attempts = 25\n[upstreams.api.breaker]\nfailure_rate = 1.5\n");
     let errs = errors(&src);
     let lines: Vec<usize> = errs.iter().map(|e| e.line).collect();
     assert_eq!(lines, [4, 6, 8], "{errs:#?}");
+}
+
+// ---------------------------------------------------------------------------
+// Every error in one pass, validation included (issue 32, item 5): what is
+// well-formed is validated even when the schema finds errors elsewhere, and
+// nothing is reported that rests on a field already reported.
+
+/// Every error of `src`, as `weir check` prints them (after `error: `).
+fn shown(src: &str) -> Vec<String> {
+    errors(src).iter().map(|e| e.to_string()).collect()
+}
+
+/// The issue's file: a type error (`burst = -1`), a misspelt field and a bad
+/// URL, all three from one check, in file order.
+const THREE_KINDS: &str = "[upstreams.api]\nurl = \"ftp://files\"\nhosts = [\"api\"]\ntimout = \"5s\"\n\n[upstreams.api.rate_limit]\nrps = 100\nburst = -1\n";
+
+#[test]
+fn a_type_error_an_unknown_field_and_a_bad_url_in_one_check() {
+    assert_eq!(
+        shown(THREE_KINDS),
+        [
+            "weir.toml:2:7: `upstreams.api.url`: invalid url \"ftp://files\": scheme \"ftp\" is not http or https",
+            "weir.toml:4:1: `upstreams.api.timout`: unknown field `timout`: did you mean `timeout`?",
+            "weir.toml:8:9: `upstreams.api.rate_limit.burst`: invalid value: integer `-1`, expected u32",
+        ]
+    );
+    // The same three from `weir check`, and nothing else.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("weir.toml");
+    std::fs::write(&p, THREE_KINDS).unwrap();
+    let (code, out, err) = check(&p);
+    assert_eq!((code, out.as_str()), (Some(1), ""), "{err}");
+    let want: Vec<String> = shown(THREE_KINDS)
+        .iter()
+        .map(|e| {
+            format!(
+                "error: {}",
+                e.replacen("weir.toml", &p.display().to_string(), 1)
+            )
+        })
+        .collect();
+    assert_eq!(err.lines().collect::<Vec<_>>(), want);
+}
+
+/// A required value of the wrong type is reported once: not again as
+/// missing, nor through the checks that needed it.
+#[test]
+fn a_type_error_in_a_required_field_is_reported_once() {
+    // `url` is required by validation, `cert` by the schema.
+    let src = "[upstreams.api]\nurl = 8080\nhosts = [\"api\"]\n";
+    assert_eq!(
+        shown(src),
+        ["weir.toml:2:7: `upstreams.api.url`: invalid type: integer `8080`, expected a string"]
+    );
+    let src =
+        format!("{UP}listen = \"127.0.0.1:0\"\nlisten_tls = {{ cert = 5, key = \"k.pem\" }}\n");
+    assert_eq!(
+        shown(&src),
+        ["weir.toml:5:23: `upstreams.api.listen_tls.cert`: invalid type: integer `5`, expected a string"]
+    );
+    // A misspelt required field likewise: the hint stands for it.
+    let src = "[upstreams.api]\nulr = \"http://127.0.0.1:1\"\nhosts = [\"api\"]\n";
+    assert_eq!(
+        shown(src),
+        ["weir.toml:2:1: `upstreams.api.ulr`: unknown field `ulr`: did you mean `url`?"]
+    );
+}
+
+/// A rule across fields that would have judged a rejected field against a
+/// default in its place says nothing; the rejected field's error stands.
+#[test]
+fn rules_across_fields_do_not_judge_a_rejected_field() {
+    let cases: [(&str, &[&str]); 6] = [
+        // `hosts` rejected: not "unreachable".
+        (
+            "[upstreams.api]\nurl = \"http://127.0.0.1:1\"\nhosts = \"api\"\n",
+            &["weir.toml:3:9: `upstreams.api.hosts`: invalid type: string \"api\", expected a sequence"],
+        ),
+        // `listen` rejected: not "listen_tls needs a dedicated listen".
+        (
+            "[upstreams.api]\nurl = \"http://127.0.0.1:1\"\nlisten = 15001\nlisten_tls = { cert = \"c.pem\", key = \"k.pem\" }\n",
+            &[
+                "weir.toml:3:10: `upstreams.api.listen`: invalid type: integer `15001`, expected a string",
+                // Its own errors stand.
+                "weir.toml:4:23: `upstreams.api.listen_tls.cert`: cannot read \"c.pem\": No such file or directory",
+                "weir.toml:4:38: `upstreams.api.listen_tls.key`: cannot read \"k.pem\": No such file or directory",
+            ],
+        ),
+        // `open` rejected: `max_open` is not held to the default `open`.
+        (
+            &format!("{UP}[upstreams.api.breaker]\nopen = \"soon\"\nmax_open = \"500ms\"\n"),
+            &["weir.toml:5:8: `upstreams.api.breaker.open`: invalid duration \"soon\": expected a number before \"soon\""],
+        ),
+        // `rps` misspelt: not "`burst` needs `rps`".
+        (
+            &format!("{UP}[upstreams.api.rate_limit]\nrsp = 10\nburst = 5\n"),
+            &["weir.toml:5:1: `upstreams.api.rate_limit.rsp`: unknown field `rsp`: did you mean `rps`?"],
+        ),
+        // `window` incomplete: not "needs `rps` or `window`".
+        (
+            &format!("{UP}[upstreams.api.rate_limit]\nwindow = {{ limit = 10 }}\n"),
+            &["weir.toml:5:10: `upstreams.api.rate_limit.window`: missing field `period`"],
+        ),
+        // `[server] listen` rejected: the default is not said to clash.
+        (
+            "[server]\nlisten = 15001\n[upstreams.api]\nurl = \"http://127.0.0.1:1\"\nlisten = \"127.0.0.1:15001\"\n",
+            &["weir.toml:2:10: `server.listen`: invalid type: integer `15001`, expected a string"],
+        ),
+    ];
+    for (src, want) in cases {
+        assert_eq!(shown(src), want, "{src}");
+    }
+}
+
+/// Validation errors in a table the schema found errors in are reported
+/// with them; a hint for a field that is written as well stands for nothing.
+#[test]
+fn validation_errors_beside_schema_errors_are_reported() {
+    let src = format!("{UP}timeout = \"0s\"\nconect_timeout = true\n[upstreams.api.retry]\nmax_atempts = 3\nmax_attempts = 25\n[upstreams.api.breaker]\nfailure_rate = 1.5\nwindow = \"big\"\n");
+    let errs = errors(&src);
+    let got: Vec<(usize, &str)> = errs.iter().map(|e| (e.line, e.field.as_str())).collect();
+    assert_eq!(
+        got,
+        [
+            (4, "upstreams.api.timeout"),
+            (5, "upstreams.api.conect_timeout"),
+            (7, "upstreams.api.retry.max_atempts"),
+            (8, "upstreams.api.retry.max_attempts"),
+            (10, "upstreams.api.breaker.failure_rate"),
+            (11, "upstreams.api.breaker.window"),
+        ],
+        "{errs:#?}"
+    );
+    assert!(errs[0].message.contains("greater than 0"), "{}", errs[0]);
+    assert!(errs[3].message.contains("retry budget"), "{}", errs[3]);
+    assert!(errs[4].message.contains("(0, 1]"), "{}", errs[4]);
+    // A field the hint names, written as well, keeps its own error.
+    let src = format!("timeout = \"1s\"\n[defaults]\ntimeout = \"0s\"\n{UP}");
+    assert_eq!(
+        shown(&src),
+        [
+            "weir.toml:1:1: `timeout`: unknown field `timeout`: did you mean `defaults.timeout`?",
+            "weir.toml:3:11: `defaults.timeout`: must be greater than 0",
+        ]
+    );
 }
 
 // ---------------------------------------------------------------------------

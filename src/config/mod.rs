@@ -298,12 +298,26 @@ impl Config {
     /// Parses and validates config text, and loads the files it names
     /// (certificates, keys, CA bundles): the one path `weir check`, `weir
     /// run` and every reload take. `path` names the file in messages.
-    /// Every unknown field and wrong type is reported in one pass; then, if
-    /// there are none, every validation error and unreadable file.
+    /// Every error is reported in one pass, in file order: every unknown
+    /// field and wrong type, and every validation error and unreadable file
+    /// among the fields that are well-formed — but none that rests on a
+    /// field already reported (a required field missing because its value
+    /// had the wrong type, a rule across fields that saw a default in its
+    /// place).
     pub fn parse(path: &Path, src: &str) -> Result<Config, ConfigErrors> {
         let idx = error::SpanIndex::new(src);
-        let raw = schema::read(path, src, &idx)?;
-        validate::validate(raw, path, &idx)
+        let read = schema::read(path, src, &idx)?;
+        let checked = validate::validate(read.raw, path, &idx, &read.removed);
+        if read.errors.is_empty() {
+            return checked;
+        }
+        let mut errors = read.errors;
+        if let Err(ConfigErrors(more)) = checked {
+            errors.extend(more);
+        }
+        // Stable: at one place, stage one's error comes first.
+        errors.sort_by_key(|e| (e.line, e.column));
+        Err(ConfigErrors(errors))
     }
 
     /// The effective config as TOML: every default filled in.

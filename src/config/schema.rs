@@ -10,6 +10,10 @@
 //! come from the derive (`deny_unknown_fields` structs name them to serde),
 //! and feed the "did you mean" hints ([`suggest`]). The only thing written
 //! down here is which fields are tables of their own, walked in turn.
+//!
+//! The walk keeps the fields that pass, so that stage two validates them
+//! even when others failed ([`Read`]); it also says which fields it left
+//! out, so that stage two reports nothing that rests on them.
 
 use super::error::{from_toml, join, with_suggestion, ConfigError, ConfigErrors, SpanIndex};
 use super::raw::*;
@@ -174,31 +178,54 @@ pub fn catalogue() -> Vec<(Vec<String>, Vec<&'static str>)> {
         .collect()
 }
 
-/// Parses config text into the raw model, or returns every unknown field and
-/// every value of the wrong type, in file order.
-pub(super) fn read(file: &Path, src: &str, idx: &SpanIndex) -> Result<RawConfig, ConfigErrors> {
+/// What stage one makes of a document: every unknown field and every value
+/// of the wrong type, in file order, and the raw model built from the rest.
+pub(super) struct Read {
+    /// The fields that passed (a table without a field it requires left out).
+    pub raw: RawConfig,
+    pub errors: Vec<ConfigError>,
+    /// Where a value was left out of `raw` (wrong type, a table that cannot
+    /// be built) or meant (an unknown field's "did you mean"): stage two
+    /// reports nothing that rests on them, since these errors already
+    /// stand for it.
+    pub removed: Vec<String>,
+}
+
+/// Parses config text and walks it against the raw model. Only a syntax
+/// error stops here; everything else is in the [`Read`].
+pub(super) fn read(file: &Path, src: &str, idx: &SpanIndex) -> Result<Read, ConfigErrors> {
     let syntax = |e: toml::de::Error| ConfigErrors(vec![from_toml(file, src, idx, &e)]);
     let doc = DeTable::parse(src).map_err(syntax)?;
     let mut walk = Walk {
         file,
         idx,
         errors: Vec::new(),
+        removed: Vec::new(),
     };
-    walk.table(&CONFIG, "", doc.get_ref(), doc.span());
-    if !walk.errors.is_empty() {
-        walk.errors.sort_by_key(|e| (e.line, e.column));
-        return Err(ConfigErrors(walk.errors));
-    }
-    // The walk found nothing: this is the one deserialization kept.
     let span = doc.span();
-    let root = Spanned::new(span, DeValue::Table(doc.into_inner()));
-    <RawConfig as serde::Deserialize>::deserialize(ValueDeserializer::from(root)).map_err(syntax)
+    let good = walk
+        .table(&CONFIG, "", doc.get_ref(), span.clone())
+        .unwrap_or_default();
+    walk.errors.sort_by_key(|e| (e.line, e.column));
+    // The one deserialization kept: of the fields that passed.
+    let root = Spanned::new(span, DeValue::Table(good));
+    let raw = match <RawConfig as serde::Deserialize>::deserialize(ValueDeserializer::from(root)) {
+        Ok(raw) => raw,
+        Err(e) if walk.errors.is_empty() => return Err(syntax(e)),
+        Err(_) => return Err(ConfigErrors(walk.errors)),
+    };
+    Ok(Read {
+        raw,
+        errors: walk.errors,
+        removed: walk.removed,
+    })
 }
 
 struct Walk<'a> {
     file: &'a Path,
     idx: &'a SpanIndex,
     errors: Vec<ConfigError>,
+    removed: Vec<String>,
 }
 
 /// `{ key = value }` alone, to check one field.
@@ -242,7 +269,16 @@ impl Walk<'_> {
         self.push(offset, field, with_suggestion(e.message().trim()));
     }
 
-    fn table(&mut self, schema: &Schema, path: &str, t: &DeTable<'_>, span: Range<usize>) {
+    /// Checks a table field by field; returns the fields that passed (the
+    /// nested tables among them pruned likewise), or `None` when those lack
+    /// a field the table requires.
+    fn table<'i>(
+        &mut self,
+        schema: &Schema,
+        path: &str,
+        t: &DeTable<'i>,
+        span: Range<usize>,
+    ) -> Option<DeTable<'i>> {
         let known = (schema.fields)();
         let mut good = DeTable::new();
         // Hints given here: a required field one of them names is not
@@ -254,26 +290,37 @@ impl Walk<'_> {
             let nested = schema.nested.iter().find(|(n, _)| *n == name);
             match (nested.map(|(_, n)| n), v.get_ref()) {
                 (Some(Nested::Table(s)), DeValue::Table(inner)) => {
-                    let before = self.errors.len();
-                    self.table(s, &p, inner, v.span());
-                    if self.errors.len() == before {
-                        good.insert(k.clone(), v.clone());
+                    match self.table(s, &p, inner, v.span()) {
+                        Some(kept) => {
+                            good.insert(k.clone(), Spanned::new(v.span(), DeValue::Table(kept)));
+                        }
+                        None => self.removed.push(p),
                     }
                     continue;
                 }
                 (Some(Nested::MapOf(s)), DeValue::Table(inner)) => {
+                    let mut entries = DeTable::new();
                     for (n, entry) in inner.iter() {
                         let q = join(&p, n.get_ref());
-                        match entry.get_ref() {
+                        let kept = match entry.get_ref() {
                             DeValue::Table(e) => self.table(s, &q, e, entry.span()),
                             _ => {
                                 let one = alone(k, &alone(n, entry, v.span()), span.clone());
                                 if let Err(e) = (schema.check)(one) {
                                     self.serde_error(&q, entry.span().start, &e);
                                 }
+                                None
                             }
+                        };
+                        match kept {
+                            Some(kept) => {
+                                let kept = Spanned::new(entry.span(), DeValue::Table(kept));
+                                entries.insert(n.clone(), kept);
+                            }
+                            None => self.removed.push(q),
                         }
                     }
+                    good.insert(k.clone(), Spanned::new(v.span(), DeValue::Table(entries)));
                     continue;
                 }
                 _ => {}
@@ -282,6 +329,15 @@ impl Walk<'_> {
                 let message = match suggest(schema, name) {
                     Some(s) => {
                         let m = format!("unknown field `{name}`: did you mean `{s}`?");
+                        // Meant, unless written as well: then it stands alone.
+                        let at = if path.is_empty() {
+                            s.clone()
+                        } else {
+                            format!("{path}.{s}")
+                        };
+                        if !self.idx.has(&at) {
+                            self.removed.push(at);
+                        }
                         meant.push(s);
                         m
                     }
@@ -300,6 +356,7 @@ impl Walk<'_> {
             match (schema.check)(alone(k, v, span.clone())) {
                 Err(e) if missing_field(&e).is_none_or(|m| m == name) => {
                     self.serde_error(&p, v.span().start, &e);
+                    self.removed.push(p);
                 }
                 _ => {
                     good.insert(k.clone(), v.clone());
@@ -308,14 +365,20 @@ impl Walk<'_> {
         }
         // A required field absent (serde names the first), checked on the
         // fields that passed so that a bad one is not reported twice.
-        if let Err(e) = (schema.check)(Spanned::new(span.clone(), DeValue::Table(good))) {
-            let reported = |m: &str| t.contains_key(m) || meant.iter().any(|s| s == m);
-            if let Some(m) = missing_field(&e).filter(|m| !reported(m)) {
-                let field = path.to_string();
+        let Err(e) = (schema.check)(Spanned::new(span.clone(), DeValue::Table(good.clone())))
+        else {
+            return Some(good);
+        };
+        let reported = |m: &str| t.contains_key(m) || meant.iter().any(|s| s == m);
+        match missing_field(&e) {
+            Some(m) if reported(m) => {}
+            Some(m) => {
                 let at = self.idx.locate(path).unwrap_or(span.start);
-                self.push(at, field, format!("missing field `{m}`"));
+                self.push(at, path.to_string(), format!("missing field `{m}`"));
             }
+            None => self.serde_error(path, span.start, &e),
         }
+        None
     }
 }
 

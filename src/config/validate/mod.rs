@@ -2,12 +2,12 @@
 //! they name loaded (`files`). Collects every error it can find rather than
 //! stopping at the first (docs/reference/configuration.md#configuration-and-defaults).
 
-use super::error::{ConfigError, ConfigErrors, SpanIndex};
+use super::error::{ConfigErrors, SpanIndex};
 use super::raw::{RawConfig, RawPolicy, RawServer, RawUpstream};
 use super::*;
-use crate::policy::PolicyError;
 use std::collections::BTreeMap;
 
+mod ctx;
 mod endpoints;
 mod files;
 mod policy;
@@ -16,76 +16,19 @@ mod state;
 /// `resolve_every`'s default: Kubernetes Services and headless Services
 /// change, and a sidecar should follow within seconds.
 const DEFAULT_RESOLVE_EVERY: Duration = Duration::from_secs(5);
+pub(super) use ctx::{quote, Ctx};
 use policy::{breaker, cache, idempotency, merged, rate_limit, retry_policy};
 
-pub(super) struct Ctx<'a> {
-    file: &'a Path,
-    idx: &'a SpanIndex,
-    errors: Vec<ConfigError>,
-}
-
-impl Ctx<'_> {
-    pub(super) fn err(&mut self, field: impl Into<String>, message: impl Into<String>) {
-        let field = field.into();
-        self.errors
-            .push(self.idx.error_at_path(self.file, &field, message.into()));
-    }
-
-    /// The path of an upstream's policy field as the user wrote it: in the
-    /// upstream's table when set there, else in `[defaults]`.
-    fn policy_path(&self, upstream: &str, rel: &str) -> String {
-        let own = format!("upstreams.{}.{rel}", quote(upstream));
-        if self.idx.has(&own) {
-            return own;
-        }
-        // Walk up: a table set in the upstream owns its fields' errors.
-        let mut p = rel;
-        while let Some(i) = p.rfind('.') {
-            p = &p[..i];
-            if self.idx.has(&format!("upstreams.{}.{p}", quote(upstream))) {
-                return own;
-            }
-        }
-        let def = format!("defaults.{rel}");
-        if self.idx.has(&def) {
-            def
-        } else {
-            own
-        }
-    }
-
-    fn policy_err(&mut self, upstream: &str, table: &str, e: PolicyError) {
-        let rel = if table.is_empty() {
-            e.field.to_string()
-        } else {
-            format!("{table}.{}", e.field)
-        };
-        let path = self.policy_path(upstream, &rel);
-        self.err(path, e.message);
-    }
-}
-
-pub(super) fn quote(name: &str) -> String {
-    if name
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    {
-        name.to_string()
-    } else {
-        format!("{name:?}")
-    }
-}
-
+/// Validates `raw`. `removed` are the fields stage one rejected
+/// (`schema::Read`): `raw` has defaults in their place, and no error that
+/// rests on one of them is reported.
 pub(super) fn validate(
     raw: RawConfig,
     file: &Path,
     idx: &SpanIndex,
+    removed: &[String],
 ) -> Result<Config, ConfigErrors> {
-    let mut cx = Ctx {
-        file,
-        idx,
-        errors: Vec::new(),
-    };
+    let mut cx = Ctx::new(file, idx, removed);
     let server_raw = raw.server.clone().merge(RawServer::builtin());
     let server = server(&mut cx, &server_raw);
     let state_raw = raw.state.clone().merge(super::raw::RawState::builtin());
@@ -118,8 +61,9 @@ pub(super) fn validate(
         }
     }
     if raw.upstreams.is_empty() {
-        cx.err(
+        cx.err_given(
             "upstreams",
+            &["upstreams".into()],
             "no upstreams configured: add at least one [upstreams.NAME] table with a `url`",
         );
     }
@@ -195,8 +139,9 @@ fn server(cx: &mut Ctx, s: &RawServer) -> Option<ServerConfig> {
     }
     if let (Some(l), Some(a)) = (listen, admin) {
         if l == a && l.port() != 0 {
-            cx.err(
+            cx.err_given(
                 "server.admin",
+                &["server.listen".into()],
                 format!("the admin listener cannot share {l} with `server.listen`"),
             );
         }
@@ -327,8 +272,9 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
         .as_deref()
         .and_then(|l| addr(cx, &format!("upstreams.{q}.listen"), l));
     if up.hosts.as_ref().is_none_or(|h| h.is_empty()) && up.listen.is_none() {
-        cx.err(
+        cx.err_given(
             format!("upstreams.{q}"),
+            &[format!("upstreams.{q}.hosts"), format!("upstreams.{q}.listen")],
             format!("upstream {name:?} is unreachable: give it `hosts` (routed on the shared listener) or a dedicated `listen` address"),
         );
     }
@@ -375,8 +321,9 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
         files::listener(cx, &format!("upstreams.{q}.listen_tls"), t);
     }
     if listen_tls.is_some() && up.listen.is_none() {
-        cx.err(
+        cx.err_given(
             format!("upstreams.{q}.listen_tls"),
+            &[format!("upstreams.{q}.listen")],
             "listen_tls needs a dedicated `listen` address (the shared listener's TLS is [server] tls)",
         );
     }
@@ -389,8 +336,12 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
     if let Some(t) = &tls {
         files::upstream(cx, &format!("upstreams.{q}.tls"), t);
         if t.client_cert.is_some() != t.client_key.is_some() {
-            cx.err(
+            cx.err_given(
                 format!("upstreams.{q}.tls"),
+                &[
+                    format!("upstreams.{q}.tls.client_cert"),
+                    format!("upstreams.{q}.tls.client_key"),
+                ],
                 "client_cert and client_key go together: set both or neither",
             );
         }
@@ -485,11 +436,13 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
 
 /// Checks across upstreams: unique listen addresses and unique (host, prefix) routes.
 fn cross_checks(cx: &mut Ctx, server: Option<&ServerConfig>, ups: &[Arc<UpstreamConfig>]) {
-    let mut listens: BTreeMap<SocketAddr, String> = BTreeMap::new();
+    // Each address taken: by whom, and the field that sets it.
+    let mut listens: BTreeMap<SocketAddr, (String, String)> = BTreeMap::new();
     if let Some(s) = server {
-        listens.insert(s.listen, "[server] listen".into());
+        let by = |f: &str| (format!("[server] {f}"), format!("server.{f}"));
+        listens.insert(s.listen, by("listen"));
         if s.admin.port() != 0 {
-            listens.insert(s.admin, "[server] admin".into());
+            listens.insert(s.admin, by("admin"));
         }
     }
     for u in ups {
@@ -497,11 +450,12 @@ fn cross_checks(cx: &mut Ctx, server: Option<&ServerConfig>, ups: &[Arc<Upstream
         if l.port() == 0 {
             continue; // an ephemeral port never collides
         }
-        if let Some(other) = listens.get(&l) {
+        let field = format!("upstreams.{}.listen", quote(&u.name));
+        if let Some((other, at)) = listens.get(&l) {
             let msg = format!("listen address {l} is already used by {other}");
-            cx.err(format!("upstreams.{}.listen", quote(&u.name)), msg);
+            cx.err_given(field, std::slice::from_ref(at), msg);
         } else {
-            listens.insert(l, format!("upstream {:?}", u.name));
+            listens.insert(l, (format!("upstream {:?}", u.name), field));
         }
     }
     let mut routes: BTreeMap<(String, String), String> = BTreeMap::new();

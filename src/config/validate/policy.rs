@@ -181,8 +181,12 @@ pub(super) fn rate_limit(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<Rate
     let bucket = match (r.rps, r.burst) {
         (Some(rps), burst) => Some((rps, burst.unwrap_or_else(|| rps.ceil().max(1.0) as u32))),
         (None, Some(_)) => {
-            let f = cx.policy_path(name, "rate_limit.burst");
-            cx.err(f, "`burst` needs `rps`");
+            cx.policy_err_given(
+                name,
+                "rate_limit.burst",
+                &["rate_limit.rps"],
+                "`burst` needs `rps`",
+            );
             None
         }
         (None, None) => None,
