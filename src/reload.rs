@@ -2,7 +2,10 @@
 //! read and validate it in full, swap the snapshot, count and log the
 //! outcome; an invalid file leaves the running config in place. The
 //! triggers (SIGHUP, the file watch, `POST /reload`) live with what starts
-//! them (`runtime`, `admin`) and all call [`Reloader::reload`].
+//! them (`runtime`, `admin`) and all call [`Reloader::reload`]. What a
+//! reload reads — the config's text and the certificate, key and CA files
+//! it names — is fingerprinted, so the watch reloads when any of it changed
+//! and never when none did.
 
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -17,28 +20,54 @@ pub struct Reloader {
     path: PathBuf,
     proxy: Arc<ProxyHandle>,
     metrics: Arc<Metrics>,
-    /// Hash of the content last tried, so the watch does not reload a file
-    /// that an explicit reload has already applied.
+    /// The fingerprint of what the last reload tried read, so the watch
+    /// does not reload what an explicit reload has already applied.
     last: Mutex<Option<u64>>,
-}
-
-fn fingerprint(s: &str) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    s.hash(&mut h);
-    h.finish()
+    /// The TLS files the config file named when last read.
+    files: Mutex<Vec<PathBuf>>,
 }
 
 impl Reloader {
     /// A reloader for the file at `path` (read now, so an unchanged file is
     /// not reloaded by the first watch event).
     pub fn new(path: PathBuf, proxy: Arc<ProxyHandle>, metrics: Arc<Metrics>) -> Self {
-        let src = std::fs::read_to_string(&path).ok();
-        Reloader {
+        let r = Reloader {
             path,
             proxy,
             metrics,
-            last: Mutex::new(src.as_deref().map(fingerprint)),
+            last: Mutex::new(None),
+            files: Mutex::new(Vec::new()),
+        };
+        if let Ok(src) = std::fs::read_to_string(&r.path) {
+            let fp = r.fingerprint(&src);
+            *r.last.lock().expect("reload lock poisoned") = Some(fp);
         }
+        r
+    }
+
+    /// The certificate, key and CA files the config file named when last
+    /// read (those of the running config while it names none it can parse):
+    /// the file watch watches their directories too.
+    pub fn files(&self) -> Vec<PathBuf> {
+        self.files.lock().expect("reload lock poisoned").clone()
+    }
+
+    /// The fingerprint of the config text `src` and of the bytes of every
+    /// TLS file it names (read as the loader reads them; one that cannot be
+    /// read counts by its error), and those files kept for [`Self::files`].
+    fn fingerprint(&self, src: &str) -> u64 {
+        let files = match toml::from_str::<crate::config::raw::RawConfig>(src) {
+            Ok(raw) => crate::tls::files_named(&raw),
+            Err(_) => crate::tls::files_named(&self.proxy.snapshot().config.effective),
+        };
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        src.hash(&mut h);
+        for f in &files {
+            f.hash(&mut h);
+            crate::config::files::read(f).hash(&mut h);
+        }
+        *self.files.lock().expect("reload lock poisoned") = files;
+        h.finish()
     }
 
     pub fn proxy(&self) -> &Arc<ProxyHandle> {
@@ -53,7 +82,10 @@ impl Reloader {
             Ok(s) => s,
             Err(e) => return self.failed(why, e),
         };
-        *self.last.lock().expect("reload lock poisoned") = Some(fingerprint(&src));
+        // Before the files are loaded: a file that changes in between is
+        // seen changed by the next watch event.
+        let fp = self.fingerprint(&src);
+        *self.last.lock().expect("reload lock poisoned") = Some(fp);
         let config = match Config::parse(&self.path, &src) {
             Ok(c) => c,
             Err(e) => return self.failed(why, e.to_string()),
@@ -80,13 +112,15 @@ impl Reloader {
         Ok(())
     }
 
-    /// Reloads only if the file's content differs from the last one tried.
+    /// Reloads only if the file's content, or that of a TLS file it names,
+    /// differs from what the last reload tried.
     pub async fn reload_if_changed(&self, why: &str) -> Result<(), String> {
         let Ok(src) = std::fs::read_to_string(&self.path) else {
             // Mid-swap, or removed: the next event will tell.
             return Ok(());
         };
-        if *self.last.lock().expect("reload lock poisoned") == Some(fingerprint(&src)) {
+        let fp = self.fingerprint(&src);
+        if *self.last.lock().expect("reload lock poisoned") == Some(fp) {
             return Ok(());
         }
         self.reload(why).await

@@ -1,20 +1,23 @@
 //! A running weir: the proxy, the admin listener, and the reload triggers
-//! (SIGHUP, a change of the config file, `POST /reload`).
+//! (SIGHUP, a change of the config file or of a certificate, key or CA file
+//! it names, `POST /reload`).
 //!
 //! Every reload reads and validates the file in full before anything
 //! changes; an invalid file is logged and counted and the running config
-//! stays. The file is watched through its directory, so an atomic rename or a
-//! Kubernetes ConfigMap's `..data` symlink swap is seen; bursts of events are
-//! debounced, and a file whose content did not change is not reloaded.
+//! stays. Each file is watched through its directory, so an atomic rename or
+//! a Kubernetes ConfigMap's or Secret's `..data` symlink swap is seen; bursts
+//! of events are debounced, and nothing is reloaded when neither the config
+//! nor any file it names changed (docs/reference/reload.md#reload).
 
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyHandle};
 use crate::reload::Reloader;
 use crate::shutdown::stopped;
+use std::collections::BTreeSet;
 use std::io;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -90,8 +93,6 @@ pub struct Runtime {
     pub admin_addr: SocketAddr,
     stop: watch::Sender<bool>,
     workers: Mutex<Option<Workers>>,
-    // Kept alive for as long as the runtime runs.
-    _watcher: Option<notify::RecommendedWatcher>,
 }
 
 impl Runtime {
@@ -118,24 +119,18 @@ impl Runtime {
         if opts.sighup {
             spawn_sighup(reloader.clone(), stop_rx.clone());
         }
-        let watcher = if opts.watch {
-            match watch_file(&path, reloader.clone(), stop_rx) {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    tracing::warn!(error = %e, config = %path.display(), "cannot watch the config file; reload with SIGHUP or POST /reload");
-                    None
-                }
+        if opts.watch {
+            // The watch lives in its task, until `stop` is set or dropped.
+            if let Err(e) = watch_files(&path, reloader.clone(), stop_rx) {
+                tracing::warn!(error = %e, config = %path.display(), "cannot watch the config file; reload with SIGHUP or POST /reload");
             }
-        } else {
-            None
-        };
+        }
         Ok(Runtime {
             proxy,
             reloader,
             admin_addr,
             stop,
             workers: Mutex::new(Some(workers)),
-            _watcher: watcher,
         })
     }
 
@@ -171,33 +166,97 @@ fn spawn_sighup(reloader: Arc<Reloader>, mut stop: watch::Receiver<bool>) {
     let _ = (reloader, stop);
 }
 
-/// Watches the config file's directory; any event there may be a swap of
-/// our file (editors and Kubernetes replace files rather than write them).
-fn watch_file(
+/// The directory holding `p` (`.` for a bare file name).
+fn parent(p: &Path) -> PathBuf {
+    match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// The directories whose entries decide what `file` reads as: its own
+/// (where an editor renames over it, or a ConfigMap or Secret swaps the
+/// `..data` link it goes through), the one holding each symlinked directory
+/// on its way (`live/cert.pem` with `live` repointed), and the one it
+/// finally resolves to (a file rewritten in place behind a link).
+fn dirs_of(file: &Path) -> BTreeSet<PathBuf> {
+    let mut dirs = BTreeSet::from([parent(file)]);
+    for a in file.ancestors().skip(1) {
+        if std::fs::symlink_metadata(a).is_ok_and(|m| m.file_type().is_symlink()) {
+            dirs.insert(parent(a));
+        }
+    }
+    if let Ok(real) = std::fs::canonicalize(file) {
+        dirs.insert(parent(&real));
+    }
+    dirs
+}
+
+/// Brings the watched directories up to date: those of the config file
+/// and of every TLS file the reloader last saw it name.
+fn rewatch(
+    watcher: &mut notify::RecommendedWatcher,
+    watched: &mut BTreeSet<PathBuf>,
+    config: &Path,
+    files: &[PathBuf],
+) {
+    use notify::Watcher;
+    let mut want = dirs_of(config);
+    for f in files {
+        want.extend(dirs_of(f));
+    }
+    for gone in watched.difference(&want) {
+        // A directory already removed (a Secret's old one) is unwatched.
+        let _ = watcher.unwatch(gone);
+    }
+    watched.retain(|d| want.contains(d));
+    for d in want {
+        if watched.contains(&d) {
+            continue;
+        }
+        match watcher.watch(&d, notify::RecursiveMode::NonRecursive) {
+            Ok(()) => {
+                watched.insert(d);
+            }
+            Err(e) => tracing::warn!(dir = %d.display(), error = %e,
+                "cannot watch a directory of the config or of a file it names; after changing a file there, reload with SIGHUP or POST /reload"),
+        }
+    }
+}
+
+/// Watches the directories of the config file and of the certificate, key
+/// and CA files it names; any event there may be a swap of one of them
+/// (editors and Kubernetes replace files rather than write them). After
+/// each look the set is brought up to date: a reload may name other files,
+/// and a Secret's swap moves where its files really are.
+fn watch_files(
     path: &Path,
     reloader: Arc<Reloader>,
     mut stop: watch::Receiver<bool>,
-) -> notify::Result<notify::RecommendedWatcher> {
+) -> notify::Result<()> {
     use notify::Watcher;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."))
-        .to_path_buf();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         if ev.is_ok() {
             let _ = tx.send(());
         }
     })?;
+    // The config file's own directory must be watchable; the rest are
+    // watched as they can be.
+    let dir = parent(path);
     watcher.watch(&dir, notify::RecursiveMode::NonRecursive)?;
+    let mut watched = BTreeSet::from([dir.clone()]);
+    let config = path.to_path_buf();
+    rewatch(&mut watcher, &mut watched, &config, &reloader.files());
+    let dirs: Vec<String> = watched.iter().map(|d| d.display().to_string()).collect();
+    tracing::info!(dirs = %dirs.join(","), "watching the config and the files it names for changes");
     tokio::spawn(async move {
         loop {
             tokio::select! {
                 ev = rx.recv() => if ev.is_none() { break },
                 _ = stopped(&mut stop) => break,
             }
-            // Debounce: wait until the directory has been quiet for a moment.
+            // Debounce: wait until the directories have been quiet for a moment.
             loop {
                 match tokio::time::timeout(DEBOUNCE, rx.recv()).await {
                     Ok(Some(())) => continue,
@@ -206,8 +265,8 @@ fn watch_file(
                 }
             }
             let _ = reloader.reload_if_changed("file change").await;
+            rewatch(&mut watcher, &mut watched, &config, &reloader.files());
         }
     });
-    tracing::info!(dir = %dir.display(), "watching the config directory for changes");
-    Ok(watcher)
+    Ok(())
 }

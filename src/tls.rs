@@ -6,12 +6,42 @@
 //! There is deliberately no way to skip verification. Files are read and
 //! parsed by the config loader (`config::files`, docs/reference/reload.md#reload)
 //! when a config is loaded or reloaded, so a rotated certificate or a new CA
-//! takes effect on the next reload; a fingerprint of their bytes tells
+//! takes effect on the next reload — which the file watch starts when one of
+//! them changes ([`files_named`]); a fingerprint of their bytes tells
 //! whether an upstream's connection pool must be rebuilt.
 
+use crate::config::raw::RawConfig;
 use crate::config::{ListenerTls, UpstreamConfig};
 use rustls::ServerConfig;
+use std::path::PathBuf;
 use std::sync::Arc;
+
+/// Every certificate, key and CA file a config names, as written: `[server]
+/// tls`, and each upstream's `listen_tls` and `tls` (`ca_file`,
+/// `client_cert`, `client_key`). Read from the raw model, so a config need
+/// not validate to say which files it would load.
+pub fn files_named(raw: &RawConfig) -> Vec<PathBuf> {
+    let mut out: Vec<&str> = Vec::new();
+    if let Some(t) = &raw.server.tls {
+        out.extend([t.cert.as_str(), t.key.as_str()]);
+    }
+    for u in raw.upstreams.values() {
+        if let Some(t) = &u.listen_tls {
+            out.extend([t.cert.as_str(), t.key.as_str()]);
+        }
+        if let Some(t) = &u.tls {
+            out.extend(
+                [&t.ca_file, &t.client_cert, &t.client_key]
+                    .into_iter()
+                    .filter_map(|f| f.as_deref()),
+            );
+        }
+    }
+    let mut out: Vec<PathBuf> = out.into_iter().map(PathBuf::from).collect();
+    out.sort();
+    out.dedup();
+    out
+}
 
 pub use crate::config::files::ClientTls;
 

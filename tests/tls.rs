@@ -1,6 +1,7 @@
 //! TLS origination against real TLS upstreams with certificates made here
-//! (rcgen): private CAs, name checks, mTLS, ALPN, rotation through a reload,
-//! and inbound TLS.
+//! (rcgen): private CAs, name checks, mTLS, ALPN, rotation through a reload
+//! and through the file watch (a Kubernetes Secret's symlink swap), and
+//! inbound TLS.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -330,6 +331,222 @@ async fn a_new_ca_file_takes_effect_on_reload() {
     std::fs::write(&ca_file, new.pem()).unwrap();
     rt.reloader.reload("test").await.unwrap();
     assert_eq!(status().await, 200);
+    rt.shutdown(std::time::Duration::from_secs(1)).await;
+}
+
+/// The certificate weir's listener at `addr` presents to a client that
+/// trusts `ca`; `None` when the handshake fails.
+async fn served_certificate(addr: SocketAddr, ca: &Issuer) -> Option<Vec<u8>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der().clone()).unwrap();
+    let tls = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let s = tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(name, tcp)
+        .await
+        .ok()?;
+    let certs = s.get_ref().1.peer_certificates()?;
+    Some(certs[0].as_ref().to_vec())
+}
+
+/// DER of the first certificate in PEM text.
+fn der(pem: &str) -> Vec<u8> {
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .next()
+        .unwrap()
+        .unwrap()
+        .as_ref()
+        .to_vec()
+}
+
+/// A Secret volume as the kubelet lays it out and updates it: the files of
+/// each version in a directory of their own (`..2026_12_02_a`), a `..data`
+/// link to the current one, and `tls.crt`, `tls.key` linking through
+/// `..data`. An update writes the new directory, points `..data_tmp` at it,
+/// renames that over `..data` (atomic) and removes the old directory.
+struct SecretVolume {
+    dir: PathBuf,
+    version: usize,
+}
+
+impl SecretVolume {
+    fn new(dir: &Path, cert: &str, key: &str) -> SecretVolume {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut v = SecretVolume {
+            dir: dir.to_path_buf(),
+            version: 0,
+        };
+        v.update(cert, key);
+        for f in ["tls.crt", "tls.key"] {
+            std::os::unix::fs::symlink(format!("..data/{f}"), dir.join(f)).unwrap();
+        }
+        v
+    }
+
+    fn update(&mut self, cert: &str, key: &str) {
+        self.version += 1;
+        let name = format!("..2026_12_02_{}", self.version);
+        let new = self.dir.join(&name);
+        std::fs::create_dir(&new).unwrap();
+        write(&new, "tls.crt", cert);
+        write(&new, "tls.key", key);
+        let tmp = self.dir.join("..data_tmp");
+        std::os::unix::fs::symlink(&name, &tmp).unwrap();
+        std::fs::rename(&tmp, self.dir.join("..data")).unwrap();
+        if self.version > 1 {
+            let old = format!("..2026_12_02_{}", self.version - 1);
+            std::fs::remove_dir_all(self.dir.join(old)).unwrap();
+        }
+    }
+
+    fn cert(&self) -> String {
+        self.dir.join("tls.crt").display().to_string()
+    }
+
+    fn key(&self) -> String {
+        self.dir.join("tls.key").display().to_string()
+    }
+}
+
+/// Issue 32, item 8: a certificate rotated the way Kubernetes rotates a
+/// Secret (outside the config's directory) is served within seconds,
+/// through the same reload a config change takes — no SIGHUP, no `POST
+/// /reload`; a second rotation too (the watch follows the moved files).
+#[tokio::test]
+async fn a_certificate_swapped_like_a_kubernetes_secret_is_served_without_a_signal() {
+    let root = tempfile::tempdir().unwrap();
+    let ca = ca("inbound");
+    let (cert1, key1) = leaf(&ca, &["localhost"]);
+    let mut secret = SecretVolume::new(&root.path().join("tls"), &cert1, &key1);
+    let up = TestUpstream::text("plain upstream").await;
+    let conf = root.path().join("config");
+    std::fs::create_dir(&conf).unwrap();
+    let path = write(
+        &conf,
+        "weir.toml",
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+             tls = {{ cert = {:?}, key = {:?} }}\n\
+             [upstreams.svc]\nurl = \"{}\"\nhosts = [\"localhost\"]\n",
+            secret.cert(),
+            secret.key(),
+            up.url()
+        ),
+    );
+    let rt = weir::runtime::Runtime::start(
+        weir::config::Config::load(&path).unwrap(),
+        weir::runtime::Options {
+            watch: true,
+            sighup: false,
+            workers: 0,
+        },
+    )
+    .await
+    .unwrap();
+    let addr = rt.proxy.listen_addr();
+    assert_eq!(served_certificate(addr, &ca).await, Some(der(&cert1)));
+    let reloads = |result: &str| {
+        let text = rt.proxy.snapshot().metrics.render();
+        let line = format!("weir_config_reloads_total{{result=\"{result}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .map_or(0.0, |v| v.parse::<f64>().unwrap())
+    };
+
+    for round in 0..2 {
+        let (cert, key) = leaf(&ca, &["localhost"]);
+        let before = reloads("ok");
+        secret.update(&cert, &key);
+        let mut served = None;
+        for _ in 0..100 {
+            served = served_certificate(addr, &ca).await;
+            if served.as_deref() == Some(&der(&cert)[..]) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            served,
+            Some(der(&cert)),
+            "round {round}: the new certificate is not served 5 s after the swap"
+        );
+        assert_eq!(reloads("ok"), before + 1.0, "round {round}: one reload");
+        assert_eq!(reloads("error"), 0.0);
+    }
+    rt.shutdown(std::time::Duration::from_secs(1)).await;
+}
+
+/// A CA file replaced in its own directory (written aside, renamed over)
+/// takes effect without a signal; a change elsewhere in that directory that
+/// leaves every file weir reads as it was reloads nothing.
+#[tokio::test]
+async fn a_replaced_ca_file_takes_effect_without_a_signal() {
+    let root = tempfile::tempdir().unwrap();
+    let pki = root.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    let (old, new) = (ca("old"), ca("new"));
+    let (cert, key) = leaf(&old, &["localhost"]);
+    let up = tls_upstream(server_config(&cert, &key, &["http/1.1"], None)).await;
+    let ca_file = write(&pki, "ca.pem", &old.pem());
+    let path = write(
+        root.path(),
+        "weir.toml",
+        &format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n[upstreams.svc]\nurl = \"https://localhost:{}\"\nhosts = [\"svc\"]\n[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.tls]\nca_file = {:?}\n",
+            up.addr.port(),
+            ca_file.display().to_string()
+        ),
+    );
+    let rt = weir::runtime::Runtime::start(
+        weir::config::Config::load(&path).unwrap(),
+        weir::runtime::Options {
+            watch: true,
+            sighup: false,
+            workers: 0,
+        },
+    )
+    .await
+    .unwrap();
+    let url = format!("http://{}/", rt.proxy.listen_addr());
+    let status = || async { get(&client(), &url, "svc").await.status().as_u16() };
+    assert_eq!(status().await, 200);
+    let reloads = || {
+        let text = rt.proxy.snapshot().metrics.render();
+        text.lines()
+            .find_map(|l| l.strip_prefix("weir_config_reloads_total{result=\"ok\"} "))
+            .map_or(0.0, |v| v.parse::<f64>().unwrap())
+    };
+
+    // Something else in the directory changes: nothing weir reads did.
+    let started = reloads();
+    write(&pki, "unrelated.txt", "x");
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(
+        reloads(),
+        started,
+        "no reload for a file weir does not read"
+    );
+
+    let (cert, key) = leaf(&new, &["localhost"]);
+    *up.config.lock().unwrap() = server_config(&cert, &key, &["http/1.1"], None);
+    assert_eq!(status().await, 502);
+    write(&pki, "ca.pem.tmp", &new.pem());
+    std::fs::rename(pki.join("ca.pem.tmp"), &ca_file).unwrap();
+    let mut got = 0;
+    for _ in 0..100 {
+        got = status().await;
+        if got == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(got, 200, "the new CA is not in use 5 s after the rename");
+    assert_eq!(reloads(), started + 1.0);
     rt.shutdown(std::time::Duration::from_secs(1)).await;
 }
 
