@@ -201,6 +201,8 @@ struct Stage {
     expose: Vec<u16>,
     user: Option<String>,
     entrypoint: Option<Vec<String>>,
+    /// HEALTHCHECK: its `--flag=value` options, and its CMD (exec form).
+    healthcheck: Option<(BTreeMap<String, String>, Vec<String>)>,
 }
 
 /// Instructions with continuations joined and comments dropped, per stage.
@@ -257,6 +259,21 @@ fn dockerfile() -> Vec<Stage> {
                 let v: Vec<String> = serde_json::from_str(rest)
                     .unwrap_or_else(|e| panic!("ENTRYPOINT must be exec form: {e}"));
                 stages.last_mut().unwrap().entrypoint = Some(v);
+            }
+            "HEALTHCHECK" => {
+                let (opts, cmd) = rest
+                    .split_once("CMD ")
+                    .unwrap_or_else(|| panic!("HEALTHCHECK without CMD: {rest}"));
+                let opts = opts
+                    .split_whitespace()
+                    .map(|o| {
+                        let (k, v) = o.split_once('=').unwrap();
+                        (k.trim_start_matches("--").to_string(), v.to_string())
+                    })
+                    .collect();
+                let cmd: Vec<String> = serde_json::from_str(cmd.trim())
+                    .unwrap_or_else(|e| panic!("HEALTHCHECK CMD must be exec form: {e}"));
+                stages.last_mut().unwrap().healthcheck = Some((opts, cmd));
             }
             _ => {}
         }
@@ -441,6 +458,167 @@ fn the_image_runs_weir_on_its_config_as_non_root_and_exposes_its_ports() {
         cfg.server.admin.ip().is_unspecified(),
         "{src}: admin must bind 0.0.0.0 for probes and scraping"
     );
+}
+
+/// The files the build stage's RUN commands name after `cargo build`, as
+/// absolute paths (relative names resolved against each `cd`), per command.
+fn build_steps(stage: &Stage) -> Vec<(String, Vec<String>)> {
+    let mut cwd = "/src".to_string();
+    let mut out = Vec::new();
+    for run in &stage.runs {
+        for c in commands(run) {
+            let words: Vec<&str> = c.split_whitespace().collect();
+            if words[0] == "cd" {
+                cwd = words[1].to_string();
+                continue;
+            }
+            let files = words[1..]
+                .iter()
+                .filter(|w| !w.starts_with('-'))
+                .map(|w| match w.starts_with('/') {
+                    true => w.to_string(),
+                    false => format!("{cwd}/{w}"),
+                })
+                .collect();
+            out.push((c.clone(), files));
+        }
+    }
+    out
+}
+
+/// Issue 32, item 8: the image carries the release binary stripped (9.4 MB
+/// rather than 47), its debug info split off into a file of its own, kept
+/// out of the image and exported by a stage of its own.
+#[test]
+fn the_image_carries_a_stripped_binary_and_keeps_its_debug_info_apart() {
+    let stages = dockerfile();
+    let build = &stages[0];
+    let build_name = build.name.clone().unwrap();
+    let (rt, _) = image();
+    let (bins, dst, _) = rt
+        .copies
+        .iter()
+        .find(|(_, _, from)| from.as_deref() == Some(build_name.as_str()))
+        .unwrap();
+    assert!(dst.ends_with("/weir"));
+    let shipped = &bins[0];
+    let steps = build_steps(build);
+    let at = |what: &str| {
+        steps
+            .iter()
+            .position(|(c, _)| c.contains(what))
+            .unwrap_or_else(|| panic!("no `{what}` in the build stage: {steps:?}"))
+    };
+    // Built, copied out, the debug info split off the copy, then stripped.
+    let (built, keep, strip) = (
+        at("cargo build"),
+        at("objcopy --only-keep-debug"),
+        at("objcopy --strip-all"),
+    );
+    assert!(built < keep && keep < strip, "{steps:?}");
+    let install = &steps[at("target/release/weir")];
+    assert_eq!(install.1.last(), Some(shipped), "{install:?}");
+    let (_, kept) = &steps[keep];
+    assert_eq!(
+        kept[0], *shipped,
+        "the debug info comes from the shipped binary"
+    );
+    let debug_file = kept[1].clone();
+    let (strip_cmd, stripped) = &steps[strip];
+    assert_eq!(stripped.last(), Some(shipped), "{strip_cmd}");
+    let link = strip_cmd
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("--add-gnu-debuglink="))
+        .expect("the stripped binary names its debug file (.gnu_debuglink)");
+    assert!(debug_file.ends_with(&format!("/{link}")));
+
+    // The runtime stage copies nothing but the binary from the build; a
+    // stage of its own holds the debug file.
+    for (srcs, _, from) in &rt.copies {
+        if from.is_some() {
+            assert_eq!(srcs, std::slice::from_ref(shipped));
+        }
+    }
+    let debug = stages
+        .iter()
+        .find(|st| {
+            st.copies.iter().any(|(srcs, _, from)| {
+                from.as_deref() == Some(build_name.as_str()) && srcs.contains(&debug_file)
+            })
+        })
+        .expect("a stage exports the debug file");
+    assert_eq!(debug.from, "scratch");
+    assert!(debug.name.is_some(), "`docker build --target` names it");
+}
+
+/// `weir health` exactly as the image's HEALTHCHECK runs it, with the
+/// image's config swapped for one naming where `admin` listens.
+fn run_healthcheck(cmd: &[String], admin: SocketAddr, dir: &Path) -> bool {
+    assert_eq!(cmd[..2], ["weir", "health"], "{cmd:?}");
+    let cfg = dir.join("weir.toml");
+    std::fs::write(&cfg, format!("[server]\nadmin = \"{admin}\"\n")).unwrap();
+    let args: Vec<String> = cmd[1..]
+        .iter()
+        .map(|a| match a == IMAGE_CONFIG {
+            true => cfg.display().to_string(),
+            false => a.clone(),
+        })
+        .collect();
+    Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(&args)
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// A health check's `weir health --timeout` fits inside the engine's own
+/// timeout for it.
+fn check_health_timeouts(cmd: &[String], engine_timeout: &str) {
+    let i = cmd.iter().position(|a| a == "--timeout");
+    let ours = i.map_or(std::time::Duration::from_secs(2), |i| {
+        weir::config::duration::parse(&cmd[i + 1]).unwrap()
+    });
+    let engine = weir::config::duration::parse(engine_timeout).unwrap();
+    assert!(
+        ours < engine,
+        "weir health --timeout {ours:?} >= {engine:?}"
+    );
+}
+
+/// Issue 32, item 8: the image says when weir is ready — its HEALTHCHECK
+/// runs `weir health` on the config the ENTRYPOINT runs (no curl in the
+/// image), which passes against a running weir and fails without one.
+#[tokio::test]
+async fn the_image_health_check_asks_the_admin_listener_of_its_config() {
+    let (rt_stage, src) = image();
+    let (opts, cmd) = rt_stage.healthcheck.clone().expect("a HEALTHCHECK");
+    assert!(cmd.iter().any(|a| a == IMAGE_CONFIG), "{cmd:?}");
+    for o in ["interval", "timeout", "start-period", "retries"] {
+        assert!(opts.contains_key(o), "HEALTHCHECK --{o}");
+    }
+    check_health_timeouts(&cmd, &opts["timeout"]);
+    // What it reads from the image's config is where weir's admin listens.
+    let cfg = load_config(&src);
+    let admin = weir::health::admin_of(&root().join(&src)).unwrap();
+    assert_eq!(admin, cfg.server.admin);
+    assert!(weir::health::target(admin).ip().is_loopback());
+
+    let (rt, _up, dir) = weir_with_traffic().await;
+    let checks = tempfile::tempdir().unwrap();
+    let (c, a, d) = (cmd.clone(), rt.admin_addr, checks.path().to_path_buf());
+    let ok = tokio::task::spawn_blocking(move || run_healthcheck(&c, a, &d))
+        .await
+        .unwrap();
+    assert!(ok, "{cmd:?} fails against a running weir");
+    rt.shutdown(std::time::Duration::from_millis(100)).await;
+    drop(rt);
+    drop(dir);
+    let (c, d) = (cmd.clone(), checks.path().to_path_buf());
+    let ok = tokio::task::spawn_blocking(move || run_healthcheck(&c, a, &d))
+        .await
+        .unwrap();
+    assert!(!ok, "{cmd:?} passes with no weir running");
 }
 
 // ---------------------------------------------------------------------------
@@ -927,6 +1105,99 @@ fn compose_agrees_with_the_image_and_the_config_it_mounts() {
         &["environment", "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"],
     ));
     assert!(host_file(graf, home).exists(), "{home}");
+}
+
+/// Issue 32, item 8: in the Compose file each application starts once its
+/// weir is healthy (`weir health`, as the image's HEALTHCHECK), and each weir
+/// is given longer than its `shutdown_timeout` to drain before it is killed.
+/// The services that run the image for something else switch its health
+/// check off.
+#[test]
+fn compose_starts_apps_once_weir_is_healthy_and_lets_weir_drain() {
+    let c = yaml("deploy/compose/compose.yaml");
+    let services = at(&c, &["services"]);
+    let (rt_stage, _) = image();
+    let (_, image_check) = rt_stage.healthcheck.expect("the image has a HEALTHCHECK");
+    let replicas = compose_replicas(services);
+    assert!(replicas.len() >= 2);
+    for (name, replica) in &replicas {
+        let cfg = parse_config(
+            name,
+            &std::fs::read_to_string(host_file(replica, IMAGE_CONFIG)).unwrap(),
+        );
+        // Healthy when weir answers /readyz, asked as the image asks it.
+        let hc = at(replica, &["healthcheck"]);
+        let test = strings(at(hc, &["test"]));
+        assert_eq!(test[0], "CMD", "{name}: exec form (the image has no shell)");
+        assert_eq!(test[1..], image_check[..], "{name}: the image's own check");
+        check_health_timeouts(&test[1..], s(at(hc, &["timeout"])));
+        for k in ["interval", "start_period", "retries"] {
+            assert!(hc.get(k).is_some(), "{name}: healthcheck.{k}");
+        }
+        // Drains inside the grace Compose gives it.
+        let grace = weir::config::duration::parse(s(at(replica, &["stop_grace_period"]))).unwrap();
+        assert!(
+            grace > cfg.server.shutdown_timeout,
+            "{name}: stop_grace_period {grace:?} <= shutdown_timeout {:?}",
+            cfg.server.shutdown_timeout
+        );
+        // Its application waits for it to be healthy.
+        let mode = format!("service:{name}");
+        for (app_name, app) in services.as_mapping().unwrap() {
+            if app.get("network_mode").and_then(Yaml::as_str) != Some(mode.as_str()) {
+                continue;
+            }
+            let dep = at(app, &["depends_on", name.as_str()]);
+            assert_eq!(
+                s(at(dep, &["condition"])),
+                "service_healthy",
+                "{app_name:?} starts before {name} is ready"
+            );
+        }
+    }
+    // Services running the image for something other than `weir run` have
+    // no admin listener: the image's health check is switched off.
+    let image_name = s(at(at(services, &["weir"]), &["image"]));
+    for (svc_name, svc) in services.as_mapping().unwrap() {
+        let runs_image = svc.get("image").and_then(Yaml::as_str) == Some(image_name);
+        if runs_image && svc.get("entrypoint").is_some() {
+            assert_eq!(
+                at(svc, &["healthcheck", "disable"]).as_bool(),
+                Some(true),
+                "{svc_name:?}: the image's health check cannot pass"
+            );
+        }
+    }
+}
+
+/// `docker compose config` accepts the Compose file, where Docker Compose
+/// v2 is installed (it needs no daemon).
+#[test]
+fn docker_compose_accepts_the_compose_file() {
+    let present = Command::new("docker")
+        .args(["compose", "version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !present {
+        eprintln!("SKIPPED: `docker compose` is not installed");
+        return;
+    }
+    let out = Command::new("docker")
+        .args([
+            "compose",
+            "-f",
+            "deploy/compose/compose.yaml",
+            "config",
+            "--quiet",
+        ])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "docker compose config:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 // ---------------------------------------------------------------------------
