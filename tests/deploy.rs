@@ -673,8 +673,14 @@ fn kubernetes_manifests_agree_with_the_image_and_the_config_they_mount() {
     for r in &resources {
         assert!(root().join("deploy/kubernetes").join(r).exists(), "{r}");
     }
-    assert!(resources.contains(&"configmap.yaml".to_string()));
-    assert!(resources.contains(&"deployment.yaml".to_string()));
+    for r in [
+        "configmap.yaml",
+        "deployment.yaml",
+        "upstreams.yaml",
+        "redis.yaml",
+    ] {
+        assert!(resources.contains(&r.to_string()), "{r}");
+    }
 
     let (cm_name, cm_key, cm_src) = configmap();
     let cfg = parse_config(&cm_key, &cm_src);
@@ -827,6 +833,202 @@ fn kubernetes_manifests_agree_with_the_image_and_the_config_they_mount() {
         .collect();
     assert!(!used.is_empty());
     assert!(used.is_subset(&set), "{used:?} vs the pod's {set:?}");
+}
+
+/// Every document of every resource of the kustomization in `dir`.
+fn kustomized(dir: &str) -> Vec<Yaml> {
+    let kust = yaml(&format!("{dir}/kustomization.yaml"));
+    strings(at(&kust, &["resources"]))
+        .iter()
+        .flat_map(|r| yaml_docs(&format!("{dir}/{r}")))
+        .collect()
+}
+
+fn of_kind<'a>(docs: &'a [Yaml], kind: &str) -> Vec<&'a Yaml> {
+    docs.iter()
+        .filter(|d| d.get("kind").and_then(Yaml::as_str) == Some(kind))
+        .collect()
+}
+
+/// Whether every label of `selector` is on `labels`.
+fn selects(selector: &Yaml, labels: &Yaml) -> bool {
+    let sel = selector.as_mapping().unwrap();
+    !sel.is_empty() && sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// The containers (init containers included) of a pod template's spec.
+fn containers(pod: &Yaml) -> Vec<&Yaml> {
+    ["initContainers", "containers"]
+        .iter()
+        .filter_map(|k| pod.get(*k))
+        .flat_map(seq)
+        .collect()
+}
+
+/// Issue 32, item 8: `kubectl apply -k deploy/kubernetes/` runs as shipped.
+/// Every host the weir config calls — each upstream's and the Redis it
+/// shares state through — is a Service of the kustomization, on the URL's
+/// port, selecting the pods of one of its Deployments, whose container
+/// listens on the port the Service sends to; those pods are locked down
+/// like weir's.
+#[test]
+fn the_kubernetes_example_includes_every_service_its_config_calls() {
+    let docs = kustomized("deploy/kubernetes");
+    let (_, key, src) = configmap();
+    let cfg = parse_config(&key, &src);
+    let mut calls: Vec<(String, u16)> = cfg
+        .upstreams
+        .iter()
+        .map(|u| (u.url.host.clone(), u.url.port))
+        .collect();
+    if let Some(url) = cfg.state.redis_url() {
+        let authority = url
+            .strip_prefix("redis://")
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap();
+        let authority = authority.rsplit('@').next().unwrap();
+        let (h, p) = authority.rsplit_once(':').unwrap();
+        calls.push((h.to_string(), p.parse().unwrap()));
+    }
+    assert!(calls.len() >= 3, "payments, inventory and redis: {calls:?}");
+    let services = of_kind(&docs, "Service");
+    let deployments = of_kind(&docs, "Deployment");
+    for (host, port) in &calls {
+        let svc = services
+            .iter()
+            .find(|d| s(at(d, &["metadata", "name"])) == host)
+            .unwrap_or_else(|| {
+                panic!("the config calls {host}: no Service {host} in the kustomization")
+            });
+        let sp = seq(at(svc, &["spec", "ports"]))
+            .iter()
+            .find(|p| at(p, &["port"]).as_u64() == Some(u64::from(*port)))
+            .unwrap_or_else(|| panic!("Service {host} has no port {port}"));
+        let target = sp.get("targetPort").unwrap_or(at(sp, &["port"]));
+        let selector = at(svc, &["spec", "selector"]);
+        let dep = deployments
+            .iter()
+            .find(|d| selects(selector, at(d, &["spec", "template", "metadata", "labels"])))
+            .unwrap_or_else(|| panic!("Service {host} selects no Deployment's pods"));
+        let pod = at(dep, &["spec", "template", "spec"]);
+        let listening = containers(pod).into_iter().find_map(|c| {
+            let declared = c.get("ports").map(seq)?.iter().find(|p| match target {
+                Yaml::String(name) => p.get("name").and_then(Yaml::as_str) == Some(name),
+                n => at(p, &["containerPort"]) == n,
+            })?;
+            Some((c, at(declared, &["containerPort"]).as_u64().unwrap()))
+        });
+        let (c, container_port) =
+            listening.unwrap_or_else(|| panic!("Service {host}: no container port {target:?}"));
+        // A weir chaos upstream listens where it says it does.
+        let mut cmd = c.get("command").map(strings).unwrap_or_default();
+        cmd.extend(c.get("args").map(strings).unwrap_or_default());
+        if let Some(l) = listen_arg(&cmd) {
+            assert!(
+                l.ip().is_unspecified(),
+                "{host}: {l} is not reachable from other pods"
+            );
+            assert_eq!(u64::from(l.port()), container_port, "{host}: --listen");
+        }
+    }
+    // Every pod of the example is locked down as weir's is.
+    for dep in &deployments {
+        let pod = at(dep, &["spec", "template", "spec"]);
+        let name = s(at(dep, &["metadata", "name"]));
+        let psc = at(pod, &["securityContext"]);
+        assert_eq!(at(psc, &["runAsNonRoot"]).as_bool(), Some(true), "{name}");
+        for c in containers(pod) {
+            let sc = at(c, &["securityContext"]);
+            assert_eq!(
+                at(sc, &["readOnlyRootFilesystem"]).as_bool(),
+                Some(true),
+                "{name}"
+            );
+            assert_eq!(
+                at(sc, &["allowPrivilegeEscalation"]).as_bool(),
+                Some(false),
+                "{name}"
+            );
+            assert!(strings(at(sc, &["capabilities", "drop"])).contains(&"ALL".to_string()));
+            assert!(
+                at(c, &["resources", "limits"]).get("memory").is_some(),
+                "{name}"
+            );
+        }
+    }
+}
+
+/// `kubectl kustomize` builds both kustomizations, where kubectl is
+/// installed (it needs no cluster).
+#[test]
+fn kubectl_kustomize_builds_the_examples() {
+    if !Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        eprintln!("SKIPPED: kubectl is not installed");
+        return;
+    }
+    for dir in ["deploy/kubernetes", "deploy/kubernetes/monitoring"] {
+        let out = Command::new("kubectl")
+            .args(["kustomize", dir])
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl kustomize {dir}:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Issue 32, item 8: a PodMonitor for the Prometheus Operator scrapes the
+/// orders pods' weir on its admin port and `/metrics`, with the labels the
+/// dashboard and the alerts group by; it stays out of the main
+/// kustomization, which must apply on a cluster without the operator.
+#[test]
+fn the_pod_monitor_scrapes_the_sidecars_admin_listener() {
+    let docs = kustomized("deploy/kubernetes/monitoring");
+    let pm = of_kind(&docs, "PodMonitor");
+    assert_eq!(pm.len(), 1);
+    let pm = pm[0];
+    assert_eq!(s(at(pm, &["apiVersion"])), "monitoring.coreos.com/v1");
+    assert!(of_kind(&kustomized("deploy/kubernetes"), "PodMonitor").is_empty());
+
+    let (_, key, src) = configmap();
+    let admin = parse_config(&key, &src).server.admin;
+    let dep = yaml("deploy/kubernetes/deployment.yaml");
+    let tpl = at(&dep, &["spec", "template"]);
+    assert!(selects(
+        at(pm, &["spec", "selector", "matchLabels"]),
+        at(tpl, &["metadata", "labels"])
+    ));
+    let weir_c = find(at(tpl, &["spec", "initContainers"]), "weir").unwrap();
+    let endpoints = seq(at(pm, &["spec", "podMetricsEndpoints"]));
+    assert_eq!(endpoints.len(), 1);
+    let ep = &endpoints[0];
+    assert_eq!(s(at(ep, &["path"])), "/metrics");
+    assert_eq!(
+        port_of(weir_c, at(ep, &["port"])),
+        admin.port(),
+        "the admin port"
+    );
+    // namespace, pod, job and instance come with every PodMonitor target;
+    // `app` is copied from the pod's labels.
+    let copied = strings(at(pm, &["spec", "podTargetLabels"]));
+    for l in TARGET_LABELS {
+        if !["job", "instance", "namespace", "pod"].contains(&l) {
+            assert!(copied.contains(&l.to_string()), "podTargetLabels lacks {l}");
+            assert!(
+                at(tpl, &["metadata", "labels"]).get(l).is_some(),
+                "the pod has no {l}"
+            );
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
