@@ -385,6 +385,78 @@ fn the_image_is_built_with_the_command_ci_runs() {
         .any(|r| r.contains("target/release/weir")));
 }
 
+/// `"1.88"`, `"1.85.0"` → comparable parts.
+fn rust_version(v: &str) -> Vec<u32> {
+    let mut parts: Vec<u32> = v.split('.').map(|p| p.parse().unwrap()).collect();
+    parts.resize(3, 0);
+    parts
+}
+
+/// Issue 32, item 8: which Rust builds weir is written once, as Cargo.toml's
+/// `rust-version`; it is true of the locked dependencies (none of those in
+/// the local registry cache, i.e. built here, asks for a newer Rust), and
+/// README.md and CONTRIBUTING.md say it.
+#[test]
+fn the_rust_version_is_what_the_locked_dependencies_need_and_the_docs_say() {
+    let cargo: toml::Table = toml::from_str(&read("Cargo.toml")).unwrap();
+    let msrv = cargo["package"]["rust-version"].as_str().unwrap();
+    for f in ["README.md", "CONTRIBUTING.md"] {
+        let text = read(f);
+        assert!(
+            text.contains(&format!("Rust {msrv} or newer")),
+            "{f} does not say weir builds with Rust {msrv} or newer"
+        );
+        for (i, _) in text.match_indices("Rust 1.") {
+            let v: String = text[i + 5..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.')
+                .collect();
+            assert_eq!(v.trim_end_matches('.'), msrv, "{f} names Rust {v}");
+        }
+    }
+
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .unwrap();
+    let registries: Vec<PathBuf> = std::fs::read_dir(home.join("registry/src"))
+        .map(|d| d.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default();
+    let lock: toml::Table = toml::from_str(&read("Cargo.lock")).unwrap();
+    let (mut checked, mut newer) = (BTreeSet::new(), Vec::new());
+    for p in lock["package"].as_array().unwrap() {
+        let (name, version) = (p["name"].as_str().unwrap(), p["version"].as_str().unwrap());
+        for reg in &registries {
+            let manifest = reg.join(format!("{name}-{version}/Cargo.toml"));
+            let Ok(text) = std::fs::read_to_string(&manifest) else {
+                continue;
+            };
+            let t: toml::Table = toml::from_str(&text).unwrap();
+            checked.insert(name.to_string());
+            if let Some(v) = t["package"].get("rust-version").and_then(|v| v.as_str()) {
+                if rust_version(v) > rust_version(msrv) {
+                    newer.push(format!("{name} {version} asks for Rust {v}"));
+                }
+            }
+        }
+    }
+    assert!(
+        newer.is_empty(),
+        "Cargo.toml says rust-version {msrv}, but: {newer:?}"
+    );
+    if checked.is_empty() {
+        eprintln!("SKIPPED: no crate of Cargo.lock in {}", home.display());
+        return;
+    }
+    for built in ["tokio", "hyper", "rustls", "redis", "notify"] {
+        assert!(
+            checked.contains(built),
+            "{built} not found in {}",
+            home.display()
+        );
+    }
+}
+
 /// `.dockerignore` as an ordered list of (negated, pattern); the last match
 /// wins. Patterns are `*`, or paths matching themselves and what is under them.
 fn docker_ignored(rules: &[(bool, String)], path: &str) -> bool {
