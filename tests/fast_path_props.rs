@@ -164,16 +164,24 @@ proptest! {
         for (n, _) in &sent {
             prop_assert!(n == "host" || n == "content-length" || !dropped(n), "{} was forwarded", n);
         }
-        // Every other header goes on, in order.
+        // Every other header goes on, in order; a request without an
+        // `x-request-id` gets the one weir made (32 hex digits), last.
         let kept: Vec<(String, String)> = headers
             .iter()
             .filter(|(n, _)| !dropped(n))
             .cloned()
             .collect();
-        let forwarded: Vec<(String, String)> = sent
+        let mut forwarded: Vec<(String, String)> = sent
             .into_iter()
             .filter(|(n, _)| n != "host" && n != "content-length")
             .collect();
+        if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("x-request-id")) {
+            let made = forwarded.pop();
+            prop_assert!(
+                made.as_ref().is_some_and(|(n, v)| n == "x-request-id" && v.len() == 32),
+                "{:?}", made
+            );
+        }
         prop_assert_eq!(forwarded, kept);
     }
 

@@ -171,6 +171,85 @@ async fn access_log_lines_in_json_on_both_paths() {
     assert!(!weir.seen.iter().any(|l| l.contains('\u{1b}')));
 }
 
+/// The access log's request side (docs/reference/logs.md#logs): the
+/// client's address, the request id — the client's `x-request-id`, or one
+/// weir made and forwarded, which the upstream received — the user agent,
+/// and the body bytes each way, on both paths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_says_who_asked_and_how_much_crossed() {
+    let ids = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = ids.clone();
+    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        let id = req
+            .headers()
+            .get("x-request-id")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        seen.lock().unwrap().push(id);
+        async move {
+            let _ = http_body_util::BodyExt::collect(req.into_body()).await;
+            Response::new(body(vec![b'r'; 1234]))
+        }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let (listen, admin) = (free_port(), free_port());
+    let path = dir.path().join("weir.toml");
+    std::fs::write(
+        &path,
+        config(listen, admin, up.addr.port(), "access_log = \"all\"", ""),
+    )
+    .unwrap();
+    let mut weir = Weir::start(&path, "json");
+    wait_ready(admin).await;
+    for host in ["fast", "general"] {
+        for id in [Some("order-42"), None] {
+            let mut b = Request::post(format!("http://127.0.0.1:{listen}/up"))
+                .header("host", host)
+                .header("user-agent", "checkout/1.0");
+            if let Some(id) = id {
+                b = b.header("x-request-id", id);
+            }
+            let resp = client()
+                .request(b.body(body(vec![b'q'; 321])).unwrap())
+                .await
+                .unwrap();
+            let (parts, got) = read_body(resp).await;
+            assert_eq!((parts.status.as_u16(), got.len()), (200, 1234));
+        }
+    }
+    weir.wait_for("\"general\"");
+    std::thread::sleep(Duration::from_millis(200));
+    let lines = weir.access_lines();
+    let forwarded = ids.lock().unwrap().clone();
+    assert_eq!(forwarded.len(), 4, "{forwarded:?}");
+    for (i, host) in ["fast", "general"].into_iter().enumerate() {
+        let mine: Vec<&serde_json::Value> =
+            lines.iter().filter(|l| l["upstream"] == host).collect();
+        assert_eq!(mine.len(), 2, "{host}: {lines:#?}");
+        for l in &mine {
+            assert!(
+                l["client"].as_str().unwrap().starts_with("127.0.0.1:"),
+                "{l}"
+            );
+            assert_eq!(l["user_agent"], "checkout/1.0", "{l}");
+            assert_eq!(l["bytes_in"], 321, "{l}");
+            assert_eq!(l["bytes_out"], 1234, "{l}");
+        }
+        // The client's id is logged and forwarded as it came.
+        assert_eq!(mine[0]["request_id"], "order-42", "{host}");
+        assert_eq!(forwarded[2 * i], "order-42");
+        // Without one, weir made an id (32 hex digits), forwarded it, and
+        // logged the same.
+        let made = mine[1]["request_id"].as_str().unwrap();
+        assert!(
+            made.len() == 32 && made.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{made}"
+        );
+        assert_eq!(forwarded[2 * i + 1], made, "{host}");
+    }
+}
+
 /// The access log's attempts come from the attempts themselves, not from
 /// the fields written for the client: with `annotate = false` (no
 /// `x-weir-attempts` on the response) the line still has them, on both

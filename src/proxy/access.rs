@@ -25,6 +25,26 @@ pub(crate) struct Entry<'a> {
     /// (docs/reference/endpoints.md#seeing-it).
     pub(crate) endpoint: Option<std::net::SocketAddr>,
     pub(crate) took: Duration,
+    /// Response body bytes sent to the client, as framed.
+    pub(crate) bytes_out: u64,
+    /// Who asked, and what they sent.
+    pub(crate) who: Who<'a>,
+}
+
+/// The client's address, as a request's extension (the connection's
+/// service adds it; the general path's line reads it).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClientAddr(pub std::net::SocketAddr);
+
+/// The request side of a line: the client's address, the request id (the
+/// client's `x-request-id`, or the one weir made and forwarded), its
+/// `User-Agent`, and the request body bytes it sent.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Who<'a> {
+    pub(crate) client: Option<std::net::SocketAddr>,
+    pub(crate) request_id: Option<&'a str>,
+    pub(crate) user_agent: Option<&'a str>,
+    pub(crate) bytes_in: u64,
 }
 
 /// Whether a request answered with `status` (and weir's error, if any) gets
@@ -54,6 +74,11 @@ pub(crate) fn write(mode: AccessLog, e: &Entry<'_>) {
         retry_stop = e.retry_stop.unwrap_or("-"),
         endpoint = %e.endpoint.map_or_else(|| "-".to_string(), |a| a.to_string()),
         duration_ms = e.took.as_micros() as f64 / 1000.0,
+        client = %e.who.client.map_or_else(|| "-".to_string(), |a| a.to_string()),
+        request_id = e.who.request_id.unwrap_or("-"),
+        user_agent = e.who.user_agent.unwrap_or("-"),
+        bytes_in = e.who.bytes_in,
+        bytes_out = e.bytes_out,
         "request"
     );
 }
@@ -71,6 +96,8 @@ pub(crate) struct Watched {
     inner: super::body::Body,
     line: Option<Line>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// Body bytes passed on so far.
+    bytes: u64,
 }
 
 /// An owned [`Entry`], waiting for its body's end.
@@ -87,10 +114,16 @@ pub(crate) struct Line {
     pub(crate) retry_stop: Option<String>,
     pub(crate) endpoint: Option<std::net::SocketAddr>,
     pub(crate) took: Duration,
+    pub(crate) client: Option<std::net::SocketAddr>,
+    pub(crate) request_id: Option<String>,
+    pub(crate) user_agent: Option<String>,
+    /// The request body's bytes, counted as they are read.
+    pub(crate) bytes_in: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Line {
-    fn write(&self, error: Option<&str>) {
+    fn write(&self, error: Option<&str>, bytes_out: u64) {
+        let bytes_in = self.bytes_in.as_ref();
         write(
             self.mode,
             &Entry {
@@ -103,6 +136,13 @@ impl Line {
                 retry_stop: self.retry_stop.as_deref(),
                 endpoint: self.endpoint,
                 took: self.took,
+                bytes_out,
+                who: Who {
+                    client: self.client,
+                    request_id: self.request_id.as_deref(),
+                    user_agent: self.user_agent.as_deref(),
+                    bytes_in: bytes_in.map_or(0, |n| n.load(std::sync::atomic::Ordering::Relaxed)),
+                },
             },
         );
     }
@@ -118,6 +158,7 @@ impl Watched {
             inner,
             line: Some(line),
             metrics,
+            bytes: 0,
         }
     }
 
@@ -127,7 +168,7 @@ impl Watched {
             self.metrics.body_error(&line.upstream, code);
         }
         if line.always || error.is_some() {
-            line.write(error);
+            line.write(error, self.bytes);
         }
     }
 }
@@ -142,6 +183,9 @@ impl http_body::Body for Watched {
     ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         use std::task::Poll;
         let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &polled {
+            self.bytes += f.data_ref().map_or(0, |d| d.len() as u64);
+        }
         match &polled {
             Poll::Ready(None) => self.ended(None),
             Poll::Ready(Some(Err(e))) => {
@@ -171,6 +215,22 @@ impl Drop for Watched {
         // The client left (or the response was dropped) before the end.
         self.ended(None);
     }
+}
+
+/// The first value of the field `name` in the HTTP/1 request head `head`,
+/// when it is text (the fast path keeps the client's bytes).
+pub(crate) fn field<'h>(head: &'h [u8], name: &str) -> Option<&'h str> {
+    head.split(|b| *b == b'\n').skip(1).find_map(|line| {
+        let colon = line.iter().position(|b| *b == b':')?;
+        let (n, v) = line.split_at(colon);
+        if !n.eq_ignore_ascii_case(name.as_bytes()) {
+            return None;
+        }
+        let v = std::str::from_utf8(&v[1..]).ok()?.trim();
+        v.bytes()
+            .all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
+            .then_some(v)
+    })
 }
 
 /// The method and target of the HTTP/1 request head at the start of `head`
@@ -224,5 +284,9 @@ mod tests {
             request_line(b"\r\nGET http://api HTTP/1.1\r\n"),
             ("GET", "/")
         );
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\nUser-Agent:  curl/8.5 \r\nX: \xff\r\n\r\n";
+        assert_eq!(field(head, "user-agent"), Some("curl/8.5"));
+        assert_eq!(field(head, "x"), None);
+        assert_eq!(field(head, "referer"), None);
     }
 }

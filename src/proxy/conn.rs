@@ -97,7 +97,8 @@ where
     let busy_on = activity.clone();
     // The stop signal each HTTP/1 response reads (draining).
     let draining = stop.clone();
-    let svc = service_fn(move |req| {
+    let svc = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(super::access::ClientAddr(peer));
         let snap = shared.snapshot.load_full();
         let role = role.clone();
         let ctx = ctx.clone();

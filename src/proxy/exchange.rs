@@ -58,6 +58,12 @@ pub(crate) async fn forward(
         .as_ref()
         .and_then(|_| parts.extensions.remove::<hyper::upgrade::OnUpgrade>());
     headers::strip_hop_by_hop(&mut parts.headers, true);
+    // The id weir made when the client sent none (docs/reference/logs.md#logs).
+    if let Some(id) = parsed.request_id.made_text(&mut [0u8; 32]) {
+        if let Ok(v) = http::HeaderValue::from_str(id) {
+            parts.headers.insert(super::request::REQUEST_ID_FIELD, v);
+        }
+    }
     if let (Some(u), Some(_)) = (&upgrade, &on_upgrade) {
         super::upgrade::restore(&mut parts.headers, u.clone());
     }

@@ -56,8 +56,9 @@ async fn serve(
 ) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let start = Instant::now();
-    let log = |upstream: &str, method: &http::Method, uri: &Uri, resp: Response<Body>| {
-        access_log(snap, upstream, method, uri, start, resp)
+    let mut asker = Asker::of(&parts);
+    let log = |upstream: &str, asker: &Asker, resp: Response<Body>| {
+        access_log(snap, upstream, asker, start, resp)
     };
     if let Some(why) = refused {
         let resp = match why {
@@ -78,12 +79,7 @@ async fn serve(
                 )
             }
         };
-        return log(
-            NO_UPSTREAM,
-            &parts.method,
-            &parts.uri,
-            resp.to_response(None),
-        );
+        return log(NO_UPSTREAM, &asker, resp.to_response(None));
     }
     if let Some(field) = super::route::userinfo_in(&parts) {
         snap.metrics.bad_request();
@@ -91,7 +87,7 @@ async fn serve(
             "{field} carries userinfo (`user@`): a request names a host, never credentials in it"
         ))
         .to_response(None);
-        return log(NO_UPSTREAM, &parts.method, &parts.uri, resp);
+        return log(NO_UPSTREAM, &asker, resp);
     }
     let connect = parts.method == http::Method::CONNECT;
     let upstream = request::route(snap, role, &parts).and_then(|i| snap.upstreams.get(i));
@@ -102,10 +98,9 @@ async fn serve(
     let Some(up) = upstream else {
         snap.metrics.no_route();
         let resp = ProxyError::NoRoute.respond(None, grpc);
-        return log(NO_UPSTREAM, &parts.method, &parts.uri, resp);
+        return log(NO_UPSTREAM, &asker, resp);
     };
-    let method = parts.method.clone();
-    let uri = parts.uri.clone();
+    let (method, uri) = (asker.method.clone(), asker.uri.clone());
     let cfg = &up.config;
     // For the response cache's key, should this request invalidate it.
     let host = cfg
@@ -115,7 +110,17 @@ async fn serve(
     // The client's deadline, its rate key, and a keyed write's key
     // (docs/reference/idempotency.md#idempotency-keys); a 400 is forward's to answer.
     let parsed = request::read(cfg, &parts);
-    let body = super::body::boxed(body);
+    if let Ok(p) = &parsed {
+        if let Some(made) = p.request_id.made_text(&mut [0u8; 32]) {
+            asker.request_id = Some(made.to_string());
+        }
+    }
+    let counted = asker.bytes_in.clone();
+    let body = super::body::boxed(http_body_util::BodyExt::map_frame(body, move |f| {
+        let n = f.data_ref().map_or(0, |d| d.len() as u64);
+        counted.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        f
+    }));
     let cached = cfg.cache.is_some() && matches!(method, http::Method::GET | http::Method::HEAD);
     // Whether the cache takes it up (not a Range, the client's own
     // conditional…): its answer, weir's errors included, says how.
@@ -142,7 +147,40 @@ async fn serve(
             resp
         }
     };
-    log(&up.config.name, &method, &uri, resp)
+    log(&up.config.name, &asker, resp)
+}
+
+/// The request side of a request's access-log line, taken before the
+/// request moves on (docs/reference/logs.md#logs).
+struct Asker {
+    method: http::Method,
+    uri: Uri,
+    client: Option<std::net::SocketAddr>,
+    /// The client's `x-request-id`, or the one weir made and forwarded.
+    request_id: Option<String>,
+    user_agent: Option<String>,
+    /// The request body's bytes, counted as they are read.
+    bytes_in: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Asker {
+    fn of(parts: &http::request::Parts) -> Asker {
+        let text = |name: &str| {
+            let v = parts.headers.get(name)?.to_str().ok()?;
+            Some(v.to_string())
+        };
+        Asker {
+            method: parts.method.clone(),
+            uri: parts.uri.clone(),
+            client: parts
+                .extensions
+                .get::<super::access::ClientAddr>()
+                .map(|c| c.0),
+            request_id: text(request::REQUEST_ID_FIELD).filter(|v| v.len() <= 200),
+            user_agent: text("user-agent"),
+            bytes_in: Default::default(),
+        }
+    }
 }
 
 /// Writes the access-log line for a response weir is about to send; the
@@ -150,11 +188,11 @@ async fn serve(
 fn access_log(
     snap: &Snapshot,
     upstream: &str,
-    method: &http::Method,
-    uri: &Uri,
+    asker: &Asker,
     start: Instant,
     resp: Response<Body>,
 ) -> Response<Body> {
+    let (method, uri) = (&asker.method, &asker.uri);
     let mode = snap.config.server.access_log;
     let status = resp.status().as_u16();
     let error = resp.extensions().get::<ErrorCode>().map(|c| c.0);
@@ -181,6 +219,13 @@ fn access_log(
                 retry_stop,
                 endpoint,
                 took: start.elapsed(),
+                bytes_out: resp.body().size_hint().exact().unwrap_or(0),
+                who: super::access::Who {
+                    client: asker.client,
+                    request_id: asker.request_id.as_deref(),
+                    user_agent: asker.user_agent.as_deref(),
+                    bytes_in: asker.bytes_in.load(std::sync::atomic::Ordering::Relaxed),
+                },
             };
             super::access::write(mode, &entry);
         }
@@ -197,6 +242,10 @@ fn access_log(
         retry_stop: retry_stop.map(str::to_string),
         endpoint,
         took: start.elapsed(),
+        client: asker.client,
+        request_id: asker.request_id.clone(),
+        user_agent: asker.user_agent.clone(),
+        bytes_in: Some(asker.bytes_in.clone()),
     };
     let (parts, body) = resp.into_parts();
     let watched = super::access::Watched::new(body, line, snap.metrics.clone());

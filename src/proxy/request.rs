@@ -80,6 +80,9 @@ pub(crate) fn route(snap: &Snapshot, role: &ListenerRole, h: &impl RequestHead) 
 /// serves it.
 #[derive(Debug, Default, Clone)]
 pub struct Parsed {
+    /// The request's id: the client's `x-request-id`, or one weir made,
+    /// which both paths forward to the upstream (docs/reference/logs.md#logs).
+    pub request_id: RequestId,
     /// `x-weir-timeout-ms`: the client's own, lower, deadline.
     pub lowered: Option<Duration>,
     /// The rate limiter's key, when the upstream keys its limiter.
@@ -102,11 +105,14 @@ pub(crate) fn read(cfg: &UpstreamConfig, h: &impl RequestHead) -> Result<Parsed,
     let rate_name = rate_key_field(cfg);
     let key_name = cfg.idempotency_header.as_str();
     let (mut timeout, mut rate, mut key, mut keys) = (None, None, None, 0);
+    let mut id = None;
     for (n, v) in h.fields() {
         if timeout.is_none() && n.eq_ignore_ascii_case(TIMEOUT_FIELD) {
             timeout = Some(v);
         } else if rate.is_none() && rate_name.is_some_and(|r| n.eq_ignore_ascii_case(r)) {
             rate = Some(v);
+        } else if id.is_none() && n.eq_ignore_ascii_case(REQUEST_ID_FIELD) {
+            id = Some(v);
         }
         if n.eq_ignore_ascii_case(key_name) {
             keys += 1;
@@ -123,12 +129,79 @@ pub(crate) fn read(cfg: &UpstreamConfig, h: &impl RequestHead) -> Result<Parsed,
         Some(k) => Some(scoped(key_text(cfg, k)?, principal(cfg, h).as_deref())),
         None => None,
     };
+    let request_id = match id {
+        // The client's, forwarded as it came; logged when it is short text.
+        Some(v) => RequestId::Given(
+            visible(v)
+                .filter(|t| (1..=MAX_REQUEST_ID).contains(&t.len()))
+                .map(str::to_owned),
+        ),
+        None => RequestId::made(),
+    };
     Ok(Parsed {
+        request_id,
         lowered,
         rate_key: rate.and_then(visible).map(str::to_owned),
         key,
         carries_key,
     })
+}
+
+/// The field that names a request across services.
+pub(crate) const REQUEST_ID_FIELD: &str = "x-request-id";
+
+/// The longest client request id weir logs.
+const MAX_REQUEST_ID: usize = 200;
+
+/// A request's id (`x-request-id`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestId {
+    /// The client's, forwarded as it came; `None` when it is not short
+    /// text (then it is not logged).
+    Given(Option<String>),
+    /// One weir made: 32 hex digits, a per-process random half and a
+    /// count; forwarded to the upstream as `x-request-id`.
+    Made(u128),
+}
+
+impl Default for RequestId {
+    fn default() -> Self {
+        RequestId::made()
+    }
+}
+
+impl RequestId {
+    /// A new id, unique within this process and, by its random half,
+    /// across processes.
+    pub fn made() -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static PROCESS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let high = *PROCESS.get_or_init(crate::clock::fresh_seed);
+        let low = NEXT.fetch_add(1, Ordering::Relaxed);
+        RequestId::Made((u128::from(high) << 64) | u128::from(low))
+    }
+
+    /// The id weir made, as the 32 hex digits it forwards; `None` for the
+    /// client's own (forwarded among its fields).
+    pub fn made_text<'b>(&self, buf: &'b mut [u8; 32]) -> Option<&'b str> {
+        let RequestId::Made(n) = self else {
+            return None;
+        };
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = HEX[((n >> (4 * (31 - i))) & 0xf) as usize];
+        }
+        std::str::from_utf8(buf).ok()
+    }
+
+    /// The id as the access log prints it.
+    pub fn text<'b>(&'b self, buf: &'b mut [u8; 32]) -> Option<&'b str> {
+        match self {
+            RequestId::Given(given) => given.as_deref(),
+            RequestId::Made(_) => self.made_text(buf),
+        }
+    }
 }
 
 /// The field a client lowers its deadline with.

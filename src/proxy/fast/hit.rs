@@ -55,6 +55,8 @@ impl Ctx<'_> {
             retry_stop: None,
             endpoint: None,
             took,
+            bytes_out: if send_body { body.len() as u64 } else { 0 },
+            who: access::Who::default(),
         };
         self.access_log(p, entry);
         let close = p.close || *self.stop.borrow();

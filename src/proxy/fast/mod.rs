@@ -133,6 +133,7 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
             stop: &conn.stop,
             write_timeout: conn.write_timeout,
             access: snap.config.server.access_log,
+            peer: conn.peer,
         };
         let open = ctx.serve(up, planned).await;
         if !open || *conn.stop.borrow() {
@@ -158,6 +159,8 @@ struct Ctx<'c> {
     write_timeout: Duration,
     /// `[server] access_log`.
     access: crate::config::AccessLog,
+    /// The client's address, for the access log.
+    peer: std::net::SocketAddr,
 }
 
 impl Ctx<'_> {
@@ -171,7 +174,22 @@ impl Ctx<'_> {
         }
         let head = self.bufs.client.get(..p.head_len).unwrap_or_default();
         let (method, path) = access::request_line(head);
-        access::write(self.access, &access::Entry { method, path, ..e });
+        let mut id = [0u8; 32];
+        let who = access::Who {
+            client: Some(self.peer),
+            request_id: p.asked.request_id.text(&mut id),
+            user_agent: access::field(head, "user-agent"),
+            bytes_in: p.body_len as u64,
+        };
+        access::write(
+            self.access,
+            &access::Entry {
+                method,
+                path,
+                who,
+                ..e
+            },
+        );
     }
 
     /// Serves one planned request; returns whether the client connection
@@ -315,6 +333,8 @@ impl Ctx<'_> {
                     retry_stop: stop.map(|s| s.as_str()),
                     endpoint: Some(addr),
                     took,
+                    bytes_out: relayed.bytes,
+                    who: access::Who::default(),
                 };
                 self.access_log(&p, entry);
                 relayed.open && !p.close
@@ -396,6 +416,9 @@ impl Ctx<'_> {
             retry_stop: stop,
             endpoint: f.endpoint,
             took,
+            // weir's JSON error body; a HEAD gets none.
+            bytes_out: 0,
+            who: access::Who::default(),
         };
         self.access_log(p, entry);
         let close =

@@ -92,6 +92,8 @@ impl Ctx<'_> {
         if !client_ok && capture.is_none() {
             return Relayed::CLOSED;
         }
+        let mut bytes = (bufs.out.len() - head_end) as u64;
+        let sent = |r: Relayed, bytes: u64| Relayed { bytes, ..r };
         // The last clock reading: when the connection goes back to the pool.
         let mut last = ended;
         while left != Some(0) {
@@ -102,18 +104,18 @@ impl Ctx<'_> {
                 biased;
                 () = client_gone(self.stream, &mut bufs.client, need, &mut bufs.eof), if client_ok => {
                     if capture.is_none() {
-                        return Relayed::CLOSED;
+                        return sent(Relayed::CLOSED, bytes);
                     }
                     client_ok = false;
                     continue;
                 }
                 r = read_more(&mut upstream, &mut bufs.upstream) => match r {
                     Ok(n) => n,
-                    Err(_) => return Relayed::BROKEN,
+                    Err(_) => return sent(Relayed::BROKEN, bytes),
                 },
                 () = self.timer.at(until) => {
                     tracing::debug!(upstream = %up.config.name, idle = %crate::config::duration::format(idle), "response body idle; cut");
-                    return Relayed::IDLE;
+                    return sent(Relayed::IDLE, bytes);
                 }
             };
             if n == 0 {
@@ -122,12 +124,12 @@ impl Ctx<'_> {
                 // cannot take it for whole); either way the client
                 // connection ends here too.
                 if framing != Framing::Close {
-                    return Relayed::BROKEN;
+                    return sent(Relayed::BROKEN, bytes);
                 }
                 if let Some(c) = capture.take() {
                     c.done();
                 }
-                return Relayed::CLOSED;
+                return sent(Relayed::CLOSED, bytes);
             }
             let got = &bufs.upstream[..n];
             let (pass, send) = match (framing, left) {
@@ -144,7 +146,7 @@ impl Ctx<'_> {
                             (end, &bufs.out[..])
                         }
                         Ok(None) => (n, &bufs.out[..]),
-                        Err(_) => return Relayed::BROKEN,
+                        Err(_) => return sent(Relayed::BROKEN, bytes),
                     }
                 }
                 _ => (n, got),
@@ -157,9 +159,12 @@ impl Ctx<'_> {
             }
             if client_ok && !write_client(self.stream, send, self.write_timeout).await {
                 if capture.is_none() {
-                    return Relayed::CLOSED;
+                    return sent(Relayed::CLOSED, bytes);
                 }
                 client_ok = false;
+            }
+            if client_ok {
+                bytes += send.len() as u64;
             }
         }
         if let Some(mut c) = capture {
@@ -174,6 +179,7 @@ impl Ctx<'_> {
         Relayed {
             open: client_ok && framing != Framing::Close,
             error: None,
+            bytes,
         }
     }
 }
@@ -184,19 +190,24 @@ impl Ctx<'_> {
 pub(super) struct Relayed {
     pub(super) open: bool,
     pub(super) error: Option<&'static str>,
+    /// Body bytes written to the client, as framed.
+    pub(super) bytes: u64,
 }
 
 impl Relayed {
     const CLOSED: Relayed = Relayed {
         open: false,
         error: None,
+        bytes: 0,
     };
     const BROKEN: Relayed = Relayed {
         open: false,
         error: Some("upstream_reset"),
+        bytes: 0,
     };
     const IDLE: Relayed = Relayed {
         open: false,
         error: Some("upstream_timeout"),
+        bytes: 0,
     };
 }

@@ -251,7 +251,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         // 401) before reading a large body; hyper's client does.
         return Parse::Fallback("a large body to a TLS upstream");
     }
-    write(up, &req, out);
+    write(up, &req, &asked, out);
     let idem = asked.key.as_ref().map(|_| Keyed {
         method: range_in(buf, req.method.as_bytes()),
         target: range_in(buf, req.path_and_query.as_bytes()),
@@ -424,7 +424,7 @@ fn route<'s>(
 /// request line with the mapped target, the client's fields but those
 /// [`request::dropped`] and those its `Connection` names, `Host`, the
 /// framing restated.
-fn write(up: &Upstream, req: &Request<'_, '_>, out: &mut Vec<u8>) {
+fn write(up: &Upstream, req: &Request<'_, '_>, asked: &Parsed, out: &mut Vec<u8>) {
     let cfg = &up.config;
     out.clear();
     out.extend_from_slice(req.method.as_bytes());
@@ -459,6 +459,10 @@ fn write(up: &Upstream, req: &Request<'_, '_>, out: &mut Vec<u8>) {
     }
     if req.te_trailers {
         out.extend_from_slice(b"te: trailers\r\n");
+    }
+    // The id weir made when the client sent none (docs/reference/logs.md#logs).
+    if let Some(id) = asked.request_id.made_text(&mut [0u8; 32]) {
+        header(out, request::REQUEST_ID_FIELD.as_bytes(), id.as_bytes());
     }
     out.extend_from_slice(b"\r\n");
 }
