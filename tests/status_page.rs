@@ -176,6 +176,8 @@ async fn status_json_reports_every_field() {
         "window_s",
         "requests_per_s",
         "success_rate",
+        "refusals_per_s",
+        "refusals_total",
         "retries_per_s",
         "retry_stops_per_s",
         "retry_stops_total",
@@ -202,6 +204,10 @@ async fn status_json_reports_every_field() {
         let stops = u["retry_stops_total"].as_object().unwrap();
         assert_eq!(stops.len(), 8, "{u}");
         assert_eq!(u["retry_stops_per_s"].as_object().unwrap().len(), 8);
+        let codes: Vec<&String> = u["refusals_total"].as_object().unwrap().keys().collect();
+        assert_eq!(codes, REFUSAL_CODES, "{u}");
+        let codes: Vec<&String> = u["refusals_per_s"].as_object().unwrap().keys().collect();
+        assert_eq!(codes, REFUSAL_CODES, "{u}");
         assert_eq!(u["in_flight"], 0);
         assert_eq!(u["queued"], 0);
         assert_eq!(u["max_in_flight"], 1024);
@@ -270,6 +276,13 @@ async fn status_json_reports_every_field() {
     assert!((t["ago_s"].as_f64().unwrap() - since).abs() < 0.01, "{b}");
     assert!(t["at_unix_ms"].as_u64().unwrap() > 1_600_000_000_000, "{t}");
     assert_eq!(dead["success_rate"], 0.0);
+    // One refusal: the request the open breaker answered; the three
+    // connect failures were answered after asking.
+    assert_eq!(refusals_total(dead), 1, "{dead}");
+    assert_eq!(dead["refusals_total"]["circuit_open"], 1, "{dead}");
+    let rate = dead["refusals_per_s"]["circuit_open"].as_f64().unwrap();
+    assert!(rate > 0.0 && rate <= 1.0, "{dead}");
+    assert_eq!(refusals_total(ok), 0, "{ok}");
     assert_eq!(dead["rate_limit"], Value::Null);
     // Each of the three connect failures was retryable, and max_attempts = 1
     // stopped it; the requests refused by the open breaker made no attempt.
@@ -335,6 +348,29 @@ async fn status_json_reports_every_field() {
     );
     assert_eq!(fresh_row["history"].as_array().unwrap().len(), 0);
     rt.shutdown(Duration::from_secs(1)).await;
+}
+
+/// weir's refusals (`/status.json`'s `refusals_total` keys), sorted.
+const REFUSAL_CODES: [&str; 10] = [
+    "bad_request",
+    "circuit_open",
+    "connect_not_allowed",
+    "header_too_large",
+    "idempotency_in_flight",
+    "idempotency_key_reused",
+    "idempotency_not_replayable",
+    "no_route",
+    "overloaded",
+    "rate_limited",
+];
+
+fn refusals_total(u: &Value) -> u64 {
+    u["refusals_total"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum()
 }
 
 fn stops_total(u: &Value) -> u64 {
@@ -411,7 +447,7 @@ async fn chromium_renders_the_open_breaker() {
     assert!(dead.contains("<svg"), "no sparkline: {dead}");
     let ok = row(&dom, "ok");
     assert!(ok.contains(">closed</span>"), "{ok}");
-    assert!(ok.contains(" / 1000"), "rate limit: {ok}");
+    assert!(ok.contains("&nbsp;/ 1000"), "rate limit: {ok}");
     assert!(dom.contains("2 upstreams; updated"), "{dom}");
     assert!(
         !dom.contains("<span id=\"status\" class=\"error\""),
@@ -492,6 +528,258 @@ async fn write_the_readme_screenshot() {
     .unwrap();
     for l in load {
         l.abort();
+    }
+    rt.shutdown(Duration::from_secs(1)).await;
+}
+
+// ---------------------------------------------------------------------------
+// The page at 1280 × 800: no column cut (issue 32, item 6).
+
+/// Appended to the page for the layout check: after each render, whether
+/// the page or its table is wider than the window and whether any cell's
+/// content runs out of its cell, as JSON in `<pre id="layout">` (which
+/// `--dump-dom` prints).
+const MEASURE: &str = r#"<script>
+"use strict";
+(function () {
+  const drawn = render;
+  render = function (s) {
+    drawn(s);
+    const vw = document.documentElement.clientWidth;
+    const cut = [];
+    const page = document.documentElement.scrollWidth;
+    if (page > vw) cut.push("the page is " + page + " px wide");
+    const table = document.querySelector("table");
+    const heads = [...table.querySelectorAll("thead th")].map(h => h.textContent);
+    if (table.scrollWidth > table.clientWidth) cut.push("the table scrolls: " + table.scrollWidth);
+    const body = document.body.getBoundingClientRect().right;
+    const right = table.getBoundingClientRect().right;
+    if (right > body + 0.5) cut.push("the table ends at " + right + ", past the page's " + body);
+    for (const tr of table.querySelectorAll("tr")) {
+      let col = 0;
+      for (const c of tr.children) {
+        const name = (heads[col] || "?") + " of " + (tr.dataset.endpoint || tr.dataset.upstream || "the head");
+        col += c.colSpan;
+        const r = c.getBoundingClientRect();
+        if (r.right > vw + 0.5) cut.push(name + " ends at " + r.right);
+        if (c.scrollWidth > c.clientWidth + 1) cut.push(name + " overflows: " + c.scrollWidth + " > " + c.clientWidth);
+        for (const e of c.querySelectorAll("*")) {
+          const q = e.getBoundingClientRect();
+          if (q.width > 0 && (q.right > r.right + 0.5 || q.left < r.left - 0.5)) {
+            cut.push(name + ": " + e.tagName + " \"" + e.textContent + "\" runs out of it");
+          }
+        }
+      }
+    }
+    let out = document.getElementById("layout");
+    if (!out) {
+      out = document.createElement("pre");
+      out.id = "layout";
+      out.hidden = true;
+      document.body.appendChild(out);
+    }
+    out.textContent = JSON.stringify({ width: vw, columns: heads.length,
+      rows: table.querySelectorAll("tbody tr").length, cut: cut });
+  };
+})();
+</script>
+"#;
+
+/// Serves `page` (weir's own, with [`MEASURE`] before `</body>`) at `/` and
+/// `json` at `/status.json`, as weir's admin listener would.
+async fn page_server(page: &str, json: String) -> TestUpstream {
+    let page = page.replace("</body>", &format!("{MEASURE}</body>"));
+    assert!(page.contains(MEASURE), "no </body> in the page");
+    TestUpstream::start(move |req| {
+        let (ctype, text) = match req.uri().path() {
+            "/status.json" => ("application/json", json.clone()),
+            _ => ("text/html; charset=utf-8", page.clone()),
+        };
+        async move {
+            let mut r = hyper::Response::new(body(text));
+            r.headers_mut()
+                .insert("content-type", http::HeaderValue::from_static(ctype));
+            r
+        }
+    })
+    .await
+}
+
+/// The layout report [`MEASURE`] leaves in the DOM Chromium dumps, with the
+/// page at `url` in a 1280 × 800 window.
+async fn layout_at_1280(bin: &Path, url: String) -> Value {
+    let bin = bin.to_path_buf();
+    let dom = tokio::task::spawn_blocking(move || {
+        run_chromium(
+            &bin,
+            &url,
+            &[
+                "--virtual-time-budget=5000",
+                "--window-size=1280,800",
+                "--dump-dom",
+            ],
+        )
+    })
+    .await
+    .unwrap();
+    let at = dom
+        .find("<pre id=\"layout\"")
+        .unwrap_or_else(|| panic!("the page did not render:\n{dom}"));
+    let rest = &dom[at..];
+    let rest = &rest[rest.find('>').unwrap() + 1..];
+    let json = &rest[..rest.find("</pre>").unwrap()];
+    let json = json
+        .replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&");
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"))
+}
+
+/// `u` with every list the page draws at its longest and every number at
+/// its widest: all eight stop reasons and every refusal code seen, four
+/// transitions, a keyed limiter with a window and a bucket, a full queue,
+/// eight endpoints on long IPv6 addresses, all ejected.
+fn at_its_widest(u: &mut Value) {
+    let all = |m: &mut Value, v: Value| {
+        for (_, x) in m.as_object_mut().unwrap() {
+            *x = v.clone();
+        }
+    };
+    all(&mut u["retry_stops_total"], 123_456_789.into());
+    all(&mut u["retry_stops_per_s"], 12_345.67.into());
+    all(&mut u["refusals_total"], 987_654_321.into());
+    all(&mut u["refusals_per_s"], 98_765.43.into());
+    u["target"] = "https://payments-backend.eu-west-1.internal.example.com:8443".into();
+    u["requests_per_s"] = 123_456.7.into();
+    u["success_rate"] = 0.123.into();
+    u["retries_per_s"] = 12_345.67.into();
+    u["retry_budget_tokens"] = 123_456.7.into();
+    u["in_flight"] = 100_000.into();
+    u["max_in_flight"] = 100_000.into();
+    u["max_queue"] = 100_000.into();
+    u["queued"] = 100_000.into();
+    u["p50_ms"] = 12_345.6.into();
+    u["p99_ms"] = 30_000.0.into();
+    u["rate_limit"] = serde_json::json!({
+        "rps": 123456.5, "burst": 1234567, "tokens": 1234567.0,
+        "window_limit": 12345678, "window_s": 86400.0, "window_remaining": 12345678,
+        "keyed": true, "keys": 100000,
+    });
+    let transition = |from: &str, to: &str, open: Value| {
+        serde_json::json!({
+            "from": from, "to": to, "ago_s": 86399.0,
+            "at_unix_ms": 1_700_000_000_000u64, "open_for_s": open,
+        })
+    };
+    u["breaker"]["state"] = "half_open".into();
+    u["breaker"]["enabled"] = true.into();
+    u["breaker"]["since_s"] = 86399.0.into();
+    u["breaker"]["half_open_in_s"] = 3599.0.into();
+    u["breaker"]["transitions"] = Value::Array(vec![
+        transition("half_open", "open", 3599.0.into()),
+        transition("open", "half_open", Value::Null),
+        transition("half_open", "open", 3599.0.into()),
+        transition("closed", "open", 3599.0.into()),
+    ]);
+    u["endpoints"] = (0..8)
+        .map(|i| {
+            serde_json::json!({
+                "addr": format!("[2001:db8:1234:5678:9abc:def0:1234:{i:04x}]:65535"),
+                "state": if i % 2 == 0 { "ejected" } else { "probation" },
+                "in_flight": 100000, "latency_ms": 12345.6, "requests": 1234567890u64,
+                "failures": 123456789, "ejections": 123456,
+                "why": "consecutive_failures", "back_in_ms": 299999,
+            })
+        })
+        .collect();
+}
+
+/// At 1280 × 800 no column of the status page is cut: not with weir's own
+/// /status.json for an upstream with six endpoints whose retries stopped
+/// and requests were refused, nor with every list at its longest and
+/// every number at its widest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_fits_every_column_in_1280_by_800() {
+    let bin = chromium();
+    if !require(CHROMIUM_TOOL, bin.is_some()) {
+        return;
+    }
+    let bin = bin.unwrap();
+    // One endpoint answers 503 to every other request; five refuse.
+    let n = Arc::new(AtomicUsize::new(0));
+    let count = n.clone();
+    let up = TestUpstream::start(move |_req| {
+        let i = count.fetch_add(1, Ordering::Relaxed);
+        async move {
+            let mut r = hyper::Response::new(body("ok"));
+            if i % 2 == 1 {
+                *r.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+            }
+            r
+        }
+    })
+    .await;
+    let mut endpoints = vec![format!("\"{}\"", up.addr)];
+    for _ in 0..5 {
+        endpoints.push(format!("\"{}\"", refused_addr().await));
+    }
+    let dead_url = format!("http://{}", refused_addr().await);
+    let toml = format!(
+        "{}
+[upstreams.payments-eu-west-1-primary]
+url = \"{}\"
+hosts = [\"pay\"]
+endpoints = [{}]
+[upstreams.payments-eu-west-1-primary.retry]
+max_attempts = 2
+[upstreams.payments-eu-west-1-primary.rate_limit]
+rps = 20
+burst = 10
+window = {{ limit = 1000, period = \"1m\" }}
+",
+        config(&dead_url, &up.url()),
+        up.url(),
+        endpoints.join(", ")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = start(dir.path(), &toml).await;
+    open_the_breaker(&rt).await;
+    let mut answers = std::collections::BTreeSet::new();
+    for i in 0..40 {
+        let host = if i % 8 == 0 { "dead" } else { "pay" };
+        answers.insert(through(&rt, host).await);
+    }
+    // Long enough for a second sample: rates.
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let json = admin(&rt, "GET", "/status.json", &[]).await.2;
+    let s: Value = serde_json::from_str(&json).unwrap();
+    let pay = upstream(&s, "payments-eu-west-1-primary");
+    assert_eq!(pay["endpoints"].as_array().unwrap().len(), 6, "{pay}");
+    assert!(stops_total(pay) > 0, "{pay}");
+    assert!(
+        pay["refusals_total"]["rate_limited"].as_u64().unwrap() > 0,
+        "{answers:?} {pay}"
+    );
+    assert!(
+        upstream(&s, "dead")["refusals_total"]["circuit_open"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    let page = admin(&rt, "GET", "/", &[]).await.2;
+
+    let mut widest = s.clone();
+    for u in widest["upstreams"].as_array_mut().unwrap() {
+        at_its_widest(u);
+    }
+    for (what, json) in [("weir's own", json), ("the widest", widest.to_string())] {
+        let server = page_server(&page, json).await;
+        let layout = layout_at_1280(&bin, format!("{}/", server.url())).await;
+        assert_eq!(layout["width"], 1280, "{what}: {layout}");
+        assert_eq!(layout["columns"], 12, "{what}: {layout}");
+        assert!(layout["rows"].as_u64().unwrap() >= 9, "{what}: {layout}");
+        assert_eq!(layout["cut"], Value::Array(vec![]), "{what}: {layout}");
     }
     rt.shutdown(Duration::from_secs(1)).await;
 }

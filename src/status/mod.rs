@@ -19,7 +19,7 @@ use crate::policy::StopReason;
 use crate::proxy::body::{full, Body};
 use crate::proxy::{ProxyHandle, Snapshot};
 use http::{header, HeaderValue, Response, StatusCode};
-use ring::{Sample, BUCKETS};
+use ring::{Sample, BUCKETS, REFUSAL_CODES};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::watch;
@@ -94,9 +94,12 @@ pub(crate) fn read(metrics: &Metrics, snap: &Snapshot) -> (HashMap<String, Sampl
                     s.requests += value;
                     // The upstream's answers below 500; weir's own
                     // answers (a 429, a 404) carry an `error` and are not.
-                    let upstream = label("error").is_empty();
-                    if upstream && label("code").parse::<u16>().is_ok_and(|c| c < 500) {
+                    let error = label("error");
+                    if error.is_empty() && label("code").parse::<u16>().is_ok_and(|c| c < 500) {
                         s.successes += value;
+                    }
+                    if let Some(i) = REFUSAL_CODES.iter().position(|c| *c == error) {
+                        s.refusals[i] += value;
                     }
                 }
                 "weir_retries_total" => s.retries += value,

@@ -4,14 +4,15 @@
 //! live budget, gate and limiter, and the history the sparklines draw.
 //! Rates are differences between two samples of the same counters.
 
-use super::ring::{Memory, Sample, CAPACITY, INTERVAL};
+use super::ring::{Memory, Sample, CAPACITY, INTERVAL, REFUSAL_CODES};
 use crate::policy::{StateKind, StateView, StopReason};
 use crate::proxy::{Snapshot, Upstream};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-/// What the rates (requests, success, retries, stops) are measured over.
+/// What the rates (requests, success, refusals, retries, stops) are
+/// measured over.
 pub const RATE_WINDOW: Duration = Duration::from_secs(10);
 /// What p50 and p99 are measured over.
 pub const LATENCY_WINDOW: Duration = Duration::from_secs(60);
@@ -35,6 +36,10 @@ pub struct UpstreamReport {
     pub window_s: Option<f64>,
     pub requests_per_s: Option<f64>,
     pub success_rate: Option<f64>,
+    /// weir's own refusals (answered without asking the upstream), per
+    /// error code.
+    pub refusals_per_s: Option<BTreeMap<&'static str, f64>>,
+    pub refusals_total: BTreeMap<&'static str, u64>,
     pub retries_per_s: Option<f64>,
     pub retry_stops_per_s: Option<BTreeMap<&'static str, f64>>,
     pub retry_stops_total: BTreeMap<&'static str, u64>,
@@ -176,6 +181,18 @@ fn upstream(u: &Upstream, now: &Sample, bounds: &[f64], wall: u64) -> UpstreamRe
             })
             .collect()
     });
+    let refusals_per_s = rates.map(|(b, dt)| {
+        REFUSAL_CODES
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                (
+                    *c,
+                    now.refusals[i].saturating_sub(b.refusals[i]) as f64 / dt,
+                )
+            })
+            .collect()
+    });
     let latency = base(&memory.samples, now, LATENCY_WINDOW);
     let q = |q: f64| latency.and_then(|(b, _)| quantile(q, b, now, bounds));
     UpstreamReport {
@@ -185,6 +202,8 @@ fn upstream(u: &Upstream, now: &Sample, bounds: &[f64], wall: u64) -> UpstreamRe
         window_s: rates.map(|r| secs(Duration::from_secs_f64(r.1))),
         requests_per_s: per_s(|s| s.requests),
         success_rate: rates.and_then(|(b, _)| share(b, now)),
+        refusals_per_s,
+        refusals_total: REFUSAL_CODES.iter().copied().zip(now.refusals).collect(),
         retries_per_s: per_s(|s| s.retries),
         retry_stops_per_s,
         retry_stops_total: StopReason::ALL

@@ -4,6 +4,7 @@
 //! whatever the traffic; nothing here is touched per request (a transition
 //! is recorded when it happens, which is rare).
 
+use crate::metrics::ERROR_CODES;
 use crate::policy::{StateKind, StopReason, Transition};
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -17,6 +18,33 @@ pub const CAPACITY: usize = 151;
 pub const TRANSITIONS: usize = 8;
 /// Latency histogram buckets kept (weir's histograms have 14 bounds).
 pub const BUCKETS: usize = 16;
+
+/// How many of weir's error codes are refusals: answers weir gave without
+/// asking the upstream (rate limited, circuit open, overloaded, …).
+pub const REFUSALS: usize = {
+    let (mut n, mut i) = (0, 0);
+    while i < ERROR_CODES.len() {
+        if ERROR_CODES[i].2 {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+};
+
+/// The refusals' error codes, in [`ERROR_CODES`]' order.
+pub const REFUSAL_CODES: [&str; REFUSALS] = {
+    let mut out = [""; REFUSALS];
+    let (mut i, mut j) = (0, 0);
+    while i < ERROR_CODES.len() {
+        if ERROR_CODES[i].2 {
+            out[j] = ERROR_CODES[i].0;
+            j += 1;
+        }
+        i += 1;
+    }
+    out
+};
 
 /// Cumulative counters of one upstream at one instant, read from its metric
 /// series.
@@ -32,6 +60,8 @@ pub struct Sample {
     pub retries: u64,
     /// `weir_retry_stops_total`, in [`StopReason::ALL`]'s order.
     pub stops: [u64; StopReason::ALL.len()],
+    /// Of `requests`, weir's refusals, in [`REFUSAL_CODES`]' order.
+    pub refusals: [u64; REFUSALS],
     /// `weir_request_duration_seconds`: cumulative count per bucket bound.
     pub le: [u64; BUCKETS],
     /// `weir_request_duration_seconds_count`.
@@ -182,11 +212,21 @@ mod tests {
 
     #[test]
     fn the_documented_bound_holds() {
-        // docs/reference/admin.md#status-page: "at most 36 KiB per upstream".
+        // docs/reference/admin.md#status-page: "at most 48 KiB per upstream".
         let bytes = CAPACITY * std::mem::size_of::<Sample>()
             + TRANSITIONS * std::mem::size_of::<Recorded>()
             + BUCKETS * std::mem::size_of::<f64>();
-        assert!(bytes <= 36 * 1024, "{bytes} bytes");
+        assert!(bytes <= 48 * 1024, "{bytes} bytes");
+    }
+
+    #[test]
+    fn refusals_are_the_answers_weir_gives_without_asking() {
+        for c in ["rate_limited", "circuit_open", "overloaded", "bad_request"] {
+            assert!(REFUSAL_CODES.contains(&c), "{c}");
+        }
+        for c in ["connect_failed", "upstream_timeout", "deadline_exceeded"] {
+            assert!(!REFUSAL_CODES.contains(&c), "{c}");
+        }
     }
 
     #[test]
