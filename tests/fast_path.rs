@@ -104,6 +104,30 @@ async fn chunked_request_bodies_stay_on_the_fast_path() {
     assert_eq!(up.connections(), 1);
 }
 
+/// A keyed write (docs/reference/idempotency.md#idempotency-keys) is served
+/// by the fast path: forwarded and recorded, then its repeat answered from
+/// the record, with requests before and after it on the same connection.
+#[tokio::test]
+async fn keyed_writes_stay_on_the_fast_path() {
+    let up = echo().await;
+    let weir = Weir::single(&up.url(), "").await;
+    let out = exchange_raw(
+        weir.addr,
+        b"GET /one HTTP/1.1\r\nHost: svc\r\n\r\n\
+          POST /pay HTTP/1.1\r\nHost: svc\r\nIdempotency-Key: k-1\r\nContent-Length: 5\r\n\r\nhello\
+          POST /pay HTTP/1.1\r\nHost: svc\r\nIdempotency-Key: k-1\r\nContent-Length: 5\r\n\r\nhello\
+          GET /three HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(out.matches("POST /pay hello").count(), 2, "{out}");
+    assert_eq!(out.matches("idempotent-replayed: true").count(), 1, "{out}");
+    assert!(out.contains("GET /three "), "{out}");
+    // The repeat never reached the upstream, and one pooled upstream
+    // connection carried the rest: nothing went through hyper.
+    assert_eq!(up.requests(), 3);
+    assert_eq!(up.connections(), 1);
+}
+
 /// The upstream sees a chunked body in the plainest form of the coding:
 /// sizes in lowercase hex, no extensions, whatever the client sent.
 #[tokio::test]
