@@ -159,9 +159,10 @@ pub enum RequestId {
     /// The client's, forwarded as it came; `None` when it is not short
     /// text (then it is not logged).
     Given(Option<String>),
-    /// One weir made: 32 hex digits, a per-process random half and a
-    /// count; forwarded to the upstream as `x-request-id`.
-    Made(u128),
+    /// One weir made, by its count in this process: forwarded to the
+    /// upstream as `x-request-id`, 32 hex digits, this process's random
+    /// half and the count ([`RequestId::made_text`]).
+    Made(u64),
 }
 
 impl Default for RequestId {
@@ -175,24 +176,35 @@ impl RequestId {
     /// across processes.
     pub fn made() -> Self {
         use std::sync::atomic::{AtomicU64, Ordering};
-        static PROCESS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let high = *PROCESS.get_or_init(crate::clock::fresh_seed);
-        let low = NEXT.fetch_add(1, Ordering::Relaxed);
-        RequestId::Made((u128::from(high) << 64) | u128::from(low))
+        RequestId::Made(NEXT.fetch_add(1, Ordering::Relaxed))
     }
 
     /// The id weir made, as the 32 hex digits it forwards; `None` for the
     /// client's own (forwarded among its fields).
     pub fn made_text<'b>(&self, buf: &'b mut [u8; 32]) -> Option<&'b str> {
+        let bytes = self.made_bytes(buf)?;
+        std::str::from_utf8(bytes).ok()
+    }
+
+    /// [`RequestId::made_text`] as bytes, for a head written as bytes.
+    pub fn made_bytes<'b>(&self, buf: &'b mut [u8; 32]) -> Option<&'b [u8]> {
         let RequestId::Made(n) = self else {
             return None;
         };
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = HEX[((n >> (4 * (31 - i))) & 0xf) as usize];
+        // This process's half, written out once.
+        static PROCESS: std::sync::OnceLock<[u8; 16]> = std::sync::OnceLock::new();
+        let process = PROCESS.get_or_init(|| {
+            let mut half = [0u8; 16];
+            hex(crate::clock::fresh_seed(), &mut half);
+            half
+        });
+        let (high, low) = buf.split_at_mut(16);
+        high.copy_from_slice(process);
+        if let Ok(low) = <&mut [u8; 16]>::try_from(low) {
+            hex(*n, low);
         }
-        std::str::from_utf8(buf).ok()
+        Some(buf)
     }
 
     /// The id as the access log prints it.
@@ -201,6 +213,15 @@ impl RequestId {
             RequestId::Given(given) => given.as_deref(),
             RequestId::Made(_) => self.made_text(buf),
         }
+    }
+}
+
+/// `n` as 16 lowercase hex digits.
+fn hex(n: u64, out: &mut [u8; 16]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (i, byte) in n.to_be_bytes().into_iter().enumerate() {
+        out[2 * i] = DIGITS[usize::from(byte >> 4)];
+        out[2 * i + 1] = DIGITS[usize::from(byte & 0xf)];
     }
 }
 
@@ -313,10 +334,17 @@ fn scoped(key: &str, principal: Option<&str>) -> String {
 /// `Transfer-Encoding` or `Host` once `_` is taken for `-`. Besides these,
 /// whatever a `Connection` field names ([`named_by_connection`]).
 pub(crate) fn dropped(name: &str) -> bool {
-    HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(name))
-        || name.eq_ignore_ascii_case("transfer-encoding")
+    // By length first: every field of every request passes here, and most
+    // (`host`, `accept`, `user-agent`) are none of these.
+    let eq = |n: &str| n.eq_ignore_ascii_case(name);
+    let listed = match name.len() {
+        2 | 7 | 10 | 16 | 18 | 19 => HOP_BY_HOP.iter().any(|h| eq(h)),
+        17 => eq("transfer-encoding"),
+        _ => false,
+    };
+    listed
         || (name.len() >= 7 && name.as_bytes()[..7].eq_ignore_ascii_case(b"x-weir-"))
-        || is_lookalike(name)
+        || (name.len() >= 4 && name.len() <= 17 && is_lookalike(name))
 }
 
 /// Fields never forwarded as they came, in either direction (besides those
@@ -419,6 +447,24 @@ mod tests {
             read(up, &parts(http::Request::get("/"))).unwrap().lowered,
             None
         );
+    }
+
+    #[test]
+    fn made_ids_are_32_hex_digits_and_distinct() {
+        let (a, b) = (RequestId::made(), RequestId::made());
+        let (mut x, mut y) = ([0u8; 32], [0u8; 32]);
+        let (a, b) = (a.made_text(&mut x).unwrap(), b.made_text(&mut y).unwrap());
+        assert_ne!(a, b);
+        assert_eq!(a[..16], b[..16], "one process, one random half");
+        assert!(
+            a.len() == 32
+                && a.bytes()
+                    .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
+        let mut z = [0u8; 16];
+        hex(0x0123_4567_89ab_cdef, &mut z);
+        assert_eq!(&z, b"0123456789abcdef");
+        assert_eq!(RequestId::Given(None).made_text(&mut x), None);
     }
 
     #[test]

@@ -461,8 +461,8 @@ fn write(up: &Upstream, req: &Request<'_, '_>, asked: &Parsed, out: &mut Vec<u8>
         out.extend_from_slice(b"te: trailers\r\n");
     }
     // The id weir made when the client sent none (docs/reference/logs.md#logs).
-    if let Some(id) = asked.request_id.made_text(&mut [0u8; 32]) {
-        header(out, request::REQUEST_ID_FIELD.as_bytes(), id.as_bytes());
+    if let Some(id) = asked.request_id.made_bytes(&mut [0u8; 32]) {
+        header(out, request::REQUEST_ID_FIELD.as_bytes(), id);
     }
     out.extend_from_slice(b"\r\n");
 }
