@@ -125,19 +125,24 @@ async fn send(listen: u16, host: &str, path: &str) -> u16 {
         .as_u16()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn access_log_lines_in_json_on_both_paths() {
-    let up = upstream().await;
+/// weir (`access_log = "all"`, JSON lines) on free ports in front of the
+/// upstream on `port`, ready; its listen port, and the directory its
+/// config lives in (removed when dropped).
+async fn logging_all(port: u16, extra: &str) -> (Weir, u16, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let (listen, admin) = (free_port(), free_port());
     let path = dir.path().join("weir.toml");
-    std::fs::write(
-        &path,
-        config(listen, admin, up.addr.port(), "access_log = \"all\"", ""),
-    )
-    .unwrap();
-    let mut weir = Weir::start(&path, "json");
+    let text = config(listen, admin, port, "access_log = \"all\"", extra);
+    std::fs::write(&path, text).unwrap();
+    let weir = Weir::start(&path, "json");
     wait_ready(admin).await;
+    (weir, listen, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_lines_in_json_on_both_paths() {
+    let up = upstream().await;
+    let (mut weir, listen, _dir) = logging_all(up.addr.port(), "").await;
     for host in ["fast", "general"] {
         assert_eq!(send(listen, host, "/ok?secret=1").await, 200);
         assert_eq!(send(listen, host, "/fail").await, 503);
@@ -192,16 +197,7 @@ async fn the_access_log_says_who_asked_and_how_much_crossed() {
         }
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let (listen, admin) = (free_port(), free_port());
-    let path = dir.path().join("weir.toml");
-    std::fs::write(
-        &path,
-        config(listen, admin, up.addr.port(), "access_log = \"all\"", ""),
-    )
-    .unwrap();
-    let mut weir = Weir::start(&path, "json");
-    wait_ready(admin).await;
+    let (mut weir, listen, _dir) = logging_all(up.addr.port(), "").await;
     for host in ["fast", "general"] {
         for id in [Some("order-42"), None] {
             let mut b = Request::post(format!("http://127.0.0.1:{listen}/up"))
@@ -257,17 +253,8 @@ async fn the_access_log_says_who_asked_and_how_much_crossed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_access_log_counts_attempts_when_responses_are_not_annotated() {
     let up = upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (listen, admin) = (free_port(), free_port());
-    let path = dir.path().join("weir.toml");
     let extra = "[defaults]\nannotate = false\n";
-    std::fs::write(
-        &path,
-        config(listen, admin, up.addr.port(), "access_log = \"all\"", extra),
-    )
-    .unwrap();
-    let mut weir = Weir::start(&path, "json");
-    wait_ready(admin).await;
+    let (mut weir, listen, _dir) = logging_all(up.addr.port(), extra).await;
     for host in ["fast", "general"] {
         let resp = get(&client(), &format!("http://127.0.0.1:{listen}/fail"), host).await;
         assert_eq!(resp.status(), 503);

@@ -142,6 +142,19 @@ async fn tls_upstream_with(config: Arc<rustls::ServerConfig>, close: bool) -> Tl
     }
 }
 
+/// A running weir on the config at `path`, watching its files when `watch`.
+async fn start(path: &Path, watch: bool) -> weir::runtime::Runtime {
+    let config = weir::config::Config::load(path).unwrap();
+    let options = weir::runtime::Options {
+        watch,
+        sighup: false,
+        workers: 0,
+    };
+    weir::runtime::Runtime::start(config, options)
+        .await
+        .unwrap()
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
@@ -309,16 +322,7 @@ async fn a_new_ca_file_takes_effect_on_reload() {
         ca_file.display().to_string()
     );
     let path = write(dir.path(), "weir.toml", &cfg);
-    let rt = weir::runtime::Runtime::start(
-        weir::config::Config::load(&path).unwrap(),
-        weir::runtime::Options {
-            watch: false,
-            sighup: false,
-            workers: 0,
-        },
-    )
-    .await
-    .unwrap();
+    let rt = start(&path, false).await;
     let url = format!("http://{}/", rt.proxy.listen_addr());
     let status = || async { get(&client(), &url, "svc").await.status().as_u16() };
     assert_eq!(status().await, 200);
@@ -438,16 +442,7 @@ async fn a_certificate_swapped_like_a_kubernetes_secret_is_served_without_a_sign
             up.url()
         ),
     );
-    let rt = weir::runtime::Runtime::start(
-        weir::config::Config::load(&path).unwrap(),
-        weir::runtime::Options {
-            watch: true,
-            sighup: false,
-            workers: 0,
-        },
-    )
-    .await
-    .unwrap();
+    let rt = start(&path, true).await;
     let addr = rt.proxy.listen_addr();
     assert_eq!(served_certificate(addr, &ca).await, Some(der(&cert1)));
     let reloads = |result: &str| {
@@ -502,16 +497,7 @@ async fn a_replaced_ca_file_takes_effect_without_a_signal() {
             ca_file.display().to_string()
         ),
     );
-    let rt = weir::runtime::Runtime::start(
-        weir::config::Config::load(&path).unwrap(),
-        weir::runtime::Options {
-            watch: true,
-            sighup: false,
-            workers: 0,
-        },
-    )
-    .await
-    .unwrap();
+    let rt = start(&path, true).await;
     let url = format!("http://{}/", rt.proxy.listen_addr());
     let status = || async { get(&client(), &url, "svc").await.status().as_u16() };
     assert_eq!(status().await, 200);
