@@ -6,6 +6,7 @@
 #   SHAPE=h2c bench/callgrind.sh            # an h2c upstream (the general path)
 #   SHAPE=tls bench/callgrind.sh            # an HTTPS upstream, HTTP/1.1 pinned (the fast path)
 #   SHAPE=grpc bench/callgrind.sh           # gRPC unary, h2c on both sides (h2load; the general path)
+#   SHAPE=h2-in bench/callgrind.sh          # h2c clients in (h2load), an HTTP/1.1 upstream (the general path)
 #   SHAPE=post bench/callgrind.sh           # a 1 KiB POST (the fast path)
 #   SHAPE=post-keyed bench/callgrind.sh     # the same with a new Idempotency-Key on each (recorded)
 #   SHAPE=post64k bench/callgrind.sh        # a 64 KiB POST (the fast path)
@@ -120,6 +121,12 @@ run() { # binary seconds
 # own errors would be no measure of proxying).
 load() { # seconds
     local res
+    if [ "$SHAPE" = h2-in ]; then
+        res=$(h2load -c4 -m1 -D"$1" "http://127.0.0.1:$WEIR_PORT/")
+        echo "$res" | grep -q "status codes: [0-9]* 2xx, 0 3xx, 0 4xx, 0 5xx" || { echo "weir answered errors: $res" >&2; exit 1; }
+        echo "$res" | awk '/^requests:/ {print $8}'
+        return
+    fi
     if [ "$SHAPE" = grpc ]; then
         printf '\0\0\0\0\2\x08\x01' > "$T/grpc.bin"
         res=$(h2load -c4 -m1 -D"$1" -d "$T/grpc.bin" -H 'content-type: application/grpc' \

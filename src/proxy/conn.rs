@@ -115,7 +115,13 @@ where
         // stream reset).
         let busy = busy_on.begin();
         async move {
-            let mut resp = forward::handle(&snap, &role, &ctx, req, refused).await;
+            // Boxed: the request's future is large (every path a request may
+            // take, each attempt's state), and hyper moves the future it is
+            // given — into an HTTP/2 stream's task, into the HTTP/1
+            // dispatcher's slot — once per request. A move of the box is a
+            // pointer; of the future itself, tens of KiB of memcpy
+            // (`SHAPE=h2-in bench/callgrind.sh`).
+            let mut resp = Box::pin(forward::handle(&snap, &role, &ctx, req, refused)).await;
             // Draining (docs/reference/shutdown.md#shutdown): every HTTP/1.1
             // response says the connection closes after it, so that the
             // client's pool lets it go between requests, never under one —
