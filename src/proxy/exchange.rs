@@ -146,7 +146,8 @@ pub(crate) async fn forward(
         grpc_trailers: is_grpc_request && !single && cfg.retry.retry_on.any_grpc(),
         continue_gate,
     };
-    let done = attempt::run(up, conn, plan, ticket).await;
+    // Boxed: held twice in this future otherwise (see `forward::serve`).
+    let done = Box::pin(attempt::run(up, conn, plan, ticket)).await;
     if let Err(e) = &done.result {
         if let Some(r) = recorder.take() {
             r.finish(idempotent::ending_of(e), None);

@@ -127,10 +127,20 @@ async fn serve(
     let mut handled = false;
     let forwarded = match parsed {
         Ok(p) if p.key.is_some() => detached(up, parts, body, start, grpc, p).await,
+        // Boxed, each: an awaited future is held twice in its caller's (once
+        // made, once pinned), and this one's caller is every request's
+        // future, which hyper moves per request (`SHAPE=h2-in
+        // bench/callgrind.sh`).
         Ok(p) if cached => {
-            super::cached::serve(up, conn, parts, body, start, grpc, p, &mut handled).await
+            let serve = super::cached::serve(up, conn, parts, body, start, grpc, p, &mut handled);
+            Box::pin(serve).await
         }
-        parsed => forward(up, conn, parts, body, start, grpc, parsed, &mut None).await,
+        parsed => {
+            Box::pin(forward(
+                up, conn, parts, body, start, grpc, parsed, &mut None,
+            ))
+            .await
+        }
     };
     let resp = match forwarded {
         Ok(resp) if !cached && cfg.cache.is_some() => {
