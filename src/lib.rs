@@ -14,7 +14,7 @@
 //!              └─ anything else (h2c, TLS, chunked or large bodies, upgrades,
 //!                 gRPC, CONNECT, errors to answer): handed over with the
 //!                 bytes read so far to proxy::conn ─ proxy::guard ─ hyper ─
-//!                 proxy::forward (route, request hygiene, the body)
+//!                 proxy::general (route, request hygiene, the body)
 //!              │
 //!              │  both read the request through proxy::request: route,
 //!              │  client deadline, rate key, idempotency key, dropped fields
@@ -45,7 +45,7 @@
 //! - [`proxy`]: the data plane; enforces what `policy` decides. `server`
 //!   (listeners, workers), `conn` (the hyper connection driver), `fast`
 //!   (the HTTP/1.1 fast path: `head`, `transport`, `pool`), `guard`
-//!   (request-smuggling guard), `h1` (HTTP/1 framing), `forward` (one
+//!   (request-smuggling guard), `h1` (HTTP/1 framing), `general` (one
 //!   request on the general path), `attempt` (`admit`, `drive`, `hyper`:
 //!   the pipeline), `tunnel` (CONNECT), `replay` (bodies kept for a retry;
 //!   `Expect: 100-continue`), `sticky` (a client connection's held upstream

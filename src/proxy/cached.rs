@@ -2,10 +2,10 @@
 //! a `GET` or `HEAD` to an upstream whose cache is on is looked up before
 //! admission and answered from an entry when the entry may answer it (no
 //! attempt, nothing admitted); otherwise it goes upstream through
-//! [`forward`] — coalesced with concurrent misses of its key, with the
-//! entry's validators when it is to be revalidated — and the response is
-//! stored when it may be, or replaced by the stale entry when it failed
-//! within the entry's `stale-if-error`. What may be stored and for how long,
+//! `exchange::with_upstream` — coalesced with concurrent misses of its
+//! key, with the entry's validators when it is to be revalidated — and the
+//! response is stored when it may be, or replaced by the stale entry when
+//! it failed within the entry's `stale-if-error`. What may be stored and for how long,
 //! and every decision, are `policy::cache`'s; this module carries requests
 //! and responses to and from it.
 //!
@@ -16,7 +16,7 @@
 use super::attempt::Annotations;
 use super::body::{self, Body};
 use super::error::ProxyError;
-use super::exchange::forward;
+use super::exchange::with_upstream;
 use super::request::Parsed;
 use super::sticky::ConnCtx;
 use super::Upstream;
@@ -121,7 +121,7 @@ pub(crate) async fn serve(
     };
     let Some((req, lookup)) = lookup else {
         // Left alone (a Range, the client's own conditional, a body…).
-        return forward(up, conn, parts, body, start, grpc, Ok(asked), &mut None).await;
+        return with_upstream(up, conn, parts, body, start, grpc, Ok(asked), &mut None).await;
     };
     *handled = true;
     let x = Visit {
@@ -204,7 +204,7 @@ impl Visit<'_> {
         }
     }
 
-    /// The request's deadline, as forward() sets it.
+    /// The request's deadline, as `exchange::with_upstream` sets it.
     fn deadline(&self, parts: &Parts) -> Instant {
         let grpc = super::headers::grpc_timeout(&parts.headers);
         let lowered = self.asked.lowered;
@@ -225,7 +225,7 @@ impl Visit<'_> {
             (Some(e), true) => validators(&mut ask.headers, e),
             _ => false,
         };
-        let forwarded = self.forward(ask).await;
+        let forwarded = self.ask_upstream(ask).await;
         let now = self.up.state.now();
         let resp = match forwarded {
             Ok(resp) => resp,
@@ -268,7 +268,9 @@ impl Visit<'_> {
                     Some(r) => Ok(self.answer(&r, CacheResult::Revalidated, attempts)),
                     None => {
                         // It validated some other response: ask again, plainly.
-                        let again = self.forward(copy(&parts, parts.method.clone())).await?;
+                        let again = self
+                            .ask_upstream(copy(&parts, parts.method.clone()))
+                            .await?;
                         Ok(self.mark(again, CacheResult::Miss))
                     }
                 }
@@ -285,9 +287,9 @@ impl Visit<'_> {
         }
     }
 
-    async fn forward(&self, parts: Parts) -> Result<Response<Body>, ProxyError> {
+    async fn ask_upstream(&self, parts: Parts) -> Result<Response<Body>, ProxyError> {
         let (up, conn, start, grpc) = (self.up, self.conn, self.start, self.grpc);
-        forward(
+        with_upstream(
             up,
             conn,
             parts,

@@ -5,7 +5,7 @@
 //! path (`super::fast`) both end here; neither depends on the other.
 
 use super::body::boxed;
-use super::forward;
+use super::general;
 use super::guard::FramingGuard;
 use super::{ListenerRole, Snapshot};
 use crate::config::Config;
@@ -121,7 +121,7 @@ where
             // dispatcher's slot — once per request. A move of the box is a
             // pointer; of the future itself, tens of KiB of memcpy
             // (`SHAPE=h2-in bench/callgrind.sh`).
-            let mut resp = Box::pin(forward::handle(&snap, &role, &ctx, req, refused)).await;
+            let mut resp = Box::pin(general::handle(&snap, &role, &ctx, req, refused)).await;
             // Draining (docs/reference/shutdown.md#shutdown): every HTTP/1.1
             // response says the connection closes after it, so that the
             // client's pool lets it go between requests, never under one —

@@ -1,8 +1,8 @@
 //! One request's exchange with its upstream, after routing: deadline →
 //! upstream request hygiene → (a keyed write's record) → admission and
 //! attempts ([`super::attempt`]) → response hygiene. Both the plain request
-//! path (`proxy::forward`) and the response cache (`proxy::cached`) go
-//! upstream through [`forward`].
+//! path (`proxy::general`) and the response cache (`proxy::cached`) go
+//! upstream through [`with_upstream`].
 
 use super::attempt::{self, Outbound};
 use super::body::{boxed, Body, IdleTimeout};
@@ -23,7 +23,7 @@ use tokio::time::Instant;
 /// 400 it earned; `capture`: set to the keeping of a keyed write's response, whose body
 /// the caller relays ([`detached`]).
 #[allow(clippy::too_many_arguments)]
-pub(crate) async fn forward(
+pub(crate) async fn with_upstream(
     up: &Upstream,
     conn: &super::sticky::ConnCtx,
     mut parts: http::request::Parts,
@@ -146,7 +146,7 @@ pub(crate) async fn forward(
         grpc_trailers: is_grpc_request && !single && cfg.retry.retry_on.any_grpc(),
         continue_gate,
     };
-    // Boxed: held twice in this future otherwise (see `forward::serve`).
+    // Boxed: held twice in this future otherwise (see `general::serve`).
     let done = Box::pin(attempt::run(up, conn, plan, ticket)).await;
     if let Err(e) = &done.result {
         if let Some(r) = recorder.take() {

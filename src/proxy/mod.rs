@@ -13,7 +13,7 @@ mod conn;
 pub(crate) mod error;
 pub(crate) mod exchange;
 pub mod fast;
-pub(crate) mod forward;
+pub(crate) mod general;
 pub(crate) mod guard;
 pub mod h1;
 pub(crate) mod headers;

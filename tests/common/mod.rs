@@ -124,7 +124,7 @@ pub enum DataPath {
     /// path (`proxy::fast`), which hands a request it does not take (chunked,
     /// upgrade, gRPC, HTTP/2, a malformed head…) to the general path.
     Fast,
-    /// Every connection on the general path (hyper, `proxy::forward`):
+    /// Every connection on the general path (hyper, `proxy::general`):
     /// `server.fast_path = false`.
     General,
 }

@@ -6,7 +6,7 @@
 use super::attempt;
 use super::body::Body;
 use super::error::{ErrorCode, ProxyError};
-use super::exchange::forward;
+use super::exchange::with_upstream;
 use super::guard::Refusal;
 use super::idempotent;
 use super::request::{self, Parsed};
@@ -136,7 +136,7 @@ async fn serve(
             Box::pin(serve).await
         }
         parsed => {
-            Box::pin(forward(
+            Box::pin(with_upstream(
                 up, conn, parts, body, start, grpc, parsed, &mut None,
             ))
             .await
@@ -281,7 +281,8 @@ async fn detached(
         let conn = super::sticky::ConnCtx::default();
         let mut capture = None;
         let parsed = Ok(parsed);
-        let forwarded = forward(&up, &conn, parts, body, start, grpc, parsed, &mut capture).await;
+        let forwarded =
+            with_upstream(&up, &conn, parts, body, start, grpc, parsed, &mut capture).await;
         match (forwarded, capture) {
             (Ok(resp), Some(c)) => {
                 let (head, body) = resp.into_parts();
