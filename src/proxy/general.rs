@@ -186,7 +186,8 @@ impl Asker {
                 .extensions
                 .get::<super::access::ClientAddr>()
                 .map(|c| c.0),
-            request_id: text(request::REQUEST_ID_FIELD).filter(|v| v.len() <= 200),
+            request_id: text(request::REQUEST_ID_FIELD)
+                .filter(|v| (1..=request::MAX_REQUEST_ID).contains(&v.len())),
             user_agent: text("user-agent"),
             bytes_in: Default::default(),
         }

@@ -151,7 +151,7 @@ pub(crate) fn read(cfg: &UpstreamConfig, h: &impl RequestHead) -> Result<Parsed,
 pub(crate) const REQUEST_ID_FIELD: &str = "x-request-id";
 
 /// The longest client request id weir logs.
-const MAX_REQUEST_ID: usize = 200;
+pub(crate) const MAX_REQUEST_ID: usize = 200;
 
 /// A request's id (`x-request-id`).
 #[derive(Debug, Clone, PartialEq, Eq)]
