@@ -162,7 +162,7 @@ pub(crate) async fn send(
 ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
     sender.send_request(req).await.map_err(|e| SendError {
         kind: Failure::of(&e),
-        message: crate::upstream::client::root_cause(&e),
+        message: crate::upstream::send::root_cause(&e),
         tls: false,
     })
 }

@@ -15,23 +15,13 @@
 //! so a preserved client host never changes where weir connects.
 
 use crate::config::{Protocol, Scheme, UpstreamConfig};
-use bytes::Bytes;
-use http_body_util::combinators::BoxBody;
+use crate::upstream::connector::{Connector, Dial, Tcp};
+use crate::upstream::send::classify_as;
+pub use crate::upstream::send::{Body, BoxError, Failure, SendError, MAX_RESPONSE_HEAD};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use std::task::{Context, Poll};
 use std::time::Duration;
-
-/// A body's error, on either side of the proxy.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The body type weir hands to hyper, in both directions (the request
-/// side names it `proxy::body::Body`).
-pub type Body = BoxBody<Bytes, BoxError>;
-
-/// The largest response head weir reads from an upstream.
-pub const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
 /// How an upstream is reached; a reload that changes any of these gets a new
 /// pool, one that changes none keeps the warm connections.
@@ -50,16 +40,25 @@ pub struct ClientKey {
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
     pub key: ClientKey,
-    inner: Client<Dial<HttpsConnector<Tcp>>, Body>,
+    inner: Transport,
     /// What [`UpstreamClient::for_addr`] builds an endpoint's pool from: the
     /// client settings, and a connector whose TLS server name is fixed (the
     /// `url`'s host or `tls.server_name`), since an endpoint is dialled by
     /// its address.
-    per_endpoint: std::sync::Arc<(hyper_util::client::legacy::Builder, HttpsConnector<Tcp>)>,
+    per_endpoint: std::sync::Arc<PerEndpoint>,
     scheme: &'static str,
     /// For an `https://` upstream pinned to `protocol = "http1"`: what the
     /// fast path's own TLS connections use.
     pub fast_tls: Option<std::sync::Arc<FastTls>>,
+}
+
+/// How a client sends: hyper-util's pool (HTTP/1.1, and `auto`, where ALPN
+/// decides per connection), or weir's own HTTP/2 pool for an upstream that
+/// speaks HTTP/2 only ([`crate::upstream::h2pool`]).
+#[derive(Debug, Clone)]
+enum Transport {
+    Legacy(Box<Client<Connector, Body>>),
+    H2(crate::upstream::h2pool::H2Pool),
 }
 
 /// TLS for the fast path's own upstream connections: the upstream's client
@@ -107,29 +106,26 @@ impl FastTls {
     }
 }
 
-/// The TCP connector under TLS: hyper-util's, each connection metered.
-type Tcp = crate::upstream::meter::MeteredConnector<HttpConnector>;
-
-/// A connector that always dials `target`, whatever URI it is asked for: the
-/// URI's authority is the host the request names (`preserve_host`), not an
-/// address. TLS's server name comes from `target` too (or `tls.server_name`).
-#[derive(Debug, Clone)]
-pub(crate) struct Dial<C> {
-    inner: C,
-    target: http::Uri,
+/// How an endpoint's pool is built.
+#[derive(Debug)]
+struct PerEndpoint {
+    legacy: hyper_util::client::legacy::Builder,
+    connector: HttpsConnector<Tcp>,
+    /// HTTP/2 only: weir's own pool.
+    h2_only: bool,
+    idle_timeout: Duration,
 }
 
-impl<C: tower_service::Service<http::Uri>> tower_service::Service<http::Uri> for Dial<C> {
-    type Response = C::Response;
-    type Error = C::Error;
-    type Future = C::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, _named: http::Uri) -> Self::Future {
-        self.inner.call(self.target.clone())
+impl PerEndpoint {
+    fn build(&self, connector: Connector) -> Transport {
+        if self.h2_only {
+            Transport::H2(crate::upstream::h2pool::H2Pool::new(
+                connector,
+                self.idle_timeout,
+            ))
+        } else {
+            Transport::Legacy(Box::new(self.legacy.build(connector)))
+        }
     }
 }
 
@@ -210,9 +206,12 @@ impl UpstreamClient {
             // HTTP/1.1 connections get `Host` from the URI's authority; on
             // HTTP/2 it is `:authority` alone (see the module docs).
             .set_host(true);
-        if matches!(u.protocol, Protocol::H2c | Protocol::Grpc) {
-            b.http2_only(true);
-        }
+        let per_endpoint = PerEndpoint {
+            legacy: b,
+            connector: endpoint_connector,
+            h2_only: matches!(u.protocol, Protocol::H2c | Protocol::Grpc),
+            idle_timeout: u.idle_timeout,
+        };
         let fast_tls = match (u.url.scheme, u.protocol) {
             (Scheme::Https, Protocol::Http1) => Some(std::sync::Arc::new(FastTls::new(
                 u,
@@ -230,8 +229,8 @@ impl UpstreamClient {
                 server_name,
                 tls_files: tls.fingerprint,
             },
-            inner: b.build(connector),
-            per_endpoint: std::sync::Arc::new((b, endpoint_connector)),
+            inner: per_endpoint.build(connector),
+            per_endpoint: std::sync::Arc::new(per_endpoint),
             scheme,
             fast_tls,
         })
@@ -240,7 +239,6 @@ impl UpstreamClient {
     /// The same client, with a pool of its own, dialling `addr` (one of the
     /// upstream's endpoints) whatever a request names.
     pub fn for_addr(&self, addr: std::net::SocketAddr) -> UpstreamClient {
-        let (builder, connector) = &*self.per_endpoint;
         let target = http::Uri::builder()
             .scheme(self.scheme)
             .authority(addr.to_string())
@@ -249,8 +247,8 @@ impl UpstreamClient {
             .unwrap_or_else(|_| http::Uri::from_static("http://127.0.0.1/"));
         UpstreamClient {
             key: self.key.clone(),
-            inner: builder.build(Dial {
-                inner: connector.clone(),
+            inner: self.per_endpoint.build(Dial {
+                inner: self.per_endpoint.connector.clone(),
                 target,
             }),
             per_endpoint: self.per_endpoint.clone(),
@@ -277,147 +275,12 @@ impl UpstreamClient {
         &self,
         req: http::Request<Body>,
     ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
-        self.inner.request(req).await.map_err(|e| {
-            let tls = crate::tls::describe_failure(&e);
-            // A TLS failure means the upstream never processed the request,
-            // even when (TLS 1.3, a missing client certificate) its alert
-            // only arrives after the request was written.
-            let kind = if e.is_connect() || tls.is_some() {
-                Failure::Connect
-            } else if find::<h2::Error>(&e).is_some_and(not_processed) {
-                Failure::NotProcessed
-            } else {
-                find::<hyper::Error>(&e).map_or(Failure::Reset, Failure::of)
-            };
-            SendError {
-                kind,
-                message: tls.clone().unwrap_or_else(|| root_cause(&e)),
-                tls: tls.is_some(),
-            }
-        })
-    }
-}
-
-/// How an attempt failed before response headers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    /// Refused, unreachable, DNS, connect timeout, TLS handshake.
-    Connect,
-    /// The connection closed before any of the request was written.
-    NotSent,
-    /// The client's request body failed (the client went away mid-upload).
-    ClientBody,
-    /// The connection reset or closed after the request was (partly) written.
-    Reset,
-    /// An HTTP/2 upstream refused the stream unprocessed: it was above the
-    /// last stream id of the upstream's GOAWAY, or reset with
-    /// `REFUSED_STREAM` (RFC 9113 §6.8, §8.7). The upstream is healthy and
-    /// did nothing with it.
-    NotProcessed,
-    /// The upstream's response could not be parsed (garbled, or a head too
-    /// large): it answered, badly.
-    BadResponse,
-}
-
-/// Whether an HTTP/2 error says the upstream did not process the stream. h2
-/// fails every stream above a received GOAWAY's last-stream-id with the
-/// GOAWAY's own error (its reason, often `NO_ERROR`); streams at or below it
-/// that die later fail with an I/O error instead. So a GOAWAY error from the
-/// peer on a stream always means "not processed", whatever its reason.
-fn not_processed(e: &h2::Error) -> bool {
-    e.is_remote()
-        && (e.is_go_away() || (e.is_reset() && e.reason() == Some(h2::Reason::REFUSED_STREAM)))
-}
-
-impl Failure {
-    /// The failure a hyper error stands for, once the connection is up.
-    pub fn of(e: &hyper::Error) -> Failure {
-        if e.is_canceled() {
-            // hyper handed the request back unsent (the connection closed
-            // first): nothing reached the upstream.
-            Failure::NotSent
-        } else if e.is_user() {
-            // Our side failed: the client's request body broke off.
-            Failure::ClientBody
-        } else if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
-            Failure::BadResponse
-        } else {
-            Failure::Reset
+        match &self.inner {
+            Transport::H2(pool) => pool.send(req).await,
+            Transport::Legacy(client) => client
+                .request(req)
+                .await
+                .map_err(|e| classify_as(&e, e.is_connect())),
         }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct SendError {
-    pub kind: Failure,
-    pub message: String,
-    /// A TLS handshake or certificate failure.
-    pub tls: bool,
-}
-
-impl Failure {
-    /// The outcome this failure is for the retry decision and the breaker:
-    /// the one classification, on either path (docs/reference/retries.md#classifying-an-attempt).
-    pub fn outcome(self) -> crate::policy::Outcome {
-        use crate::policy::Outcome;
-        match self {
-            Failure::Connect => Outcome::ConnectFailure,
-            Failure::NotSent => Outcome::Reset {
-                request_sent: false,
-            },
-            Failure::ClientBody => Outcome::ClientGone,
-            Failure::Reset => Outcome::Reset { request_sent: true },
-            Failure::NotProcessed => Outcome::RefusedStream,
-            Failure::BadResponse => Outcome::BadResponse,
-        }
-    }
-}
-
-impl SendError {
-    /// A failure weir found itself (not from a hyper error).
-    pub fn new(kind: Failure, message: impl Into<String>) -> Self {
-        SendError {
-            kind,
-            message: message.into(),
-            tls: false,
-        }
-    }
-
-    /// A TLS handshake that failed: the upstream never saw the request.
-    pub fn tls(message: impl Into<String>) -> Self {
-        SendError {
-            kind: Failure::Connect,
-            message: message.into(),
-            tls: true,
-        }
-    }
-}
-
-/// The first error of type `T` in `e`'s source chain.
-fn find<'a, T: std::error::Error + 'static>(
-    e: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a T> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(c) = cur {
-        if let Some(t) = c.downcast_ref::<T>() {
-            return Some(t);
-        }
-        cur = c.source();
-    }
-    None
-}
-
-/// The innermost error's message: "Connection refused (os error 111)" rather
-/// than "client error (Connect)".
-pub(crate) fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut cur: &dyn std::error::Error = e;
-    while let Some(next) = cur.source() {
-        cur = next;
-    }
-    let msg = cur.to_string();
-    if msg.is_empty() {
-        e.to_string()
-    } else {
-        msg
     }
 }

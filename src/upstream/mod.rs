@@ -12,10 +12,13 @@
 
 pub mod balance;
 pub mod client;
+mod connector;
 mod dial;
 pub mod eject;
+pub mod h2pool;
 pub mod meter;
 pub mod resolve;
+pub mod send;
 
 pub use dial::Served;
 pub(crate) use dial::{dial, report};

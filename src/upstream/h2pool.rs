@@ -1,0 +1,349 @@
+//! weir's own HTTP/2 pool for one endpoint of an upstream that speaks
+//! HTTP/2 only (`protocol = "h2c"` or `"grpc"`, cleartext or TLS)
+//! (docs/reference/endpoints.md#http2-connections).
+//!
+//! Each connection is hyper's `client::conn::http2` handshake: a
+//! `SendRequest` and its connection task. The pool
+//!
+//! - multiplexes: a request goes to the open connection with the fewest
+//!   streams in flight, and a new connection is dialled only when every
+//!   open one has as many as its peer allows (`SETTINGS_MAX_CONCURRENT_STREAMS`,
+//!   read off the live connection) or none is open;
+//! - dials once for many: requests that find no room wait for the one dial
+//!   in progress (a `OnceCell` per dial), so forty requests to a cold
+//!   endpoint make one connection, not forty, and a dial that fails fails
+//!   them all at once rather than one connect timeout after another;
+//! - retires a connection for good once it is going away: a stream refused
+//!   by a GOAWAY, a request the connection handed back unsent, or its task
+//!   gone. A retired connection finishes the streams it has and takes no
+//!   new one; the request that found it so goes to another connection.
+//! - closes connections idle longer than the upstream's `idle_timeout`.
+//!
+//! No legacy client and no per-request checkout: a send is a lock, a scan of
+//! a handful of connections and hyper's dispatch channel.
+
+use crate::upstream::connector::Connector;
+use crate::upstream::send::{classify, Body, Failure, SendError};
+use hyper::body::Incoming;
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::Instant;
+use tower_service::Service;
+
+/// How many streams a connection is assumed to allow before its peer's
+/// SETTINGS say (RFC 9113 §6.5.2 recommends no fewer than 100).
+const INITIAL_MAX_STREAMS: usize = 100;
+
+/// How many times one send looks for a connection before it gives up: each
+/// time a connection turns out to be going away, the next is tried.
+const MAX_TRIES: usize = 4;
+
+/// How many dials one request waits through for room before it takes the
+/// newest connection whatever its streams.
+const MAX_DIAL_ROUNDS: usize = 4;
+
+/// The result one dial gives every request that waited for it.
+type Dialled = Result<Arc<Conn>, SendError>;
+
+/// The HTTP/2 connections to one endpoint. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct H2Pool {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for H2Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let open = self.shared.state.lock().map(|s| s.conns.len()).unwrap_or(0);
+        f.debug_struct("H2Pool").field("open", &open).finish()
+    }
+}
+
+struct Shared {
+    connector: Connector,
+    /// The stream limit the endpoint's connections last reported: a new
+    /// connection assumes it until its own peer's SETTINGS arrive.
+    learned_max: Arc<AtomicUsize>,
+    builder: http2::Builder<TokioExecutor>,
+    idle_timeout: Duration,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    conns: Vec<Arc<Conn>>,
+    /// The dial in progress, if any: every request that finds no room waits
+    /// on it.
+    dialing: Option<Arc<tokio::sync::OnceCell<Dialled>>>,
+}
+
+/// One HTTP/2 connection.
+struct Conn {
+    send: http2::SendRequest<Body>,
+    /// Requests sent on it whose response head has not arrived yet.
+    in_flight: AtomicUsize,
+    /// The peer's SETTINGS_MAX_CONCURRENT_STREAMS, as the connection task
+    /// last saw it.
+    max_streams: Arc<AtomicUsize>,
+    /// Set once the connection is going away: it takes no new stream.
+    retired: AtomicBool,
+    /// When a request last started or finished on it (ms since `epoch`).
+    last_used: AtomicU64,
+    epoch: Instant,
+}
+
+impl Conn {
+    fn usable(&self, now: Instant, idle: Duration) -> bool {
+        !self.retired.load(Ordering::Relaxed)
+            && !self.send.is_closed()
+            && self.send.is_ready()
+            && (self.in_flight.load(Ordering::Relaxed) > 0 || self.idle_for(now) < idle)
+    }
+
+    fn has_room(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) < self.max_streams.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Counts one more request in flight on it.
+    fn reserve(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+    }
+
+    fn touch(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.last_used.store(ms, Ordering::Relaxed);
+    }
+
+    fn idle_for(&self, now: Instant) -> Duration {
+        let at = self.epoch + Duration::from_millis(self.last_used.load(Ordering::Relaxed));
+        now.saturating_duration_since(at)
+    }
+}
+
+/// hyper's connection task, reporting the peer's stream limit as it changes.
+struct Driven<F> {
+    conn: F,
+    max_streams: Arc<AtomicUsize>,
+    learned: Arc<AtomicUsize>,
+}
+
+/// What the pool's connector yields: a TCP (or TLS) connection.
+type Io = <Connector as Service<http::Uri>>::Response;
+
+impl Future for Driven<http2::Connection<Io, Body, TokioExecutor>> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        let r = Pin::new(&mut this.conn).poll(cx);
+        let max = this.conn.current_max_send_streams();
+        if this.max_streams.swap(max, Ordering::Relaxed) != max {
+            this.learned.store(max, Ordering::Relaxed);
+        }
+        match r {
+            Poll::Ready(Ok(())) => Poll::Ready(()),
+            Poll::Ready(Err(e)) => {
+                tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+                Poll::Ready(())
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// Counts a request in flight on a connection until its response head
+/// arrives or it fails (or the attempt is dropped).
+struct InFlight<'a>(&'a Conn);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.touch();
+    }
+}
+
+impl H2Pool {
+    /// A pool dialling through `connector`; connections idle longer than
+    /// `idle_timeout` are closed.
+    pub(crate) fn new(connector: Connector, idle_timeout: Duration) -> Self {
+        H2Pool {
+            shared: Arc::new(Shared {
+                connector,
+                learned_max: Arc::new(AtomicUsize::new(INITIAL_MAX_STREAMS)),
+                builder: builder(),
+                idle_timeout,
+                state: Mutex::new(State::default()),
+            }),
+        }
+    }
+
+    /// Open connections (for tests and the status of the pool).
+    pub fn open(&self) -> usize {
+        let now = Instant::now();
+        let idle = self.shared.idle_timeout;
+        self.shared
+            .state
+            .lock()
+            .map(|s| s.conns.iter().filter(|c| c.usable(now, idle)).count())
+            .unwrap_or(0)
+    }
+
+    /// Sends one request on a connection with room, dialling one if none has.
+    pub async fn send(
+        &self,
+        mut req: http::Request<Body>,
+    ) -> Result<http::Response<Incoming>, SendError> {
+        let mut last = None;
+        for _ in 0..MAX_TRIES {
+            let conn = self.checkout().await?;
+            let guard = InFlight(&conn);
+            let mut send = conn.send.clone();
+            let sent = send.try_send_request(req).await;
+            drop(guard);
+            match sent {
+                Ok(resp) => return Ok(resp),
+                Err(mut e) => {
+                    let err = classify(e.error());
+                    if matches!(err.kind, Failure::NotProcessed | Failure::NotSent) {
+                        // Going away: nothing new goes to this connection.
+                        conn.retired.store(true, Ordering::Relaxed);
+                    }
+                    match e.take_message() {
+                        // Handed back unsent: another connection may take it.
+                        Some(back) => {
+                            req = back;
+                            last = Some(err);
+                        }
+                        None => return Err(err),
+                    }
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            SendError::new(Failure::NotSent, "no HTTP/2 connection took the request")
+        }))
+    }
+
+    /// A usable connection with room for one more stream, or a new one,
+    /// with that stream counted in flight on it (under the lock, so a burst
+    /// does not all see the same room).
+    async fn checkout(&self) -> Result<Arc<Conn>, SendError> {
+        let mut dialled = None;
+        for _ in 0..MAX_DIAL_ROUNDS {
+            let cell = {
+                let mut state = self
+                    .shared
+                    .state
+                    .lock()
+                    .map_err(|_| SendError::new(Failure::NotSent, "HTTP/2 pool poisoned"))?;
+                let now = Instant::now();
+                let idle = self.shared.idle_timeout;
+                // Dropping a connection's last `SendRequest` closes it (GOAWAY
+                // once its streams are done).
+                state.conns.retain(|c| c.usable(now, idle));
+                let best = state
+                    .conns
+                    .iter()
+                    .filter(|c| c.has_room())
+                    .min_by_key(|c| c.in_flight.load(Ordering::Relaxed));
+                if let Some(c) = best {
+                    c.reserve();
+                    return Ok(c.clone());
+                }
+                state
+                    .dialing
+                    .get_or_insert_with(|| Arc::new(tokio::sync::OnceCell::new()))
+                    .clone()
+            };
+            let shared = self.shared.clone();
+            let conn = cell
+                .get_or_init(|| async move {
+                    let r = shared.dial().await;
+                    if let Ok(state) = &mut shared.state.lock() {
+                        state.dialing = None;
+                        if let Ok(c) = &r {
+                            state.conns.push(c.clone());
+                        }
+                    }
+                    r
+                })
+                .await
+                .clone()?;
+            // Back to the scan: the new connection has room for as many
+            // streams as its peer allows, and the rest of those who waited
+            // dial the next one.
+            dialled = Some(conn);
+        }
+        // Still no room after several dials (a peer allowing next to no
+        // streams): the last connection takes it, and h2 queues the stream.
+        let conn =
+            dialled.ok_or_else(|| SendError::new(Failure::NotSent, "no HTTP/2 connection"))?;
+        conn.reserve();
+        Ok(conn)
+    }
+}
+
+impl Shared {
+    /// Connects, shakes hands and starts the connection's task.
+    async fn dial(&self) -> Dialled {
+        let mut connector = self.connector.clone();
+        let uri = http::Uri::from_static("http://upstream/");
+        let io = connector.call(uri).await.map_err(|e| {
+            let e: &(dyn std::error::Error + 'static) = &*e;
+            let tls = crate::tls::describe_failure(e);
+            SendError {
+                kind: Failure::Connect,
+                message: tls
+                    .clone()
+                    .unwrap_or_else(|| crate::upstream::send::root_cause(e)),
+                tls: tls.is_some(),
+            }
+        })?;
+        let assumed = self.learned_max.load(Ordering::Relaxed).max(1);
+        let mut builder = self.builder.clone();
+        builder.initial_max_send_streams(assumed);
+        let (send, conn) = builder.handshake(io).await.map_err(|e| {
+            // The connection is up but no HTTP/2 came back: nothing of any
+            // request was sent.
+            SendError::new(
+                Failure::Connect,
+                format!(
+                    "HTTP/2 handshake: {}",
+                    crate::upstream::send::root_cause(&e)
+                ),
+            )
+        })?;
+        let max_streams = Arc::new(AtomicUsize::new(assumed));
+        tokio::spawn(Driven {
+            conn,
+            max_streams: max_streams.clone(),
+            learned: self.learned_max.clone(),
+        });
+        let epoch = Instant::now();
+        Ok(Arc::new(Conn {
+            send,
+            in_flight: AtomicUsize::new(0),
+            max_streams,
+            retired: AtomicBool::new(false),
+            last_used: AtomicU64::new(0),
+            epoch,
+        }))
+    }
+}
+
+/// The HTTP/2 settings of weir's upstream connections
+/// (docs/reference/endpoints.md#http2-connections).
+fn builder() -> http2::Builder<TokioExecutor> {
+    let mut b = http2::Builder::new(TokioExecutor::new());
+    b.timer(TokioTimer::new())
+        .initial_max_send_streams(INITIAL_MAX_STREAMS)
+        // The same response-head limit as HTTP/1.1.
+        .max_header_list_size(crate::upstream::send::MAX_RESPONSE_HEAD as u32);
+    b
+}
