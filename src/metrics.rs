@@ -22,7 +22,7 @@ pub use upstream::UpstreamMetrics;
 
 pub use labels::{ATTEMPT_RESULTS, BODY_ERRORS, ERROR_CODES};
 
-use crate::policy::{Cause, StateKind, StopReason};
+use crate::policy::{Cause, HedgeResult, StateKind, StopReason};
 pub use crate::upstream::resolve::DnsMetrics;
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -52,6 +52,7 @@ pub struct Metrics {
     attempt_duration: HistogramVec,
     retries: IntCounterVec,
     stops: IntCounterVec,
+    hedges: IntCounterVec,
     budget_tokens: GaugeVec,
     breaker_state: IntGaugeVec,
     breaker_transitions: IntCounterVec,
@@ -127,6 +128,12 @@ impl Metrics {
             "weir_retry_stops_total",
             "Retryable outcomes not retried, by the first failing check.",
             &["upstream", "reason"],
+        );
+        let hedges = counter(
+            &r,
+            "weir_hedges_total",
+            "Hedges due, by what became of them: won or lost when sent, skipped_* when not.",
+            &["upstream", "result"],
         );
         let budget_tokens = GaugeVec::new(
             Opts::new(
@@ -254,6 +261,7 @@ impl Metrics {
             attempt_duration,
             retries,
             stops,
+            hedges,
             budget_tokens,
             breaker_state,
             breaker_transitions,
@@ -290,6 +298,7 @@ impl Metrics {
             retries_vec: self.retries.clone(),
             retries: Mutex::new(HashMap::new()),
             stops: StopReason::ALL.map(|r| by(&self.stops, r.as_str())),
+            hedges: HedgeResult::ALL.map(|r| by(&self.hedges, r.as_str())),
             budget: self.budget_tokens.with_label_values(&[name]),
             breaker: STATES.map(|s| self.breaker_state.with_label_values(&[name, s.as_str()])),
             transitions: STATES.map(|s| by(&self.breaker_transitions, s.as_str())),
@@ -377,6 +386,9 @@ impl Metrics {
         }
         for r in StopReason::ALL {
             self.stops.remove_label_values(&[name, r.as_str()]).ok();
+        }
+        for r in HedgeResult::ALL {
+            self.hedges.remove_label_values(&[name, r.as_str()]).ok();
         }
         for r in ATTEMPT_RESULTS {
             self.attempts.remove_label_values(&[name, r]).ok();

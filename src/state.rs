@@ -33,6 +33,8 @@ pub struct Live {
     pub budget: RetryBudget,
     pub limiter: Option<KeyedLimiter>,
     pub rng: SeededRandom,
+    /// Recent latencies and the hedges' credit (docs/reference/hedging.md#hedging).
+    pub hedge: crate::policy::Hedger,
 }
 
 /// What lives between requests for one upstream.
@@ -141,6 +143,7 @@ impl UpstreamState {
                 budget: RetryBudget::new(u.retry.budget.clone(), now),
                 limiter: local_rate(u, fleet).map(|p| KeyedLimiter::new(p, now)),
                 rng: SeededRandom::new(fresh_seed()),
+                hedge: crate::policy::Hedger::new(now),
             }),
             gate: Gate::new(u.concurrency.max_in_flight, u.concurrency.max_queue),
             metrics,

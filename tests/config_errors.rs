@@ -1337,3 +1337,30 @@ fn endpoints_and_their_defaults_parse() {
     assert!(shown.contains("balance = \"peak_ewma\""), "{shown}");
     assert!(shown.contains("consecutive_failures = 5"), "{shown}");
 }
+
+/// `[upstreams.NAME.hedge]` (docs/reference/hedging.md#hedging): `after` is a
+/// duration or p50–p99.9, `max_extra` a share, and hedging needs retries.
+#[test]
+fn hedge_errors_name_their_field() {
+    let src = format!("{UP}[upstreams.api.hedge]\nafter = \"soon\"\n");
+    expect_one(&src, 5, "upstreams.api.hedge.after", "neither a duration");
+    let src = format!("{UP}[upstreams.api.hedge]\nafter = \"p100\"\n");
+    expect_one(&src, 5, "upstreams.api.hedge.after", "p99.9");
+    let src = format!("{UP}[upstreams.api.hedge]\nafter = \"20ms\"\nmax_extra = 1.5\n");
+    expect_one(&src, 6, "upstreams.api.hedge.max_extra", "from 0 to 1");
+    let src = format!(
+        "{UP}[upstreams.api.retry]\nmax_attempts = 1\n[upstreams.api.hedge]\nenabled = true\n"
+    );
+    expect_one(&src, 7, "upstreams.api.hedge.enabled", "needs retries");
+    // Valid: a percentile, a duration, and hedging off with retries off.
+    for ok in [
+        "[upstreams.api.hedge]\nafter = \"p99.9\"\n",
+        "[upstreams.api.hedge]\nafter = \"15ms\"\nmax_extra = 0.1\n",
+        "[upstreams.api.retry]\nmax_attempts = 1\n[upstreams.api.hedge]\nenabled = false\n",
+    ] {
+        let src = format!("{UP}{ok}");
+        if let Err(e) = Config::parse(Path::new("weir.toml"), &src) {
+            panic!("{ok}: {e}");
+        }
+    }
+}

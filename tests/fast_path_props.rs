@@ -247,7 +247,11 @@ proptest! {
         };
         let framing = if status == 204 || status == 304 { Framing::Empty } else { Framing::Length(len) };
         prop_assert_eq!(r.framing, framing);
-        let a = head::Annotations { attempts, stop: None };
+        let a = head::Annotations {
+            attempts,
+            stop: None,
+            hedge: None,
+        };
         head::finish_response(&mut out, Some(a), false);
         let mut hs = [httparse::EMPTY_HEADER; 64];
         let mut resp = httparse::Response::new(&mut hs);

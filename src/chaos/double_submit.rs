@@ -168,6 +168,7 @@ async fn measure(
         stops: None,
         resends: Some(resends),
         cache: None,
+        hedges: None,
         replicas: None,
     }
 }

@@ -69,10 +69,13 @@ pub enum Scenario {
     /// Three replicas, one failing half its requests.
     #[value(name = "flaky-replica")]
     FlakyReplica,
+    /// Three replicas answering in 2–5 ms, each request taking 1 s with probability 2 %.
+    #[value(name = "slow-tail")]
+    SlowTail,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 14] = [
+    pub const ALL: [Scenario; 15] = [
         Scenario::Transient5,
         Scenario::Transient30,
         Scenario::Outage,
@@ -87,6 +90,7 @@ impl Scenario {
         Scenario::DownReplica,
         Scenario::SlowReplica,
         Scenario::FlakyReplica,
+        Scenario::SlowTail,
     ];
 
     /// The name of weir's column.
@@ -113,6 +117,7 @@ impl Scenario {
             Scenario::DownReplica => "down-replica",
             Scenario::SlowReplica => "slow-replica",
             Scenario::FlakyReplica => "flaky-replica",
+            Scenario::SlowTail => "slow-tail",
         }
     }
 
@@ -220,7 +225,8 @@ impl Scenario {
             | Scenario::BadReplica
             | Scenario::DownReplica
             | Scenario::SlowReplica
-            | Scenario::FlakyReplica => "",
+            | Scenario::FlakyReplica
+            | Scenario::SlowTail => "",
             Scenario::Brownout => "[defaults]\ntimeout = \"2s\"\n",
             Scenario::RateLimited => {
                 "[defaults.retry]\nretry_on = [\"connect-failure\", \"reset\", \"timeout\", \"429\", \"502\", \"503\", \"504\"]\nmax_retry_after = \"2s\"\n"
@@ -269,6 +275,8 @@ pub struct Column {
     pub resends: Option<double_submit::Resends>,
     /// weir with its cache on: requests by `x-weir-cache` result.
     pub cache: Option<BTreeMap<String, f64>>,
+    /// `weir_hedges_total` by result (`slow-tail`).
+    pub hedges: Option<BTreeMap<String, f64>>,
     /// The replica scenarios: requests each replica received.
     pub replicas: Option<Vec<u64>>,
 }
@@ -494,6 +502,7 @@ fn column(
         stops: None,
         resends: None,
         cache: None,
+        hedges: None,
         replicas: None,
     }
 }

@@ -1,4 +1,4 @@
-//! `weir chaos bad-replica | down-replica | slow-replica | flaky-replica`
+//! `weir chaos bad-replica | down-replica | slow-replica | flaky-replica | slow-tail`
 //! (bench/RESULTS.md#weir-chaos-replica-scenarios): three replicas of one service on
 //! 127.0.0.2–4, the first misbehaving — answering every request 503,
 //! refusing connections, taking 1 s, or failing half its requests — the
@@ -8,6 +8,11 @@
 //! the three as an upstream's `endpoints`, on its default policy. `--h2c`
 //! has weir speak h2c to the replicas. The gates are in `tests/replicas.rs`;
 //! `bench/replicas.sh` runs the same against nginx, HAProxy and Envoy.
+//!
+//! `slow-tail` is the tail without a culprit: all three replicas answer in
+//! 2–5 ms, and any request takes 1 s with probability 2 %, independently. A
+//! third column runs weir with hedging (`after = "p95"`,
+//! docs/reference/hedging.md#hedging); its rows add p99.9 and the hedges.
 
 use super::driver::{drive, Load, Mode, Target};
 use super::upstream::{ChaosUpstream, Latency, Profile};
@@ -29,8 +34,25 @@ pub fn is_replica(s: Scenario) -> bool {
             | Scenario::DownReplica
             | Scenario::SlowReplica
             | Scenario::FlakyReplica
+            | Scenario::SlowTail
     )
 }
+
+/// `slow-tail`'s replicas, all three alike.
+pub fn slow_tail() -> Profile {
+    Profile {
+        latency: Latency::UniformTail {
+            lo: Duration::from_millis(2),
+            hi: Duration::from_millis(5),
+            p: 0.02,
+            tail: Duration::from_secs(1),
+        },
+        ..Profile::default()
+    }
+}
+
+/// `slow-tail`'s hedging, in weir's third column.
+pub const HEDGE: &str = "[upstreams.chaos.hedge]\nafter = \"p95\"\n";
 
 /// The healthy replicas' profile.
 fn healthy() -> Profile {
@@ -61,6 +83,7 @@ pub fn faulty(s: Scenario) -> Profile {
             fail_rate: 0.5,
             ..base
         },
+        Scenario::SlowTail => slow_tail(),
         _ => base,
     }
 }
@@ -80,7 +103,12 @@ pub fn load(requests: Option<usize>, rate: Option<f64>) -> Load {
 /// The three replicas, the misbehaving one first.
 async fn start(s: Scenario, seed: u64) -> Result<Vec<ChaosUpstream>, String> {
     let mut out = Vec::new();
-    for (i, profile) in [faulty(s), healthy(), healthy()].into_iter().enumerate() {
+    let others = if s == Scenario::SlowTail {
+        slow_tail()
+    } else {
+        healthy()
+    };
+    for (i, profile) in [faulty(s), others.clone(), others].into_iter().enumerate() {
         let addr: SocketAddr = format!("127.0.0.{}:0", i + 2).parse().map_err(|_| "addr")?;
         let up = ChaosUpstream::start(addr, profile, seed + i as u64)
             .await
@@ -106,13 +134,19 @@ fn column(name: &'static str, observed: super::driver::Observed, ups: &[ChaosUps
         stops: None,
         resends: None,
         cache: None,
+        hedges: None,
         replicas: Some(served),
     }
 }
 
 /// weir's config: its defaults, the user's `[defaults]` over them, and the
 /// three replicas as one upstream's endpoints.
-fn config(s: Scenario, addrs: &[SocketAddr], opts: &Options) -> Result<Config, String> {
+fn config(
+    s: Scenario,
+    addrs: &[SocketAddr],
+    opts: &Options,
+    extra: &str,
+) -> Result<Config, String> {
     let list: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
     let protocol = if opts.h2c { "protocol = \"h2c\"\n" } else { "" };
     let upstream = format!(
@@ -123,7 +157,7 @@ fn config(s: Scenario, addrs: &[SocketAddr], opts: &Options) -> Result<Config, S
     let defaults = toml::to_string(&super::config::user_defaults(opts.config.as_deref())?)
         .map_err(|e| e.to_string())?;
     let src = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\n{defaults}\n{upstream}"
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\n{defaults}\n{upstream}{extra}"
     );
     let path = PathBuf::from(format!("<chaos {}>", s.name()));
     Config::parse(&path, &src).map_err(|e| e.to_string())
@@ -139,29 +173,40 @@ pub async fn run(s: Scenario, opts: &Options) -> Result<Report, String> {
         let observed = drive(Target::Spread(addrs), load.clone()).await;
         columns.push(column("no weir (spread, 1 attempt)", observed, &ups));
     }
-    let ups = start(s, opts.seed).await?;
-    let addrs: Vec<SocketAddr> = ups.iter().map(|u| u.addr).collect();
-    let cfg = config(s, &addrs, opts)?;
-    let up_cfg = cfg.upstreams.first().ok_or("no upstream")?.clone();
-    let metrics = Arc::new(Metrics::new());
-    let proxy = Proxy::start_with(cfg, metrics.clone())
-        .await
-        .map_err(|e| e.to_string())?;
-    let target = Target::Weir {
-        addr: proxy.listen_addr(),
-        host: "chaos".into(),
-    };
-    let observed = drive(target, load).await;
-    let mut col = column(super::Scenario::weir_column(s), observed, &ups);
-    col.refused = metrics
-        .values("weir_upstream_attempts_total", "chaos", "result")
-        .get("connect_failure")
-        .copied()
-        .unwrap_or(0.0) as u64;
-    col.transitions = Some(metrics.values("weir_breaker_transitions_total", "chaos", "to"));
-    col.stops = Some(metrics.values("weir_retry_stops_total", "chaos", "reason"));
-    columns.push(col);
-    proxy.shutdown(Duration::from_secs(1)).await;
+    let mut runs = vec![(super::Scenario::weir_column(s), "")];
+    if s == Scenario::SlowTail {
+        runs.push(("weir, hedging after p95", HEDGE));
+    }
+    let mut up_cfg = None;
+    for (name, extra) in runs {
+        let ups = start(s, opts.seed).await?;
+        let addrs: Vec<SocketAddr> = ups.iter().map(|u| u.addr).collect();
+        let cfg = config(s, &addrs, opts, extra)?;
+        up_cfg = Some(cfg.upstreams.first().ok_or("no upstream")?.clone());
+        let metrics = Arc::new(Metrics::new());
+        let proxy = Proxy::start_with(cfg, metrics.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        let target = Target::Weir {
+            addr: proxy.listen_addr(),
+            host: "chaos".into(),
+        };
+        let observed = drive(target, load.clone()).await;
+        let mut col = column(name, observed, &ups);
+        col.refused = metrics
+            .values("weir_upstream_attempts_total", "chaos", "result")
+            .get("connect_failure")
+            .copied()
+            .unwrap_or(0.0) as u64;
+        col.transitions = Some(metrics.values("weir_breaker_transitions_total", "chaos", "to"));
+        col.stops = Some(metrics.values("weir_retry_stops_total", "chaos", "reason"));
+        if s == Scenario::SlowTail {
+            col.hedges = Some(metrics.values("weir_hedges_total", "chaos", "result"));
+        }
+        columns.push(col);
+        proxy.shutdown(Duration::from_secs(1)).await;
+    }
+    let up_cfg = up_cfg.ok_or("no weir column")?;
     Ok(Report {
         scenario: s,
         seed: opts.seed,
@@ -191,8 +236,10 @@ pub fn row(r: &Report) -> Option<(String, Vec<String>)> {
             None => "—".into(),
         })
         .collect();
-    Some((
-        "requests per replica (the misbehaving one first)".into(),
-        cells,
-    ))
+    let what = if r.scenario == Scenario::SlowTail {
+        "requests per replica"
+    } else {
+        "requests per replica (the misbehaving one first)"
+    };
+    Some((what.into(), cells))
 }

@@ -89,6 +89,7 @@ pub fn rows(r: &Report) -> Vec<(String, Vec<String>)> {
     // This scenario's own rows, after the client's successes.
     let mut own = super::catalogue::rows(r);
     own.extend(super::replicas::row(r));
+    own.extend(tail_rows(r));
     rows.splice(2..2, own);
     if r.columns.iter().any(|c| c.cache.is_some()) {
         rows.push(("cache results".into(), cell(&|c| map(&c.cache))));
@@ -288,4 +289,25 @@ pub fn json(r: &Report) -> serde_json::Value {
             "last_open_interval_ms": r.breaker.last_open_interval.map(|d| d.as_millis() as u64),
         },
     })
+}
+
+/// `slow-tail`'s own rows: p99.9, and the hedges.
+fn tail_rows(r: &Report) -> Vec<(String, Vec<String>)> {
+    if r.scenario != super::Scenario::SlowTail {
+        return Vec::new();
+    }
+    let cell = |f: &dyn Fn(&super::Column) -> String| r.columns.iter().map(f).collect::<Vec<_>>();
+    vec![
+        (
+            "p99.9 latency".into(),
+            cell(&|c| ms(c.observed.percentile(0.999))),
+        ),
+        (
+            "hedges".into(),
+            cell(&|c| match &c.hedges {
+                Some(h) => map(&Some(h.clone())),
+                None => "—".into(),
+            }),
+        ),
+    ]
 }

@@ -37,6 +37,13 @@ pub enum Latency {
         p: f64,
         tail: Duration,
     },
+    /// Uniform from `lo` to `hi` for most requests; `tail` for a share `p`.
+    UniformTail {
+        lo: Duration,
+        hi: Duration,
+        p: f64,
+        tail: Duration,
+    },
 }
 
 /// Above `rps`, answer `status` with `Retry-After: retry_after` seconds.
@@ -173,6 +180,13 @@ impl Faults {
                     tail
                 } else {
                     base
+                }
+            }
+            Latency::UniformTail { lo, hi, p, tail } => {
+                if self.draw() < p {
+                    tail
+                } else {
+                    lo + (hi.saturating_sub(lo)).mul_f64(self.draw())
                 }
             }
         }
@@ -370,7 +384,8 @@ async fn handle(req: Request<Incoming>, faults: &Faults, reset: &Notify) -> Resp
     }
 }
 
-/// `none`, `fixed:20ms`, `uniform:1ms-50ms`, `tail:2ms,1%,500ms`.
+/// `none`, `fixed:20ms`, `uniform:1ms-50ms`, `tail:2ms,1%,500ms`,
+/// `tail:2ms-5ms,2%,1s` (a uniform base).
 pub fn parse_latency(s: &str) -> Result<Latency, String> {
     let d = crate::config::duration::parse;
     let (kind, rest) = s.split_once(':').unwrap_or((s, ""));
@@ -392,6 +407,14 @@ pub fn parse_latency(s: &str) -> Result<Latency, String> {
                 .trim_end_matches('%')
                 .parse()
                 .map_err(|_| format!("invalid share {p:?}"))?;
+            if let Some((lo, hi)) = base.split_once('-') {
+                return Ok(Latency::UniformTail {
+                    lo: d(lo)?,
+                    hi: d(hi)?,
+                    p: p / 100.0,
+                    tail: d(tail)?,
+                });
+            }
             Ok(Latency::LongTail {
                 base: d(base)?,
                 p: p / 100.0,
@@ -399,7 +422,7 @@ pub fn parse_latency(s: &str) -> Result<Latency, String> {
             })
         }
         _ => Err(format!(
-            "unknown latency {s:?}: none, fixed:D, uniform:MIN-MAX or tail:BASE,P%,TAIL"
+            "unknown latency {s:?}: none, fixed:D, uniform:MIN-MAX or tail:BASE[-MAX],P%,TAIL"
         )),
     }
 }

@@ -278,6 +278,8 @@ pub struct UpstreamConfig {
     /// The response cache (docs/reference/cache.md#response-cache); `None` with
     /// `enabled = false`, the default.
     pub cache: Option<CacheParams>,
+    /// Hedged requests; `None`: off (docs/reference/hedging.md#hedging).
+    pub hedge: Option<crate::policy::HedgeParams>,
 }
 
 impl Config {

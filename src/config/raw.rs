@@ -30,8 +30,12 @@ macro_rules! mergeable {
 }
 
 // After `mergeable!`, which it uses.
+mod cache;
 mod ejection;
+mod hedge;
+pub use cache::RawCache;
 pub use ejection::RawEjection;
+pub use hedge::RawHedge;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -181,8 +185,10 @@ pub struct RawPolicy {
     pub idempotency: Option<RawIdempotency>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache: Option<RawCache>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<RawHedge>,
 }
-mergeable!(RawPolicy { timeout, per_try_timeout, connect_timeout, idle_timeout, annotate, idempotency_header } nested { retry, breaker, concurrency, rate_limit, idempotency, cache });
+mergeable!(RawPolicy { timeout, per_try_timeout, connect_timeout, idle_timeout, annotate, idempotency_header } nested { retry, breaker, concurrency, rate_limit, idempotency, cache, hedge });
 
 impl RawPolicy {
     /// The built-in defaults: the schema of docs/reference/configuration.md#policy-defaults, written down once.
@@ -265,6 +271,8 @@ impl RawPolicy {
                 stale_if_error: Some(Dur(D::ZERO)),
                 store_set_cookie: Some(false),
             }),
+            // Off: a table turns it on; its fields' defaults then apply.
+            hedge: None,
         }
     }
 
@@ -437,27 +445,6 @@ pub struct RawIdempotency {
 }
 mergeable!(RawIdempotency { enabled, ttl, max_bytes, max_response_bytes, methods, scope } nested {});
 
-/// `[….cache]`: the response cache (docs/reference/cache.md#response-cache).
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawCache {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub enabled: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_object_bytes: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub default_ttl: Option<Dur>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stale_while_revalidate: Option<Dur>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stale_if_error: Option<Dur>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub store_set_cookie: Option<bool>,
-}
-mergeable!(RawCache { enabled, max_bytes, max_object_bytes, default_ttl, stale_while_revalidate, stale_if_error, store_set_cookie } nested {});
-
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawWindow {
@@ -545,6 +532,8 @@ pub struct RawUpstream {
     pub idempotency: Option<RawIdempotency>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache: Option<RawCache>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hedge: Option<RawHedge>,
 }
 
 /// `balance`'s default.
@@ -568,6 +557,7 @@ impl RawUpstream {
             rate_limit: self.rate_limit.clone(),
             idempotency: self.idempotency.clone(),
             cache: self.cache.clone(),
+            hedge: self.hedge.clone(),
         }
     }
 
@@ -585,6 +575,7 @@ impl RawUpstream {
         self.rate_limit = p.rate_limit;
         self.idempotency = p.idempotency;
         self.cache = p.cache;
+        self.hedge = p.hedge;
         self
     }
 }

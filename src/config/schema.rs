@@ -109,6 +109,7 @@ schema!(POLICY: RawPolicy {
     "rate_limit" => Nested::Table(&RATE_LIMIT),
     "idempotency" => Nested::Table(&IDEMPOTENCY),
     "cache" => Nested::Table(&CACHE),
+    "hedge" => Nested::Table(&HEDGE),
 });
 schema!(RETRY: RawRetry {
     "backoff" => Nested::Table(&BACKOFF),
@@ -123,6 +124,7 @@ schema!(RATE_LIMIT: RawRateLimit { "window" => Nested::Table(&WINDOW) });
 schema!(WINDOW: RawWindow {});
 schema!(IDEMPOTENCY: RawIdempotency {});
 schema!(CACHE: RawCache {});
+schema!(HEDGE: RawHedge {});
 schema!(UPSTREAM_TLS: RawUpstreamTls {});
 schema!(EJECTION: RawEjection {});
 schema!(UPSTREAM: RawUpstream {
@@ -135,6 +137,7 @@ schema!(UPSTREAM: RawUpstream {
     "rate_limit" => Nested::Table(&RATE_LIMIT),
     "idempotency" => Nested::Table(&IDEMPOTENCY),
     "cache" => Nested::Table(&CACHE),
+    "hedge" => Nested::Table(&HEDGE),
 });
 
 /// Every field of the config file, table by table: for each table of the
@@ -460,6 +463,7 @@ mod tests {
             &RATE_LIMIT,
             &IDEMPOTENCY,
             &CACHE,
+            &HEDGE,
             &UPSTREAM,
         ];
         for s in all {

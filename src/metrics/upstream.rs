@@ -4,7 +4,7 @@
 
 use super::{cache, idempotency};
 use super::{ATTEMPT_RESULTS, BODY_ERRORS, ERROR_CODES, STATES};
-use crate::policy::{Cause, Outcome, StateKind, StopReason};
+use crate::policy::{Cause, HedgeResult, Outcome, StateKind, StopReason};
 use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -23,6 +23,7 @@ pub struct UpstreamMetrics {
     pub(super) retries_vec: IntCounterVec,
     pub(super) retries: Mutex<HashMap<Cause, IntCounter>>,
     pub(super) stops: [IntCounter; 8],
+    pub(super) hedges: [IntCounter; HedgeResult::ALL.len()],
     pub(super) budget: Gauge,
     pub(super) breaker: [IntGauge; 3],
     pub(super) transitions: [IntCounter; 3],
@@ -112,6 +113,13 @@ impl UpstreamMetrics {
     pub fn stop(&self, reason: StopReason) {
         if let Some(i) = StopReason::ALL.iter().position(|r| *r == reason) {
             self.stops[i].inc();
+        }
+    }
+
+    /// `weir_hedges_total{result}`.
+    pub fn hedge(&self, result: HedgeResult) {
+        if let Some(i) = HedgeResult::ALL.iter().position(|r| *r == result) {
+            self.hedges[i].inc();
         }
     }
 

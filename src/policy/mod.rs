@@ -23,6 +23,7 @@
 //! | [`lease`] | a fleet-wide bucket's tokens leased in batches and spent locally; the fallback when the shared state is away |
 //! | [`idempotency`] | idempotency-key records: fingerprint, `decide`, what to record, the store |
 //! | [`cache`] | the response cache: `storable`, `lookup_decision`, `on_error`, `on_not_modified`, `invalidates`, the store, fills in progress |
+//! | [`hedge`] | hedged requests: when one is due (a fixed delay or a latency percentile), the credit that bounds them |
 //! | [`decide`](mod@decide) | request facts, outcomes, `classify`, `decide`, `Gates` |
 //! | [`contract`] | the versioned JSON shapes of `weir decide` |
 //! | [`report`] | the text `weir schedule` prints |
@@ -34,6 +35,7 @@ pub mod budget;
 pub mod cache;
 pub mod contract;
 pub mod decide;
+pub mod hedge;
 pub mod idempotency;
 pub mod keyed;
 pub mod lease;
@@ -58,6 +60,7 @@ pub use decide::{
     classify, decide, decide_with, is_idempotent_method, BodyFacts, Cause, Class, DecideInput,
     Delivery, FixedGates, Gates, Outcome, RequestFacts, RetryOn, RetryPolicy, StopReason, Verdict,
 };
+pub use hedge::{HedgeAfter, HedgeParams, HedgeResult, Hedger};
 pub use idempotency::{
     Action, Begin, Ending, Entry, EntryState, Fingerprint, FingerprintHasher, IdempotencyParams,
     IdempotencyStats, IdempotencyStore, MemoryStore, Record, StoredResponse,

@@ -21,6 +21,8 @@ pub(crate) struct Entry<'a> {
     pub(crate) attempts: Option<u32>,
     /// Why a retryable outcome was not retried.
     pub(crate) retry_stop: Option<&'a str>,
+    /// A hedge was sent: `true` when its answer was returned.
+    pub(crate) hedge: Option<bool>,
     /// The endpoint of the last attempt, when it had one
     /// (docs/reference/endpoints.md#seeing-it).
     pub(crate) endpoint: Option<std::net::SocketAddr>,
@@ -72,6 +74,11 @@ pub(crate) fn write(mode: AccessLog, e: &Entry<'_>) {
         error = e.error.unwrap_or("-"),
         attempts = e.attempts.unwrap_or(0),
         retry_stop = e.retry_stop.unwrap_or("-"),
+        hedge = match e.hedge {
+            Some(true) => "won",
+            Some(false) => "lost",
+            None => "-",
+        },
         endpoint = %e.endpoint.map_or_else(|| "-".to_string(), |a| a.to_string()),
         duration_ms = e.took.as_micros() as f64 / 1000.0,
         client = %e.who.client.map_or_else(|| "-".to_string(), |a| a.to_string()),
@@ -112,6 +119,7 @@ pub(crate) struct Line {
     pub(crate) status: u16,
     pub(crate) attempts: Option<u32>,
     pub(crate) retry_stop: Option<String>,
+    pub(crate) hedge: Option<bool>,
     pub(crate) endpoint: Option<std::net::SocketAddr>,
     pub(crate) took: Duration,
     pub(crate) client: Option<std::net::SocketAddr>,
@@ -134,6 +142,7 @@ impl Line {
                 error,
                 attempts: self.attempts,
                 retry_stop: self.retry_stop.as_deref(),
+                hedge: self.hedge,
                 endpoint: self.endpoint,
                 took: self.took,
                 bytes_out,

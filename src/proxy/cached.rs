@@ -458,6 +458,7 @@ pub(crate) fn entry_parts(
     let spent = attempts.unwrap_or(Annotations {
         attempts: 0,
         stop: None,
+        hedge: None,
     });
     let on = up.config.annotate;
     super::attempt::annotate_response(h, &mut parts.extensions, spent, on);

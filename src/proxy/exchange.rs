@@ -189,6 +189,7 @@ pub(crate) async fn with_upstream(
             let spent = attempt::Annotations {
                 attempts: done.attempts,
                 stop: done.stop,
+                hedge: done.hedge,
             };
             attempt::annotate_response(
                 &mut rparts.headers,
@@ -212,6 +213,7 @@ pub(crate) async fn with_upstream(
             let spent = attempt::Annotations {
                 attempts: done.attempts,
                 stop: done.stop,
+                hedge: done.hedge,
             };
             attempt::annotate_response(
                 &mut parts.headers,

@@ -211,6 +211,7 @@ fn access_log(
     let spent = resp.extensions().get::<attempt::Annotations>().copied();
     let attempts = spent.map(|a| a.attempts);
     let retry_stop = spent.and_then(|a| a.stop).map(|s| s.as_str());
+    let hedge = spent.and_then(|a| a.hedge);
     let endpoint = resp
         .extensions()
         .get::<crate::upstream::Served>()
@@ -228,6 +229,7 @@ fn access_log(
                 error,
                 attempts,
                 retry_stop,
+                hedge,
                 endpoint,
                 took: start.elapsed(),
                 bytes_out: resp.body().size_hint().exact().unwrap_or(0),
@@ -251,6 +253,7 @@ fn access_log(
         status,
         attempts,
         retry_stop: retry_stop.map(str::to_string),
+        hedge,
         endpoint,
         took: start.elapsed(),
         client: asker.client,
@@ -340,6 +343,7 @@ async fn tunnel(
         let spent = attempt::Annotations {
             attempts,
             stop: None,
+            hedge: None,
         };
         let on = up.config.annotate;
         attempt::annotate_response(&mut parts.headers, &mut parts.extensions, spent, on);

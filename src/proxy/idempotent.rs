@@ -316,6 +316,7 @@ pub(crate) fn replay_parts(
     let none = super::attempt::Annotations {
         attempts: 0,
         stop: None,
+        hedge: None,
     };
     super::attempt::annotate_response(&mut parts.headers, &mut parts.extensions, none, annotate);
     (parts, stored.body_bytes())

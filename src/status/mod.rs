@@ -103,6 +103,11 @@ pub(crate) fn read(metrics: &Metrics, snap: &Snapshot) -> (HashMap<String, Sampl
                     }
                 }
                 "weir_retries_total" => s.retries += value,
+                "weir_hedges_total" => {
+                    if matches!(label("result").as_str(), "won" | "lost") {
+                        s.hedges += value;
+                    }
+                }
                 "weir_retry_stops_total" => {
                     let reason = label("reason");
                     if let Some(i) = StopReason::ALL.iter().position(|r| r.as_str() == reason) {

@@ -41,6 +41,8 @@ pub struct UpstreamReport {
     pub refusals_per_s: Option<BTreeMap<&'static str, f64>>,
     pub refusals_total: BTreeMap<&'static str, u64>,
     pub retries_per_s: Option<f64>,
+    /// Hedges sent per second (docs/reference/hedging.md#hedging).
+    pub hedges_per_s: Option<f64>,
     pub retry_stops_per_s: Option<BTreeMap<&'static str, f64>>,
     pub retry_stops_total: BTreeMap<&'static str, u64>,
     pub retry_budget_tokens: f64,
@@ -205,6 +207,7 @@ fn upstream(u: &Upstream, now: &Sample, bounds: &[f64], wall: u64) -> UpstreamRe
         refusals_per_s,
         refusals_total: REFUSAL_CODES.iter().copied().zip(now.refusals).collect(),
         retries_per_s: per_s(|s| s.retries),
+        hedges_per_s: per_s(|s| s.hedges),
         retry_stops_per_s,
         retry_stops_total: StopReason::ALL
             .iter()

@@ -92,7 +92,7 @@ struct Conn {
     max_streams: Arc<AtomicUsize>,
     /// Set once the connection is going away: it takes no new stream.
     retired: AtomicBool,
-    /// When a request last started or finished on it (ms since `epoch`).
+    /// When a request last started on it (ms since `epoch`).
     last_used: AtomicU64,
     epoch: Instant,
 }
@@ -109,14 +109,14 @@ impl Conn {
         self.in_flight.load(Ordering::Relaxed) < self.max_streams.load(Ordering::Relaxed).max(1)
     }
 
-    /// Counts one more request in flight on it.
-    fn reserve(&self) {
+    /// Counts one more request in flight on it, started at `now`.
+    fn reserve(&self, now: Instant) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.touch();
+        self.touch(now);
     }
 
-    fn touch(&self) {
-        let ms = self.epoch.elapsed().as_millis() as u64;
+    fn touch(&self, now: Instant) {
+        let ms = now.saturating_duration_since(self.epoch).as_millis() as u64;
         self.last_used.store(ms, Ordering::Relaxed);
     }
 
@@ -129,6 +129,10 @@ impl Conn {
 /// hyper's connection task, reporting the peer's stream limit as it changes.
 struct Driven<F> {
     conn: F,
+    /// Polls so far: the peer's limit is read on each of the first few
+    /// (its SETTINGS come right after the handshake), then on every 64th
+    /// (it rarely changes later, and reading it takes h2's lock).
+    polls: u32,
     max_streams: Arc<AtomicUsize>,
     learned: Arc<AtomicUsize>,
 }
@@ -142,9 +146,12 @@ impl Future for Driven<http2::Connection<Io, Body, TokioExecutor>> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
         let r = Pin::new(&mut this.conn).poll(cx);
-        let max = this.conn.current_max_send_streams();
-        if this.max_streams.swap(max, Ordering::Relaxed) != max {
-            this.learned.store(max, Ordering::Relaxed);
+        this.polls = this.polls.wrapping_add(1);
+        if this.polls < 16 || this.polls % 64 == 0 {
+            let max = this.conn.current_max_send_streams();
+            if this.max_streams.swap(max, Ordering::Relaxed) != max {
+                this.learned.store(max, Ordering::Relaxed);
+            }
         }
         match r {
             Poll::Ready(Ok(())) => Poll::Ready(()),
@@ -164,7 +171,6 @@ struct InFlight<'a>(&'a Conn);
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.0.touch();
     }
 }
 
@@ -253,7 +259,7 @@ impl H2Pool {
                     .filter(|c| c.has_room())
                     .min_by_key(|c| c.in_flight.load(Ordering::Relaxed));
                 if let Some(c) = best {
-                    c.reserve();
+                    c.reserve(now);
                     return Ok(c.clone());
                 }
                 state
@@ -284,7 +290,7 @@ impl H2Pool {
         // streams): the last connection takes it, and h2 queues the stream.
         let conn =
             dialled.ok_or_else(|| SendError::new(Failure::NotSent, "no HTTP/2 connection"))?;
-        conn.reserve();
+        conn.reserve(Instant::now());
         Ok(conn)
     }
 }
@@ -322,6 +328,7 @@ impl Shared {
         let max_streams = Arc::new(AtomicUsize::new(assumed));
         tokio::spawn(Driven {
             conn,
+            polls: 0,
             max_streams: max_streams.clone(),
             learned: self.learned_max.clone(),
         });

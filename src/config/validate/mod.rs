@@ -17,7 +17,7 @@ mod state;
 /// change, and a sidecar should follow within seconds.
 const DEFAULT_RESOLVE_EVERY: Duration = Duration::from_secs(5);
 pub(super) use ctx::{quote, Ctx};
-use policy::{breaker, cache, idempotency, merged, rate_limit, retry_policy};
+use policy::{breaker, cache, hedge, idempotency, merged, rate_limit, retry_policy};
 
 /// Validates `raw`. `removed` are the fields stage one rejected
 /// (`schema::Read`): `raw` has defaults in their place, and no error that
@@ -392,6 +392,7 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
     let rate_limit = rate_limit(cx, name, p);
     let idempotency = idempotency(cx, name, p);
     let cache = cache(cx, name, p);
+    let hedge = hedge(cx, name, p, retry.as_ref());
     let c = p.concurrency.clone().unwrap_or_default();
     let concurrency = ConcurrencyParams {
         max_in_flight: c.max_in_flight.unwrap_or_default(),
@@ -431,6 +432,7 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
         rate_limit,
         idempotency,
         cache,
+        hedge,
     })
 }
 

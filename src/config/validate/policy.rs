@@ -8,8 +8,8 @@ use super::super::duration;
 use super::super::raw::{RawJitter, RawPolicy};
 use super::Ctx;
 use crate::policy::{
-    BackoffPolicy, BreakerParams, BudgetParams, CacheParams, Growth, IdempotencyParams, Jitter,
-    RateLimitParams, RetryOn, RetryPolicy, Scope,
+    BackoffPolicy, BreakerParams, BudgetParams, CacheParams, Growth, HedgeParams,
+    IdempotencyParams, Jitter, RateLimitParams, RetryOn, RetryPolicy, Scope,
 };
 
 /// An upstream's policy: its own fields (`own`) over `[defaults]`
@@ -43,6 +43,9 @@ pub(super) fn merged(own: RawPolicy, raw_defaults: &RawPolicy, defaults: RawPoli
     }
     if let Some(rl) = merged.rate_limit.take() {
         merged.rate_limit = Some(rl.merge(RawPolicy::builtin_rate_limit()));
+    }
+    if let Some(h) = merged.hedge.take() {
+        merged.hedge = Some(h.merge(super::super::raw::RawHedge::builtin()));
     }
     merged
 }
@@ -245,4 +248,44 @@ pub(super) fn cache(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<CachePara
             None
         }
     }
+}
+
+/// Hedging's parameters; `None` without a `hedge` table, with
+/// `enabled = false`, or on an error (recorded). Hedging needs retries: a
+/// hedge is an extra attempt, replayed under the retry rules.
+pub(super) fn hedge(
+    cx: &mut Ctx,
+    name: &str,
+    p: &RawPolicy,
+    retry: Option<&RetryPolicy>,
+) -> Option<HedgeParams> {
+    let h = p.hedge.clone()?;
+    if !h.enabled.unwrap_or(true) {
+        return None;
+    }
+    let after = h.after.clone().unwrap_or_default();
+    let fixed = duration::parse(&after).ok();
+    let params = HedgeParams::try_new(
+        &after,
+        fixed,
+        h.max_extra.unwrap_or_default(),
+        h.max_hedges.unwrap_or_default(),
+        h.keyed_writes.unwrap_or(false),
+    );
+    let params = match params {
+        Ok(params) => params,
+        Err(e) => {
+            cx.policy_err(name, "hedge", e);
+            return None;
+        }
+    };
+    if retry.is_some_and(|r| r.max_attempts < 2) {
+        let f = cx.policy_path(name, "hedge.enabled");
+        cx.err(
+            f,
+            "hedging needs retries (retry.max_attempts of 2 or more): a hedge is an extra attempt",
+        );
+        return None;
+    }
+    Some(params)
 }

@@ -61,15 +61,23 @@ impl Gates for LiveGates<'_> {
 /// path (`crate::proxy::fast`) differ only in how an attempt is sent.
 #[derive(Debug)]
 pub(crate) struct Attempts<'a> {
-    up: &'a Upstream,
-    ticket: BreakerTicket<'a>,
-    facts: RequestFacts,
+    pub(super) up: &'a Upstream,
+    pub(super) ticket: BreakerTicket<'a>,
+    pub(super) facts: RequestFacts,
     key: Option<&'a str>,
-    deadline: Instant,
+    pub(super) deadline: Instant,
     /// The client lowered its deadline below the upstream's `timeout`.
     lowered: bool,
-    made: u32,
+    pub(super) made: u32,
     prev_delay: Duration,
+    /// The hedge's breaker slot while one is in flight.
+    pub(super) hedge_ticket: Option<BreakerTicket<'a>>,
+    /// Hedges sent for this request.
+    pub(super) hedges: u32,
+    /// A write the client keyed (hedged only with `hedge.keyed_writes`).
+    pub(super) keyed_write: bool,
+    /// The last race's hedge: `Some(true)` when its answer was returned.
+    pub(crate) hedged: Option<bool>,
 }
 
 /// What follows an attempt.
@@ -110,7 +118,16 @@ impl<'a> Attempts<'a> {
             lowered,
             made: 0,
             prev_delay: Duration::ZERO,
+            hedge_ticket: None,
+            hedges: 0,
+            keyed_write: false,
+            hedged: None,
         })
+    }
+
+    /// Marks the request a write made replayable by its idempotency key.
+    pub(crate) fn set_keyed_write(&mut self, keyed: bool) {
+        self.keyed_write = keyed;
     }
 
     /// Attempts made so far.
@@ -140,9 +157,12 @@ impl<'a> Attempts<'a> {
         ended: Instant,
     ) -> Duration {
         let state = &self.up.state;
-        state
-            .metrics
-            .attempt(outcome, ended.saturating_duration_since(started));
+        let took = ended.saturating_duration_since(started);
+        state.metrics.attempt(outcome, took);
+        if self.up.config.hedge.is_some() {
+            let now = state.now_at(ended);
+            state.live().hedge.latency.observe(took, now);
+        }
         // A deadline the client lowered itself is the client's doing, not the
         // upstream's: no verdict for the breaker.
         let blame = match error {
@@ -173,6 +193,7 @@ impl<'a> Attempts<'a> {
                 budget,
                 limiter,
                 rng,
+                ..
             } = &mut *guard;
             let mut gates = LiveGates {
                 breaker,
@@ -250,6 +271,17 @@ pub(crate) trait Transport: Watch {
         deadline: Instant,
     ) -> impl std::future::Future<Output = Option<(Outcome, Result<Self::Response, ProxyError>)>>;
 
+    /// Sends one attempt as [`Transport::attempt`] does and, when it has
+    /// not answered by `hedging.due` and `hedging.permit` allows, a hedge
+    /// beside it to another endpoint ([`super::race`]).
+    fn attempt_hedged(
+        &mut self,
+        started: Instant,
+        try_deadline: Instant,
+        deadline: Instant,
+        hedging: super::Hedging<'_>,
+    ) -> impl std::future::Future<Output = Option<super::Raced<Self::Response>>>;
+
     /// Lets go of a response that is to be retried (its connection may be
     /// reused when its body is whole).
     fn discard(&mut self, response: Result<Self::Response, ProxyError>);
@@ -281,7 +313,38 @@ pub(crate) async fn drive<T: Transport>(
     loop {
         let started = first.take().unwrap_or_else(Instant::now);
         let try_deadline = attempts.start(started);
-        let (outcome, result) = t.attempt(started, try_deadline, attempts.deadline).await?;
+        let deadline = attempts.deadline;
+        let (outcome, result, started) = match attempts.hedge_due(started) {
+            None => {
+                let (outcome, result) = t.attempt(started, try_deadline, deadline).await?;
+                (outcome, result, started)
+            }
+            Some(due) => {
+                let raced = {
+                    let facts = attempts.facts;
+                    let up = attempts.up;
+                    let retry_on = &up.config.retry.retry_on;
+                    let good = move |o: &Outcome| {
+                        matches!(
+                            crate::policy::classify(o, &facts, retry_on),
+                            crate::policy::Class::NotRetryable
+                        )
+                    };
+                    let mut permit = |now| attempts.permit_hedge(now);
+                    let hedging = super::Hedging {
+                        due,
+                        permit: &mut permit,
+                        good: &good,
+                    };
+                    t.attempt_hedged(started, try_deadline, deadline, hedging)
+                        .await?
+                };
+                if let Some(run) = &raced.hedge {
+                    attempts.settle_hedge(run, started);
+                }
+                (raced.outcome, raced.result, raced.started)
+            }
+        };
         let ended = Instant::now();
         if let Some(body) = t.body_facts() {
             attempts.facts.body = body;
@@ -326,18 +389,17 @@ pub(crate) fn timed_out(try_deadline: Instant, deadline: Instant) -> (Outcome, P
 /// `x-weir-attempts` and, when a retryable outcome was not retried,
 /// `x-weir-retry-stop`. The one writer of both, for either path: `put` gets
 /// each field's name and value.
-pub(crate) fn annotation_fields(
-    attempts: u32,
-    stop: Option<StopReason>,
-    mut put: impl FnMut(&'static str, &[u8]),
-) {
+pub(crate) fn annotation_fields(a: &Annotations, mut put: impl FnMut(&'static str, &[u8])) {
     let mut digits = [0u8; 20];
     put(
         "x-weir-attempts",
-        crate::proxy::headers::decimal(u64::from(attempts), &mut digits),
+        crate::proxy::headers::decimal(u64::from(a.attempts), &mut digits),
     );
-    if let Some(r) = stop {
+    if let Some(r) = a.stop {
         put("x-weir-retry-stop", r.as_str().as_bytes());
+    }
+    if let Some(won) = a.hedge {
+        put("x-weir-hedge", if won { b"won" } else { b"lost" });
     }
 }
 
@@ -349,11 +411,13 @@ pub(crate) fn annotation_fields(
 pub struct Annotations {
     pub attempts: u32,
     pub stop: Option<StopReason>,
+    /// A hedge was sent: `true` when its answer is the one returned.
+    pub hedge: Option<bool>,
 }
 
 /// Adds weir's annotations ([`annotation_fields`]) to a response's headers.
-pub(crate) fn annotate(h: &mut HeaderMap, attempts: u32, stop: Option<StopReason>) {
-    annotation_fields(attempts, stop, |name, value| {
+pub(crate) fn annotate(h: &mut HeaderMap, a: &Annotations) {
+    annotation_fields(a, |name, value| {
         if let Ok(v) = HeaderValue::from_bytes(value) {
             h.insert(name, v);
         }
@@ -370,6 +434,6 @@ pub(crate) fn annotate_response(
 ) {
     ext.insert(a);
     if fields {
-        annotate(h, a.attempts, a.stop);
+        annotate(h, &a);
     }
 }

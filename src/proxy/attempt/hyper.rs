@@ -48,6 +48,8 @@ pub(crate) struct Finished {
     pub stop: Option<StopReason>,
     /// When the last attempt ended (one clock read shared by what follows).
     pub ended: Instant,
+    /// A hedge was sent: `true` when its answer is the one returned.
+    pub hedge: Option<bool>,
 }
 
 /// The general path's transport: hyper's client (or a held connection),
@@ -78,17 +80,53 @@ impl Transport for HyperTransport<'_, '_> {
         _deadline: Instant,
     ) -> Option<(Outcome, Result<Self::Response, ProxyError>)> {
         let req = build(self.plan);
+        let grpc = (self.plan.grpc_trailers, self.plan.deadline);
         Some(
             send(
                 self.up,
                 self.conn,
                 req,
-                self.plan,
+                grpc,
                 try_deadline,
                 &mut self.avoid,
+                None,
             )
             .await,
         )
+    }
+
+    async fn attempt_hedged(
+        &mut self,
+        started: Instant,
+        try_deadline: Instant,
+        _deadline: Instant,
+        hedging: super::Hedging<'_>,
+    ) -> Option<super::Raced<Self::Response>> {
+        let first = build(self.plan);
+        let grpc = (self.plan.grpc_trailers, self.plan.deadline);
+        let (up, conn) = (self.up, self.conn);
+        let seen = super::Seen::default();
+        // The hedge's request is built now (cheap: the body is held) so that
+        // the first attempt's future borrows nothing the hedge needs.
+        let second = build(self.plan);
+        let mut hedge_avoid = self.avoid.clone();
+        let primary = send(
+            up,
+            conn,
+            first,
+            grpc,
+            try_deadline,
+            &mut self.avoid,
+            Some(&seen),
+        );
+        let raced = super::race(primary, started, hedging, |_sent, give_up| {
+            if let Some(a) = seen.get() {
+                hedge_avoid.push(a);
+            }
+            send(up, conn, second, grpc, give_up, &mut hedge_avoid, None)
+        })
+        .await;
+        Some(raced)
     }
 
     fn discard(&mut self, _response: Result<Self::Response, ProxyError>) {}
@@ -127,6 +165,7 @@ pub(crate) async fn run<'a>(
                 attempts: 0,
                 stop: None,
                 ended: t0,
+                hedge: None,
             }
         }
     };
@@ -135,7 +174,9 @@ pub(crate) async fn run<'a>(
         let started = Instant::now();
         let try_deadline = attempts.start(started);
         let req = build(&mut plan);
-        let (outcome, result) = send(up, conn, req, &plan, try_deadline, &mut Vec::new()).await;
+        let grpc = (plan.grpc_trailers, plan.deadline);
+        let (outcome, result) =
+            send(up, conn, req, grpc, try_deadline, &mut Vec::new(), None).await;
         let ended = Instant::now();
         attempts.record(&outcome, result.as_ref().err(), started, ended);
         return Finished {
@@ -143,8 +184,13 @@ pub(crate) async fn run<'a>(
             attempts: attempts.made(),
             stop: None,
             ended,
+            hedge: None,
         };
     }
+    attempts.set_keyed_write(
+        plan.has_idempotency_key
+            && !crate::policy::is_idempotent_method(plan.parts.method.as_str()),
+    );
     let mut t = HyperTransport {
         up,
         conn,
@@ -157,6 +203,7 @@ pub(crate) async fn run<'a>(
             attempts: attempts.made(),
             stop: d.stop,
             ended: d.ended,
+            hedge: attempts.hedged,
         },
         // Never: this transport does not watch the client (hyper drops us).
         None => Finished {
@@ -164,6 +211,7 @@ pub(crate) async fn run<'a>(
             attempts: attempts.made(),
             stop: None,
             ended: Instant::now(),
+            hedge: None,
         },
     }
 }
@@ -218,19 +266,21 @@ fn build(plan: &mut Outbound<'_>) -> Request<crate::proxy::body::Body> {
 }
 
 /// Sends one attempt; gives up at `try_deadline`.
+/// `seen` learns the endpoint picked while the attempt is in flight.
 async fn send(
     up: &Upstream,
     conn: &crate::proxy::sticky::ConnCtx,
     req: Request<crate::proxy::body::Body>,
-    plan: &Outbound<'_>,
+    (grpc_trailers, deadline): (bool, Instant),
     try_deadline: Instant,
     avoid: &mut Vec<std::net::SocketAddr>,
+    seen: Option<&super::Seen>,
 ) -> (Outcome, Result<Response<UpstreamBody>, ProxyError>) {
     let started = Instant::now();
     let mut picked = None;
-    let sent =
-        tokio::time::timeout_at(try_deadline, dispatch(up, conn, req, avoid, &mut picked)).await;
-    let (outcome, mut result) = judge(up, plan, try_deadline, sent).await;
+    let sending = dispatch(up, conn, req, avoid, &mut picked, seen);
+    let sent = tokio::time::timeout_at(try_deadline, sending).await;
+    let (outcome, mut result) = judge(up, (grpc_trailers, deadline), try_deadline, sent).await;
     if let (Ok(r), Some(p)) = (&mut result, &picked) {
         r.extensions_mut().insert(crate::upstream::Served(p.addr()));
     }
@@ -241,7 +291,7 @@ async fn send(
 /// The outcome of a sent attempt, and what the client would get.
 async fn judge(
     up: &Upstream,
-    plan: &Outbound<'_>,
+    (grpc_trailers, deadline): (bool, Instant),
     try_deadline: Instant,
     sent: Result<
         Result<Response<Incoming>, crate::upstream::client::SendError>,
@@ -252,15 +302,14 @@ async fn judge(
     match sent {
         Ok(Ok(resp)) => {
             let mut grpc = grpc_status(resp.headers());
-            let resp =
-                if plan.grpc_trailers && grpc.is_none() && resp.status() == http::StatusCode::OK {
-                    let limit = up.config.retry.max_replay_body_bytes;
-                    let (resp, trailer_status) = hold_for_trailers(resp, limit, try_deadline).await;
-                    grpc = trailer_status;
-                    resp
-                } else {
-                    resp.map(UpstreamBody::Left)
-                };
+            let resp = if grpc_trailers && grpc.is_none() && resp.status() == http::StatusCode::OK {
+                let limit = up.config.retry.max_replay_body_bytes;
+                let (resp, trailer_status) = hold_for_trailers(resp, limit, try_deadline).await;
+                grpc = trailer_status;
+                resp
+            } else {
+                resp.map(UpstreamBody::Left)
+            };
             (
                 Outcome::Response {
                     status: resp.status().as_u16(),
@@ -278,7 +327,7 @@ async fn judge(
             (outcome, Err(error))
         }
         Err(_) => {
-            let (outcome, e) = timed_out(try_deadline, plan.deadline);
+            let (outcome, e) = timed_out(try_deadline, deadline);
             (outcome, Err(e))
         }
     }
@@ -294,7 +343,13 @@ async fn dispatch(
     mut req: Request<Body>,
     avoid: &mut Vec<std::net::SocketAddr>,
     picked: &mut Option<crate::upstream::Picked>,
+    seen: Option<&super::Seen>,
 ) -> Result<Response<Incoming>, crate::upstream::client::SendError> {
+    let publish = |p: &crate::upstream::Picked| {
+        if let Some(s) = seen {
+            s.set(p.addr());
+        }
+    };
     if !up.endpoints.ready() {
         // A name not resolved yet: the upstream-wide client resolves it.
         return up.client.send(req).await;
@@ -305,6 +360,7 @@ async fn dispatch(
             return up.client.send(req).await;
         };
         let client = p.endpoint.client();
+        publish(&p);
         *picked = Some(p);
         return client.send(req).await;
     }
@@ -338,6 +394,7 @@ async fn dispatch(
     let Some(p) = picked.as_ref() else {
         return up.client.send(req).await;
     };
+    publish(p);
     let addr = p.addr();
     let mut sender = match via {
         Via::Held(s) => s,

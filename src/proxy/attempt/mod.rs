@@ -14,6 +14,7 @@
 //! [`BreakerTicket`] releases its slot without a verdict.
 mod admit;
 mod drive;
+mod hedge;
 mod hyper;
 
 pub(crate) use admit::{admit, admit_breaker, admit_breaker_at, deadline, refund, Dropped, Watch};
@@ -21,4 +22,5 @@ pub use drive::Annotations;
 pub(crate) use drive::{
     annotate, annotate_response, annotation_fields, drive, timed_out, Attempts, Step, Transport,
 };
+pub(crate) use hedge::{race, Hedging, Raced, Seen};
 pub(crate) use hyper::{run, Outbound};

@@ -53,6 +53,7 @@ impl Ctx<'_> {
             error: None,
             attempts: up.config.annotate.then_some(0),
             retry_stop: None,
+            hedge: None,
             endpoint: None,
             took,
             bytes_out: if send_body { body.len() as u64 } else { 0 },

@@ -270,6 +270,7 @@ impl Ctx<'_> {
                 attempts: Some(Annotations {
                     attempts: 0,
                     stop: None,
+                    hedge: None,
                 }),
                 endpoint: None,
             };
@@ -278,6 +279,7 @@ impl Ctx<'_> {
         if !up.own_h1 {
             return false;
         }
+        attempts.set_keyed_write(p.keyed_write);
         let mut t = FastTransport {
             watch: ClientWatch {
                 stream: &mut *self.stream,
@@ -306,6 +308,7 @@ impl Ctx<'_> {
         let spent = Annotations {
             attempts: made,
             stop,
+            hedge: attempts.hedged,
         };
         let annotations = cfg.annotate.then_some(spent);
         drop(attempts);
@@ -331,6 +334,7 @@ impl Ctx<'_> {
                     error: relayed.error,
                     attempts: Some(made),
                     retry_stop: stop.map(|s| s.as_str()),
+                    hedge: spent.hedge,
                     endpoint: Some(addr),
                     took,
                     bytes_out: relayed.bytes,
@@ -402,9 +406,9 @@ impl Ctx<'_> {
     async fn fail(&mut self, up: &Upstream, start: Instant, p: &Planned, f: OwnError) -> bool {
         let took = start.elapsed();
         up.state.metrics.error(f.error.code(), took);
-        let (made, stop) = match f.attempts {
-            Some(a) => (Some(a.attempts), a.stop.map(|s| s.as_str())),
-            None => (None, None),
+        let (made, stop, hedge) = match f.attempts {
+            Some(a) => (Some(a.attempts), a.stop.map(|s| s.as_str()), a.hedge),
+            None => (None, None, None),
         };
         let entry = access::Entry {
             upstream: &up.config.name,
@@ -414,6 +418,7 @@ impl Ctx<'_> {
             error: Some(f.error.code()),
             attempts: made,
             retry_stop: stop,
+            hedge,
             endpoint: f.endpoint,
             took,
             // weir's JSON error body; a HEAD gets none.

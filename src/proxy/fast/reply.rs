@@ -21,7 +21,7 @@ impl ErrorResponse<'_> {
     pub(super) fn write(&self, out: &mut Vec<u8>) {
         let (mut parts, body) = self.error.parts(Some(self.upstream));
         if let Some(a) = self.annotations {
-            attempt::annotate(&mut parts.headers, a.attempts, a.stop);
+            attempt::annotate(&mut parts.headers, &a);
         }
         let date = httpdate::fmt_http_date(self.date);
         let date = http::HeaderValue::from_str(&date).ok();

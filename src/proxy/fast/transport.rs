@@ -103,35 +103,87 @@ impl attempt::Transport for FastTransport<'_> {
             // The client went away: the attempt is dropped, the breaker
             // slot released without a verdict.
             () = client_gone(self.watch.stream, self.watch.client, self.watch.need, self.watch.eof), if !self.detached => return None,
-            r = exchange(self.pool, self.up, started, self.request, self.upstream, (self.out, self.kept), self.is_head_request, (&mut self.avoid, &mut picked)) => r.map_err(SendError::into_parts),
+            r = exchange(self.pool, self.up, started, self.request, self.upstream, (self.out, self.kept), self.is_head_request, (&mut self.avoid, &mut picked, None)) => r.map_err(SendError::into_parts),
             () = self.timer.at(try_deadline) => Err(attempt::timed_out(try_deadline, deadline)),
         };
-        let outcome = match &sent {
-            Ok(x) => Outcome::Response {
-                status: x.status,
-                retry_after: None,
-                grpc_status: None,
-            },
-            Err((o, _)) => *o,
+        Some(conclude(self.up, sent, picked, started, &mut self.avoid))
+    }
+
+    async fn attempt_hedged(
+        &mut self,
+        started: Instant,
+        try_deadline: Instant,
+        deadline: Instant,
+        hedging: attempt::Hedging<'_>,
+    ) -> Option<attempt::Raced<Exchange>> {
+        let FastTransport {
+            watch,
+            request,
+            upstream,
+            out,
+            kept,
+            timer,
+            pool,
+            up,
+            is_head_request,
+            detached,
+            avoid,
+        } = self;
+        let (pool, up, request, head) = (*pool, *up, *request, *is_head_request);
+        let seen = attempt::Seen::default();
+        // The hedge's own buffers; its answer is written after what `out`
+        // holds already, as the first attempt's would be.
+        let (mut up2, mut out2, mut kept2) = (Vec::new(), out.clone(), None);
+        let mut avoid2 = avoid.clone();
+        let primary = async {
+            let mut picked = None;
+            let sent = tokio::select! {
+                biased;
+                r = exchange(pool, up, started, request, upstream, (out, kept), head, (avoid, &mut picked, Some(&seen))) => r.map_err(SendError::into_parts),
+                () = timer.at(try_deadline) => Err(attempt::timed_out(try_deadline, deadline)),
+            };
+            conclude(up, sent, picked, started, avoid)
         };
-        crate::upstream::report(
-            picked,
-            &outcome,
-            &self.up.config.breaker,
-            started,
-            &mut self.avoid,
-        );
-        Some(match sent {
-            Ok(x) => (
-                Outcome::Response {
-                    status: x.status,
-                    retry_after: x.retry_after,
-                    grpc_status: None,
-                },
-                Ok(x),
-            ),
-            Err((outcome, e)) => (outcome, Err(e)),
-        })
+        let (buf, out2_, kept2_, avoid2_) = (&mut up2, &mut out2, &mut kept2, &mut avoid2);
+        let seen_ = &seen;
+        let hedge = move |sent_at: Instant, give_up: Instant| {
+            if let Some(a) = seen_.get() {
+                avoid2_.push(a);
+            }
+            let (out2, kept2, avoid2) = (out2_, kept2_, avoid2_);
+            async move {
+                let mut picked = None;
+                let sent = tokio::select! {
+                    biased;
+                    r = exchange(pool, up, sent_at, request, buf, (out2, kept2), head, (&mut *avoid2, &mut picked, None)) => r.map_err(SendError::into_parts),
+                    () = tokio::time::sleep_until(give_up) => Err(attempt::timed_out(give_up, deadline)),
+                };
+                conclude(up, sent, picked, sent_at, avoid2)
+            }
+        };
+        let raced = attempt::race(primary, started, hedging, hedge);
+        let raced = if *detached {
+            raced.await
+        } else {
+            tokio::select! {
+                biased;
+                // The client went away: both attempts are dropped.
+                () = client_gone(watch.stream, watch.client, watch.need, watch.eof) => return None,
+                r = raced => r,
+            }
+        };
+        if raced.hedge.is_some_and(|h| h.won) {
+            // The hedge's answer is the one relayed: its buffers are ours.
+            std::mem::swap(*upstream, &mut up2);
+            std::mem::swap(*out, &mut out2);
+            **kept = kept2;
+        }
+        for a in avoid2 {
+            if !avoid.contains(&a) {
+                avoid.push(a);
+            }
+        }
+        Some(raced)
     }
 
     /// A response to be retried: its connection goes back to the pool when
@@ -150,6 +202,37 @@ impl attempt::Transport for FastTransport<'_> {
     }
 }
 
+/// An attempt's outcome from what [`exchange`] returned, reported to the
+/// endpoint it went to (`picked`).
+fn conclude(
+    up: &Upstream,
+    sent: Result<Exchange, (Outcome, ProxyError)>,
+    picked: Option<crate::upstream::Picked>,
+    started: Instant,
+    avoid: &mut Vec<SocketAddr>,
+) -> (Outcome, Result<Exchange, ProxyError>) {
+    let outcome = match &sent {
+        Ok(x) => Outcome::Response {
+            status: x.status,
+            retry_after: None,
+            grpc_status: None,
+        },
+        Err((o, _)) => *o,
+    };
+    crate::upstream::report(picked, &outcome, &up.config.breaker, started, avoid);
+    match sent {
+        Ok(x) => (
+            Outcome::Response {
+                status: x.status,
+                retry_after: x.retry_after,
+                grpc_status: None,
+            },
+            Ok(x),
+        ),
+        Err((outcome, e)) => (outcome, Err(e)),
+    }
+}
+
 /// One attempt: an endpoint picked, a pooled (or new) connection to it, the
 /// request written, the response head read. The endpoint is left in
 /// `picked` for its outcome to be reported.
@@ -162,7 +245,11 @@ async fn exchange(
     buf: &mut Vec<u8>,
     (out, kept): (&mut Vec<u8>, &mut Option<(usize, usize)>),
     is_head_request: bool,
-    (avoid, picked): (&mut Vec<SocketAddr>, &mut Option<crate::upstream::Picked>),
+    (avoid, picked, seen): (
+        &mut Vec<SocketAddr>,
+        &mut Option<crate::upstream::Picked>,
+        Option<&attempt::Seen>,
+    ),
 ) -> Result<Exchange, Failed> {
     let tls = up.client.fast_tls.as_deref();
     let tag = tls.map_or(0, |t| t.tag);
@@ -171,6 +258,9 @@ async fn exchange(
     let no_endpoint = || SendError::new(Failure::Connect, "the upstream has no endpoint yet");
     *picked = Some(up.endpoints.pick(avoid).ok_or_else(no_endpoint)?);
     let first = picked.as_ref().map(|p| p.addr()).ok_or_else(no_endpoint)?;
+    if let Some(seen) = seen {
+        seen.set(first);
+    }
     let mut s = match pool.take(first, tag, now) {
         Some(s) => s,
         None => {

@@ -66,6 +66,9 @@ pub struct Planned {
     pub chunked: bool,
     /// The method and idempotency key, for the retry decision.
     pub facts: RequestFacts,
+    /// A write replayable only by its idempotency key (hedged only with
+    /// `hedge.keyed_writes`).
+    pub keyed_write: bool,
     /// A HEAD request: the response has no body, whatever it announces.
     pub is_head_request: bool,
     /// The client asked to close the connection after this response.
@@ -273,6 +276,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         body_len: body_len as usize,
         chunked: req.chunked,
         facts: RequestFacts::new(req.method, asked.carries_key, body),
+        keyed_write: asked.carries_key && !crate::policy::is_idempotent_method(req.method),
         is_head_request: req.method == "HEAD",
         close: req.connection.close,
         asked,
@@ -619,6 +623,7 @@ mod tests {
         let a = Annotations {
             attempts: 2,
             stop: Some(StopReason::Budget),
+            hedge: None,
         };
         finish_response(&mut out, Some(a), true);
         let out = String::from_utf8(out).unwrap();

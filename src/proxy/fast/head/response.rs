@@ -182,7 +182,7 @@ pub use crate::proxy::attempt::Annotations;
 #[inline]
 pub fn finish_response(out: &mut Vec<u8>, annotations: Option<Annotations>, close: bool) {
     if let Some(a) = annotations {
-        crate::proxy::attempt::annotation_fields(a.attempts, a.stop, |name, value| {
+        crate::proxy::attempt::annotation_fields(&a, |name, value| {
             header(out, name.as_bytes(), value)
         });
     }
