@@ -42,100 +42,6 @@ pub struct ConfigArg {
     pub config: PathBuf,
 }
 
-#[derive(Debug, clap::Args)]
-pub struct ChaosArgs {
-    #[command(subcommand)]
-    pub upstream: Option<ChaosCommand>,
-    /// The scenario; all of them when absent.
-    #[arg(value_enum)]
-    pub scenario: Option<crate::chaos::Scenario>,
-    /// Client requests per column (each scenario has its own default).
-    #[arg(long)]
-    pub requests: Option<usize>,
-    /// Offer this many requests per second (open loop) instead of the scenario's load.
-    #[arg(long)]
-    pub rate: Option<f64>,
-    /// Seed of the upstream's fault draws.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// Merge this file's `[defaults]` over the scenario's settings (the file wins, field by field).
-    #[arg(long, short)]
-    pub config: Option<PathBuf>,
-    /// Print JSON instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// The replica scenarios: weir speaks h2c to the replicas.
-    #[arg(long)]
-    pub h2c: bool,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum ChaosCommand {
-    /// Run the weir binary under load against the faulty upstream for a long while, and
-    /// fail (exit 1) if its RSS or open fds grow by more than 10 % after the warm-up.
-    ///
-    /// Prints RSS, fds, requests/s and 2xx share every --interval.
-    Soak {
-        /// How long to run.
-        #[arg(long, default_value = "10m", value_parser = crate::config::duration::parse)]
-        duration: std::time::Duration,
-        #[arg(long, default_value = "10s", value_parser = crate::config::duration::parse)]
-        interval: std::time::Duration,
-        /// Samples in this first stretch are shown but not judged.
-        #[arg(long, default_value = "1m", value_parser = crate::config::duration::parse)]
-        warmup: std::time::Duration,
-        /// Requests offered per second (open loop).
-        #[arg(long, default_value_t = 2000.0)]
-        rate: f64,
-        /// The weir binary to run (default: this one).
-        #[arg(long)]
-        weir: Option<PathBuf>,
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-    },
-    /// Run the fault-injecting upstream alone until Ctrl-C.
-    ///
-    /// Start from a scenario's profile and adjust it: e.g.
-    /// `weir chaos upstream --listen 127.0.0.1:8080 --profile transient-30 --latency uniform:5ms-50ms`.
-    /// It counts every request it receives, and duplicate deliveries of POSTs by the
-    /// `x-chaos-request-id` header.
-    Upstream {
-        /// Address to listen on.
-        #[arg(long, default_value = "127.0.0.1:8080")]
-        listen: std::net::SocketAddr,
-        /// Start from this scenario's profile.
-        #[arg(long, value_enum, default_value = "transient-5")]
-        profile: crate::chaos::Scenario,
-        /// Share of requests answered with --fail-status (0–1).
-        #[arg(long)]
-        fail_rate: Option<f64>,
-        /// Status for failed requests.
-        #[arg(long)]
-        fail_status: Option<u16>,
-        /// Share of requests reset before they are read (0–1).
-        #[arg(long)]
-        reset_before: Option<f64>,
-        /// Share of requests reset after they are processed (0–1).
-        #[arg(long)]
-        reset_after: Option<f64>,
-        /// `none`, `fixed:20ms`, `uniform:1ms-50ms` or `tail:2ms,1%,500ms`.
-        #[arg(long)]
-        latency: Option<String>,
-        /// Refuse connections from START for LEN after the upstream starts: `10s+30s`. Repeatable.
-        #[arg(long)]
-        outage: Vec<String>,
-        /// Above this many requests per second, answer 429 with Retry-After.
-        #[arg(long)]
-        throttle_rps: Option<f64>,
-        /// Share of requests processed, then answered only after 5 s (0–1).
-        #[arg(long)]
-        hang_rate: Option<f64>,
-        /// Seed of the fault draws.
-        #[arg(long, default_value_t = 1)]
-        seed: u64,
-    },
-}
-
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve traffic: bind the listeners in the config and proxy until SIGTERM or Ctrl-C.
@@ -182,7 +88,7 @@ pub enum Command {
     /// `weir chaos upstream` runs the fault-injecting upstream alone, to rehearse your own
     /// policy against it.
     #[command(args_conflicts_with_subcommands = true)]
-    Chaos(ChaosArgs),
+    Chaos(crate::chaos::command::ChaosArgs),
     /// Ask a running weir whether it is ready: exit 0 when its admin listener answers 200.
     ///
     /// `GET /readyz` (or `--path`) over plain HTTP to the admin listener: `--admin ADDR`,
@@ -232,7 +138,7 @@ pub fn main() -> ExitCode {
             path,
             timeout,
         } => crate::health::run(&config.config, admin, &path, timeout),
-        Command::Chaos(args) => chaos(args),
+        Command::Chaos(args) => crate::chaos::command::run(args),
     }
 }
 
@@ -336,184 +242,6 @@ fn decide(input: Option<&std::path::Path>) -> ExitCode {
     }
 }
 
-fn runtime() -> Option<tokio::runtime::Runtime> {
-    match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => Some(rt),
-        Err(e) => {
-            eprintln!("cannot start the runtime: {e}");
-            None
-        }
-    }
-}
-
-fn chaos(args: ChaosArgs) -> ExitCode {
-    let Some(rt) = runtime() else {
-        return ExitCode::FAILURE;
-    };
-    if let Some(ChaosCommand::Soak {
-        duration,
-        interval,
-        warmup,
-        rate,
-        weir,
-        seed,
-    }) = args.upstream
-    {
-        let weir = match weir.map_or_else(std::env::current_exe, Ok) {
-            Ok(w) => w,
-            Err(e) => {
-                eprintln!("cannot find the weir binary: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        let opts = crate::chaos::soak::SoakOptions {
-            weir,
-            duration,
-            interval,
-            warmup,
-            rate,
-            seed,
-        };
-        return match rt.block_on(crate::chaos::soak::print(&opts)) {
-            Ok(true) => ExitCode::SUCCESS,
-            Ok(false) => ExitCode::FAILURE,
-            Err(e) => {
-                eprintln!("soak: {e}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    if let Some(ChaosCommand::Upstream {
-        listen,
-        profile,
-        fail_rate,
-        fail_status,
-        reset_before,
-        reset_after,
-        latency,
-        outage,
-        throttle_rps,
-        hang_rate,
-        seed,
-    }) = args.upstream
-    {
-        let mut p = profile.profile();
-        if let Some(v) = fail_rate {
-            p.fail_rate = v;
-        }
-        if let Some(v) = fail_status {
-            p.fail_status = v;
-        }
-        if let Some(v) = reset_before {
-            p.reset_before = v;
-        }
-        if let Some(v) = reset_after {
-            p.reset_after = v;
-        }
-        if let Some(v) = hang_rate {
-            p.hang_rate = v;
-        }
-        if let Some(rps) = throttle_rps {
-            p.throttle = Some(crate::chaos::upstream::Throttle {
-                rps,
-                status: 429,
-                retry_after: 1,
-            });
-        }
-        if let Some(l) = latency {
-            match crate::chaos::upstream::parse_latency(&l) {
-                Ok(l) => p.latency = l,
-                Err(e) => {
-                    eprintln!("--latency: {e}");
-                    return ExitCode::FAILURE;
-                }
-            }
-        }
-        if !outage.is_empty() {
-            p.outages.clear();
-        }
-        for o in outage {
-            match crate::chaos::upstream::parse_outage(&o) {
-                Ok(w) => p.outages.push(w),
-                Err(e) => {
-                    eprintln!("--outage: {e}");
-                    return ExitCode::FAILURE;
-                }
-            }
-        }
-        return rt.block_on(async move {
-            let up =
-                match crate::chaos::upstream::ChaosUpstream::start(listen, p.clone(), seed).await {
-                    Ok(u) => u,
-                    Err(e) => {
-                        eprintln!("cannot listen on {listen}: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                };
-            tracing::info!(listen = %up.addr, profile = ?p, "chaos upstream serving");
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => tracing::info!(
-                        received = up.counters.received(),
-                        duplicate_posts = up.counters.duplicates(),
-                        "chaos upstream counts"
-                    ),
-                    _ = shutdown_signal() => break,
-                }
-            }
-            println!(
-                "received {} requests, {} duplicate POST deliveries",
-                up.counters.received(),
-                up.counters.duplicates()
-            );
-            ExitCode::SUCCESS
-        });
-    }
-    let opts = crate::chaos::Options {
-        requests: args.requests,
-        rate: args.rate,
-        seed: args.seed,
-        config: args.config,
-        weir_only: false,
-        h2c: args.h2c,
-    };
-    let scenarios: Vec<crate::chaos::Scenario> = match args.scenario {
-        Some(s) => vec![s],
-        None => crate::chaos::Scenario::ALL.to_vec(),
-    };
-    rt.block_on(async move {
-        let mut all = Vec::new();
-        for s in scenarios {
-            match crate::chaos::run(s, &opts).await {
-                Ok(r) => {
-                    if args.json {
-                        all.push(crate::chaos::report::json(&r));
-                    } else {
-                        println!("{}", crate::chaos::report::table(&r));
-                    }
-                }
-                Err(e) => {
-                    eprintln!("{}: {e}", s.name());
-                    return ExitCode::FAILURE;
-                }
-            }
-        }
-        if args.json {
-            let v = if all.len() == 1 {
-                all.remove(0)
-            } else {
-                serde_json::Value::Array(all)
-            };
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-        }
-        ExitCode::SUCCESS
-    })
-}
-
 fn run(path: &std::path::Path, workers: Option<usize>) -> ExitCode {
     let config = match Config::load(path) {
         Ok(c) => c,
@@ -570,7 +298,7 @@ async fn serve(config: Config, workers: usize) -> ExitCode {
         workers,
         "weir is serving"
     );
-    shutdown_signal().await;
+    crate::shutdown::signal().await;
     // The config in force now: a reload may have changed it.
     let grace = rt.proxy.snapshot().config.server.shutdown_timeout;
     tracing::info!(
@@ -579,26 +307,11 @@ async fn serve(config: Config, workers: usize) -> ExitCode {
     );
     tokio::select! {
         _ = rt.shutdown(grace) => {}
-        _ = shutdown_signal() => {
+        _ = crate::shutdown::signal() => {
             tracing::warn!("second signal: exiting now");
             return ExitCode::from(130);
         }
     }
     tracing::info!("stopped");
     ExitCode::SUCCESS
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
 }

@@ -270,3 +270,18 @@ fn watch_files(
     });
     Ok(())
 }
+
+/// A multi-threaded runtime for a command (`weir chaos`, `weir run`); `None`
+/// (said on stderr) when it cannot be built.
+pub fn build() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            None
+        }
+    }
+}

@@ -7,6 +7,7 @@
 //! in-process on loopback. Nothing here is used by the data plane.
 
 pub mod catalogue;
+pub mod command;
 mod config;
 pub mod double_submit;
 pub mod driver;

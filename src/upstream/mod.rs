@@ -276,6 +276,17 @@ impl Endpoints {
     }
 
     /// The endpoints now.
+    /// An attempt to `addr` that lost a hedge's race was cancelled after
+    /// `took`: the endpoint was at least that slow, which its latency
+    /// estimate learns (docs/reference/hedging.md#the-race). No verdict.
+    pub fn observe_cancelled(&self, addr: SocketAddr, took: std::time::Duration) {
+        let set = self.set.load();
+        if let Some(ep) = set.iter().find(|e| e.addr == addr) {
+            let now = self.clock.now();
+            ep.stats().ewma.observe_outcome(took, false, now);
+        }
+    }
+
     pub fn all(&self) -> Arc<Vec<Arc<Endpoint>>> {
         self.set.load_full()
     }

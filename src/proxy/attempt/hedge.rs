@@ -69,6 +69,27 @@ pub(crate) struct Raced<R> {
 }
 
 impl<R> Raced<R> {
+    /// After a race: the cancelled attempt's endpoint (`first` for the first
+    /// attempt's, `hedge` for the hedge's) learns how long it had taken.
+    pub(crate) fn observe_loser(
+        &self,
+        endpoints: &crate::upstream::Endpoints,
+        started: Instant,
+        (first, hedge): (&Seen, &Seen),
+    ) {
+        let Some(run) = self.hedge.filter(|r| r.other.is_none()) else {
+            return;
+        };
+        let (addr, began) = if run.won {
+            (first.get(), started)
+        } else {
+            (hedge.get(), run.sent)
+        };
+        if let Some(a) = addr {
+            endpoints.observe_cancelled(a, run.other_ended.saturating_duration_since(began));
+        }
+    }
+
     pub(crate) fn single((outcome, result): Ended<R>, started: Instant) -> Self {
         Raced {
             outcome,

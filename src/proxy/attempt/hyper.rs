@@ -105,7 +105,7 @@ impl Transport for HyperTransport<'_, '_> {
         let first = build(self.plan);
         let grpc = (self.plan.grpc_trailers, self.plan.deadline);
         let (up, conn) = (self.up, self.conn);
-        let seen = super::Seen::default();
+        let (seen, seen2) = (super::Seen::default(), super::Seen::default());
         // The hedge's request is built now (cheap: the body is held) so that
         // the first attempt's future borrows nothing the hedge needs.
         let second = build(self.plan);
@@ -123,9 +123,18 @@ impl Transport for HyperTransport<'_, '_> {
             if let Some(a) = seen.get() {
                 hedge_avoid.push(a);
             }
-            send(up, conn, second, grpc, give_up, &mut hedge_avoid, None)
+            send(
+                up,
+                conn,
+                second,
+                grpc,
+                give_up,
+                &mut hedge_avoid,
+                Some(&seen2),
+            )
         })
         .await;
+        raced.observe_loser(&up.endpoints, started, (&seen, &seen2));
         Some(raced)
     }
 

@@ -130,7 +130,7 @@ impl attempt::Transport for FastTransport<'_> {
             avoid,
         } = self;
         let (pool, up, request, head) = (*pool, *up, *request, *is_head_request);
-        let seen = attempt::Seen::default();
+        let (seen, seen2) = (attempt::Seen::default(), attempt::Seen::default());
         // The hedge's own buffers; its answer is written after what `out`
         // holds already, as the first attempt's would be.
         let (mut up2, mut out2, mut kept2) = (Vec::new(), out.clone(), None);
@@ -145,7 +145,7 @@ impl attempt::Transport for FastTransport<'_> {
             conclude(up, sent, picked, started, avoid)
         };
         let (buf, out2_, kept2_, avoid2_) = (&mut up2, &mut out2, &mut kept2, &mut avoid2);
-        let seen_ = &seen;
+        let (seen_, seen2_) = (&seen, &seen2);
         let hedge = move |sent_at: Instant, give_up: Instant| {
             if let Some(a) = seen_.get() {
                 avoid2_.push(a);
@@ -155,7 +155,7 @@ impl attempt::Transport for FastTransport<'_> {
                 let mut picked = None;
                 let sent = tokio::select! {
                     biased;
-                    r = exchange(pool, up, sent_at, request, buf, (out2, kept2), head, (&mut *avoid2, &mut picked, None)) => r.map_err(SendError::into_parts),
+                    r = exchange(pool, up, sent_at, request, buf, (out2, kept2), head, (&mut *avoid2, &mut picked, Some(seen2_))) => r.map_err(SendError::into_parts),
                     () = tokio::time::sleep_until(give_up) => Err(attempt::timed_out(give_up, deadline)),
                 };
                 conclude(up, sent, picked, sent_at, avoid2)
@@ -172,6 +172,7 @@ impl attempt::Transport for FastTransport<'_> {
                 r = raced => r,
             }
         };
+        raced.observe_loser(&up.endpoints, started, (&seen, &seen2));
         if raced.hedge.is_some_and(|h| h.won) {
             // The hedge's answer is the one relayed: its buffers are ours.
             std::mem::swap(*upstream, &mut up2);

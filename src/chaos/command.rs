@@ -1,0 +1,315 @@
+//! `weir chaos …` on the command line: the scenarios, the fault-injecting
+//! upstream alone, the soak, and the load client of the benchmarks.
+
+use clap::Subcommand;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct ChaosArgs {
+    #[command(subcommand)]
+    pub upstream: Option<ChaosCommand>,
+    /// The scenario; all of them when absent.
+    #[arg(value_enum)]
+    pub scenario: Option<crate::chaos::Scenario>,
+    /// Client requests per column (each scenario has its own default).
+    #[arg(long)]
+    pub requests: Option<usize>,
+    /// Offer this many requests per second (open loop) instead of the scenario's load.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Seed of the upstream's fault draws.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Merge this file's `[defaults]` over the scenario's settings (the file wins, field by field).
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// The replica scenarios: weir speaks h2c to the replicas.
+    #[arg(long)]
+    pub h2c: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ChaosCommand {
+    /// Send GETs to a proxy (or a server) from a closed loop of clients and
+    /// print what they saw, one line: `TAIL requests successes p50_ms p99_ms
+    /// p99.9_ms` (the client of `bench/slow-tail.sh`; each latency is a
+    /// whole response, every request counted).
+    Load {
+        /// Where to send them.
+        #[arg(long)]
+        target: std::net::SocketAddr,
+        /// The `Host` they name.
+        #[arg(long, default_value = "svc")]
+        host: String,
+        #[arg(long, default_value_t = 3000)]
+        requests: usize,
+        /// Connections, each sending its next request when its last is answered.
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+    },
+    /// Run the weir binary under load against the faulty upstream for a long while, and
+    /// fail (exit 1) if its RSS or open fds grow by more than 10 % after the warm-up.
+    ///
+    /// Prints RSS, fds, requests/s and 2xx share every --interval.
+    Soak {
+        /// How long to run.
+        #[arg(long, default_value = "10m", value_parser = crate::config::duration::parse)]
+        duration: std::time::Duration,
+        #[arg(long, default_value = "10s", value_parser = crate::config::duration::parse)]
+        interval: std::time::Duration,
+        /// Samples in this first stretch are shown but not judged.
+        #[arg(long, default_value = "1m", value_parser = crate::config::duration::parse)]
+        warmup: std::time::Duration,
+        /// Requests offered per second (open loop).
+        #[arg(long, default_value_t = 2000.0)]
+        rate: f64,
+        /// The weir binary to run (default: this one).
+        #[arg(long)]
+        weir: Option<PathBuf>,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Run the fault-injecting upstream alone until Ctrl-C.
+    ///
+    /// Start from a scenario's profile and adjust it: e.g.
+    /// `weir chaos upstream --listen 127.0.0.1:8080 --profile transient-30 --latency uniform:5ms-50ms`.
+    /// It counts every request it receives, and duplicate deliveries of POSTs by the
+    /// `x-chaos-request-id` header.
+    Upstream {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Start from this scenario's profile.
+        #[arg(long, value_enum, default_value = "transient-5")]
+        profile: crate::chaos::Scenario,
+        /// Share of requests answered with --fail-status (0–1).
+        #[arg(long)]
+        fail_rate: Option<f64>,
+        /// Status for failed requests.
+        #[arg(long)]
+        fail_status: Option<u16>,
+        /// Share of requests reset before they are read (0–1).
+        #[arg(long)]
+        reset_before: Option<f64>,
+        /// Share of requests reset after they are processed (0–1).
+        #[arg(long)]
+        reset_after: Option<f64>,
+        /// `none`, `fixed:20ms`, `uniform:1ms-50ms` or `tail:2ms,1%,500ms`.
+        #[arg(long)]
+        latency: Option<String>,
+        /// Refuse connections from START for LEN after the upstream starts: `10s+30s`. Repeatable.
+        #[arg(long)]
+        outage: Vec<String>,
+        /// Above this many requests per second, answer 429 with Retry-After.
+        #[arg(long)]
+        throttle_rps: Option<f64>,
+        /// Share of requests processed, then answered only after 5 s (0–1).
+        #[arg(long)]
+        hang_rate: Option<f64>,
+        /// Seed of the fault draws.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+/// Runs `weir chaos …`.
+pub fn run(args: ChaosArgs) -> ExitCode {
+    let Some(rt) = crate::runtime::build() else {
+        return ExitCode::FAILURE;
+    };
+    if let Some(ChaosCommand::Soak {
+        duration,
+        interval,
+        warmup,
+        rate,
+        weir,
+        seed,
+    }) = args.upstream
+    {
+        let weir = match weir.map_or_else(std::env::current_exe, Ok) {
+            Ok(w) => w,
+            Err(e) => {
+                eprintln!("cannot find the weir binary: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let opts = crate::chaos::soak::SoakOptions {
+            weir,
+            duration,
+            interval,
+            warmup,
+            rate,
+            seed,
+        };
+        return match rt.block_on(crate::chaos::soak::print(&opts)) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("soak: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(ChaosCommand::Load {
+        target,
+        host,
+        requests,
+        clients,
+    }) = &args.upstream
+    {
+        use crate::chaos::driver::{drive, Load, Mode, Target};
+        let load = Load {
+            requests: *requests,
+            mode: Mode::Closed((*clients).max(1)),
+            max_time: std::time::Duration::from_secs(300),
+            method: http::Method::GET,
+            client_timeout: std::time::Duration::from_secs(10),
+            keys: None,
+        };
+        let target = Target::Weir {
+            addr: *target,
+            host: host.clone(),
+        };
+        let o = rt.block_on(drive(target, load));
+        let ms = |q: f64| o.percentile(q).as_secs_f64() * 1000.0;
+        println!(
+            "TAIL {} {} {:.1} {:.1} {:.1}",
+            o.requests,
+            o.successes,
+            ms(0.50),
+            ms(0.99),
+            ms(0.999)
+        );
+        return ExitCode::SUCCESS;
+    }
+    if let Some(ChaosCommand::Upstream {
+        listen,
+        profile,
+        fail_rate,
+        fail_status,
+        reset_before,
+        reset_after,
+        latency,
+        outage,
+        throttle_rps,
+        hang_rate,
+        seed,
+    }) = args.upstream
+    {
+        let mut p = profile.profile();
+        if let Some(v) = fail_rate {
+            p.fail_rate = v;
+        }
+        if let Some(v) = fail_status {
+            p.fail_status = v;
+        }
+        if let Some(v) = reset_before {
+            p.reset_before = v;
+        }
+        if let Some(v) = reset_after {
+            p.reset_after = v;
+        }
+        if let Some(v) = hang_rate {
+            p.hang_rate = v;
+        }
+        if let Some(rps) = throttle_rps {
+            p.throttle = Some(crate::chaos::upstream::Throttle {
+                rps,
+                status: 429,
+                retry_after: 1,
+            });
+        }
+        if let Some(l) = latency {
+            match crate::chaos::upstream::parse_latency(&l) {
+                Ok(l) => p.latency = l,
+                Err(e) => {
+                    eprintln!("--latency: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        if !outage.is_empty() {
+            p.outages.clear();
+        }
+        for o in outage {
+            match crate::chaos::upstream::parse_outage(&o) {
+                Ok(w) => p.outages.push(w),
+                Err(e) => {
+                    eprintln!("--outage: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        return rt.block_on(async move {
+            let up =
+                match crate::chaos::upstream::ChaosUpstream::start(listen, p.clone(), seed).await {
+                    Ok(u) => u,
+                    Err(e) => {
+                        eprintln!("cannot listen on {listen}: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
+            tracing::info!(listen = %up.addr, profile = ?p, "chaos upstream serving");
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => tracing::info!(
+                        received = up.counters.received(),
+                        duplicate_posts = up.counters.duplicates(),
+                        "chaos upstream counts"
+                    ),
+                    _ = crate::shutdown::signal() => break,
+                }
+            }
+            println!(
+                "received {} requests, {} duplicate POST deliveries",
+                up.counters.received(),
+                up.counters.duplicates()
+            );
+            ExitCode::SUCCESS
+        });
+    }
+    let opts = crate::chaos::Options {
+        requests: args.requests,
+        rate: args.rate,
+        seed: args.seed,
+        config: args.config,
+        weir_only: false,
+        h2c: args.h2c,
+    };
+    let scenarios: Vec<crate::chaos::Scenario> = match args.scenario {
+        Some(s) => vec![s],
+        None => crate::chaos::Scenario::ALL.to_vec(),
+    };
+    rt.block_on(async move {
+        let mut all = Vec::new();
+        for s in scenarios {
+            match crate::chaos::run(s, &opts).await {
+                Ok(r) => {
+                    if args.json {
+                        all.push(crate::chaos::report::json(&r));
+                    } else {
+                        println!("{}", crate::chaos::report::table(&r));
+                    }
+                }
+                Err(e) => {
+                    eprintln!("{}: {e}", s.name());
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        if args.json {
+            let v = if all.len() == 1 {
+                all.remove(0)
+            } else {
+                serde_json::Value::Array(all)
+            };
+            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        }
+        ExitCode::SUCCESS
+    })
+}
