@@ -267,3 +267,82 @@ async fn a_brownout_keeps_hedges_within_max_extra_general() {
 async fn a_brownout_keeps_hedges_within_max_extra_h2c() {
     a_brownout_keeps_hedges_within_max_extra(Via::H2c).await;
 }
+
+/// With `keyed_writes = true` a keyed POST is hedged; both attempts carry
+/// the client's key, so an upstream that deduplicates by it (as a payment
+/// API does) processes it once. Without the key nothing is hedged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_post_is_hedged_only_when_configured() {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    // Replica 0 is slow; each replica records the keys it saw.
+    let keys: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
+    let mut ups = Vec::new();
+    for i in 0..3usize {
+        let keys = keys.clone();
+        let up = TestUpstream::start_at(&format!("127.0.0.{}:0", 2 + i), move |req| {
+            let key = req
+                .headers()
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-")
+                .to_string();
+            *keys.lock().unwrap().entry(key).or_default() += 1;
+            async move {
+                if i == 0 {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                Response::new(body(format!("replica {i}")))
+            }
+        })
+        .await;
+        ups.push(up);
+    }
+    let addrs: Vec<_> = ups.iter().map(|u| u.addr).collect();
+    let w = weir(
+        Via::General,
+        &addrs,
+        "after = \"30ms\"\nmax_extra = 1.0\nkeyed_writes = true",
+    )
+    .await;
+    let c = client();
+    let mut hedged = 0;
+    for i in 0..12 {
+        let req = hyper::Request::post(w.url(&format!("/pay/{i}")))
+            .header("host", "svc")
+            .header("idempotency-key", format!("k{i}"))
+            .body(body("pay"))
+            .unwrap();
+        let (parts, b) = read_body(c.request(req).await.unwrap()).await;
+        assert_eq!(parts.status, 200);
+        assert_ne!(b, "replica 0", "request {i} waited for the slow replica");
+        if header(&parts, "x-weir-hedge") == "won" {
+            hedged += 1;
+            // The slow replica and the hedge's both saw this request's key.
+            assert_eq!(keys.lock().unwrap().get(&format!("k{i}")), Some(&2));
+        }
+    }
+    assert!(hedged >= 1, "no keyed POST was hedged");
+    assert!(
+        !keys.lock().unwrap().contains_key("-"),
+        "a POST without its key"
+    );
+
+    // Without `keyed_writes`, a keyed POST is not hedged.
+    let (slow, seen) = replicas(|_, _| Duration::from_millis(150)).await;
+    let addrs: Vec<_> = slow.iter().map(|u| u.addr).collect();
+    let w = weir(Via::Fast, &addrs, "after = \"20ms\"\nmax_extra = 1.0").await;
+    for i in 0..3 {
+        let req = hyper::Request::post(w.url(&format!("/pay/{i}")))
+            .header("host", "svc")
+            .header("idempotency-key", format!("n{i}"))
+            .body(body("pay"))
+            .unwrap();
+        let (parts, _) = read_body(c.request(req).await.unwrap()).await;
+        assert_eq!(parts.status, 200);
+        assert_eq!(header(&parts, "x-weir-hedge"), "");
+    }
+    let posts: usize = seen.iter().map(|s| s.posts.load(Ordering::SeqCst)).sum();
+    assert_eq!(posts, 3);
+    assert_eq!(counts(&w).0.get("skipped_unsafe"), Some(&3.0));
+}
