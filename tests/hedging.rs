@@ -73,21 +73,16 @@ async fn replicas(
 }
 
 async fn weir(via: Via, addrs: &[SocketAddr], hedge: &str) -> Weir {
-    let list: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
-    let protocol = if via == Via::H2c { "h2c" } else { "http1" };
     let path = if via == Via::Fast {
         DataPath::Fast
     } else {
         DataPath::General
     };
-    Weir::start_on(
+    Weir::over(
         path,
-        &format!(
-            "[upstreams.svc]\nurl = \"http://svc.internal\"\nhosts = [\"svc\"]\n\
-             protocol = \"{protocol}\"\nendpoints = [{}]\n\
-             [upstreams.svc.hedge]\n{hedge}\n",
-            list.join(", ")
-        ),
+        via == Via::H2c,
+        addrs,
+        &format!("[upstreams.svc.hedge]\n{hedge}"),
     )
     .await
 }

@@ -150,22 +150,12 @@ async fn replicas(fault: Fault) -> Replicas {
 
 /// weir with one upstream `svc` over `addrs`, reached with `Host: svc`.
 async fn weir(via: Via, addrs: &[SocketAddr], extra: &str) -> Weir {
-    let list: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
-    let protocol = if via == Via::H2c { "h2c" } else { "http1" };
     let path = if via == Via::Fast {
         DataPath::Fast
     } else {
         DataPath::General
     };
-    Weir::start_on(
-        path,
-        &format!(
-            "[upstreams.svc]\nurl = \"http://svc.internal\"\nhosts = [\"svc\"]\n\
-             protocol = \"{protocol}\"\nendpoints = [{}]\n{extra}\n",
-            list.join(", ")
-        ),
-    )
-    .await
+    Weir::over(path, via == Via::H2c, addrs, extra).await
 }
 
 /// What a run saw.

@@ -229,6 +229,23 @@ impl Weir {
         .await
     }
 
+    /// One upstream `svc` (reached with `Host: svc`) over the replicas
+    /// `addrs` as its `endpoints`, speaking h2c (`h2c`) or HTTP/1.1 to them,
+    /// on `path`, plus `extra` TOML after its table.
+    pub async fn over(path: DataPath, h2c: bool, addrs: &[SocketAddr], extra: &str) -> Weir {
+        let list: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
+        let protocol = if h2c { "h2c" } else { "http1" };
+        Weir::start_on(
+            path,
+            &format!(
+                "[upstreams.svc]\nurl = \"http://svc.internal\"\nhosts = [\"svc\"]\n\
+                 protocol = \"{protocol}\"\nendpoints = [{}]\n{extra}\n",
+                list.join(", ")
+            ),
+        )
+        .await
+    }
+
     pub fn dedicated(&self, name: &str) -> SocketAddr {
         self.handle.as_ref().unwrap().upstream_addrs()[name]
     }
