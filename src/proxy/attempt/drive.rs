@@ -336,8 +336,10 @@ pub(crate) async fn drive<T: Transport>(
                         permit: &mut permit,
                         good: &good,
                     };
-                    t.attempt_hedged(started, try_deadline, deadline, hedging)
-                        .await?
+                    // Boxed: two attempts' futures would otherwise make
+                    // every request's future (hedged or not) as large as
+                    // both, and each move of it a copy of that much.
+                    Box::pin(t.attempt_hedged(started, try_deadline, deadline, hedging)).await?
                 };
                 if let Some(run) = &raced.hedge {
                     attempts.settle_hedge(run, started);
