@@ -101,4 +101,5 @@ pub mod shutdown;
 pub mod state;
 pub mod status;
 pub mod tls;
+pub mod trace;
 pub mod upstream;

@@ -31,7 +31,9 @@ macro_rules! mergeable {
 
 // After `mergeable!`, which it uses.
 mod ejection;
+mod tracing;
 pub use ejection::RawEjection;
+pub use tracing::RawTracing;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -41,6 +43,9 @@ pub struct RawConfig {
     /// Where the state a fleet shares is kept (docs/reference/fleet.md#fleet-state).
     #[serde(default)]
     pub state: RawState,
+    /// Spans over OTLP (docs/reference/tracing.md#tracing).
+    #[serde(default)]
+    pub tracing: RawTracing,
     #[serde(default)]
     pub defaults: RawPolicy,
     #[serde(default)]
