@@ -70,6 +70,8 @@ pub(crate) struct Attempts<'a> {
     lowered: bool,
     made: u32,
     prev_delay: Duration,
+    /// The request's spans, when it is traced (docs/reference/tracing.md#spans).
+    pub(crate) trace: Option<crate::trace::Trace>,
 }
 
 /// What follows an attempt.
@@ -110,6 +112,7 @@ impl<'a> Attempts<'a> {
             lowered,
             made: 0,
             prev_delay: Duration::ZERO,
+            trace: None,
         })
     }
 
@@ -198,6 +201,9 @@ impl<'a> Attempts<'a> {
         match verdict {
             Verdict::Retry { delay, cause } => {
                 tracing::debug!(upstream = %name, attempt = self.made, %cause, delay = %crate::config::duration::format(delay), "retrying");
+                if let Some(t) = &self.trace {
+                    t.retried(cause, delay);
+                }
                 state.metrics.retry(cause);
                 if let Some(a) = admission {
                     self.ticket = BreakerTicket::new(state, a);
@@ -206,6 +212,9 @@ impl<'a> Attempts<'a> {
             }
             Verdict::Stop { reason, cause } => {
                 tracing::debug!(upstream = %name, attempts = self.made, %cause, reason = reason.as_str(), "not retrying");
+                if let Some(t) = &self.trace {
+                    t.stopped(reason, ended);
+                }
                 state.metrics.stop(reason);
                 if let Some(a) = admission {
                     // Granted by the breaker gate, then refused by a later one.
@@ -225,10 +234,20 @@ impl<'a> Attempts<'a> {
         tokio::time::sleep(delay).await;
         self.prev_delay = delay;
         if self.ticket.renew().is_err() {
+            if let Some(t) = &self.trace {
+                t.stopped(StopReason::CircuitOpen, Instant::now());
+            }
             self.up.state.metrics.stop(StopReason::CircuitOpen);
             return Err(StopReason::CircuitOpen);
         }
         Ok(())
+    }
+
+    /// Starts the current attempt's span, when the request is traced: the
+    /// `traceparent` the attempt carries.
+    fn trace_attempt(&self, started: Instant) -> Option<[u8; 55]> {
+        let t = self.trace.as_ref()?;
+        Some(t.attempt(self.made, started, self.prev_delay, self.ticket.probe()))
     }
 }
 
@@ -259,6 +278,19 @@ pub(crate) trait Transport: Watch {
     fn body_facts(&self) -> Option<crate::policy::BodyFacts> {
         None
     }
+
+    /// Puts a traced attempt's `traceparent` on the request it sends next
+    /// (docs/reference/tracing.md#trace-context).
+    fn traceparent(&mut self, _value: &[u8; 55]) {}
+
+    /// The endpoint an attempt that returned `response` went to, when
+    /// known: for its span.
+    fn endpoint(
+        &self,
+        _response: &Result<Self::Response, ProxyError>,
+    ) -> Option<std::net::SocketAddr> {
+        None
+    }
 }
 
 /// How [`drive`] ended: the last attempt's result, the stop reason when a
@@ -281,8 +313,16 @@ pub(crate) async fn drive<T: Transport>(
     loop {
         let started = first.take().unwrap_or_else(Instant::now);
         let try_deadline = attempts.start(started);
+        if let Some(tp) = attempts.trace_attempt(started) {
+            t.traceparent(&tp);
+        }
         let (outcome, result) = t.attempt(started, try_deadline, attempts.deadline).await?;
         let ended = Instant::now();
+        if let Some(tr) = &attempts.trace {
+            let host = attempts.up.config.url.authority.host();
+            let error = result.as_ref().err().map(ProxyError::code);
+            tr.attempt_ended(&outcome, error, ended, t.endpoint(&result), host);
+        }
         if let Some(body) = t.body_facts() {
             attempts.facts.body = body;
         }
