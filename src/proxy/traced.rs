@@ -30,7 +30,7 @@ pub(crate) fn begin(
         deadline: lowered.map_or(cfg.timeout, |l| l.min(cfg.timeout)),
         protocol,
     };
-    snap.tracer.begin(|| h.fields(), Instant::now(), b)
+    snap.tracer.begin(|| h.fields(), Instant::now, b)
 }
 
 /// Ends `trace`'s server span as the access log's `e` tells it;

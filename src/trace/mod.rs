@@ -48,12 +48,13 @@ impl Tracer {
     }
 
     /// Reads a request's context off its fields and decides whether weir
-    /// records it; `Some` starts its server span at `start`. Called only
-    /// when [`Tracer::is_on`].
+    /// records it; `Some` starts its server span at `start()` (the clock
+    /// is read only for a request that is traced). Called only when
+    /// [`Tracer::is_on`].
     pub fn begin<'a, I: Iterator<Item = (&'a str, &'a [u8])>>(
         &self,
         fields: impl Fn() -> I,
-        start: Instant,
+        start: impl FnOnce() -> Instant,
         b: Begin<'_>,
     ) -> Option<Trace> {
         let pipeline = self.pipeline.as_ref()?;
@@ -65,7 +66,7 @@ impl Tracer {
                 .find_map(|(_, v)| std::str::from_utf8(v).ok()),
             None => None,
         };
-        Some(Trace::new(pipeline.clone(), parent, state, start, b))
+        Some(Trace::new(pipeline.clone(), parent, state, start(), b))
     }
 }
 
