@@ -242,6 +242,55 @@ async fn http2_clients_and_http_protobuf_export_give_the_same_tree() {
     a_retried_request(DataPath::General, "http", true).await;
 }
 
+/// `[tracing]` is hot-reloadable: off at start, on after a reload, its
+/// exporter kept by a reload that changes only `sample`.
+#[tokio::test]
+async fn tracing_follows_a_reload() {
+    let Some(rx) = Receiver::start("grpc") else {
+        return;
+    };
+    let up = TestUpstream::text("ok").await;
+    let upstream = format!(
+        "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",
+        up.url()
+    );
+    let weir = Weir::start(&upstream).await;
+    let handle = weir.handle.as_ref().unwrap();
+    let traced = |trace: &str| {
+        let req = Request::get(weir.url("/"))
+            .header("host", "svc")
+            .header("traceparent", format!("00-{trace}-{CLIENT_SPAN}-01"))
+            .body(body(""))
+            .unwrap();
+        client().request(req)
+    };
+    let off = "11111111111111111111111111111111";
+    assert_eq!(traced(off).await.unwrap().status(), 200);
+    let parse = |src: String| {
+        let src = format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n{src}");
+        weir::config::Config::parse(std::path::Path::new("test.toml"), &src).unwrap()
+    };
+    handle
+        .reload(parse(format!("{}{upstream}", rx.config("grpc", 0.0))))
+        .await
+        .unwrap();
+    let on = "22222222222222222222222222222222";
+    assert_eq!(traced(on).await.unwrap().status(), 200);
+    assert_eq!(rx.wait_for(on, 2).await.len(), 2);
+    handle
+        .reload(parse(format!("{}{upstream}", rx.config("grpc", 0.5))))
+        .await
+        .unwrap();
+    let still = "33333333333333333333333333333333";
+    assert_eq!(traced(still).await.unwrap().status(), 200);
+
+    assert_eq!(rx.wait_for(still, 2).await.len(), 2);
+    assert!(
+        rx.spans().iter().all(|s| s["trace_id"] != off),
+        "nothing recorded before the reload"
+    );
+}
+
 /// The count of `name{labels}` in a `/metrics` text.
 fn metric(text: &str, series: &str) -> u64 {
     text.lines()

@@ -158,6 +158,9 @@ async fn drain(
     c: Counters,
 ) {
     let mut batch = Vec::with_capacity(BATCH_SPANS);
+    // Whether the last export failed: a warning when exports start to
+    // fail, not one per batch.
+    let mut failing = false;
     loop {
         if rx.recv_many(&mut batch, BATCH_SPANS).await == 0 {
             break;
@@ -178,13 +181,19 @@ async fn drain(
         let n = batch.len() as u64;
         let sent = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_SPANS));
         match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {
-            Ok(Ok(())) => c.exported.inc_by(n),
+            Ok(Ok(())) => {
+                if failing {
+                    tracing::info!("tracing: the collector accepts spans again");
+                    failing = false;
+                }
+                c.exported.inc_by(n);
+            }
             Ok(Err(e)) => {
-                tracing::debug!(spans = n, error = %e, "trace export failed");
+                failed(&mut failing, n, &e.to_string());
                 c.failed.inc_by(n);
             }
             Err(_) => {
-                tracing::debug!(spans = n, "trace export timed out");
+                failed(&mut failing, n, "timed out");
                 c.failed.inc_by(n);
             }
         }
@@ -193,4 +202,15 @@ async fn drain(
         }
     }
     let _ = exporter.shutdown();
+}
+
+/// Says that an export of `n` spans failed: a warning on the first failure
+/// after a success, debug after that.
+fn failed(failing: &mut bool, n: u64, why: &str) {
+    if *failing {
+        tracing::debug!(spans = n, error = why, "trace export failed");
+    } else {
+        tracing::warn!(spans = n, error = why, "tracing: export to the collector failed; spans are dropped (weir_trace_spans_dropped_total) until it accepts them again");
+        *failing = true;
+    }
 }

@@ -24,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.trace.v1 import trace_pb2
 
 LOCK = threading.Lock()
+SERVERS = []
 
 
 def value(v):
@@ -74,6 +75,8 @@ def serve_grpc(out):
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
+    # grpcio stops a server its last reference lets go of: keep it.
+    SERVERS.append(server)
     return port
 
 
@@ -103,6 +106,7 @@ def serve_http(out):
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    SERVERS.append(server)
     return server.server_address[1]
 
 
