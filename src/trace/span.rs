@@ -50,6 +50,9 @@ struct Record {
 
 #[derive(Debug)]
 struct Attempt {
+    /// Its number (1, 2, …): attempts are found by it, not by order, so
+    /// that two in flight at once (a hedge) keep their own spans.
+    n: u32,
     span_id: u64,
     start: Instant,
     end: Option<Instant>,
@@ -162,6 +165,7 @@ impl Trace {
             attributes.push(m.clone()); // http.request.method
         }
         r.attempts.push(Attempt {
+            n,
             span_id,
             start: started,
             end: None,
@@ -171,10 +175,11 @@ impl Trace {
         context::format(self.0.trace_id, span_id)
     }
 
-    /// Ends the current attempt's span with its outcome (`error`: weir's
-    /// code for a failed one) and the endpoint it went to, when known.
+    /// Ends attempt `n`'s span with its outcome (`error`: weir's code for a
+    /// failed one) and the endpoint it went to, when known.
     pub fn attempt_ended(
         &self,
+        n: u32,
         outcome: &Outcome,
         error: Option<&str>,
         ended: Instant,
@@ -182,7 +187,7 @@ impl Trace {
         server: &str,
     ) {
         let mut r = self.record();
-        let Some(a) = r.attempts.last_mut() else {
+        let Some(a) = r.attempt(n) else {
             return;
         };
         a.end = Some(ended);
@@ -215,10 +220,10 @@ impl Trace {
         }
     }
 
-    /// The current attempt is retried: why, and after how long a wait.
-    pub fn retried(&self, cause: Cause, delay: Duration) {
+    /// Attempt `n` is retried: why, and after how long a wait.
+    pub fn retried(&self, n: u32, cause: Cause, delay: Duration) {
         let mut r = self.record();
-        if let Some(a) = r.attempts.last_mut() {
+        if let Some(a) = r.attempt(n) {
             a.attributes
                 .push(KeyValue::new("weir.retry_cause", cause.to_string()));
             a.attributes.push(KeyValue::new(
@@ -228,13 +233,14 @@ impl Trace {
         }
     }
 
-    /// A retryable outcome was not retried: why, as an event on the server
-    /// span (`weir.refused` for weir's own refusals) and on the attempt.
-    pub fn stopped(&self, reason: StopReason, at: Instant) {
+    /// Attempt `n`'s retryable outcome was not retried: why, as an event
+    /// on the server span (`weir.refused` for weir's own refusals) and on
+    /// the attempt.
+    pub fn stopped(&self, n: u32, reason: StopReason, at: Instant) {
         let reason = reason.as_str();
         let time = self.0.wall(at);
         let mut r = self.record();
-        if let Some(a) = r.attempts.last_mut() {
+        if let Some(a) = r.attempt(n) {
             a.attributes.push(KeyValue::new("weir.retry_stop", reason));
         }
         let name = if REFUSALS.contains(&reason) {
@@ -364,6 +370,12 @@ impl Inner {
             false,
             self.trace_state.clone(),
         )
+    }
+}
+
+impl Record {
+    fn attempt(&mut self, n: u32) -> Option<&mut Attempt> {
+        self.attempts.iter_mut().rev().find(|a| a.n == n)
     }
 }
 

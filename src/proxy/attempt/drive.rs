@@ -202,7 +202,7 @@ impl<'a> Attempts<'a> {
             Verdict::Retry { delay, cause } => {
                 tracing::debug!(upstream = %name, attempt = self.made, %cause, delay = %crate::config::duration::format(delay), "retrying");
                 if let Some(t) = &self.trace {
-                    t.retried(cause, delay);
+                    t.retried(self.made, cause, delay);
                 }
                 state.metrics.retry(cause);
                 if let Some(a) = admission {
@@ -213,7 +213,7 @@ impl<'a> Attempts<'a> {
             Verdict::Stop { reason, cause } => {
                 tracing::debug!(upstream = %name, attempts = self.made, %cause, reason = reason.as_str(), "not retrying");
                 if let Some(t) = &self.trace {
-                    t.stopped(reason, ended);
+                    t.stopped(self.made, reason, ended);
                 }
                 state.metrics.stop(reason);
                 if let Some(a) = admission {
@@ -235,7 +235,7 @@ impl<'a> Attempts<'a> {
         self.prev_delay = delay;
         if self.ticket.renew().is_err() {
             if let Some(t) = &self.trace {
-                t.stopped(StopReason::CircuitOpen, Instant::now());
+                t.stopped(self.made, StopReason::CircuitOpen, Instant::now());
             }
             self.up.state.metrics.stop(StopReason::CircuitOpen);
             return Err(StopReason::CircuitOpen);
@@ -321,7 +321,8 @@ pub(crate) async fn drive<T: Transport>(
         if let Some(tr) = &attempts.trace {
             let host = attempts.up.config.url.authority.host();
             let error = result.as_ref().err().map(ProxyError::code);
-            tr.attempt_ended(&outcome, error, ended, t.endpoint(&result), host);
+            let n = attempts.made;
+            tr.attempt_ended(n, &outcome, error, ended, t.endpoint(&result), host);
         }
         if let Some(body) = t.body_facts() {
             attempts.facts.body = body;
