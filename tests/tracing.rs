@@ -37,6 +37,11 @@ impl Receiver {
     /// `None` (the test skips, or fails under WEIR_REQUIRE_THIRD_PARTY)
     /// without a python that has grpcio and opentelemetry-proto.
     fn start(protocol: &str) -> Option<Receiver> {
+        Receiver::start_with(protocol, &[])
+    }
+
+    /// Like [`Receiver::start`], with more arguments for the script.
+    fn start_with(protocol: &str, extra: &[&str]) -> Option<Receiver> {
         let ok = python().is_some_and(|p| {
             std::process::Command::new(p)
                 .args(["-c", "import grpc, opentelemetry.proto"])
@@ -48,7 +53,8 @@ impl Receiver {
         }
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("spans.jsonl");
-        let args = ["--out", out.to_str().unwrap(), "--protocol", protocol];
+        let mut args = vec!["--out", out.to_str().unwrap(), "--protocol", protocol];
+        args.extend_from_slice(extra);
         let child = py_server("otlp_receiver.py", &args)?;
         Some(Receiver {
             child: Some(child),
@@ -387,6 +393,51 @@ async fn the_collector_going_away_fails_no_request(path: DataPath) {
         during.saturating_sub(before) < 64 * 1024,
         "RSS grew from {before} to {during} KiB"
     );
+}
+
+/// A collector slower than the requests: the queue fills, spans past it
+/// are dropped and counted, and no request waits for the collector.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_collector_drops_spans_not_requests() {
+    let Some(rx) = Receiver::start_with("grpc", &["--delay", "4"]) else {
+        return;
+    };
+    let up = TestUpstream::text("ok").await;
+    let toml = format!(
+        "{}[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",
+        rx.config("grpc", 1.0),
+        up.url()
+    );
+    let weir = Weir::start(&toml).await;
+    let metrics = weir.handle.as_ref().unwrap().metrics().clone();
+    // Two spans a request: 6000 spans, more than the queue (4096) and the
+    // exports of 512 spans every 4 s can take unless the requests take
+    // longer than about 12 s.
+    let started = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (c, url) = (client(), weir.url("/"));
+        tasks.push(tokio::spawn(async move {
+            let mut failed = 0;
+            for _ in 0..750 {
+                let resp = get(&c, &url, "svc").await;
+                failed += usize::from(resp.status() != 200);
+                let _ = read_body(resp).await;
+            }
+            failed
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), 0);
+    }
+    let took = started.elapsed();
+    let text = metrics.render();
+    let full = metric(
+        &text,
+        r#"weir_trace_spans_dropped_total{reason="queue_full"}"#,
+    );
+    assert!(full > 0, "spans past the queue are counted:\n{text}");
+    eprintln!("3000 requests in {took:?} with a collector taking 4 s an export; {full} spans dropped (queue full)");
 }
 
 // Trace context the spec says to ignore, or that asks not to be recorded:

@@ -3,13 +3,15 @@
 protobuf messages (the `opentelemetry-proto` package) over gRPC (grpcio) or
 HTTP/protobuf (the standard library's http.server).
 
-    otlp_receiver.py --out FILE [--protocol grpc|http] [--lifetime SECONDS]
+    otlp_receiver.py --out FILE [--protocol grpc|http] [--delay SECONDS]
+                     [--lifetime SECONDS]
 
 Every span received is appended to FILE as one JSON line:
 {"service", "trace_id", "span_id", "parent_span_id" (hex, "" for none),
 "name", "kind" (SERVER, CLIENT…), "attributes" {key: value}, "events"
 [{"name", "attributes"}], "status" (UNSET, OK, ERROR), "start", "end"
-(unix nanoseconds)}. Binds 127.0.0.1:0, prints exactly one line
+(unix nanoseconds)}. --delay holds every export that long before answering
+(a slow collector). Binds 127.0.0.1:0, prints exactly one line
 `PORT <n>`, then serves until killed (or until --lifetime, default 120 s).
 """
 
@@ -18,6 +20,7 @@ import http.server
 import json
 import os
 import threading
+import time
 from concurrent import futures
 
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
@@ -38,7 +41,12 @@ def attrs(kvs):
     return {kv.key: value(kv.value) for kv in kvs}
 
 
+DELAY = 0.0
+
+
 def record(out, request):
+    if DELAY:
+        time.sleep(DELAY)
     lines = []
     for rs in request.resource_spans:
         service = attrs(rs.resource.attributes).get("service.name", "")
@@ -114,8 +122,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--lifetime", type=float, default=120.0)
     args = p.parse_args()
+    global DELAY
+    DELAY = args.delay
     port = serve_grpc(args.out) if args.protocol == "grpc" else serve_http(args.out)
     print("PORT %d" % port, flush=True)
     threading.Event().wait(args.lifetime)
