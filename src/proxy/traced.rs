@@ -12,6 +12,7 @@ use tokio::time::Instant;
 /// The trace of a routed request, when weir records it: the request's own
 /// context joined, or a new trace when `[tracing] sample` picks it.
 /// `lowered`: the client's own deadline; `protocol`: `"1.1"` or `"2"`.
+#[inline]
 pub(crate) fn begin(
     snap: &Snapshot,
     up: &Upstream,
@@ -23,7 +24,7 @@ pub(crate) fn begin(
         return None;
     }
     let cfg = &up.config;
-    let b = Begin {
+    let b = || Begin {
         method: h.method(),
         path: h.path(),
         upstream: &cfg.name,

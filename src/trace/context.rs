@@ -40,6 +40,10 @@ pub const B3: &str = "b3";
 pub fn read<'a>(fields: impl Iterator<Item = (&'a str, &'a [u8])>) -> Incoming {
     let (mut w3c, mut w3c_count, mut b3) = (None, 0, None);
     for (n, v) in fields {
+        // Most fields are neither: told by their length alone.
+        if n.len() != TRACEPARENT.len() && n.len() != B3.len() {
+            continue;
+        }
         if n.eq_ignore_ascii_case(TRACEPARENT) {
             w3c_count += 1;
             w3c = Some(v);

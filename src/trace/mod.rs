@@ -51,14 +51,18 @@ impl Tracer {
     /// records it; `Some` starts its server span at `start()` (the clock
     /// is read only for a request that is traced). Called only when
     /// [`Tracer::is_on`].
-    pub fn begin<'a, I: Iterator<Item = (&'a str, &'a [u8])>>(
+    pub fn begin<'a, 'b, I: Iterator<Item = (&'a str, &'a [u8])>>(
         &self,
         fields: impl Fn() -> I,
         start: impl FnOnce() -> Instant,
-        b: Begin<'_>,
+        b: impl FnOnce() -> Begin<'b>,
     ) -> Option<Trace> {
         let pipeline = self.pipeline.as_ref()?;
         let incoming = context::read(fields());
+        // The common case, said at once: no context, and `sample` picks none.
+        if incoming == Incoming::None && self.sample <= 0.0 {
+            return None;
+        }
         let parent = context::decide(incoming, self.sample, ids::draw)?;
         let state = match parent {
             Some(_) => fields()
@@ -66,7 +70,7 @@ impl Tracer {
                 .find_map(|(_, v)| std::str::from_utf8(v).ok()),
             None => None,
         };
-        Some(Trace::new(pipeline.clone(), parent, state, start(), b))
+        Some(Trace::new(pipeline.clone(), parent, state, start(), b()))
     }
 }
 
