@@ -13,6 +13,8 @@
 #   SHAPE=cache-hit bench/callgrind.sh      # a small GET answered from weir's response cache (fast path)
 #   SHAPE=cache-miss bench/callgrind.sh     # the same upstream with the cache on, nothing cacheable
 #   KEEP=dir bench/callgrind.sh             # keep the callgrind files for callgrind_annotate
+#   TRACING='endpoint = "http://127.0.0.1:4317"
+#   sample = 1.0' bench/callgrind.sh        # with a [tracing] table (docs/reference/tracing.md)
 #
 # For each binary: weir (one worker, every policy on, as in compare.sh) runs
 # under `valgrind --tool=callgrind` in front of nginx answering `return 200`,
@@ -92,6 +94,7 @@ max_attempts = 3
 [upstreams.bench.rate_limit]
 rps = 10000000.0
 burst = 10000000
+$([ -z "${TRACING:-}" ] || printf '[tracing]\n%s\n' "$TRACING")
 CONF
 
 # One run: weir under callgrind for a wrk run of $2 seconds; prints

@@ -71,6 +71,10 @@
 //!   `[state] timeout`, the caller deciding locally when it fails.
 //! - [`tls`]: certificates, keys and TLS configurations; failures in words.
 //! - [`metrics`]: every metric family, handles resolved once per upstream.
+//! - [`trace`]: W3C/B3 trace context, a traced request's server span and
+//!   attempt spans, and the OTLP exporter behind a bounded queue; the data
+//!   plane calls it (`proxy::traced`, and one hook in the attempt driver),
+//!   never the reverse.
 //! - [`admin`]: the admin endpoints; [`status`]: the status page they
 //!   serve at `/` and `/status.json`, its per-upstream sample ring and the
 //!   task that fills it; [`runtime`]: a running weir — worker
@@ -101,4 +105,5 @@ pub mod shutdown;
 pub mod state;
 pub mod status;
 pub mod tls;
+pub mod trace;
 pub mod upstream;

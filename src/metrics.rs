@@ -15,6 +15,7 @@ mod follow;
 pub mod idempotency;
 mod labels;
 pub mod state;
+pub mod trace;
 mod upstream;
 mod wire;
 
@@ -68,6 +69,7 @@ pub struct Metrics {
     cache: cache::Families,
     endpoints: endpoints::Families,
     state: state::StateMetrics,
+    trace: trace::Families,
     wire: wire::Families,
     /// `weir_requests_total{upstream="none", code="no_route"}`.
     no_route: IntCounter,
@@ -247,6 +249,7 @@ impl Metrics {
         let cache = cache::Families::register(&r);
         let endpoints = endpoints::Families::register(&r);
         let state = state::StateMetrics::register(&r);
+        let trace = trace::Families::register(&r);
         let wire = wire::Families::register(&r);
         reloads.with_label_values(&["ok"]);
         reloads.with_label_values(&["error"]);
@@ -277,6 +280,7 @@ impl Metrics {
             cache,
             endpoints,
             state,
+            trace,
             wire,
             no_route,
             bad_request,
@@ -347,6 +351,11 @@ impl Metrics {
     /// The shared state's families (`weir_state_*`).
     pub fn state(&self) -> &state::StateMetrics {
         &self.state
+    }
+
+    /// The tracing exporter's families (`weir_trace_*`).
+    pub fn trace(&self) -> &trace::Families {
+        &self.trace
     }
 
     /// One upstream's connection and byte counts (`upstream::meter`).

@@ -466,6 +466,75 @@ fn cache_fields_are_known_to_the_schema() {
     );
 }
 
+/// `[tracing]` (docs/reference/tracing.md#configuration): off without an
+/// endpoint; each bad value at its own line and column.
+#[test]
+fn tracing_values_are_validated_where_they_are_written() {
+    let c = Config::parse(Path::new("weir.toml"), UP).unwrap();
+    assert_eq!(c.tracing, weir::config::TracingConfig::default());
+    assert!(c.tracing.endpoint.is_none());
+    let t = "[tracing]\n";
+    let ok = format!("{t}endpoint = \"http://otel:4318\"\nprotocol = \"http/protobuf\"\nsample = 0.25\nheaders = {{ \"X-Api-Key\" = \"k\" }}\n{UP}");
+    let c = Config::parse(Path::new("weir.toml"), &ok).unwrap();
+    assert_eq!(
+        c.tracing.endpoint.as_deref(),
+        Some("http://otel:4318/v1/traces")
+    );
+    assert_eq!(c.tracing.sample, 0.25);
+    assert_eq!(
+        c.tracing.headers,
+        [("x-api-key".to_string(), "k".to_string())]
+    );
+    // The key is not shown back.
+    assert_eq!(c.effective.tracing.headers.unwrap()["X-Api-Key"], "***");
+    let cases: [(&str, &str, &str); 7] = [
+        ("sample = 1.5\n", "tracing.sample", "between 0 and 1"),
+        ("sample = -0.1\n", "tracing.sample", "between 0 and 1"),
+        (
+            "endpoint = \"https://otel:4317\"\n",
+            "tracing.endpoint",
+            "https is not supported",
+        ),
+        (
+            "endpoint = \"otel:4317\"\n",
+            "tracing.endpoint",
+            "expected http://host:port",
+        ),
+        (
+            "endpoint = \"http://otel:4317/v1/traces\"\n",
+            "tracing.endpoint",
+            "a gRPC endpoint has no path",
+        ),
+        (
+            "service_name = \"\"\n",
+            "tracing.service_name",
+            "1 to 255 bytes",
+        ),
+        (
+            "headers = { \"bad name\" = \"v\" }\n",
+            "tracing.headers.bad name",
+            "not a header name",
+        ),
+    ];
+    for (line, field, needle) in cases {
+        expect_one(&format!("{t}{line}{UP}"), 2, field, needle);
+    }
+    // Unknown fields and wrong types, as everywhere.
+    let src = format!("{t}endpont = \"http://otel:4317\"\nprotocol = \"thrift\"\n{UP}");
+    let errs = errors(&src);
+    let got: Vec<(usize, &str)> = errs.iter().map(|e| (e.line, e.field.as_str())).collect();
+    assert_eq!(
+        got,
+        [(2, "tracing.endpont"), (3, "tracing.protocol")],
+        "{errs:#?}"
+    );
+    assert!(
+        errs[0].message.contains("did you mean `endpoint`?"),
+        "{}",
+        errs[0]
+    );
+}
+
 /// `weir check --config PATH`: (exit code, stdout, stderr).
 fn check(path: &Path) -> (Option<i32>, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_weir"))

@@ -183,6 +183,16 @@ const FORBIDDEN: &[(&str, &str, &str)] = &[
         "proxy",
         "series are named and counted, not served, here",
     ),
+    (
+        "trace",
+        "proxy",
+        "spans are recorded and sent, not served, here: the data plane calls it",
+    ),
+    (
+        "trace",
+        "state",
+        "a span records what the data plane tells it, not live state",
+    ),
 ];
 
 /// Whether `m` is `top` or under it.

@@ -34,6 +34,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// Where the state a fleet shares is kept (`[state]`).
     pub state: StateConfig,
+    /// Spans over OTLP (`[tracing]`).
+    pub tracing: TracingConfig,
     /// Sorted by name.
     pub upstreams: Vec<Arc<UpstreamConfig>>,
     /// The effective, merged config in its raw form, for `weir check` and `/config`.
@@ -88,6 +90,45 @@ impl StateConfig {
         match self.backend {
             StateBackend::Redis => self.url.as_deref(),
             StateBackend::Memory => None,
+        }
+    }
+}
+
+/// `[tracing] protocol`: how spans travel to the collector
+/// (docs/reference/tracing.md#configuration).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum TraceProtocol {
+    /// OTLP over gRPC (a collector's port 4317).
+    #[default]
+    #[serde(rename = "grpc")]
+    Grpc,
+    /// OTLP over HTTP with protobuf bodies (a collector's port 4318).
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+}
+
+/// `[tracing]`, validated (docs/reference/tracing.md#tracing).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingConfig {
+    /// The collector; `None`: no spans are recorded, and trace context
+    /// passes through untouched.
+    pub endpoint: Option<String>,
+    pub protocol: TraceProtocol,
+    /// The share of requests without a trace context that are traced.
+    pub sample: f64,
+    pub service_name: String,
+    /// Sent with every export; names lowercase.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        TracingConfig {
+            endpoint: None,
+            protocol: TraceProtocol::Grpc,
+            sample: 0.0,
+            service_name: "weir".into(),
+            headers: Vec::new(),
         }
     }
 }

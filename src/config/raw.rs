@@ -33,9 +33,11 @@ macro_rules! mergeable {
 mod cache;
 mod ejection;
 mod hedge;
+mod tracing;
 pub use cache::RawCache;
 pub use ejection::RawEjection;
 pub use hedge::RawHedge;
+pub use tracing::RawTracing;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -45,6 +47,9 @@ pub struct RawConfig {
     /// Where the state a fleet shares is kept (docs/reference/fleet.md#fleet-state).
     #[serde(default)]
     pub state: RawState,
+    /// Spans over OTLP (docs/reference/tracing.md#tracing).
+    #[serde(default)]
+    pub tracing: RawTracing,
     #[serde(default)]
     pub defaults: RawPolicy,
     #[serde(default)]

@@ -95,6 +95,7 @@ schema!(CONFIG: RawConfig {
     "server" => Nested::Table(&SERVER),
     "defaults" => Nested::Table(&POLICY),
     "upstreams" => Nested::MapOf(&UPSTREAM),
+    "tracing" => Nested::Table(&TRACING),
     // Last: a policy field written at the top (`timeout`) is pointed to
     // `defaults`, not to `state`'s field of the same name.
     "state" => Nested::Table(&STATE),
@@ -102,6 +103,7 @@ schema!(CONFIG: RawConfig {
 schema!(SERVER: RawServer { "tls" => Nested::Table(&LISTENER_TLS) });
 schema!(LISTENER_TLS: RawListenerTls {});
 schema!(STATE: RawState {});
+schema!(TRACING: RawTracing {});
 schema!(POLICY: RawPolicy {
     "retry" => Nested::Table(&RETRY),
     "breaker" => Nested::Table(&BREAKER),

@@ -47,6 +47,9 @@ pub(crate) struct Who<'a> {
     pub(crate) request_id: Option<&'a str>,
     pub(crate) user_agent: Option<&'a str>,
     pub(crate) bytes_in: u64,
+    /// The trace id, when weir traces the request
+    /// (docs/reference/tracing.md#tracing).
+    pub(crate) trace_id: Option<&'a str>,
 }
 
 /// Whether a request answered with `status` (and weir's error, if any) gets
@@ -86,6 +89,7 @@ pub(crate) fn write(mode: AccessLog, e: &Entry<'_>) {
         user_agent = e.who.user_agent.unwrap_or("-"),
         bytes_in = e.who.bytes_in,
         bytes_out = e.bytes_out,
+        trace_id = e.who.trace_id,
         "request"
     );
 }
@@ -127,6 +131,7 @@ pub(crate) struct Line {
     pub(crate) user_agent: Option<String>,
     /// The request body's bytes, counted as they are read.
     pub(crate) bytes_in: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    pub(crate) trace_id: Option<String>,
 }
 
 impl Line {
@@ -151,6 +156,7 @@ impl Line {
                     request_id: self.request_id.as_deref(),
                     user_agent: self.user_agent.as_deref(),
                     bytes_in: bytes_in.map_or(0, |n| n.load(std::sync::atomic::Ordering::Relaxed)),
+                    trace_id: self.trace_id.as_deref(),
                 },
             },
         );

@@ -30,6 +30,8 @@ pub(super) struct ServeState {
     pub(super) states: StateRegistry,
     pub(super) connections: Arc<Semaphore>,
     pub(super) draining: AtomicBool,
+    /// The span exporter, kept across reloads (`[tracing]`).
+    pub(super) tracing: crate::trace::Registry,
 }
 
 /// hyper's server, configured from the config's `[server]` table.

@@ -54,7 +54,7 @@ async fn serve(
     req: Request<Incoming>,
     refused: Option<Refusal>,
 ) -> Response<Body> {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let start = Instant::now();
     let mut asker = Asker::of(&parts);
     let log = |upstream: &str, asker: &Asker, resp: Response<Body>| {
@@ -115,6 +115,18 @@ async fn serve(
             asker.request_id = Some(made.to_string());
         }
     }
+    // Its spans, when weir traces it: the attempts find them among the
+    // request's extensions (docs/reference/tracing.md#spans).
+    let lowered = parsed.as_ref().ok().and_then(|p| p.lowered);
+    let protocol = if parts.version == Version::HTTP_2 {
+        "2"
+    } else {
+        "1.1"
+    };
+    asker.trace = super::traced::begin(snap, up, &parts, lowered, protocol);
+    if let Some(t) = &asker.trace {
+        parts.extensions.insert(t.clone());
+    }
     let counted = asker.bytes_in.clone();
     let body = super::body::boxed(http_body_util::BodyExt::map_frame(body, move |f| {
         let n = f.data_ref().map_or(0, |d| d.len() as u64);
@@ -171,6 +183,8 @@ struct Asker {
     user_agent: Option<String>,
     /// The request body's bytes, counted as they are read.
     bytes_in: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Its spans, when weir traces it.
+    trace: Option<crate::trace::Trace>,
 }
 
 impl Asker {
@@ -190,6 +204,7 @@ impl Asker {
                 .filter(|v| (1..=request::MAX_REQUEST_ID).contains(&v.len())),
             user_agent: text("user-agent"),
             bytes_in: Default::default(),
+            trace: None,
         }
     }
 }
@@ -216,29 +231,39 @@ fn access_log(
         .extensions()
         .get::<crate::upstream::Served>()
         .map(|s| s.0);
+    let took = start.elapsed();
+    let mut trace_id = [0u8; 32];
+    let trace_id = super::traced::id(asker.trace.as_ref(), &mut trace_id);
+    let entry = super::access::Entry {
+        upstream,
+        method: method.as_str(),
+        path: uri.path(),
+        status,
+        error,
+        attempts,
+        retry_stop,
+        hedge,
+        endpoint,
+        took,
+        bytes_out: 0,
+        who: super::access::Who::default(),
+    };
+    super::traced::finish(asker.trace.as_ref(), &entry, Some(resp.headers()));
     // weir's own answers, and bodies already whole, are logged now; an
     // upstream's body, which may yet break off, is watched to its end.
     let watch = error.is_none() && upstream != NO_UPSTREAM && !resp.body().is_end_stream();
     if !watch {
         if wanted {
             let entry = super::access::Entry {
-                upstream,
-                method: method.as_str(),
-                path: uri.path(),
-                status,
-                error,
-                attempts,
-                retry_stop,
-                hedge,
-                endpoint,
-                took: start.elapsed(),
                 bytes_out: resp.body().size_hint().exact().unwrap_or(0),
                 who: super::access::Who {
                     client: asker.client,
                     request_id: asker.request_id.as_deref(),
                     user_agent: asker.user_agent.as_deref(),
                     bytes_in: asker.bytes_in.load(std::sync::atomic::Ordering::Relaxed),
+                    trace_id,
                 },
+                ..entry
             };
             super::access::write(mode, &entry);
         }
@@ -255,11 +280,12 @@ fn access_log(
         retry_stop: retry_stop.map(str::to_string),
         hedge,
         endpoint,
-        took: start.elapsed(),
+        took,
         client: asker.client,
         request_id: asker.request_id.clone(),
         user_agent: asker.user_agent.clone(),
         bytes_in: Some(asker.bytes_in.clone()),
+        trace_id: trace_id.map(str::to_string),
     };
     let (parts, body) = resp.into_parts();
     let watched = super::access::Watched::new(body, line, snap.metrics.clone());

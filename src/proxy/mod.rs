@@ -23,6 +23,7 @@ pub mod request;
 pub(crate) mod route;
 mod server;
 pub(crate) mod sticky;
+pub(crate) mod traced;
 pub(crate) mod tunnel;
 pub(crate) mod upgrade;
 
@@ -86,6 +87,8 @@ pub struct Snapshot {
     pub routes: route::RouteTable,
     /// Same order as `config.upstreams`.
     pub upstreams: Vec<Upstream>,
+    /// `[tracing]`: off until the server sets it (`trace::Registry`).
+    pub tracer: crate::trace::Tracer,
 }
 
 impl Snapshot {
@@ -136,6 +139,7 @@ impl Snapshot {
             routes: route::RouteTable::new(&config),
             config,
             upstreams,
+            tracer: crate::trace::Tracer::off(),
         })
     }
 }

@@ -70,12 +70,19 @@ impl Proxy {
         let config = Arc::new(config);
         let states = StateRegistry::new(metrics.clone());
         let upstreams = states.sync(&config).map_err(io::Error::other)?;
-        let snap = Snapshot::build(config.clone(), upstreams, metrics).map_err(io::Error::other)?;
+        let tracing = crate::trace::Registry::default();
+        let tracer = tracing
+            .sync(&config.tracing, metrics.trace())
+            .map_err(io::Error::other)?;
+        let mut snap =
+            Snapshot::build(config.clone(), upstreams, metrics).map_err(io::Error::other)?;
+        snap.tracer = tracer;
         let shared = Arc::new(ServeState {
             snapshot: ArcSwap::from_pointee(snap),
             states,
             connections: Arc::new(Semaphore::new(config.server.max_connections)),
             draining: AtomicBool::new(false),
+            tracing,
         });
         let handle = ProxyHandle {
             shared,
@@ -167,6 +174,11 @@ impl ProxyHandle {
         )
         .map_err(io::Error::other)?;
         drop(probe);
+        let tracer = self
+            .shared
+            .tracing
+            .sync(&config.tracing, self.shared.states.metrics().trace())
+            .map_err(io::Error::other)?;
         let added = self.bind_missing(&config).await?;
         let states = match self.shared.states.sync(&config) {
             Ok(s) => s,
@@ -178,7 +190,9 @@ impl ProxyHandle {
             }
         };
         let metrics = self.shared.states.metrics().clone();
-        let snap = Snapshot::build(config.clone(), states, metrics).map_err(io::Error::other)?;
+        let mut snap =
+            Snapshot::build(config.clone(), states, metrics).map_err(io::Error::other)?;
+        snap.tracer = tracer;
         self.shared.snapshot.store(Arc::new(snap));
         let keep = wanted(&config);
         let mut table = self.listeners();

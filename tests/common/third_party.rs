@@ -56,7 +56,7 @@ pub fn require(tool: &str, available: bool) -> bool {
 
 /// What to install for [`python`], for [`require`] messages.
 pub const PYTHON_TOOL: &str = "python with h2 and grpcio (python3 -m venv target/ci-venv && \
-     target/ci-venv/bin/pip install h2 grpcio, or set WEIR_PYTHON)";
+     target/ci-venv/bin/pip install h2 grpcio opentelemetry-proto, or set WEIR_PYTHON)";
 /// What to install for [`nginx`], for [`require`] messages.
 pub const NGINX_TOOL: &str = "nginx (apt-get install nginx-light)";
 /// What to install for [`curl`], for [`require`] messages.

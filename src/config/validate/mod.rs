@@ -12,6 +12,7 @@ mod endpoints;
 mod files;
 mod policy;
 mod state;
+mod tracing;
 
 /// `resolve_every`'s default: Kubernetes Services and headless Services
 /// change, and a sidecar should follow within seconds.
@@ -33,6 +34,8 @@ pub(super) fn validate(
     let server = server(&mut cx, &server_raw);
     let state_raw = raw.state.clone().merge(super::raw::RawState::builtin());
     let state = state::state(&mut cx, &state_raw);
+    let tracing_raw = raw.tracing.clone().merge(super::raw::RawTracing::builtin());
+    let tracing = tracing::tracing(&mut cx, &tracing_raw);
     let defaults = raw.defaults.clone().merge(RawPolicy::builtin());
 
     let mut upstreams = Vec::new();
@@ -73,17 +76,19 @@ pub(super) fn validate(
         cx.errors.sort_by_key(|e| (e.line, e.column));
         return Err(ConfigErrors(cx.errors));
     }
-    let (Some(server), Some(state)) = (server, state) else {
+    let (Some(server), Some(state), Some(tracing)) = (server, state, tracing) else {
         return Err(ConfigErrors(cx.errors));
     };
     Ok(Config {
         path: file.to_path_buf(),
         server,
         state,
+        tracing,
         upstreams,
         effective: RawConfig {
             server: server_raw,
             state: state::effective(state_raw),
+            tracing: tracing::effective(tracing_raw),
             defaults,
             upstreams: effective_upstreams,
         },

@@ -18,6 +18,11 @@ pub(crate) struct BreakerTicket<'a> {
 }
 
 impl<'a> BreakerTicket<'a> {
+    /// Whether the attempt it admits is a half-open probe.
+    pub(super) fn probe(&self) -> bool {
+        self.admission.as_ref().is_some_and(|a| a.probe)
+    }
+
     pub(super) fn new(state: &'a UpstreamState, admission: Admission) -> Self {
         if let Some(t) = &admission.transition {
             state.log_transition(t);

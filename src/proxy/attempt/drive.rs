@@ -78,6 +78,8 @@ pub(crate) struct Attempts<'a> {
     pub(super) keyed_write: bool,
     /// The last race's hedge: `Some(true)` when its answer was returned.
     pub(crate) hedged: Option<bool>,
+    /// The request's spans, when it is traced (docs/reference/tracing.md#spans).
+    pub(crate) trace: Option<crate::trace::Trace>,
 }
 
 /// What follows an attempt.
@@ -122,6 +124,7 @@ impl<'a> Attempts<'a> {
             hedges: 0,
             keyed_write: false,
             hedged: None,
+            trace: None,
         })
     }
 
@@ -219,6 +222,9 @@ impl<'a> Attempts<'a> {
         match verdict {
             Verdict::Retry { delay, cause } => {
                 tracing::debug!(upstream = %name, attempt = self.made, %cause, delay = %crate::config::duration::format(delay), "retrying");
+                if let Some(t) = &self.trace {
+                    t.retried(self.made, cause, delay);
+                }
                 state.metrics.retry(cause);
                 if let Some(a) = admission {
                     self.ticket = BreakerTicket::new(state, a);
@@ -227,6 +233,9 @@ impl<'a> Attempts<'a> {
             }
             Verdict::Stop { reason, cause } => {
                 tracing::debug!(upstream = %name, attempts = self.made, %cause, reason = reason.as_str(), "not retrying");
+                if let Some(t) = &self.trace {
+                    t.stopped(self.made, reason, ended);
+                }
                 state.metrics.stop(reason);
                 if let Some(a) = admission {
                     // Granted by the breaker gate, then refused by a later one.
@@ -246,10 +255,20 @@ impl<'a> Attempts<'a> {
         tokio::time::sleep(delay).await;
         self.prev_delay = delay;
         if self.ticket.renew().is_err() {
+            if let Some(t) = &self.trace {
+                t.stopped(self.made, StopReason::CircuitOpen, Instant::now());
+            }
             self.up.state.metrics.stop(StopReason::CircuitOpen);
             return Err(StopReason::CircuitOpen);
         }
         Ok(())
+    }
+
+    /// Starts the current attempt's span, when the request is traced: the
+    /// `traceparent` the attempt carries.
+    fn trace_attempt(&self, started: Instant) -> Option<[u8; 55]> {
+        let t = self.trace.as_ref()?;
+        Some(t.attempt(self.made, started, self.prev_delay, self.ticket.probe()))
     }
 }
 
@@ -291,6 +310,19 @@ pub(crate) trait Transport: Watch {
     fn body_facts(&self) -> Option<crate::policy::BodyFacts> {
         None
     }
+
+    /// Puts a traced attempt's `traceparent` on the request it sends next
+    /// (docs/reference/tracing.md#trace-context).
+    fn traceparent(&mut self, _value: &[u8; 55]) {}
+
+    /// The endpoint an attempt that returned `response` went to, when
+    /// known: for its span.
+    fn endpoint(
+        &self,
+        _response: &Result<Self::Response, ProxyError>,
+    ) -> Option<std::net::SocketAddr> {
+        None
+    }
 }
 
 /// How [`drive`] ended: the last attempt's result, the stop reason when a
@@ -314,6 +346,11 @@ pub(crate) async fn drive<T: Transport>(
         let started = first.take().unwrap_or_else(Instant::now);
         let try_deadline = attempts.start(started);
         let deadline = attempts.deadline;
+        if let Some(tp) = attempts.trace_attempt(started) {
+            t.traceparent(&tp);
+        }
+        // The attempt whose answer this is: the first, or its hedge.
+        let mut n = attempts.made;
         let (outcome, result, started) = match attempts.hedge_due(started) {
             None => {
                 let (outcome, result) = t.attempt(started, try_deadline, deadline).await?;
@@ -343,11 +380,29 @@ pub(crate) async fn drive<T: Transport>(
                 };
                 if let Some(run) = &raced.hedge {
                     attempts.settle_hedge(run, started);
+                    if let Some(tr) = &attempts.trace {
+                        // The hedge's span, after the fact; the first
+                        // attempt's ends where it was cancelled or failed.
+                        tr.attempt(n + 1, run.sent, Duration::ZERO, false);
+                        tr.mark_hedge(n + 1);
+                        let other = if run.won { n } else { n + 1 };
+                        let outcome = run.other.unwrap_or(Outcome::ClientGone);
+                        let host = attempts.up.config.url.authority.host();
+                        tr.attempt_ended(other, &outcome, None, run.other_ended, None, host);
+                    }
+                    if run.won {
+                        n += 1;
+                    }
                 }
                 (raced.outcome, raced.result, raced.started)
             }
         };
         let ended = Instant::now();
+        if let Some(tr) = &attempts.trace {
+            let host = attempts.up.config.url.authority.host();
+            let error = result.as_ref().err().map(ProxyError::code);
+            tr.attempt_ended(n, &outcome, error, ended, t.endpoint(&result), host);
+        }
         if let Some(body) = t.body_facts() {
             attempts.facts.body = body;
         }

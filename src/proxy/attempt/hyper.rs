@@ -144,6 +144,20 @@ impl Transport for HyperTransport<'_, '_> {
         // The body facts change once a streamed body has been read.
         Some(self.plan.body.facts())
     }
+
+    fn traceparent(&mut self, value: &[u8; 55]) {
+        crate::trace::context::set_in_fields(&mut self.plan.parts.headers, value);
+    }
+
+    fn endpoint(&self, r: &Result<Self::Response, ProxyError>) -> Option<std::net::SocketAddr> {
+        match r {
+            Ok(resp) => resp
+                .extensions()
+                .get::<crate::upstream::Served>()
+                .map(|s| s.0),
+            Err(_) => self.avoid.last().copied(),
+        }
+    }
 }
 
 /// Runs attempts until one is returned.
@@ -178,6 +192,7 @@ pub(crate) async fn run<'a>(
             }
         }
     };
+    attempts.trace = plan.parts.extensions.get::<crate::trace::Trace>().cloned();
     if plan.upgrade {
         // An upgrade is one attempt, never retried: recorded, not judged.
         let started = Instant::now();

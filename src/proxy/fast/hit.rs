@@ -59,6 +59,7 @@ impl Ctx<'_> {
             bytes_out: if send_body { body.len() as u64 } else { 0 },
             who: access::Who::default(),
         };
+        crate::proxy::traced::finish(p.trace.as_ref(), &entry, Some(&parts.headers));
         self.access_log(p, entry);
         let close = p.close || *self.stop.borrow();
         self.bufs.out.clear();

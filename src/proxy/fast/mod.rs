@@ -70,7 +70,12 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
                 let snap = conn.shared.snapshot.load_full();
                 match head::plan(&snap, &conn.role, &bufs.client, &mut bufs.request) {
                     // A head over the limit is hyper's to answer (431).
-                    Parse::Done(p) if p.head_len > conn.max_head => break (snap, None),
+                    Parse::Done(p) if p.head_len > conn.max_head => {
+                        if let Some(t) = &p.trace {
+                            t.discard();
+                        }
+                        break (snap, None);
+                    }
                     Parse::Done(p) => break (snap, Some(p)),
                     Parse::Fallback(why) => {
                         tracing::trace!(peer = %conn.peer, why, "to the general path");
@@ -169,17 +174,20 @@ impl Ctx<'_> {
     /// a line is written.
     /// `e`'s method and path are filled in here.
     fn access_log(&self, p: &Planned, e: access::Entry<'_>) {
+        crate::proxy::traced::finish(p.trace.as_ref(), &e, None);
         if !access::wanted(self.access, e.status, e.error.is_some()) {
             return;
         }
         let head = self.bufs.client.get(..p.head_len).unwrap_or_default();
         let (method, path) = access::request_line(head);
         let mut id = [0u8; 32];
+        let mut trace_id = [0u8; 32];
         let who = access::Who {
             client: Some(self.peer),
             request_id: p.asked.request_id.text(&mut id),
             user_agent: access::field(head, "user-agent"),
             bytes_in: p.body_len as u64,
+            trace_id: crate::proxy::traced::id(p.trace.as_ref(), &mut trace_id),
         };
         access::write(
             self.access,
@@ -280,6 +288,7 @@ impl Ctx<'_> {
             return false;
         }
         attempts.set_keyed_write(p.keyed_write);
+        attempts.trace = p.trace.clone();
         let mut t = FastTransport {
             watch: ClientWatch {
                 stream: &mut *self.stream,
@@ -287,7 +296,7 @@ impl Ctx<'_> {
                 eof: &mut self.bufs.eof,
                 need,
             },
-            request: &self.bufs.request,
+            request: &mut self.bufs.request,
             upstream: &mut self.bufs.upstream,
             out: &mut self.bufs.out,
             kept: &mut self.bufs.kept,

@@ -40,7 +40,9 @@ pub(super) type Failed = SendError;
 pub(super) struct FastTransport<'c> {
     /// The client, raced against every wait.
     pub(super) watch: ClientWatch<'c>,
-    pub(super) request: &'c [u8],
+    /// The request as sent (head and body); a traced request's
+    /// `traceparent` is rewritten in place for each attempt.
+    pub(super) request: &'c mut [u8],
     pub(super) upstream: &'c mut Vec<u8>,
     pub(super) out: &'c mut Vec<u8>,
     /// Set with `out`: where the fields a stored response keeps lie in it.
@@ -129,7 +131,7 @@ impl attempt::Transport for FastTransport<'_> {
             detached,
             avoid,
         } = self;
-        let (pool, up, request, head) = (*pool, *up, *request, *is_head_request);
+        let (pool, up, request, head) = (*pool, *up, &**request, *is_head_request);
         let (seen, seen2) = (attempt::Seen::default(), attempt::Seen::default());
         // The hedge's own buffers; its answer is written after what `out`
         // holds already, as the first attempt's would be.
@@ -185,6 +187,17 @@ impl attempt::Transport for FastTransport<'_> {
             }
         }
         Some(raced)
+    }
+
+    fn traceparent(&mut self, value: &[u8; 55]) {
+        crate::trace::context::set_in_head(self.request, value);
+    }
+
+    fn endpoint(&self, r: &Result<Exchange, ProxyError>) -> Option<SocketAddr> {
+        match r {
+            Ok(x) => Some(x.addr),
+            Err(_) => self.avoid.last().copied(),
+        }
     }
 
     /// A response to be retried: its connection goes back to the pool when

@@ -80,6 +80,8 @@ pub struct Planned {
     pub idem: Option<Keyed>,
     /// A fresh entry of the upstream's response cache that answers it.
     pub hit: Option<std::sync::Arc<crate::policy::cache::CachedResponse>>,
+    /// Its spans, when weir traces it (docs/reference/tracing.md#spans).
+    pub trace: Option<crate::trace::Trace>,
 }
 
 /// A request the upstream's idempotency store applies to
@@ -254,7 +256,8 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         // 401) before reading a large body; hyper's client does.
         return Parse::Fallback("a large body to a TLS upstream");
     }
-    write(up, &req, &asked, out);
+    let trace = crate::proxy::traced::begin(snap, up, &req, asked.lowered, "1.1");
+    write(up, &req, &asked, trace.as_ref(), out);
     let idem = asked.key.as_ref().map(|_| Keyed {
         method: range_in(buf, req.method.as_bytes()),
         target: range_in(buf, req.path_and_query.as_bytes()),
@@ -282,6 +285,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         asked,
         idem,
         hit,
+        trace,
     })
 }
 
@@ -428,7 +432,15 @@ fn route<'s>(
 /// request line with the mapped target, the client's fields but those
 /// [`request::dropped`] and those its `Connection` names, `Host`, the
 /// framing restated.
-fn write(up: &Upstream, req: &Request<'_, '_>, asked: &Parsed, out: &mut Vec<u8>) {
+/// A traced request's `traceparent` (weir's, rewritten per attempt) goes
+/// last, in place of the client's and any `b3`.
+fn write(
+    up: &Upstream,
+    req: &Request<'_, '_>,
+    asked: &Parsed,
+    trace: Option<&crate::trace::Trace>,
+    out: &mut Vec<u8>,
+) {
     let cfg = &up.config;
     out.clear();
     out.extend_from_slice(req.method.as_bytes());
@@ -441,6 +453,7 @@ fn write(up: &Upstream, req: &Request<'_, '_>, asked: &Parsed, out: &mut Vec<u8>
             || eq(n, "content-length")
             || request::dropped(n)
             || req.connection.names(n)
+            || (trace.is_some() && crate::proxy::traced::replaced(n))
         {
             continue;
         }
@@ -467,6 +480,9 @@ fn write(up: &Upstream, req: &Request<'_, '_>, asked: &Parsed, out: &mut Vec<u8>
     // The id weir made when the client sent none (docs/reference/logs.md#logs).
     if let Some(id) = asked.request_id.made_bytes(&mut [0u8; 32]) {
         header(out, request::REQUEST_ID_FIELD.as_bytes(), id);
+    }
+    if let Some(t) = trace {
+        out.extend_from_slice(&crate::trace::context::head_field(&t.traceparent()));
     }
     out.extend_from_slice(b"\r\n");
 }

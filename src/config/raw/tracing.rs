@@ -1,0 +1,41 @@
+//! `[tracing]`, its raw form and built-in defaults
+//! (docs/reference/tracing.md#configuration).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// `[tracing]`: where weir's spans go, and which requests it traces.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTracing {
+    /// The OTLP collector, `http://host:port` (an HTTP/protobuf endpoint
+    /// without a path gets `/v1/traces`). Unset: weir records no spans.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// `grpc` (default) or `http/protobuf`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<crate::config::TraceProtocol>,
+    /// The share of requests without a trace context that weir traces,
+    /// 0 to 1. Default 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sample: Option<f64>,
+    /// `service.name` on weir's spans. Default `weir`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
+    /// Sent with every export (gRPC metadata or HTTP fields), e.g. an API key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headers: Option<BTreeMap<String, String>>,
+}
+mergeable!(RawTracing { endpoint, protocol, sample, service_name, headers } nested {});
+
+impl RawTracing {
+    pub fn builtin() -> Self {
+        RawTracing {
+            endpoint: None,
+            protocol: Some(crate::config::TraceProtocol::Grpc),
+            sample: Some(0.0),
+            service_name: Some("weir".into()),
+            headers: None,
+        }
+    }
+}

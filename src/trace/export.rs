@@ -1,0 +1,216 @@
+//! The exporter (docs/reference/tracing.md#what-is-dropped-when): finished
+//! spans go into a bounded queue without waiting; one task takes them out
+//! in batches and sends each batch with OpenTelemetry's OTLP exporter.
+//! When the collector is slow or away the queue fills and further spans
+//! are dropped and counted: the data plane never waits for a collector.
+//!
+//! Why not the SDK's `BatchSpanProcessor`: it counts what it drops only in
+//! a log line at shutdown, and runs its exporter on a thread of its own
+//! outside tokio (the gRPC and hyper clients need a tokio runtime). The
+//! queue here is the same idea, on tokio, with the count a metric.
+
+use crate::config::{TraceProtocol, TracingConfig};
+use opentelemetry::InstrumentationScope;
+use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
+use prometheus::IntCounter;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::sync::mpsc;
+
+/// Spans held for export at most; past it, new spans are dropped.
+pub const QUEUE_SPANS: usize = 4096;
+/// Spans sent in one export at most.
+pub const BATCH_SPANS: usize = 512;
+/// How long a batch waits to fill after its first span.
+pub const BATCH_DELAY: Duration = Duration::from_millis(500);
+/// The longest one export may take (it is then counted as failed).
+pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the exporter is built from: a reload that leaves these alone keeps
+/// the exporter, its connection and its queue.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Settings {
+    endpoint: String,
+    protocol: TraceProtocol,
+    service_name: String,
+    headers: Vec<(String, String)>,
+}
+
+impl Settings {
+    pub(super) fn of(c: &TracingConfig) -> Option<Settings> {
+        Some(Settings {
+            endpoint: c.endpoint.clone()?,
+            protocol: c.protocol,
+            service_name: c.service_name.clone(),
+            headers: c.headers.clone(),
+        })
+    }
+}
+
+/// The queue's sending side, shared by every traced request.
+#[derive(Debug)]
+pub(super) struct Pipeline {
+    pub(super) settings: Settings,
+    tx: mpsc::Sender<SpanData>,
+    queue_full: IntCounter,
+    scope: InstrumentationScope,
+    clock: crate::clock::Clock,
+}
+
+/// The counters the exporter keeps.
+#[derive(Debug, Clone)]
+pub(super) struct Counters {
+    pub exported: IntCounter,
+    pub queue_full: IntCounter,
+    pub failed: IntCounter,
+}
+
+impl Pipeline {
+    /// Builds the OTLP exporter and starts the task that drains the queue
+    /// (on the current tokio runtime). `Err`: the exporter could not be
+    /// built (the endpoint was checked with the config; this is the
+    /// exporter's own word).
+    pub(super) fn start(settings: Settings, counters: Counters) -> Result<Arc<Pipeline>, String> {
+        let mut exporter = build(&settings)?;
+        let resource = opentelemetry_sdk::Resource::builder_empty()
+            .with_service_name(settings.service_name.clone())
+            .build();
+        exporter.set_resource(&resource);
+        let (tx, rx) = mpsc::channel(QUEUE_SPANS);
+        tokio::spawn(drain(rx, exporter, counters.clone()));
+        Ok(Arc::new(Pipeline {
+            settings,
+            tx,
+            queue_full: counters.queue_full,
+            scope: InstrumentationScope::builder("weir")
+                .with_version(env!("CARGO_PKG_VERSION"))
+                .build(),
+            clock: crate::clock::Clock::new(),
+        }))
+    }
+
+    /// Queues a request's spans; those that do not fit are dropped and
+    /// counted. Never waits.
+    pub(super) fn send(&self, spans: Vec<SpanData>) {
+        for s in spans {
+            if self.tx.try_send(s).is_err() {
+                self.queue_full.inc();
+            }
+        }
+    }
+
+    pub(super) fn scope(&self) -> InstrumentationScope {
+        self.scope.clone()
+    }
+
+    pub(super) fn wall(&self) -> SystemTime {
+        self.clock.wall()
+    }
+}
+
+fn build(s: &Settings) -> Result<opentelemetry_otlp::SpanExporter, String> {
+    use opentelemetry_otlp::{RetryPolicy, SpanExporter, WithExportConfig};
+    let built = match s.protocol {
+        TraceProtocol::Grpc => {
+            use opentelemetry_otlp::WithTonicConfig;
+            let mut h = http::HeaderMap::new();
+            for (n, v) in &s.headers {
+                if let (Ok(n), Ok(v)) = (
+                    http::HeaderName::from_bytes(n.as_bytes()),
+                    http::HeaderValue::from_str(v),
+                ) {
+                    h.insert(n, v);
+                }
+            }
+            SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(s.endpoint.clone())
+                .with_timeout(EXPORT_TIMEOUT)
+                .with_metadata(
+                    opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(h),
+                )
+                // A batch that fails is dropped and counted; the next one
+                // tries again. Retrying would hold the queue meanwhile.
+                .with_retry_policy(RetryPolicy::disabled())
+                .build()
+        }
+        TraceProtocol::HttpProtobuf => {
+            use opentelemetry_otlp::WithHttpConfig;
+            SpanExporter::builder()
+                .with_http()
+                .with_endpoint(s.endpoint.clone())
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_timeout(EXPORT_TIMEOUT)
+                .with_headers(s.headers.iter().cloned().collect())
+                .with_retry_policy(RetryPolicy::disabled())
+                .build()
+        }
+    };
+    built.map_err(|e| format!("[tracing] cannot build the OTLP exporter: {e}"))
+}
+
+/// Takes spans out of the queue in batches and exports them, one export at
+/// a time, until every sender is gone (the last snapshot using this
+/// pipeline and the last traced request of it), then flushes what is left.
+async fn drain(
+    mut rx: mpsc::Receiver<SpanData>,
+    exporter: opentelemetry_otlp::SpanExporter,
+    c: Counters,
+) {
+    let mut batch = Vec::with_capacity(BATCH_SPANS);
+    // Whether the last export failed: a warning when exports start to
+    // fail, not one per batch.
+    let mut failing = false;
+    loop {
+        if rx.recv_many(&mut batch, BATCH_SPANS).await == 0 {
+            break;
+        }
+        let until = tokio::time::Instant::now() + BATCH_DELAY;
+        let mut closed = false;
+        while batch.len() < BATCH_SPANS {
+            let room = BATCH_SPANS - batch.len();
+            match tokio::time::timeout_at(until, rx.recv_many(&mut batch, room)).await {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        let n = batch.len() as u64;
+        let sent = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_SPANS));
+        match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {
+            Ok(Ok(())) => {
+                if failing {
+                    tracing::info!("tracing: the collector accepts spans again");
+                    failing = false;
+                }
+                c.exported.inc_by(n);
+            }
+            Ok(Err(e)) => {
+                failed(&mut failing, n, &e.to_string());
+                c.failed.inc_by(n);
+            }
+            Err(_) => {
+                failed(&mut failing, n, "timed out");
+                c.failed.inc_by(n);
+            }
+        }
+        if closed {
+            break;
+        }
+    }
+    let _ = exporter.shutdown();
+}
+
+/// Says that an export of `n` spans failed: a warning on the first failure
+/// after a success, debug after that.
+fn failed(failing: &mut bool, n: u64, why: &str) {
+    if *failing {
+        tracing::debug!(spans = n, error = why, "trace export failed");
+    } else {
+        tracing::warn!(spans = n, error = why, "tracing: export to the collector failed; spans are dropped (weir_trace_spans_dropped_total) until it accepts them again");
+        *failing = true;
+    }
+}

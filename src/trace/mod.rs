@@ -1,0 +1,117 @@
+//! Tracing (docs/reference/tracing.md#tracing): W3C trace context in and
+//! out, one server span per request and one child span per attempt, sent
+//! over OTLP with OpenTelemetry's own exporter.
+//!
+//! - [`context`]: `traceparent` and B3 read off a request, the sampling
+//!   decision, the `traceparent` forwarded (pure).
+//! - [`span`]: a traced request's record ([`Trace`]), which the data plane
+//!   feeds (both paths, and the attempt driver through one small hook).
+//! - `export`: the bounded queue and the task that sends its batches.
+//!
+//! What it must not do: make an untraced request pay (a [`Tracer`] that is
+//! off is one check, and a request not sampled never allocates here), or
+//! make any request wait for the collector. It knows nothing of the data
+//! plane: the request side calls it, never the reverse.
+
+pub mod context;
+mod export;
+mod ids;
+pub mod span;
+
+pub use context::Incoming;
+pub use export::{BATCH_DELAY, BATCH_SPANS, EXPORT_TIMEOUT, QUEUE_SPANS};
+pub use span::{Begin, Finish, Trace};
+
+use crate::config::TracingConfig;
+use std::sync::{Arc, Mutex};
+use tokio::time::Instant;
+
+/// A snapshot's tracing: off, or the exporter's queue and the share of
+/// requests without a context that are traced. Cloned into each snapshot;
+/// the queue behind it outlives reloads that keep its settings.
+#[derive(Debug, Clone, Default)]
+pub struct Tracer {
+    pipeline: Option<Arc<export::Pipeline>>,
+    sample: f64,
+}
+
+impl Tracer {
+    /// Tracing off: no span is recorded, trace context passes through.
+    pub fn off() -> Tracer {
+        Tracer::default()
+    }
+
+    /// Whether weir records spans at all (`[tracing] endpoint` is set).
+    #[inline]
+    pub fn is_on(&self) -> bool {
+        self.pipeline.is_some()
+    }
+
+    /// Reads a request's context off its fields and decides whether weir
+    /// records it; `Some` starts its server span at `start()` (the clock
+    /// is read only for a request that is traced). Called only when
+    /// [`Tracer::is_on`].
+    pub fn begin<'a, 'b, I: Iterator<Item = (&'a str, &'a [u8])>>(
+        &self,
+        fields: impl Fn() -> I,
+        start: impl FnOnce() -> Instant,
+        b: impl FnOnce() -> Begin<'b>,
+    ) -> Option<Trace> {
+        let pipeline = self.pipeline.as_ref()?;
+        let incoming = context::read(fields());
+        // The common case, said at once: no context, and `sample` picks none.
+        if incoming == Incoming::None && self.sample <= 0.0 {
+            return None;
+        }
+        let parent = context::decide(incoming, self.sample, ids::draw)?;
+        let state = match parent {
+            Some(_) => fields()
+                .filter(|(n, _)| n.eq_ignore_ascii_case(context::TRACESTATE))
+                .find_map(|(_, v)| std::str::from_utf8(v).ok()),
+            None => None,
+        };
+        Some(Trace::new(pipeline.clone(), parent, state, start(), b()))
+    }
+}
+
+/// The exporter a running weir keeps across reloads: rebuilt only when
+/// `[tracing]`'s endpoint, protocol, service name or headers change
+/// (`sample` is read per snapshot).
+#[derive(Debug, Default)]
+pub struct Registry {
+    current: Mutex<Option<Arc<export::Pipeline>>>,
+}
+
+impl Registry {
+    /// The tracer for a snapshot of `config`, counting into `metrics`.
+    /// Must run on the tokio runtime the exporter is to live on.
+    pub fn sync(
+        &self,
+        config: &TracingConfig,
+        metrics: &crate::metrics::trace::Families,
+    ) -> Result<Tracer, String> {
+        let mut current = self.current.lock().expect("tracing registry lock poisoned");
+        let Some(settings) = export::Settings::of(config) else {
+            *current = None;
+            return Ok(Tracer::off());
+        };
+        let pipeline = match current.as_ref() {
+            Some(p) if p.settings == settings => p.clone(),
+            _ => {
+                let counters = export::Counters {
+                    exported: metrics.exported.clone(),
+                    queue_full: metrics.dropped("queue_full"),
+                    failed: metrics.dropped("export_failed"),
+                };
+                let p = export::Pipeline::start(settings, counters)?;
+                tracing::info!(endpoint = ?config.endpoint, protocol = ?config.protocol, "tracing: exporting spans over OTLP");
+                *current = Some(p.clone());
+                p
+            }
+        };
+        Ok(Tracer {
+            pipeline: Some(pipeline),
+            sample: config.sample,
+        })
+    }
+}
