@@ -179,6 +179,7 @@ async fn status_json_reports_every_field() {
         "refusals_per_s",
         "refusals_total",
         "retries_per_s",
+        "hedges_per_s",
         "retry_stops_per_s",
         "retry_stops_total",
         "retry_budget_tokens",

@@ -51,6 +51,9 @@ pub fn slow_tail() -> Profile {
     }
 }
 
+/// `slow-tail`'s requests through each weir before the measured run.
+pub const WARM_UP: usize = 200;
+
 /// `slow-tail`'s hedging, in weir's third column.
 pub const HEDGE: &str = "[upstreams.chaos.hedge]\nafter = \"p95\"\n";
 
@@ -191,8 +194,26 @@ pub async fn run(s: Scenario, opts: &Options) -> Result<Report, String> {
             addr: proxy.listen_addr(),
             host: "chaos".into(),
         };
+        // slow-tail: a warm-up first, so that a p95 is known (50 latencies)
+        // before the measured run, as in a weir that has been serving; the
+        // replicas' counts are of the measured run only.
+        let mut before = vec![0; ups.len()];
+        if s == Scenario::SlowTail {
+            let warm = super::driver::Load {
+                requests: WARM_UP,
+                ..load.clone()
+            };
+            drive(target.clone(), warm).await;
+            before = ups.iter().map(|u| u.counters.received()).collect();
+        }
         let observed = drive(target, load.clone()).await;
         let mut col = column(name, observed, &ups);
+        if let Some(served) = &mut col.replicas {
+            for (n, b) in served.iter_mut().zip(&before) {
+                *n -= b;
+            }
+            col.upstream_attempts = served.iter().sum();
+        }
         col.refused = metrics
             .values("weir_upstream_attempts_total", "chaos", "result")
             .get("connect_failure")
