@@ -218,7 +218,10 @@ async fn a_brownout_keeps_hedges_within_max_extra(via: Via) {
     let addrs: Vec<_> = ups.iter().map(|u| u.addr).collect();
     let w = weir(via, &addrs, "after = \"5ms\"\nmax_extra = 0.05").await;
     let c = client();
-    const N: usize = 400;
+    // 1,000 requests: at most 0.05 × 1,000 + 10 saved-up hedges = 60, so
+    // attempts per request ≤ 1.06 = 1 + max_extra + 0.01, whatever the
+    // latency does.
+    const N: usize = 1000;
     let mut tasks = Vec::new();
     for k in 0..8 {
         let (c, url) = (c.clone(), w.url("/item"));
@@ -243,7 +246,7 @@ async fn a_brownout_keeps_hedges_within_max_extra(via: Via) {
     );
     let per_request = attempts / N as f64;
     assert!(
-        per_request <= 1.0 + 0.05 + 0.03,
+        per_request <= 1.0 + 0.05 + 0.01,
         "{per_request} attempts per request"
     );
 }
