@@ -112,10 +112,6 @@ impl Conn {
     /// Counts one more request in flight on it, started at `now`.
     fn reserve(&self, now: Instant) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.touch(now);
-    }
-
-    fn touch(&self, now: Instant) {
         let ms = now.saturating_duration_since(self.epoch).as_millis() as u64;
         self.last_used.store(ms, Ordering::Relaxed);
     }
@@ -187,17 +183,6 @@ impl H2Pool {
                 state: Mutex::new(State::default()),
             }),
         }
-    }
-
-    /// Open connections (for tests and the status of the pool).
-    pub fn open(&self) -> usize {
-        let now = Instant::now();
-        let idle = self.shared.idle_timeout;
-        self.shared
-            .state
-            .lock()
-            .map(|s| s.conns.iter().filter(|c| c.usable(now, idle)).count())
-            .unwrap_or(0)
     }
 
     /// Sends one request on a connection with room, dialling one if none has.
