@@ -82,7 +82,10 @@ async fn weir(via: Via, addrs: &[SocketAddr], hedge: &str) -> Weir {
         path,
         via == Via::H2c,
         addrs,
-        &format!("[upstreams.svc.hedge]\n{hedge}"),
+        // Round robin: every third request goes to replica 0, whatever its
+        // latency estimate says (peak-EWMA would learn to avoid a slow one,
+        // and the tests are of what happens when a request gets there).
+        &format!("balance = \"round_robin\"\n[upstreams.svc.hedge]\n{hedge}"),
     )
     .await
 }
