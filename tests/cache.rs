@@ -1,5 +1,6 @@
 //! The response cache (docs/reference/cache.md#response-cache), on both paths (the
-//! fast path hands a cached upstream's requests to hyper's), counting what
+//! fast path serves hits, misses and writes; revalidations and stale
+//! answers are hyper's path's), counting what
 //! the upstream received: hits make no request, concurrent misses make one,
 //! stale-if-error answers through an outage and an open breaker,
 //! must-revalidate is never served stale, stale-while-revalidate refreshes
@@ -475,4 +476,65 @@ async fn a_refusal_at_admission_is_answered_stale(path: DataPath) {
     // A key with no entry gets the refusal.
     assert_eq!(fetch(&weir, "/b").await.0, 429);
     assert_eq!(up.requests(), 1);
+}
+
+/// An upstream that answers every GET with `cache-control: max-age=60`
+/// and a head announcing `len` body bytes, of which it sends `sent`
+/// (chunked when `len` is 0: `sent` bytes in one chunk and the last chunk),
+/// then closes.
+async fn announcing(len: usize, sent: usize) -> RawUpstream {
+    use tokio::io::AsyncWriteExt;
+    RawUpstream::start(move |_, mut s| async move {
+        while read_head(&mut s).await {
+            let data = "x".repeat(sent);
+            let r = match len {
+                0 => format!(
+                    "HTTP/1.1 200 OK\r\ncache-control: max-age=60\r\ntransfer-encoding: chunked\r\n\r\n{sent:x}\r\n{data}\r\n0\r\n\r\n"
+                ),
+                _ => format!(
+                    "HTTP/1.1 200 OK\r\ncache-control: max-age=60\r\ncontent-length: {len}\r\n\r\n{data}"
+                ),
+            };
+            if s.write_all(r.as_bytes()).await.is_err() || sent < len {
+                return;
+            }
+        }
+    })
+    .await
+}
+
+both_paths!(
+    #[tokio::test]
+    a_body_that_breaks_off_is_weirs_error_and_not_stored
+);
+async fn a_body_that_breaks_off_is_weirs_error_and_not_stored(path: DataPath) {
+    let up = announcing(100, 10).await;
+    let weir = Weir::single_on(path, &up.url(), CACHE).await;
+    for _ in 0..2 {
+        let (s, parts, b) = fetch(&weir, "/short").await;
+        assert_eq!(s, 502, "{b}");
+        assert!(b.contains("upstream_reset"), "{b}");
+        assert_eq!(header(&parts, "x-weir-cache"), "miss");
+    }
+    // Nothing was stored: each request went upstream.
+    assert_eq!(up.connections(), 2);
+}
+
+both_paths!(
+    #[tokio::test]
+    a_body_over_max_object_bytes_is_relayed_whole_not_stored
+);
+async fn a_body_over_max_object_bytes_is_relayed_whole_not_stored(path: DataPath) {
+    let cfg = format!("{CACHE}max_object_bytes = 1024\nmax_bytes = 65536\n");
+    for (len, sent) in [(4096, 4096), (0, 4096), (0, 512)] {
+        let up = announcing(len, sent).await;
+        let weir = Weir::single_on(path, &up.url(), &cfg).await;
+        let (s, first, b) = fetch(&weir, "/big").await;
+        assert_eq!((s, b.len()), (200, sent));
+        assert_eq!(header(&first, "x-weir-cache"), "miss");
+        let (_, again, b) = fetch(&weir, "/big").await;
+        assert_eq!(b.len(), sent);
+        let expect = if sent > 1024 { "miss" } else { "hit" };
+        assert_eq!(header(&again, "x-weir-cache"), expect, "{len} {sent}");
+    }
 }

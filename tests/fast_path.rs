@@ -128,6 +128,75 @@ async fn keyed_writes_stay_on_the_fast_path() {
     assert_eq!(up.connections(), 1);
 }
 
+/// A cached upstream's requests stay on the fast path
+/// (docs/reference/cache.md#response-cache): a miss is forwarded and stored,
+/// its repeat answered from the entry, a write forwarded and its target's
+/// entry dropped, the next read a miss again — all on one client
+/// connection and one pooled upstream connection.
+#[tokio::test]
+async fn cache_misses_and_writes_stay_on_the_fast_path() {
+    let n = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        let n = n.clone();
+        async move {
+            let i = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            let text = format!("{} {} #{i}", req.method(), req.uri().path());
+            Response::builder()
+                .header("cache-control", "max-age=60")
+                .body(body(text))
+                .unwrap()
+        }
+    })
+    .await;
+    // A second upstream without a cache: its requests before and after
+    // tell which path served the connection in between.
+    let plain = echo().await;
+    let weir = Weir::start(&format!(
+        "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n[upstreams.svc.cache]\nenabled = true\n\
+         [upstreams.plain]\nurl = \"{}\"\nhosts = [\"plain\"]\n",
+        up.url(),
+        plain.url()
+    ))
+    .await;
+    let out = exchange_raw(
+        weir.addr,
+        b"GET /before HTTP/1.1\r\nHost: plain\r\n\r\n\
+          GET /item HTTP/1.1\r\nHost: svc\r\n\r\n\
+          GET /item HTTP/1.1\r\nHost: svc\r\n\r\n\
+          POST /item HTTP/1.1\r\nHost: svc\r\nContent-Length: 1\r\n\r\nx\
+          GET /item HTTP/1.1\r\nHost: svc\r\n\r\n\
+          GET /after HTTP/1.1\r\nHost: plain\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        out.contains("GET /before ") && out.contains("GET /after "),
+        "{out}"
+    );
+    // One pooled connection to each upstream: nothing went through hyper,
+    // whose client would have opened its own.
+    assert_eq!(plain.connections(), 1);
+    let marks: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("x-weir-cache: "))
+        .collect();
+    assert_eq!(marks, ["miss", "hit", "miss"], "{out}");
+    let bodies = [
+        "GET /item #1",
+        "GET /item #1",
+        "POST /item #2",
+        "GET /item #3",
+    ];
+    let mut at = 0;
+    for b in bodies {
+        let i = out[at..]
+            .find(b)
+            .unwrap_or_else(|| panic!("{b} after {at}: {out}"));
+        at += i + b.len();
+    }
+    assert_eq!(up.requests(), 3);
+    assert_eq!(up.connections(), 1);
+}
+
 /// The upstream sees a chunked body in the plainest form of the coding:
 /// sizes in lowercase hex, no extensions, whatever the client sent.
 #[tokio::test]

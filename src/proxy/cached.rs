@@ -9,9 +9,10 @@
 //! and every decision, are `policy::cache`'s; this module carries requests
 //! and responses to and from it.
 //!
-//! Only hyper's path writes the cache. The fast path answers a fresh hit
-//! itself (`fast::head::cache`, `fast::hit`) and hands every other
-//! request of an upstream with a cache to hyper (`fast::head::plan`).
+//! The fast path serves a fresh hit, a miss and a write itself
+//! (`fast::head::cache`, `fast::hit`, `fast::fill`) with this module's
+//! shared fill (`fill`: coalescing, what is stored) and hands a request
+//! for an entry to revalidate or to serve stale to this path.
 
 use super::attempt::Annotations;
 use super::body::{self, Body};
@@ -21,8 +22,8 @@ use super::request::Parsed;
 use super::sticky::ConnCtx;
 use super::Upstream;
 use crate::policy::cache::{
-    on_error, on_not_modified, storable, CacheRequest, CacheResult, CachedResponse, Decision, Fill,
-    Refreshed, ResponseFacts,
+    on_error, on_not_modified, CacheRequest, CacheResult, CacheStore, CachedResponse, Decision,
+    Refreshed,
 };
 use bytes::Bytes;
 use http::request::Parts;
@@ -31,6 +32,9 @@ use http_body_util::BodyExt;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
+
+mod fill;
+pub(crate) use fill::{insert, take_turn, to_store, EndFill, Turn};
 
 /// A header map as the policy core reads it.
 fn pairs(h: &HeaderMap) -> Vec<(&[u8], &[u8])> {
@@ -164,43 +168,19 @@ struct Visit<'a> {
 }
 
 impl Visit<'_> {
-    /// A miss or a revalidation, coalesced: the first request for the key
-    /// goes upstream; the others wait for it, then take what it stored.
+    /// A miss or a revalidation, coalesced ([`take_turn`]).
     async fn fill(
         &self,
         parts: Parts,
         entry: Option<Arc<CachedResponse>>,
     ) -> Result<Response<Body>, ProxyError> {
-        let (done, waiter) = tokio::sync::watch::channel(());
-        let role = (self.up.state.fills.lock())
-            .map(|mut f| f.begin_fill(&self.key, || waiter))
-            .unwrap_or(Fill::Leader);
-        match role {
-            Fill::Leader => {
-                let _end = EndFill {
-                    up: self.up,
-                    key: &self.key,
-                    done,
-                };
-                self.go(parts, entry, true).await
-            }
-            Fill::Follower(mut w) => {
-                let began = self.up.state.now();
-                let deadline = self.deadline(&parts);
-                let waited = tokio::time::timeout_at(deadline, w.changed()).await;
-                let fetched = {
-                    let cache = self.up.state.cache();
-                    let e = cache
-                        .as_ref()
-                        .and_then(|c| c.get(&self.key, pairs(&parts.headers)));
-                    e.filter(|e| e.stored_at >= began).cloned()
-                };
-                match (fetched, waited) {
-                    (Some(e), _) => Ok(self.answer(&e, CacheResult::Coalesced, None)),
-                    (None, Err(_)) => self.failed(entry.as_deref(), ProxyError::DeadlineExceeded),
-                    (None, Ok(_)) => self.go(parts, entry, true).await,
-                }
-            }
+        let deadline = self.deadline(&parts);
+        let select = |c: &CacheStore| c.get(&self.key, pairs(&parts.headers)).cloned();
+        match take_turn(self.up, &self.key, deadline, select).await {
+            Turn::Lead(_end) => self.go(parts, entry, true).await,
+            Turn::Stored(e) => Ok(self.answer(&e, CacheResult::Coalesced, None)),
+            Turn::TimedOut => self.failed(entry.as_deref(), ProxyError::DeadlineExceeded),
+            Turn::Alone => self.go(parts, entry, true).await,
         }
     }
 
@@ -319,21 +299,22 @@ impl Visit<'_> {
         now: Duration,
         entry: Option<&CachedResponse>,
     ) -> Result<Response<Body>, ProxyError> {
-        let Some(params) = self.params() else {
-            return Ok(self.mark(resp, CacheResult::Miss));
-        };
-        let facts = ResponseFacts::parse(resp.status().as_u16(), pairs(resp.headers()));
-        let Some(freshness) = storable(&self.req, &facts, &params, self.up.state.clock.wall())
-        else {
-            if let Some(c) = self.up.state.cache().as_mut() {
-                c.remove(&self.key, pairs(req_headers));
-            }
+        let status = resp.status().as_u16();
+        let (up, key, req) = (self.up, &self.key, &self.req);
+        let to_store = to_store(
+            up,
+            key,
+            req,
+            status,
+            pairs(resp.headers()),
+            pairs(req_headers),
+        );
+        let Some((freshness, limit)) = to_store else {
             return Ok(self.mark(resp, CacheResult::Miss));
         };
         let (head, mut rest) = resp.into_parts();
         let mut chunks: Vec<Bytes> = Vec::new();
         let mut size = 0usize;
-        let limit = params.max_object_bytes;
         let whole = loop {
             match rest.frame().await {
                 None => break true,
@@ -361,11 +342,8 @@ impl Visit<'_> {
             }
         };
         if whole {
-            let status = head.status.as_u16();
             let r = CachedResponse::new(status, pairs(&head.headers), &chunks, freshness, now);
-            if let Some(c) = self.up.state.cache().as_mut() {
-                c.insert(&self.key, pairs(req_headers), r);
-            }
+            insert(self.up, &self.key, pairs(req_headers), r);
         }
         let relay = super::replay::Prefixed::new(chunks, None, rest);
         Ok(self.mark(
@@ -485,6 +463,11 @@ pub(crate) fn mark_error(up: &Upstream, resp: &mut Response<Body>) {
     }
 }
 
+/// Marks weir's answer with how the cache took part in it.
+pub(crate) fn mark(h: &mut HeaderMap, result: CacheResult) {
+    h.insert(CACHE_HEADER, HeaderValue::from_static(result.name()));
+}
+
 /// `x-weir-cache`.
 const CACHE_HEADER: HeaderName = HeaderName::from_static("x-weir-cache");
 
@@ -518,23 +501,6 @@ fn counts_as_failure(e: &ProxyError) -> bool {
             | ProxyError::RateLimited { .. }
             | ProxyError::Overloaded
     )
-}
-
-/// Ends the leader's fill however it ends: the registry forgets it and the
-/// followers wake.
-struct EndFill<'a> {
-    up: &'a Upstream,
-    key: &'a str,
-    done: tokio::sync::watch::Sender<()>,
-}
-
-impl Drop for EndFill<'_> {
-    fn drop(&mut self) {
-        if let Ok(mut f) = self.up.state.fills.lock() {
-            f.end_fill(self.key);
-        }
-        let _ = self.done.send(());
-    }
 }
 
 /// Starts the one background refresh of `key` (stale-while-revalidate),

@@ -1,8 +1,7 @@
-//! A fresh hit of the response cache, answered on the fast path
-//! (docs/reference/cache.md#response-cache); `head::cache` finds it. Everything else a cached upstream
-//! gets — misses, revalidations, stale answers, writes that invalidate —
-//! goes to hyper's path, where the cache is written (`proxy::cached`);
-//! here only the one answer that needs nothing of it: the entry as it is.
+//! Answers from the response cache on the fast path
+//! (docs/reference/cache.md#response-cache): a fresh hit (`head::cache`
+//! finds it) and a miss coalesced with one that stored its entry
+//! (`fast::fill`), written as they are with `Age` and weir's marks.
 
 use super::head::Planned;
 use super::{access, reply, write_client, Ctx};
@@ -11,20 +10,21 @@ use crate::proxy::Upstream;
 use tokio::time::Instant;
 
 impl Ctx<'_> {
-    /// Answers with a fresh entry: no attempt, nothing admitted. Returns
-    /// whether the connection stays open.
-    pub(super) async fn cache_hit(
+    /// Answers from an entry (a fresh hit, or what a coalesced miss's
+    /// leader stored): no attempt, nothing admitted. Returns whether the
+    /// connection stays open.
+    pub(super) async fn cache_answer(
         &mut self,
         up: &Upstream,
         start: Instant,
         p: &Planned,
         e: &CachedResponse,
+        result: CacheResult,
     ) -> bool {
         let now = up.state.now();
         // The whole entry: `write_parts` states the length (for a HEAD
         // too) and sends the body only to a GET.
-        let (mut parts, body) =
-            crate::proxy::cached::entry_parts(up, e, CacheResult::Hit, false, None, now);
+        let (mut parts, body) = crate::proxy::cached::entry_parts(up, e, result, false, None, now);
         parts.headers.remove(http::header::CONTENT_LENGTH);
         self.answer_stored(up, start, p, &parts, &body, !p.is_head_request)
             .await

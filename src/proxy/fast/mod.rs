@@ -21,6 +21,7 @@
 //! paths (`both_paths!` in tests/common, with `server.fast_path` off for the
 //! general one).
 
+mod fill;
 pub mod head;
 mod hit;
 mod io;
@@ -37,6 +38,7 @@ use super::conn::{serve_io, Conn};
 use super::error::ProxyError;
 use super::idempotent::{self, Begun, Recorder};
 use super::Upstream;
+use crate::policy::cache::CacheResult;
 use crate::policy::idempotency::StoredResponse;
 use head::{Annotations, Parse, Planned};
 use io::{client_gone, read_more, write_client, Bufs, Timer};
@@ -204,11 +206,20 @@ impl Ctx<'_> {
     /// stays open for the next one.
     async fn serve(&mut self, up: &Upstream, p: Planned) -> bool {
         let start = Instant::now();
-        if let Some(e) = &p.hit {
-            return self.cache_hit(up, start, &p, e).await;
+        if let head::cache::Cached::Hit(e) = &p.cache {
+            return (self.cache_answer(up, start, &p, e, CacheResult::Hit)).await;
         }
         let cfg = &up.config;
         let (deadline, lowered) = attempt::deadline(cfg, start, [p.asked.lowered, None]);
+        // A miss whose response may be stored leads its key's fill, or
+        // waits for the one that does.
+        let _lead = match p.cache.filling_get() {
+            Some(f) => match self.take_turn(up, start, &p, f, deadline).await {
+                Ok(lead) => lead,
+                Err(open) => return open,
+            },
+            None => None,
+        };
         let need = p.head_len + p.body_len;
         let fail = |e: ProxyError| OwnError {
             error: e,
@@ -323,13 +334,26 @@ impl Ctx<'_> {
         drop(attempts);
         let took = ended.saturating_duration_since(start);
         match result {
-            Ok(x) => {
+            Ok(mut x) => {
+                let cache = match self.cache_response(up, &p, &mut x).await {
+                    Ok(mark) => mark,
+                    Err(error) => {
+                        let endpoint = Some(x.addr);
+                        let f = OwnError {
+                            error,
+                            attempts: None,
+                            endpoint,
+                        };
+                        return self.fail(up, start, &p, f).await;
+                    }
+                };
                 let status = x.status;
                 up.state.metrics.status(status, took);
                 let addr = x.addr;
                 let kept = Kept {
                     annotations,
                     recorder,
+                    cache: cache.filter(|_| cfg.annotate),
                 };
                 let relayed = self.relay(up, addr, x, kept, &p, ended).await;
                 if let Some(code) = relayed.error {
@@ -414,6 +438,13 @@ impl Ctx<'_> {
     /// open: not when the request's body is still unread, nor after a 400.
     async fn fail(&mut self, up: &Upstream, start: Instant, p: &Planned, f: OwnError) -> bool {
         let took = start.elapsed();
+        // A miss weir answers itself is the cache's miss too.
+        let cache = matches!(p.cache, head::cache::Cached::Fill(_)).then(|| {
+            if let Some(c) = up.state.cache().as_mut() {
+                c.count(CacheResult::Miss);
+            }
+            CacheResult::Miss
+        });
         up.state.metrics.error(f.error.code(), took);
         let (made, stop, hedge) = match f.attempts {
             Some(a) => (Some(a.attempts), a.stop.map(|s| s.as_str()), a.hedge),
@@ -445,6 +476,7 @@ impl Ctx<'_> {
             close,
             is_head_request: p.is_head_request,
             date: up.state.clock.wall(),
+            cache: cache.filter(|_| up.config.annotate),
         };
         e.write(&mut self.bufs.out);
         let ok = write_client(self.stream, &self.bufs.out, self.write_timeout).await;
@@ -453,10 +485,11 @@ impl Ctx<'_> {
 }
 
 /// What a response takes along to the client besides itself: weir's
-/// annotations, and a keyed write's recorder.
+/// annotations, a keyed write's recorder, and the cache's mark.
 struct Kept {
     annotations: Option<Annotations>,
     recorder: Option<Recorder>,
+    cache: Option<CacheResult>,
 }
 
 /// weir's error for the client, with what the attempts added.

@@ -50,6 +50,9 @@ impl Ctx<'_> {
             let room = usize::try_from(hint).unwrap_or(usize::MAX).min(r.limit());
             r.capture(status, head::fields(&bufs.out, bufs.kept, room), hint)
         });
+        if let Some(r) = kept.cache {
+            head::header(&mut bufs.out, b"x-weir-cache", r.name().as_bytes());
+        }
         head::finish_response(
             &mut bufs.out,
             annotations,

@@ -13,6 +13,8 @@ pub(super) struct ErrorResponse<'a> {
     /// A response to HEAD announces its body and does not send it.
     pub(super) is_head_request: bool,
     pub(super) date: std::time::SystemTime,
+    /// The response cache's mark (`x-weir-cache`).
+    pub(super) cache: Option<crate::policy::cache::CacheResult>,
 }
 
 impl ErrorResponse<'_> {
@@ -22,6 +24,9 @@ impl ErrorResponse<'_> {
         let (mut parts, body) = self.error.parts(Some(self.upstream));
         if let Some(a) = self.annotations {
             attempt::annotate(&mut parts.headers, &a);
+        }
+        if let Some(r) = self.cache {
+            crate::proxy::cached::mark(&mut parts.headers, r);
         }
         let date = httpdate::fmt_http_date(self.date);
         let date = http::HeaderValue::from_str(&date).ok();

@@ -1,34 +1,122 @@
-//! Whether the response cache answers a request on the fast path: only a
-//! fresh hit does (`fast::hit` writes it); everything else a cached
-//! upstream gets goes to hyper's path, where the cache is written
-//! (`proxy::cached`).
+//! What the response cache does with a request on the fast path
+//! (docs/reference/cache.md#response-cache): a fresh hit is answered from
+//! its entry (`fast::hit`); a miss goes upstream and its response is stored
+//! when it may be (`fast::fill`); a write that succeeds drops its target's
+//! entries. A request for an entry to revalidate or to serve stale is
+//! hyper's path's (`proxy::cached`), which holds the entry as a fallback
+//! while it goes upstream.
 
 use crate::policy::cache::{CacheRequest, CacheResult, CachedResponse, Decision};
 use crate::proxy::Upstream;
 use std::sync::Arc;
 
-/// The entry that answers this request, when the upstream's cache has a
-/// fresh one for it; `None`: hyper's path serves it.
-pub(super) fn lookup(
+/// The cache's part in one request.
+#[derive(Debug, Default)]
+pub enum Cached {
+    /// No cache, or a request it leaves alone (a Range, the client's own
+    /// conditional, a keyed request): forwarded as it is, unmarked.
+    #[default]
+    Off,
+    /// A fresh entry answers it.
+    Hit(Arc<CachedResponse>),
+    /// No entry: it goes upstream, marked a miss, and a `GET`'s response is
+    /// stored when it may be.
+    Fill(Filling),
+    /// A method that is not safe: a success drops every entry of its
+    /// target (RFC 9111 §4.4).
+    Invalidates {
+        /// The target's key.
+        key: String,
+        method: http::Method,
+    },
+}
+
+/// A miss to fill.
+#[derive(Debug)]
+pub struct Filling {
+    /// The entry's key (`proxy::cached::key_of`).
+    pub key: String,
+    /// What the request's fields say to the cache (a `HEAD` is never
+    /// stored, nor coalesced).
+    pub req: CacheRequest,
+}
+
+impl Cached {
+    /// A miss whose response may be stored: coalesced with the others of
+    /// its key.
+    pub fn filling_get(&self) -> Option<&Filling> {
+        match self {
+            Cached::Fill(f) if !f.req.head => Some(f),
+            _ => None,
+        }
+    }
+}
+
+/// The request's target, as the cache and the fast path read it.
+pub(super) struct Target<'r> {
+    pub method: &'r str,
+    pub authority: Option<&'r str>,
+    pub host: Option<&'r str>,
+    pub path_and_query: &'r str,
+}
+
+/// What the upstream's cache does with the request; `Err`: it is hyper's
+/// path's (an entry to revalidate or to serve stale).
+pub(super) fn visit(
     up: &Upstream,
-    method: &str,
-    authority: Option<&str>,
-    host: Option<&str>,
-    target: &str,
+    t: &Target<'_>,
+    keyed: bool,
     fields: &[httparse::Header<'_>],
-) -> Option<Arc<CachedResponse>> {
+) -> Result<Cached, &'static str> {
+    let key = || crate::proxy::cached::key_of(up, t.authority, t.host, t.path_and_query);
+    if !matches!(t.method, "GET" | "HEAD") {
+        let Ok(method) = http::Method::from_bytes(t.method.as_bytes()) else {
+            return Ok(Cached::Off);
+        };
+        let key = key();
+        return Ok(Cached::Invalidates { key, method });
+    }
+    if keyed {
+        return Ok(Cached::Off);
+    }
     let pairs = || fields.iter().map(|f| (f.name.as_bytes(), f.value));
-    let req = CacheRequest::parse(method, pairs()).ok()?;
-    let key = crate::proxy::cached::key_of(up, authority, host, target);
+    let Ok(req) = CacheRequest::parse(t.method, pairs()) else {
+        return Ok(Cached::Off);
+    };
+    let key = key();
     let now = up.state.now();
     let mut cache = up.state.cache();
-    let c = cache.as_mut()?;
+    let Some(c) = cache.as_mut() else {
+        return Ok(Cached::Off);
+    };
     let found = c.lookup(&key, &req, pairs(), now);
     match (found.decision, found.entry) {
         (Decision::Fresh, Some(e)) => {
             c.count(CacheResult::Hit);
-            Some(e)
+            Ok(Cached::Hit(e))
         }
-        _ => None,
+        (_, None) => Ok(Cached::Fill(Filling { key, req })),
+        _ => Err("a cached entry to revalidate or to serve stale"),
     }
+}
+
+/// Calls `f` with the fields of the request head at the start of `buf`
+/// (none when it does not parse: it did when it was planned).
+pub fn request_fields<R>(buf: &[u8], f: impl FnOnce(&[httparse::Header<'_>]) -> R) -> R {
+    let mut fields = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
+    match super::parse(buf, &mut fields) {
+        super::Parse::Done(r) => f(r.fields),
+        _ => f(&[]),
+    }
+}
+
+/// The fields of the client's response head that `parse_response` began
+/// in `out` (its status line first), as (name, value) pairs.
+pub fn response_fields(out: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> + Clone {
+    out.split(|b| *b == b'\n').skip(1).filter_map(|line| {
+        let line = line.strip_suffix(b"\r")?;
+        let colon = line.iter().position(|b| *b == b':')?;
+        let (name, value) = line.split_at(colon);
+        Some((name, value.get(1..).unwrap_or_default().trim_ascii()))
+    })
 }

@@ -11,7 +11,7 @@
 //! [`plan`] answer [`Parse::Fallback`], and the connection goes on through
 //! hyper (`super::super::server`), which sees the same bytes.
 
-mod cache;
+pub mod cache;
 
 use crate::policy::RequestFacts;
 use crate::proxy::h1;
@@ -78,8 +78,8 @@ pub struct Planned {
     pub asked: Parsed,
     /// A keyed write, for the upstream's idempotency store.
     pub idem: Option<Keyed>,
-    /// A fresh entry of the upstream's response cache that answers it.
-    pub hit: Option<std::sync::Arc<crate::policy::cache::CachedResponse>>,
+    /// What the upstream's response cache does with it.
+    pub cache: cache::Cached,
     /// Its spans, when weir traces it (docs/reference/tracing.md#spans).
     pub trace: Option<crate::trace::Trace>,
 }
@@ -238,16 +238,19 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     if body_len > cap {
         return Parse::Fallback("a body too large to hold");
     }
-    // A cached upstream's requests go to hyper's path, where the cache is
-    // written, except a fresh hit: answered here from the entry.
-    let hit = match up.config.cache {
-        None => None,
+    // An entry to revalidate or to serve stale is hyper's path's to use.
+    let cache = match up.config.cache {
+        None => cache::Cached::Off,
         Some(_) => {
-            let target = req.path_and_query;
-            let fields = req.fields;
-            match cache::lookup(up, req.method, req.authority, req.host, target, fields) {
-                Some(e) => Some(e),
-                None => return Parse::Fallback("a request the response cache does not answer"),
+            let target = cache::Target {
+                method: req.method,
+                authority: req.authority,
+                host: req.host,
+                path_and_query: req.path_and_query,
+            };
+            match cache::visit(up, &target, asked.key.is_some(), req.fields) {
+                Ok(c) => c,
+                Err(why) => return Parse::Fallback(why),
             }
         }
     };
@@ -284,7 +287,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         close: req.connection.close,
         asked,
         idem,
-        hit,
+        cache,
         trace,
     })
 }
@@ -505,7 +508,7 @@ fn write_target(up: &Upstream, path: &str, path_and_query: &str, out: &mut Vec<u
     }
 }
 
-fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+pub fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
