@@ -72,10 +72,10 @@ impl Ctx<'_> {
     ) -> Result<Option<CacheResult>, ProxyError> {
         let f = match &p.cache {
             Cached::Fill(f) => f,
-            Cached::Invalidates { key, method } => {
-                if crate::policy::cache::invalidates(method.as_str(), x.status) {
+            Cached::Invalidates(w) => {
+                if crate::policy::cache::invalidates(w.method.as_str(), x.status) {
                     if let Some(c) = up.state.cache().as_mut() {
-                        c.invalidate(key);
+                        c.invalidate(&w.key);
                     }
                 }
                 return Ok(None);

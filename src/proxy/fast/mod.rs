@@ -213,8 +213,10 @@ impl Ctx<'_> {
         let (deadline, lowered) = attempt::deadline(cfg, start, [p.asked.lowered, None]);
         // A miss whose response may be stored leads its key's fill, or
         // waits for the one that does.
+        // (Boxed, as the cache's other futures: only a cached upstream's
+        // requests make them, and every request's future would hold them.)
         let _lead = match p.cache.filling_get() {
-            Some(f) => match self.take_turn(up, start, &p, f, deadline).await {
+            Some(f) => match Box::pin(self.take_turn(up, start, &p, f, deadline)).await {
                 Ok(lead) => lead,
                 Err(open) => return open,
             },
@@ -335,7 +337,11 @@ impl Ctx<'_> {
         let took = ended.saturating_duration_since(start);
         match result {
             Ok(mut x) => {
-                let cache = match self.cache_response(up, &p, &mut x).await {
+                let cached = match p.cache {
+                    head::cache::Cached::Off => Ok(None),
+                    _ => Box::pin(self.cache_response(up, &p, &mut x)).await,
+                };
+                let cache = match cached {
                     Ok(mark) => mark,
                     Err(error) => {
                         let endpoint = Some(x.addr);

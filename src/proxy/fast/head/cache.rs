@@ -21,14 +21,18 @@ pub enum Cached {
     Hit(Arc<CachedResponse>),
     /// No entry: it goes upstream, marked a miss, and a `GET`'s response is
     /// stored when it may be.
-    Fill(Filling),
+    Fill(Box<Filling>),
     /// A method that is not safe: a success drops every entry of its
     /// target (RFC 9111 §4.4).
-    Invalidates {
-        /// The target's key.
-        key: String,
-        method: http::Method,
-    },
+    Invalidates(Box<Write>),
+}
+
+/// A write to a cached upstream's target.
+#[derive(Debug)]
+pub struct Write {
+    /// The target's key.
+    pub key: String,
+    pub method: http::Method,
 }
 
 /// A miss to fill.
@@ -74,7 +78,7 @@ pub(super) fn visit(
             return Ok(Cached::Off);
         };
         let key = key();
-        return Ok(Cached::Invalidates { key, method });
+        return Ok(Cached::Invalidates(Box::new(Write { key, method })));
     }
     if keyed {
         return Ok(Cached::Off);
@@ -95,7 +99,7 @@ pub(super) fn visit(
             c.count(CacheResult::Hit);
             Ok(Cached::Hit(e))
         }
-        (_, None) => Ok(Cached::Fill(Filling { key, req })),
+        (_, None) => Ok(Cached::Fill(Box::new(Filling { key, req }))),
         _ => Err("a cached entry to revalidate or to serve stale"),
     }
 }
@@ -103,9 +107,12 @@ pub(super) fn visit(
 /// Calls `f` with the fields of the request head at the start of `buf`
 /// (none when it does not parse: it did when it was planned).
 pub fn request_fields<R>(buf: &[u8], f: impl FnOnce(&[httparse::Header<'_>]) -> R) -> R {
+    // httparse as `head::parse` calls it (not `parse` itself: a second
+    // caller would keep it from being inlined into every request's plan).
     let mut fields = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
-    match super::parse(buf, &mut fields) {
-        super::Parse::Done(r) => f(r.fields),
+    let mut req = httparse::Request::new(&mut fields);
+    match req.parse(buf) {
+        Ok(httparse::Status::Complete(_)) => f(req.headers),
         _ => f(&[]),
     }
 }
