@@ -5,10 +5,11 @@
 #   forward    a small GET, cache off (the fast path)
 #   hit        the same GET answered from a fresh entry (the cache warmed
 #              first, so wrk's connections stay on the fast path)
-#   hit-hyper  the same, on connections that began with a miss (hyper's
-#              path, where a connection stays once it needed it)
-#   miss       the cache on, nothing cacheable: every GET goes upstream
-#              through hyper's path, looked up and checked for storing
+#   hit-cold   the same, on connections that began with a miss (before
+#              51d6c7c a miss moved its connection to hyper's path for good)
+#   miss       the cache on, nothing cacheable: every GET goes upstream,
+#              looked up and checked for storing (the fast path since
+#              51d6c7c; hyper's path before)
 #
 #   ROUNDS=7 DUR=3 bench/cache.sh [WEIR_BINARY]    # default: target/release/weir
 # Needs wrk, nginx and curl. Everything it starts it stops by PID.
@@ -46,7 +47,7 @@ CONF
 }
 start forward 18300 $UP off
 start hit 18310 $UP_CACHED on
-start hit-hyper 18320 $UP_CACHED on
+start hit-cold 18320 $UP_CACHED on
 start miss 18330 $UP on
 curl -s -o /dev/null "http://127.0.0.1:18310/"
 # One run of NAME: weir's CPU µs per request.
@@ -57,19 +58,19 @@ run() {
     b=$(cpu_ticks "$pid")
     awk -v a="$a" -v b="$b" -v r="$r" -v t="$tck" 'BEGIN { printf "%.2f", (b - a) * 1e6 / t / r }'
 }
-# hit-hyper: restart it cold before each run, so every wrk connection's
+# hit-cold: restart it cold before each run, so every wrk connection's
 # first read is a miss.
 cold() {
-    kill "${PID[hit-hyper]}"
-    wait "${PID[hit-hyper]}" 2>/dev/null || true
-    start hit-hyper 18320 $UP_CACHED on
+    kill "${PID[hit-cold]}"
+    wait "${PID[hit-cold]}" 2>/dev/null || true
+    start hit-cold 18320 $UP_CACHED on
 }
 declare -A all
-names=(forward hit hit-hyper miss)
+names=(forward hit hit-cold miss)
 for i in $(seq 1 "${ROUNDS:-7}"); do
     line="round $i:"
     for n in "${names[@]}"; do
-        [ "$n" != hit-hyper ] || cold
+        [ "$n" != hit-cold ] || cold
         v=$(run "$n")
         all[$n]+="$v "
         line+=" $n $v"
