@@ -15,7 +15,7 @@
 //!
 //! Any other `CONNECT` gets 405 `connect_not_allowed`.
 
-use super::attempt::{self, Attempts, Step};
+use super::attempt::{self, Attempts};
 use super::body::{empty, Body};
 use super::error::ProxyError;
 use super::Upstream;
@@ -57,21 +57,59 @@ pub(crate) async fn open(
             return (Err(e), 0);
         }
     };
-    // Every failure before the connection is up is a connect failure: safe
-    // to retry whatever the method.
     let facts = RequestFacts::new("CONNECT", false, BodyFacts::Empty);
     let Ok(mut attempts) = Attempts::begin(up, ticket, facts, key, deadline, false, start) else {
         return (Err(ProxyError::DeadlineExceeded), 0);
     };
-    let target = (
-        cfg.url.host.trim_matches(['[', ']']).to_string(),
-        cfg.url.port,
-    );
-    loop {
-        let started = Instant::now();
-        let give_up = attempts.start(started).min(started + cfg.connect_timeout);
-        let connected = tokio::time::timeout_at(give_up, TcpStream::connect(&target)).await;
-        let ended = Instant::now();
+    let mut connect = Connect {
+        target: (
+            cfg.url.host.trim_matches(['[', ']']).to_string(),
+            cfg.url.port,
+        ),
+        connect_timeout: cfg.connect_timeout,
+    };
+    // The same attempt driver as every request's: a connect that fails is
+    // judged, backed off and retried as any connect failure.
+    let Some(driven) = attempt::drive(&mut attempts, &mut connect, None).await else {
+        return (Err(ProxyError::DeadlineExceeded), attempts.made());
+    };
+    match driven.result {
+        Ok(upstream) => {
+            let _ = upstream.set_nodelay(true);
+            join(up, client, upstream, slot);
+            let mut resp = Response::new(empty());
+            *resp.status_mut() = StatusCode::OK;
+            (Ok(resp), attempts.made())
+        }
+        Err(e) => (Err(e), attempts.made()),
+    }
+}
+
+/// A tunnel's attempts: each a TCP connect to the upstream's own address,
+/// within the attempt's deadline and `connect_timeout`.
+struct Connect {
+    target: (String, u16),
+    connect_timeout: Duration,
+}
+
+impl attempt::Watch for Connect {
+    // hyper drops the request's future when its client goes away.
+    async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
+        Some(f.await)
+    }
+}
+
+impl attempt::Transport for Connect {
+    type Response = TcpStream;
+
+    async fn attempt(
+        &mut self,
+        started: Instant,
+        try_deadline: Instant,
+        deadline: Instant,
+    ) -> Option<(Outcome, Result<TcpStream, ProxyError>)> {
+        let give_up = try_deadline.min(started + self.connect_timeout);
+        let connected = tokio::time::timeout_at(give_up, TcpStream::connect(&self.target)).await;
         let error = match connected {
             Ok(Ok(upstream)) => {
                 let ok = Outcome::Response {
@@ -79,29 +117,38 @@ pub(crate) async fn open(
                     retry_after: None,
                     grpc_status: None,
                 };
-                attempts.record(&ok, None, started, ended);
-                let _ = upstream.set_nodelay(true);
-                join(up, client, upstream, slot);
-                let mut resp = Response::new(empty());
-                *resp.status_mut() = StatusCode::OK;
-                return (Ok(resp), attempts.made());
+                return Some((ok, Ok(upstream)));
             }
             Ok(Err(e)) => ProxyError::ConnectFailed(e.to_string()),
             Err(_) if give_up >= deadline => ProxyError::DeadlineExceeded,
             Err(_) => ProxyError::ConnectFailed(format!(
                 "connect timed out after {:?}",
-                ended.saturating_duration_since(started)
+                Instant::now().saturating_duration_since(started)
             )),
         };
-        match attempts.judge(&Outcome::ConnectFailure, Some(&error), started, ended) {
-            Step::Retry(delay) => {
-                if attempts.backoff(delay).await.is_err() {
-                    return (Err(error), attempts.made());
-                }
-            }
-            Step::Done(_) => return (Err(error), attempts.made()),
-        }
+        // Every failure before the connection is up is a connect failure:
+        // safe to retry whatever the method.
+        Some((Outcome::ConnectFailure, Err(error)))
     }
+
+    /// A `CONNECT` is never hedged (it is not replayable): one attempt.
+    async fn attempt_hedged(
+        &mut self,
+        started: Instant,
+        try_deadline: Instant,
+        deadline: Instant,
+        _hedging: attempt::Hedging<'_>,
+    ) -> Option<attempt::Raced<TcpStream>> {
+        let (outcome, result) = self.attempt(started, try_deadline, deadline).await?;
+        Some(attempt::Raced {
+            outcome,
+            result,
+            started,
+            hedge: None,
+        })
+    }
+
+    fn discard(&mut self, _response: Result<TcpStream, ProxyError>) {}
 }
 
 /// Joins the client's upgraded connection and the upstream's in the

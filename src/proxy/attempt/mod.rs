@@ -20,7 +20,7 @@ mod hyper;
 pub(crate) use admit::{admit, admit_breaker, admit_breaker_at, deadline, refund, Dropped, Watch};
 pub use drive::Annotations;
 pub(crate) use drive::{
-    annotate, annotate_response, annotation_fields, drive, timed_out, Attempts, Step, Transport,
+    annotate, annotate_response, annotation_fields, drive, timed_out, Attempts, Transport,
 };
 pub(crate) use hedge::{race, Hedging, Raced, Seen};
 pub(crate) use hyper::{run, Outbound};
