@@ -270,14 +270,15 @@ impl ChaosUpstream {
 async fn serve(mut listener: TcpListener, addr: SocketAddr, faults: Arc<Faults>) {
     let mut conns = JoinSet::new();
     loop {
-        // The next outage boundary, if any.
+        // The next outage boundary, if any: one whose start has passed
+        // unseen (this task first ran late, on a loaded machine) begins now.
         let now = faults.started.elapsed();
         let next_outage = faults
             .profile
             .outages
             .iter()
+            .filter(|(s, len)| *s + *len > now)
             .map(|(s, _)| *s)
-            .filter(|s| *s > now)
             .min();
         let accepted = match next_outage {
             Some(at) => tokio::select! {
