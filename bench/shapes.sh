@@ -11,6 +11,9 @@
 #   tls      TLS origination to an HTTPS upstream  (session reuse on every proxy)
 #   h2c      an h2c upstream (HTTP/1.1 clients)    (nginx cannot proxy to HTTP/2: HAProxy only)
 #   grpc     gRPC unary over h2c on both sides      (h2load; nginx through grpc_pass)
+#   h2-in    h2c clients, an HTTP/1.1 upstream      (h2load, one stream per connection)
+#   h2-streams  1,000 concurrent streams on 10 h2c client connections (h2load -c10
+#            -m100), an HTTP/1.1 upstream: what each proxy's memory grows to
 #
 #   SHAPES="big tls" ROUNDS=3 DURATION=5 bench/shapes.sh
 #
@@ -25,7 +28,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5}
 CONNS=${CONNS:-32}
-SHAPES=${SHAPES:-"post64k big chunked tls h2c grpc"}
+SHAPES=${SHAPES:-"post64k big chunked tls h2c grpc h2-in h2-streams"}
 UP_PORT=18080 UP_TLS_PORT=18443 UP_H2C_PORT=18081
 WEIR_PORT=18001 WEIR_ADMIN=18000 NGINX_PORT=18002 HAPROXY_PORT=18003 ENVOY_PORT=18004
 ENVOY=${ENVOY:-$(command -v envoy || true)}
@@ -122,6 +125,8 @@ start_proxies() { # shape
         if [ "$shape" = grpc ]; then
             up_block="upstream up { server 127.0.0.1:$UP_H2C_PORT; keepalive 64; keepalive_requests 1000000; }"
             listen=http2 location="grpc_pass grpc://up;"
+        elif [ "$shape" = h2-in ] || [ "$shape" = h2-streams ]; then
+            listen=http2
         elif [ "$shape" = tls ]; then
             pass="https://up"
             up_block="upstream up { server 127.0.0.1:$UP_TLS_PORT; keepalive 64; keepalive_requests 1000000; }"
@@ -161,6 +166,7 @@ CONF
     local bind=""
     [ "$shape" = h2c ] && server="server s1 127.0.0.1:$UP_H2C_PORT proto h2"
     [ "$shape" = grpc ] && server="server s1 127.0.0.1:$UP_H2C_PORT proto h2" && bind="proto h2"
+    case $shape in h2-in | h2-streams) bind="proto h2" ;; esac
     haproxy_config "$server" "$bind" > "$T/haproxy.cfg"
     $pin_proxy haproxy -db -f "$T/haproxy.cfg" &
     PID_OF[haproxy]=$!; PORT_OF[haproxy]=$HAPROXY_PORT; SHAPE_PIDS+=($!); PIDS+=($!)
@@ -240,11 +246,15 @@ path_of() { case $1 in big) echo /big ;; grpc) echo /bench.Bench/Unary ;; *) ech
 # p50 and p99; h2load, which has no percentiles: mean and max), in ms
 load() {
     local shape=$1 port=$2 secs=$3 out
-    if [ "$shape" = grpc ]; then
-        # One gRPC message (5-byte prefix, 2-byte protobuf), one stream per
-        # connection at a time, as wrk keeps one request per connection.
-        out=$($pin_load h2load -c"$CONNS" -m1 -D"$secs" -d "$T/grpc.bin" \
-            -H 'content-type: application/grpc' -H 'te: trailers' "http://127.0.0.1:$port$(path_of grpc)")
+    if [ "$shape" = grpc ] || [ "$shape" = h2-in ] || [ "$shape" = h2-streams ]; then
+        case $shape in
+            # One gRPC message (5-byte prefix, 2-byte protobuf), one stream per
+            # connection at a time, as wrk keeps one request per connection.
+            grpc) out=$($pin_load h2load -c"$CONNS" -m1 -D"$secs" -d "$T/grpc.bin" \
+                -H 'content-type: application/grpc' -H 'te: trailers' "http://127.0.0.1:$port$(path_of grpc)") ;;
+            h2-in) out=$($pin_load h2load -c"$CONNS" -m1 -D"$secs" "http://127.0.0.1:$port/") ;;
+            h2-streams) out=$($pin_load h2load -c10 -m100 -D"$secs" "http://127.0.0.1:$port/") ;;
+        esac
         echo "$out" | awk '
             /^requests:/ { n = $8; failed = $2 - $8 }
             /^finished in/ { rps = $4 }
@@ -271,7 +281,7 @@ for shape in $SHAPES; do
     path=$(path_of "$shape")
     for t in "${targets[@]}"; do  # warm-up, and a check that it answers 2xx
         check=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:${PORT_OF[$t]}$path" || true)
-        case $shape in post* | chunked | grpc) ;; *) [ "$check" = 200 ] || echo "$shape/$t answered $check" >&2 ;; esac
+        case $shape in post* | chunked | grpc | h2-*) ;; *) [ "$check" = 200 ] || echo "$shape/$t answered $check" >&2 ;; esac
         load "$shape" "${PORT_OF[$t]}" 1 >/dev/null
         rm -f "$T/$shape.$t.samples"
     done
@@ -289,7 +299,7 @@ for shape in $SHAPES; do
     echo
     echo "### $shape"
     echo
-    if [ "$shape" = grpc ]; then
+    if [ "$shape" = grpc ] || [ "$shape" = h2-in ] || [ "$shape" = h2-streams ]; then
         echo "| target | requests/s | mean ms | max ms | peak RSS MiB | proxy CPU µs/request |"
     else
         echo "| target | requests/s | p50 ms | p99 ms | peak RSS MiB | proxy CPU µs/request |"
