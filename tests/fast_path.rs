@@ -197,6 +197,67 @@ async fn cache_misses_and_writes_stay_on_the_fast_path() {
     assert_eq!(up.connections(), 1);
 }
 
+/// A stale entry within its `stale-while-revalidate` is answered on the
+/// fast path too, and refreshed once in the background.
+#[tokio::test(start_paused = true)]
+async fn stale_answers_stay_on_the_fast_path() {
+    let n = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let up = TestUpstream::start(move |_req: Request<hyper::body::Incoming>| {
+        let n = n.clone();
+        async move {
+            let i = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            Response::builder()
+                .header("cache-control", "max-age=1, stale-while-revalidate=60")
+                .body(body(format!("item #{i}")))
+                .unwrap()
+        }
+    })
+    .await;
+    let plain = echo().await;
+    let weir = Weir::start(&format!(
+        "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n[upstreams.svc.cache]\nenabled = true\n\
+         [upstreams.plain]\nurl = \"{}\"\nhosts = [\"plain\"]\n",
+        up.url(),
+        plain.url()
+    ))
+    .await;
+    let mut c = TcpStream::connect(weir.addr).await.unwrap();
+    c.write_all(
+        b"GET /before HTTP/1.1\r\nHost: plain\r\n\r\nGET /item HTTP/1.1\r\nHost: svc\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut seen = Vec::new();
+    let mut b = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("item #1") {
+        let n = c.read(&mut b).await.unwrap();
+        assert!(n > 0, "{}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&b[..n]);
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    c.write_all(b"GET /item HTTP/1.1\r\nHost: svc\r\n\r\nGET /after HTTP/1.1\r\nHost: plain\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    c.read_to_end(&mut seen).await.unwrap();
+    let out = String::from_utf8_lossy(&seen);
+    let marks: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("x-weir-cache: "))
+        .collect();
+    assert_eq!(marks, ["miss", "stale"], "{out}");
+    assert_eq!(out.matches("item #1").count(), 2, "{out}");
+    assert!(out.contains("GET /after "), "{out}");
+    // The background refresh went upstream once.
+    for _ in 0..100 {
+        if up.requests() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(up.requests(), 2);
+    assert_eq!(plain.connections(), 1);
+}
+
 /// The upstream sees a chunked body in the plainest form of the coding:
 /// sizes in lowercase hex, no extensions, whatever the client sent.
 #[tokio::test]

@@ -9,10 +9,10 @@
 //! and every decision, are `policy::cache`'s; this module carries requests
 //! and responses to and from it.
 //!
-//! The fast path serves a fresh hit, a miss and a write itself
-//! (`fast::head::cache`, `fast::hit`, `fast::fill`) with this module's
-//! shared fill (`fill`: coalescing, what is stored) and hands a request
-//! for an entry to revalidate or to serve stale to this path.
+//! The fast path serves a fresh hit, a stale answer, a miss and a write
+//! itself (`fast::head::cache`, `fast::hit`, `fast::fill`) with this
+//! module's shared fill (`fill`: coalescing, what is stored) and background
+//! refresh, and hands a request for an entry to revalidate to this path.
 
 use super::attempt::Annotations;
 use super::body::{self, Body};
@@ -505,7 +505,7 @@ fn counts_as_failure(e: &ProxyError) -> bool {
 
 /// Starts the one background refresh of `key` (stale-while-revalidate),
 /// unless one is running.
-fn refresh(up: &Upstream, parts: &Parts, key: &str, entry: &Arc<CachedResponse>) {
+pub(crate) fn refresh(up: &Upstream, parts: &Parts, key: &str, entry: &Arc<CachedResponse>) {
     let first = up
         .state
         .fills

@@ -15,6 +15,7 @@ use crate::policy::cache::{CacheResult, CachedResponse};
 use crate::proxy::cached::{self, EndFill, Turn};
 use crate::proxy::error::ProxyError;
 use crate::proxy::{h1, Upstream};
+use std::sync::Arc;
 use tokio::time::Instant;
 
 impl Ctx<'_> {
@@ -60,6 +61,19 @@ impl Ctx<'_> {
         }
     }
 
+    /// Starts the background refresh of a stale entry that answers within
+    /// its `stale-while-revalidate` (one per key at a time), and counts the
+    /// stale answer.
+    pub(super) fn refresh(&self, up: &Upstream, p: &Planned, e: &Arc<CachedResponse>, key: &str) {
+        let head = self.bufs.client.get(..p.head_len).unwrap_or_default();
+        if let Some(parts) = super::head::cache::request_parts(head) {
+            cached::refresh(up, &parts, key, e);
+        }
+        if let Some(c) = up.state.cache().as_mut() {
+            c.count(CacheResult::Stale);
+        }
+    }
+
     /// What the cache does with an upstream's response, before it is
     /// relayed: a write's success invalidates; a miss's response is stored
     /// when it may be, its body read whole first. `Ok`: the mark the client's
@@ -80,7 +94,7 @@ impl Ctx<'_> {
                 }
                 return Ok(None);
             }
-            Cached::Off | Cached::Hit(_) => return Ok(None),
+            Cached::Off | Cached::Hit(_) | Cached::Stale(..) => return Ok(None),
         };
         if !f.req.head && x.status < 500 {
             self.store(up, p, f, x).await?;

@@ -206,8 +206,15 @@ impl Ctx<'_> {
     /// stays open for the next one.
     async fn serve(&mut self, up: &Upstream, p: Planned) -> bool {
         let start = Instant::now();
-        if let head::cache::Cached::Hit(e) = &p.cache {
-            return (self.cache_answer(up, start, &p, e, CacheResult::Hit)).await;
+        match &p.cache {
+            head::cache::Cached::Hit(e) => {
+                return (self.cache_answer(up, start, &p, e, CacheResult::Hit)).await;
+            }
+            head::cache::Cached::Stale(e, key) => {
+                self.refresh(up, &p, e, key);
+                return (self.cache_answer(up, start, &p, e, CacheResult::Stale)).await;
+            }
+            _ => {}
         }
         let cfg = &up.config;
         let (deadline, lowered) = attempt::deadline(cfg, start, [p.asked.lowered, None]);

@@ -2,9 +2,10 @@
 //! (docs/reference/cache.md#response-cache): a fresh hit is answered from
 //! its entry (`fast::hit`); a miss goes upstream and its response is stored
 //! when it may be (`fast::fill`); a write that succeeds drops its target's
-//! entries. A request for an entry to revalidate or to serve stale is
-//! hyper's path's (`proxy::cached`), which holds the entry as a fallback
-//! while it goes upstream.
+//! entries; a stale entry within its `stale-while-revalidate` answers at
+//! once and is refreshed in the background. A request for an entry to
+//! revalidate is hyper's path's (`proxy::cached`), which holds the entry as
+//! a fallback while it goes upstream.
 
 use crate::policy::cache::{CacheRequest, CacheResult, CachedResponse, Decision};
 use crate::proxy::Upstream;
@@ -19,6 +20,9 @@ pub enum Cached {
     Off,
     /// A fresh entry answers it.
     Hit(Arc<CachedResponse>),
+    /// A stale entry within its `stale-while-revalidate` answers it, and
+    /// one background request refreshes it.
+    Stale(Arc<CachedResponse>, String),
     /// No entry: it goes upstream, marked a miss, and a `GET`'s response is
     /// stored when it may be.
     Fill(Box<Filling>),
@@ -99,8 +103,9 @@ pub(super) fn visit(
             c.count(CacheResult::Hit);
             Ok(Cached::Hit(e))
         }
+        (Decision::StaleWhileRevalidate, Some(e)) => Ok(Cached::Stale(e, key)),
         (_, None) => Ok(Cached::Fill(Box::new(Filling { key, req }))),
-        _ => Err("a cached entry to revalidate or to serve stale"),
+        _ => Err("a cached entry to revalidate"),
     }
 }
 
@@ -126,4 +131,17 @@ pub fn response_fields(out: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> + Clo
         let (name, value) = line.split_at(colon);
         Some((name, value.get(1..).unwrap_or_default().trim_ascii()))
     })
+}
+
+/// The request head at the start of `buf` as `http` parts (for a
+/// background refresh, which goes upstream on hyper's path).
+pub fn request_parts(buf: &[u8]) -> Option<http::request::Parts> {
+    let mut fields = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut fields);
+    req.parse(buf).ok()?;
+    let mut b = http::Request::builder().method(req.method?).uri(req.path?);
+    for f in req.headers.iter() {
+        b = b.header(f.name, f.value);
+    }
+    Some(b.body(()).ok()?.into_parts().0)
 }
