@@ -9,10 +9,10 @@
 //! and every decision, are `policy::cache`'s; this module carries requests
 //! and responses to and from it.
 //!
-//! The fast path serves a fresh hit, a stale answer, a miss and a write
-//! itself (`fast::head::cache`, `fast::hit`, `fast::fill`) with this
-//! module's shared fill (`fill`: coalescing, what is stored) and background
-//! refresh, and hands a request for an entry to revalidate to this path.
+//! The fast path serves the cache's requests itself (`fast::head::cache`,
+//! `fast::hit`, `fast::fill`) with this module's shared fill (`fill`:
+//! coalescing, what is stored) and background refresh; it hands this path
+//! only a request whose 304 matched no entry any more.
 
 use super::attempt::Annotations;
 use super::body::{self, Body};
@@ -489,7 +489,7 @@ fn validators(h: &mut HeaderMap, e: &CachedResponse) -> bool {
 /// weir's own errors that `stale-if-error` answers for (a 5xx from the
 /// upstream counts too): the upstream could not be reached or did not
 /// answer, or admission refused.
-fn counts_as_failure(e: &ProxyError) -> bool {
+pub(crate) fn counts_as_failure(e: &ProxyError) -> bool {
     matches!(
         e,
         ProxyError::ConnectFailed(_)

@@ -11,7 +11,7 @@ use super::head::{ChunkedRelay, Framing, Planned};
 use super::io::read_more;
 use super::transport::Exchange;
 use super::{Ctx, OwnError};
-use crate::policy::cache::{CacheResult, CachedResponse};
+use crate::policy::cache::{on_not_modified, CacheResult, CachedResponse, Refreshed};
 use crate::proxy::cached::{self, EndFill, Turn};
 use crate::proxy::error::ProxyError;
 use crate::proxy::{h1, Upstream};
@@ -47,7 +47,7 @@ impl Ctx<'_> {
                     c.count(CacheResult::Coalesced);
                 }
                 Err(self
-                    .cache_answer(up, start, p, &e, CacheResult::Coalesced)
+                    .cache_answer(up, start, p, &e, CacheResult::Coalesced, None)
                     .await)
             }
             Turn::TimedOut => {
@@ -58,6 +58,40 @@ impl Ctx<'_> {
                 };
                 Err(self.fail(up, start, p, f).await)
             }
+        }
+    }
+
+    /// The entry that answers `error` within its `stale-if-error`, counted,
+    /// when the request revalidated one.
+    pub(super) fn stale_if_error(
+        &self,
+        up: &Upstream,
+        p: &Planned,
+        error: &ProxyError,
+    ) -> Option<Arc<CachedResponse>> {
+        let Cached::Fill(f) = &p.cache else {
+            return None;
+        };
+        let e = f.entry.as_ref()?;
+        let now = up.state.now();
+        if !cached::counts_as_failure(error) || !crate::policy::cache::on_error(e, now) {
+            return None;
+        }
+        count(up, CacheResult::StaleIfError);
+        Some(e.clone())
+    }
+
+    /// Lets go of a response that is not relayed: its connection goes back
+    /// to the pool when nothing of its body is left to read.
+    pub(super) fn let_go(&mut self, x: Exchange) {
+        let tail = self.bufs.upstream.len().saturating_sub(x.head_len);
+        let whole = match x.framing {
+            Framing::Empty => tail == 0,
+            Framing::Length(n) => tail as u64 == n,
+            Framing::Chunked | Framing::Close => false,
+        };
+        if x.reusable && whole {
+            self.pool.put(x.addr, x.tag, x.upstream, Instant::now());
         }
     }
 
@@ -75,15 +109,16 @@ impl Ctx<'_> {
     }
 
     /// What the cache does with an upstream's response, before it is
-    /// relayed: a write's success invalidates; a miss's response is stored
-    /// when it may be, its body read whole first. `Ok`: the mark the client's
-    /// response carries; `Err`: the body broke off before it was whole.
+    /// relayed: a write's success invalidates; a 304 refreshes the entry it
+    /// revalidated, which answers, as it does a 5xx within its
+    /// `stale-if-error`; a miss's response is stored when it may be, its
+    /// body read whole first. `Err`: the body broke off before it was whole.
     pub(super) async fn cache_response(
         &mut self,
         up: &Upstream,
         p: &Planned,
         x: &mut Exchange,
-    ) -> Result<Option<CacheResult>, ProxyError> {
+    ) -> Result<Step, ProxyError> {
         let f = match &p.cache {
             Cached::Fill(f) => f,
             Cached::Invalidates(w) => {
@@ -92,17 +127,68 @@ impl Ctx<'_> {
                         c.invalidate(&w.key);
                     }
                 }
-                return Ok(None);
+                return Ok(Step::Relay(None));
             }
-            Cached::Off | Cached::Hit(_) | Cached::Stale(..) => return Ok(None),
+            Cached::Off | Cached::Hit(_) | Cached::Stale(..) => return Ok(Step::Relay(None)),
         };
+        if let Some(e) = &f.entry {
+            let now = up.state.now();
+            if f.conditional && x.status == 304 {
+                return Ok(self.not_modified(up, p, f, e, now));
+            }
+            if x.status >= 500 && crate::policy::cache::on_error(e, now) {
+                count(up, CacheResult::StaleIfError);
+                return Ok(Step::Answer(e.clone(), CacheResult::StaleIfError));
+            }
+        }
         if !f.req.head && x.status < 500 {
             self.store(up, p, f, x).await?;
         }
-        if let Some(c) = up.state.cache().as_mut() {
-            c.count(CacheResult::Miss);
-        }
-        Ok(Some(CacheResult::Miss))
+        count(up, CacheResult::Miss);
+        Ok(Step::Relay(Some(CacheResult::Miss)))
+    }
+
+    /// A 304 to a revalidation (RFC 9111 §4.3.4): the entry, refreshed,
+    /// answers; one the 304 does not match is dropped and the request
+    /// starts over on hyper's path, which asks again plainly.
+    fn not_modified(
+        &self,
+        up: &Upstream,
+        p: &Planned,
+        f: &Filling,
+        e: &CachedResponse,
+        now: std::time::Duration,
+    ) -> Step {
+        let Some(params) = up.state.cache().as_ref().map(|c| c.params().clone()) else {
+            return Step::Relay(None);
+        };
+        let received = up.state.clock.wall();
+        let fields = response_fields(&self.bufs.out);
+        let fresh = on_not_modified(e, &f.req, fields, &params, now, received);
+        let head = self.bufs.client.get(..p.head_len).unwrap_or_default();
+        request_fields(head, |r| {
+            let req_fields = r.iter().map(|h| (h.name.as_bytes(), h.value));
+            let mut cache = up.state.cache();
+            let Some(c) = cache.as_mut() else {
+                return Step::HandOver;
+            };
+            match fresh {
+                Refreshed::Updated(r) => {
+                    c.insert(&f.key, req_fields, r.clone());
+                    c.count(CacheResult::Revalidated);
+                    Step::Answer(Arc::new(r), CacheResult::Revalidated)
+                }
+                Refreshed::NotStorable(r) => {
+                    c.remove(&f.key, req_fields);
+                    c.count(CacheResult::Revalidated);
+                    Step::Answer(Arc::new(r), CacheResult::Revalidated)
+                }
+                Refreshed::Mismatch => {
+                    c.remove(&f.key, req_fields);
+                    Step::HandOver
+                }
+            }
+        })
     }
 
     /// Stores the response to a miss when it may be stored (the variant
@@ -199,6 +285,23 @@ impl Ctx<'_> {
                 () = self.timer.at(until) => return Err(broke_off(had)),
             }
         }
+    }
+}
+
+/// What becomes of an upstream's response to a request the cache took up.
+pub(super) enum Step {
+    /// Relayed, with the cache's mark.
+    Relay(Option<CacheResult>),
+    /// Not relayed: the entry answers instead.
+    Answer(Arc<CachedResponse>, CacheResult),
+    /// Not relayed: the request is served again from the start, on hyper's
+    /// path (a 304 that matches no entry any more).
+    HandOver,
+}
+
+fn count(up: &Upstream, result: CacheResult) {
+    if let Some(c) = up.state.cache().as_mut() {
+        c.count(result);
     }
 }
 

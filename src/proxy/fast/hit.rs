@@ -10,9 +10,9 @@ use crate::proxy::Upstream;
 use tokio::time::Instant;
 
 impl Ctx<'_> {
-    /// Answers from an entry (a fresh hit, or what a coalesced miss's
-    /// leader stored): no attempt, nothing admitted. Returns whether the
-    /// connection stays open.
+    /// Answers from an entry (a fresh hit, a stale one, what a coalesced
+    /// miss's leader stored, or a revalidated one: then with the attempts
+    /// made). Returns whether the connection stays open.
     pub(super) async fn cache_answer(
         &mut self,
         up: &Upstream,
@@ -20,11 +20,13 @@ impl Ctx<'_> {
         p: &Planned,
         e: &CachedResponse,
         result: CacheResult,
+        attempts: Option<crate::proxy::attempt::Annotations>,
     ) -> bool {
         let now = up.state.now();
         // The whole entry: `write_parts` states the length (for a HEAD
         // too) and sends the body only to a GET.
-        let (mut parts, body) = crate::proxy::cached::entry_parts(up, e, result, false, None, now);
+        let (mut parts, body) =
+            crate::proxy::cached::entry_parts(up, e, result, false, attempts, now);
         parts.headers.remove(http::header::CONTENT_LENGTH);
         self.answer_stored(up, start, p, &parts, &body, !p.is_head_request)
             .await

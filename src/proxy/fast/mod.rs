@@ -141,8 +141,14 @@ pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
             write_timeout: conn.write_timeout,
             access: snap.config.server.access_log,
             peer: conn.peer,
+            hand_over: false,
         };
         let open = ctx.serve(up, planned).await;
+        if ctx.hand_over {
+            drop(snap);
+            let io = rewind::Rewind::new(std::mem::take(&mut bufs.client), stream);
+            return serve_io(io, conn).await;
+        }
         if !open || *conn.stop.borrow() {
             let _ = stream.shutdown().await;
             return;
@@ -168,6 +174,9 @@ struct Ctx<'c> {
     access: crate::config::AccessLog,
     /// The client's address, for the access log.
     peer: std::net::SocketAddr,
+    /// The request is to be served again from the start on hyper's path
+    /// (`fill::Step::HandOver`): nothing of it has been answered.
+    hand_over: bool,
 }
 
 impl Ctx<'_> {
@@ -208,11 +217,11 @@ impl Ctx<'_> {
         let start = Instant::now();
         match &p.cache {
             head::cache::Cached::Hit(e) => {
-                return (self.cache_answer(up, start, &p, e, CacheResult::Hit)).await;
+                return (self.cache_answer(up, start, &p, e, CacheResult::Hit, None)).await;
             }
             head::cache::Cached::Stale(e, key) => {
                 self.refresh(up, &p, e, key);
-                return (self.cache_answer(up, start, &p, e, CacheResult::Stale)).await;
+                return (self.cache_answer(up, start, &p, e, CacheResult::Stale, None)).await;
             }
             _ => {}
         }
@@ -345,11 +354,21 @@ impl Ctx<'_> {
         match result {
             Ok(mut x) => {
                 let cached = match p.cache {
-                    head::cache::Cached::Off => Ok(None),
+                    head::cache::Cached::Off => Ok(fill::Step::Relay(None)),
                     _ => Box::pin(self.cache_response(up, &p, &mut x)).await,
                 };
                 let cache = match cached {
-                    Ok(mark) => mark,
+                    Ok(fill::Step::Relay(mark)) => mark,
+                    Ok(fill::Step::Answer(e, result)) => {
+                        self.let_go(x);
+                        let spent = Some(spent);
+                        return (self.cache_answer(up, start, &p, &e, result, spent)).await;
+                    }
+                    Ok(fill::Step::HandOver) => {
+                        self.let_go(x);
+                        self.hand_over = true;
+                        return false;
+                    }
                     Err(error) => {
                         let endpoint = Some(x.addr);
                         let f = OwnError {
@@ -450,6 +469,12 @@ impl Ctx<'_> {
     /// Answers with weir's own error. Returns whether the connection stays
     /// open: not when the request's body is still unread, nor after a 400.
     async fn fail(&mut self, up: &Upstream, start: Instant, p: &Planned, f: OwnError) -> bool {
+        // An entry within its `stale-if-error` answers a failure
+        // (docs/reference/cache.md#response-cache).
+        if let Some(e) = self.stale_if_error(up, p, &f.error) {
+            let result = CacheResult::StaleIfError;
+            return (self.cache_answer(up, start, p, &e, result, None)).await;
+        }
         let took = start.elapsed();
         // A miss weir answers itself is the cache's miss too.
         let cache = matches!(p.cache, head::cache::Cached::Fill(_)).then(|| {

@@ -3,9 +3,9 @@
 //! its entry (`fast::hit`); a miss goes upstream and its response is stored
 //! when it may be (`fast::fill`); a write that succeeds drops its target's
 //! entries; a stale entry within its `stale-while-revalidate` answers at
-//! once and is refreshed in the background. A request for an entry to
-//! revalidate is hyper's path's (`proxy::cached`), which holds the entry as
-//! a fallback while it goes upstream.
+//! once and is refreshed in the background; an entry to revalidate is asked
+//! for with its validators and answers a 304, or a failure within its
+//! `stale-if-error`.
 
 use crate::policy::cache::{CacheRequest, CacheResult, CachedResponse, Decision};
 use crate::proxy::Upstream;
@@ -47,6 +47,11 @@ pub struct Filling {
     /// What the request's fields say to the cache (a `HEAD` is never
     /// stored, nor coalesced).
     pub req: CacheRequest,
+    /// The entry it revalidates (or, for a `HEAD`, falls back to): it
+    /// answers a 304, and a failure within its `stale-if-error`.
+    pub entry: Option<Arc<CachedResponse>>,
+    /// The upstream's request carries the entry's validators.
+    pub conditional: bool,
 }
 
 impl Cached {
@@ -98,15 +103,49 @@ pub(super) fn visit(
         return Ok(Cached::Off);
     };
     let found = c.lookup(&key, &req, pairs(), now);
+    let fill = |key: String, entry: Option<Arc<CachedResponse>>, req: CacheRequest| {
+        let conditional = !req.head
+            && entry
+                .as_ref()
+                .is_some_and(|e| e.etag().is_some() || e.last_modified().is_some());
+        Ok(Cached::Fill(Box::new(Filling {
+            key,
+            req,
+            entry,
+            conditional,
+        })))
+    };
     match (found.decision, found.entry) {
         (Decision::Fresh, Some(e)) => {
             c.count(CacheResult::Hit);
             Ok(Cached::Hit(e))
         }
         (Decision::StaleWhileRevalidate, Some(e)) => Ok(Cached::Stale(e, key)),
-        (_, None) => Ok(Cached::Fill(Box::new(Filling { key, req }))),
-        _ => Err("a cached entry to revalidate"),
+        (_, entry) if req.head => fill(key, entry, req),
+        (Decision::Revalidate { .. }, Some(e)) => fill(key, Some(e), req),
+        (_, _) => fill(key, None, req),
     }
+}
+
+/// Adds the validators of the entry a request revalidates to the
+/// upstream's head in `out` (which ends it): `If-None-Match` and
+/// `If-Modified-Since` (RFC 9111 §4.3.1).
+pub fn add_validators(c: &Cached, out: &mut Vec<u8>) {
+    let Cached::Fill(f) = c else { return };
+    let Some(e) = f.entry.as_ref().filter(|_| f.conditional) else {
+        return;
+    };
+    if !out.ends_with(b"\r\n\r\n") {
+        return;
+    }
+    out.truncate(out.len() - 2);
+    if let Some(v) = e.etag() {
+        super::header(out, b"if-none-match", &v);
+    }
+    if let Some(v) = e.last_modified() {
+        super::header(out, b"if-modified-since", &v);
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Calls `f` with the fields of the request head at the start of `buf`

@@ -261,6 +261,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     }
     let trace = crate::proxy::traced::begin(snap, up, &req, asked.lowered, "1.1");
     write(up, &req, &asked, trace.as_ref(), out);
+    cache::add_validators(&cache, out);
     let idem = asked.key.as_ref().map(|_| Keyed {
         method: range_in(buf, req.method.as_bytes()),
         target: range_in(buf, req.path_and_query.as_bytes()),
