@@ -21,6 +21,8 @@
 //! paths (`both_paths!` in tests/common, with `server.fast_path` off for the
 //! general one).
 
+mod h2;
+mod h2relay;
 pub mod head;
 mod hit;
 mod io;
@@ -202,7 +204,7 @@ impl Ctx<'_> {
 
     /// Serves one planned request; returns whether the client connection
     /// stays open for the next one.
-    async fn serve(&mut self, up: &Upstream, p: Planned) -> bool {
+    async fn serve(&mut self, up: &Upstream, mut p: Planned) -> bool {
         let start = Instant::now();
         if let Some(e) = &p.hit {
             return self.cache_hit(up, start, &p, e).await;
@@ -284,35 +286,21 @@ impl Ctx<'_> {
             };
             return self.fail(up, start, &p, f).await;
         };
-        if !up.own_h1 {
-            return false;
-        }
         attempts.set_keyed_write(p.keyed_write);
         attempts.trace = p.trace.clone();
-        let mut t = FastTransport {
-            watch: ClientWatch {
-                stream: &mut *self.stream,
-                client: &mut self.bufs.client,
-                eof: &mut self.bufs.eof,
-                need,
-            },
-            request: &mut self.bufs.request,
-            upstream: &mut self.bufs.upstream,
-            out: &mut self.bufs.out,
-            kept: &mut self.bufs.kept,
-            timer: &mut *self.timer,
-            pool: self.pool,
-            up,
-            is_head_request: p.is_head_request,
-            detached: recorder.is_some(),
-            avoid: Vec::new(),
+        let detached = recorder.is_some();
+        let ended = match p.h2.take() {
+            Some(parts) => {
+                let times = (t0, deadline, lowered);
+                let h2 = self.attempt_h2(up, &p, *parts, &mut attempts, times, detached);
+                h2.await
+            }
+            None if up.own_h1 => self.attempt_h1(up, &p, &mut attempts, t0, detached).await,
+            None => return false,
         };
-        let Some(driven) = attempt::drive(&mut attempts, &mut t, Some(t0)).await else {
+        let Some((result, stop, ended, last_failed)) = ended else {
             return false;
         };
-        // A failed attempt's endpoint is the last one it avoids.
-        let last_failed = t.avoid.last().copied();
-        let (result, stop, ended) = (driven.result, driven.stop, driven.ended);
         let made = attempts.made();
         let spent = Annotations {
             attempts: made,
@@ -324,14 +312,17 @@ impl Ctx<'_> {
         let took = ended.saturating_duration_since(start);
         match result {
             Ok(x) => {
-                let status = x.status;
+                let status = x.status();
                 up.state.metrics.status(status, took);
-                let addr = x.addr;
+                let addr = x.addr();
                 let kept = Kept {
                     annotations,
                     recorder,
                 };
-                let relayed = self.relay(up, addr, x, kept, &p, ended).await;
+                let relayed = match x {
+                    Answer::H1(x) => self.relay(up, x.addr, x, kept, &p, ended).await,
+                    Answer::H2(r) => self.relay_h2(up, r, kept, &p).await,
+                };
                 if let Some(code) = relayed.error {
                     up.state.metrics.body_error(code);
                 }
@@ -344,7 +335,7 @@ impl Ctx<'_> {
                     attempts: Some(made),
                     retry_stop: stop.map(|s| s.as_str()),
                     hedge: spent.hedge,
-                    endpoint: Some(addr),
+                    endpoint: addr,
                     took,
                     bytes_out: relayed.bytes,
                     who: access::Who::default(),
@@ -364,6 +355,42 @@ impl Ctx<'_> {
                 self.fail(up, start, &p, f).await
             }
         }
+    }
+
+    /// Runs the attempts of a request to an HTTP/1.1 upstream over the
+    /// fast path's own connections; `None` when the client went away.
+    async fn attempt_h1(
+        &mut self,
+        up: &Upstream,
+        p: &Planned,
+        attempts: &mut Attempts<'_>,
+        t0: Instant,
+        detached: bool,
+    ) -> Option<h2::Ended> {
+        let need = p.head_len + p.body_len;
+        let mut t = FastTransport {
+            watch: ClientWatch {
+                stream: &mut *self.stream,
+                client: &mut self.bufs.client,
+                eof: &mut self.bufs.eof,
+                need,
+            },
+            request: &mut self.bufs.request,
+            upstream: &mut self.bufs.upstream,
+            out: &mut self.bufs.out,
+            kept: &mut self.bufs.kept,
+            timer: &mut *self.timer,
+            pool: self.pool,
+            up,
+            is_head_request: p.is_head_request,
+            detached,
+            avoid: Vec::new(),
+        };
+        let driven = attempt::drive(attempts, &mut t, Some(t0)).await?;
+        // A failed attempt's endpoint is the last one it avoids.
+        let last_failed = t.avoid.last().copied();
+        let result = driven.result.map(Answer::H1);
+        Some((result, driven.stop, driven.ended, last_failed))
     }
 
     /// Reads the rest of the request's body, within the request's deadline.
@@ -457,6 +484,30 @@ impl Ctx<'_> {
 struct Kept {
     annotations: Option<Annotations>,
     recorder: Option<Recorder>,
+}
+
+/// An upstream's answer: an HTTP/1.1 response head in the connection's
+/// buffers, or an HTTP/2 response from hyper's client.
+enum Answer {
+    H1(transport::Exchange),
+    H2(http::Response<crate::proxy::body::UpstreamBody>),
+}
+
+impl Answer {
+    fn status(&self) -> u16 {
+        match self {
+            Answer::H1(x) => x.status,
+            Answer::H2(r) => r.status().as_u16(),
+        }
+    }
+
+    /// The endpoint it came from.
+    fn addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Answer::H1(x) => Some(x.addr),
+            Answer::H2(r) => r.extensions().get::<crate::upstream::Served>().map(|s| s.0),
+        }
+    }
 }
 
 /// weir's error for the client, with what the attempts added.

@@ -12,6 +12,7 @@
 //! hyper (`super::super::server`), which sees the same bytes.
 
 mod cache;
+mod h2;
 
 use crate::policy::RequestFacts;
 use crate::proxy::h1;
@@ -82,6 +83,9 @@ pub struct Planned {
     pub hit: Option<std::sync::Arc<crate::policy::cache::CachedResponse>>,
     /// Its spans, when weir traces it (docs/reference/tracing.md#spans).
     pub trace: Option<crate::trace::Trace>,
+    /// To an HTTP/2 upstream: the request's head for hyper's HTTP/2 client
+    /// ([`h2::request_parts`]); its body is the client's, as it came.
+    pub h2: Option<Box<http::request::Parts>>,
 }
 
 /// A request the upstream's idempotency store applies to
@@ -258,6 +262,18 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     }
     let trace = crate::proxy::traced::begin(snap, up, &req, asked.lowered, "1.1");
     write(up, &req, &asked, trace.as_ref(), out);
+    let h2 = match up.h2 {
+        false => None,
+        true => match h2::request_parts(up, out) {
+            Some(parts) => Some(Box::new(parts)),
+            None => {
+                if let Some(t) = &trace {
+                    t.discard();
+                }
+                return Parse::Fallback("a head the HTTP/2 request cannot carry");
+            }
+        },
+    };
     let idem = asked.key.as_ref().map(|_| Keyed {
         method: range_in(buf, req.method.as_bytes()),
         target: range_in(buf, req.path_and_query.as_bytes()),
@@ -286,6 +302,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         idem,
         hit,
         trace,
+        h2,
     })
 }
 
@@ -421,9 +438,17 @@ fn route<'s>(
 ) -> Result<(usize, &'s Upstream), &'static str> {
     let index = request::route(snap, role, req).ok_or("no route")?;
     let up = snap.upstreams.get(index).ok_or("no upstream")?;
-    if up.h2 || !up.own_h1 || !up.endpoints.ready() {
-        // HTTP/2, TLS without `protocol = "http1"`, or a name not resolved yet.
+    // HTTP/1.1 on connections of its own, or HTTP/2 through the
+    // upstream's pool (`protocol = "h2c"`; `grpc` upstreams' requests stay
+    // on the general path).
+    let h2c = up.h2 && up.config.protocol == crate::config::Protocol::H2c;
+    if !(up.own_h1 || h2c) || !up.endpoints.ready() {
+        // TLS without `protocol = "http1"`, or a name not resolved yet.
         return Err("an upstream the fast path does not speak to");
+    }
+    if up.h2 && req.te_trailers {
+        // hyper's server relays the trailers such a client asked for.
+        return Err("trailers asked of an HTTP/2 upstream");
     }
     Ok((index, up))
 }
@@ -505,14 +530,14 @@ fn write_target(up: &Upstream, path: &str, path_and_query: &str, out: &mut Vec<u
     }
 }
 
-fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+pub(super) fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
 }
 
-fn push_u64(out: &mut Vec<u8>, n: u64) {
+pub(super) fn push_u64(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(crate::proxy::headers::decimal(n, &mut [0u8; 20]));
 }
 
