@@ -4,6 +4,11 @@
 //! upstream (cleartext, or TLS with `protocol = "http1"`) over a pooled
 //! connection, and relays the response —
 //! without a header map, a channel, a second task or a timer per request.
+//! To an `h2c` upstream ([`h2`], [`h2relay`]) the head it wrote becomes
+//! `http` parts for hyper's HTTP/2 client, sent through the endpoint's
+//! HTTP/2 pool as the general path sends them, and the response is
+//! written back as HTTP/1.1: the client connection stays here, and
+//! hyper's HTTP/1 server, most of such a request's cost, is not in the way.
 //!
 //! Measured (bench/RESULTS.md#the-fast-path), hyper on both sides of the proxy cost
 //! more user-space CPU per request than the kernel's loopback work; nginx
@@ -12,7 +17,7 @@
 //! The fast path takes the requests that make up nearly all of a sidecar's
 //! traffic: HTTP/1.1, a body (of known length or chunked without trailers)
 //! small enough to hold for a replay, to an upstream it speaks HTTP/1.1
-//! to. Anything else (see
+//! to or an `h2c` one. Anything else (see
 //! [`head::plan`]) hands the connection, with every byte read so far, to the
 //! general hyper path in `super::server`, which serves it from then on. The
 //! behaviour a client sees is the same on both paths: the attempts run in
@@ -293,7 +298,9 @@ impl Ctx<'_> {
             Some(parts) => {
                 let times = (t0, deadline, lowered);
                 let h2 = self.attempt_h2(up, &p, *parts, &mut attempts, times, detached);
-                h2.await
+                // Boxed: hyper's attempts (a hedge's race among them) would
+                // otherwise size every connection's task, HTTP/1.1 only or not.
+                Box::pin(h2).await
             }
             None if up.own_h1 => self.attempt_h1(up, &p, &mut attempts, t0, detached).await,
             None => return false,

@@ -7,7 +7,8 @@
 //!
 //! Anything this path does not handle itself — another HTTP version, a body
 //! too large to hold for a replay, announced with `Expect` or chunked with
-//! trailers, an upgrade, gRPC, a target or route it cannot map — makes
+//! trailers, an upgrade, gRPC, a target or route it cannot map, trailers
+//! asked of an HTTP/2 upstream — makes
 //! [`plan`] answer [`Parse::Fallback`], and the connection goes on through
 //! hyper (`super::super::server`), which sees the same bytes.
 
