@@ -65,7 +65,8 @@ impl Ctx<'_> {
         out.extend_from_slice(b"HTTP/1.1 ");
         out.extend_from_slice(parts.status.as_str().as_bytes());
         out.push(b' ');
-        let reason = parts.status.canonical_reason().unwrap_or("");
+        // As hyper's server words it: HTTP/2 carries no reason phrase.
+        let reason = parts.status.canonical_reason().unwrap_or("<none>");
         out.extend_from_slice(reason.as_bytes());
         out.extend_from_slice(b"\r\n");
         for (n, v) in &parts.headers {
@@ -77,11 +78,11 @@ impl Ctx<'_> {
             let now = httpdate::fmt_http_date(up.state.clock.wall());
             head::header(out, b"date", now.as_bytes());
         }
-        // A body-less response keeps the length it announced (HEAD, 304),
-        // but a 204, as hyper's server does.
+        // A body-less response keeps the length it announced to a HEAD
+        // only, as hyper's server does with a body already at its end.
         let restated = match framing {
             Framing::Length(n) => Some(n),
-            Framing::Empty if status != 204 => field,
+            Framing::Empty if p.is_head_request && status != 204 => field,
             Framing::Chunked => {
                 out.extend_from_slice(b"transfer-encoding: chunked\r\n");
                 None
