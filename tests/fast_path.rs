@@ -563,3 +563,66 @@ async fn requests_to_an_h2c_upstream_stay_on_the_fast_path() {
     // connection: the client connection never left the fast path.
     assert_eq!(h1.connections(), 1);
 }
+
+/// An h2c upstream on the fast path: a keyed write is recorded and its
+/// repeat answered from the record; a response body that breaks off after
+/// its first frame reaches the client cut (no last chunk) and ends the
+/// client connection, the pipelined request after it unanswered.
+#[tokio::test]
+async fn h2c_keyed_writes_are_recorded_and_a_cut_body_ends_the_connection() {
+    let up = TestUpstream::start(|req: Request<hyper::body::Incoming>| async move {
+        if req.uri().path() == "/cut" {
+            // The head and a first frame go out; a moment later, a reset.
+            let frames = futures_util::stream::unfold(0, |n| async move {
+                let frame: Result<_, Box<dyn std::error::Error + Send + Sync>> = match n {
+                    0 => Ok(http_body::Frame::data(bytes::Bytes::from_static(b"first"))),
+                    1 => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Err("cut".into())
+                    }
+                    _ => return None,
+                };
+                Some((frame, n + 1))
+            });
+            return Response::new(BodyExt::boxed(http_body_util::StreamBody::new(frames)));
+        }
+        let b = req.into_body().collect().await.unwrap().to_bytes();
+        Response::builder()
+            .status(201)
+            .header("x-app", "yes")
+            .body(body(b))
+            .unwrap()
+    })
+    .await;
+    let logs = Captured::default();
+    let _guard = logs.install();
+    let weir = Weir::single(&up.url(), "protocol = \"h2c\"").await;
+    let out = exchange_raw(
+        weir.addr,
+        b"POST /pay HTTP/1.1\r\nHost: svc\r\nIdempotency-Key: k-1\r\nContent-Length: 5\r\n\r\nhello\
+          POST /pay HTTP/1.1\r\nHost: svc\r\nIdempotency-Key: k-1\r\nContent-Length: 5\r\n\r\nhello\
+          GET /cut HTTP/1.1\r\nHost: svc\r\n\r\n\
+          GET /never HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(out.matches("HTTP/1.1 201 Created\r\n").count(), 2, "{out}");
+    assert_eq!(out.matches("x-app: yes\r\n").count(), 2, "{out}");
+    assert_eq!(out.matches("\r\n\r\nhello").count(), 2, "{out}");
+    assert_eq!(out.matches("idempotent-replayed: true").count(), 1, "{out}");
+    assert!(out.contains("\r\n\r\n5\r\nfirst\r\n"), "{out}");
+    assert!(
+        out.ends_with("first\r\n"),
+        "the cut body looked whole: {out}"
+    );
+    assert_eq!(out.matches("HTTP/1.1 ").count(), 3, "{out}");
+    // The repeat never reached the upstream, nor did the request after the cut.
+    assert_eq!(up.requests(), 2);
+    // The cut is weir's `upstream_reset` in the access log.
+    let lines = logs.lines_of("weir::access");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("/cut") && l.contains("upstream_reset")),
+        "{lines:#?}"
+    );
+}
