@@ -298,9 +298,7 @@ impl Ctx<'_> {
             Some(parts) => {
                 let times = (t0, deadline, lowered);
                 let h2 = self.attempt_h2(up, &p, *parts, &mut attempts, times, detached);
-                // Boxed: hyper's attempts (a hedge's race among them) would
-                // otherwise size every connection's task, HTTP/1.1 only or not.
-                Box::pin(h2).await
+                h2.await
             }
             None if up.own_h1 => self.attempt_h1(up, &p, &mut attempts, t0, detached).await,
             None => return false,
