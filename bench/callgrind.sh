@@ -3,7 +3,7 @@
 # than CPU time on a noisy machine, for comparing two builds of weir.
 #
 #   bench/callgrind.sh [WEIR_BINARY ...]    # default: target/release/weir
-#   SHAPE=h2c bench/callgrind.sh            # an h2c upstream (the general path)
+#   SHAPE=h2c bench/callgrind.sh            # an h2c upstream (the fast path, its attempts through the H2 pool)
 #   SHAPE=tls bench/callgrind.sh            # an HTTPS upstream, HTTP/1.1 pinned (the fast path)
 #   SHAPE=grpc bench/callgrind.sh           # gRPC unary, h2c on both sides (h2load; the general path)
 #   SHAPE=h2-in bench/callgrind.sh          # h2c clients in (h2load), an HTTP/1.1 upstream (the general path)

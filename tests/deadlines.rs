@@ -210,6 +210,20 @@ both_paths!(
     a_stalled_body_is_cut_at_idle_timeout
 );
 async fn a_stalled_body_is_cut_at_idle_timeout(path: DataPath) {
+    a_stalled_body_is_cut(path, "").await;
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_stalled_body_from_an_h2c_upstream_is_cut_at_idle_timeout
+);
+async fn a_stalled_body_from_an_h2c_upstream_is_cut_at_idle_timeout(path: DataPath) {
+    a_stalled_body_is_cut(path, "protocol = \"h2c\"").await;
+}
+
+/// A body that stalls after two chunks, from an upstream configured with
+/// `extra`, is cut after `idle_timeout` (1 s).
+async fn a_stalled_body_is_cut(path: DataPath, extra: &str) {
     // Two chunks, then silence for 10 s.
     let up = TestUpstream::start(|_r| async move {
         let s = futures_util::stream::unfold(0usize, |i| async move {
@@ -226,7 +240,8 @@ async fn a_stalled_body_is_cut_at_idle_timeout(path: DataPath) {
         Response::new(BodyExt::boxed(StreamBody::new(s)))
     })
     .await;
-    let weir = Weir::single_on(path, &up.url(), "idle_timeout = \"1s\"").await;
+    let config = format!("idle_timeout = \"1s\"\n{extra}");
+    let weir = Weir::single_on(path, &up.url(), &config).await;
     let resp = get(&client(), &weir.url("/"), "svc").await;
     assert_eq!(resp.status(), 200);
     let start = Instant::now();

@@ -640,3 +640,145 @@ async fn a_response_written_while_draining_says_the_connection_closes() {
     assert!(out.contains("connection: close\r\n"), "{out}");
     assert!(out.ends_with("late"), "{out}");
 }
+
+/// A request to an h2c upstream is served by the fast path, which keeps the
+/// client connection: the HTTP/1.1 upstream's next request goes out on the
+/// same pooled connection as its first (handed to hyper, the connection
+/// would reach it on one of hyper's own). Bodies of known length, chunked
+/// and none, a HEAD and a 204 on the way, each framed for HTTP/1.1.
+#[tokio::test]
+async fn requests_to_an_h2c_upstream_stay_on_the_fast_path() {
+    let h1 = echo().await;
+    let h2 = TestUpstream::start(|req: Request<hyper::body::Incoming>| async move {
+        assert_eq!(req.version(), http::Version::HTTP_2);
+        let path = req.uri().path().to_string();
+        // A field its `Connection` named is dropped on the way.
+        let hop = req.headers().contains_key("x-hop");
+        let line = format!("{} {path} hop={hop} ", req.method());
+        let b = req.into_body().collect().await.unwrap().to_bytes();
+        let mut text = line.into_bytes();
+        text.extend_from_slice(&b);
+        match path.as_str() {
+            "/none" => Response::builder().status(204).body(body("")).unwrap(),
+            // No length: the body comes in two frames.
+            "/stream" => {
+                let frames = futures_util::stream::iter([
+                    Ok::<_, Box<dyn std::error::Error + Send + Sync>>(http_body::Frame::data(
+                        bytes::Bytes::from_static(b"one,"),
+                    )),
+                    Ok(http_body::Frame::data(bytes::Bytes::from(text))),
+                ]);
+                Response::new(BodyExt::boxed(http_body_util::StreamBody::new(frames)))
+            }
+            _ => Response::new(body(text)),
+        }
+    })
+    .await;
+    let weir = Weir::start(&format!(
+        "[upstreams.one]\nurl = \"{}\"\nhosts = [\"one\"]\n\
+         [upstreams.two]\nurl = \"{}\"\nhosts = [\"two\"]\nprotocol = \"h2c\"\n",
+        h1.url(),
+        h2.url()
+    ))
+    .await;
+    let out = exchange_raw(
+        weir.addr,
+        b"GET /a HTTP/1.1\r\nHost: one\r\n\r\n\
+          POST /b HTTP/1.1\r\nHost: two\r\nContent-Length: 3\r\nConnection: x-hop\r\nX-Hop: 1\r\n\r\nxyz\
+          POST /c HTTP/1.1\r\nHost: two\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n\
+          GET /stream HTTP/1.1\r\nHost: two\r\n\r\n\
+          HEAD /h HTTP/1.1\r\nHost: two\r\n\r\n\
+          GET /none HTTP/1.1\r\nHost: two\r\n\r\n\
+          GET /d HTTP/1.1\r\nHost: one\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let find = |s: &str| out.find(s).unwrap_or_else(|| panic!("{s:?} in {out}"));
+    let at = [
+        find("GET /a "),
+        find("POST /b hop=false xyz"),
+        find("POST /c hop=false hello"),
+        find("4\r\none,\r\n16\r\nGET /stream hop=false \r\n0\r\n\r\n"),
+        find("HTTP/1.1 204 No Content"),
+        find("GET /d "),
+    ];
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "{out}");
+    assert_eq!(out.matches("HTTP/1.1 200 OK\r\n").count(), 6, "{out}");
+    assert_eq!(out.matches("x-weir-attempts: 1\r\n").count(), 7, "{out}");
+    // Known lengths restated; the stream chunked.
+    assert!(out.contains("content-length: 21\r\n"), "{out}");
+    assert!(out.contains("transfer-encoding: chunked\r\n"), "{out}");
+    // A HEAD gets the length the upstream announced, and no body.
+    assert!(
+        out.contains("content-length: 18\r\nx-weir-attempts: 1\r\n\r\nHTTP/1.1 204"),
+        "{out}"
+    );
+    assert_eq!(h1.requests(), 2);
+    assert_eq!(h2.requests(), 5);
+    assert_eq!(h2.connections(), 1);
+    // The second HTTP/1.1 request went out on the fast path's pooled
+    // connection: the client connection never left the fast path.
+    assert_eq!(h1.connections(), 1);
+}
+
+/// An h2c upstream on the fast path: a keyed write is recorded and its
+/// repeat answered from the record; a response body that breaks off after
+/// its first frame reaches the client cut (no last chunk) and ends the
+/// client connection, the pipelined request after it unanswered.
+#[tokio::test]
+async fn h2c_keyed_writes_are_recorded_and_a_cut_body_ends_the_connection() {
+    let up = TestUpstream::start(|req: Request<hyper::body::Incoming>| async move {
+        if req.uri().path() == "/cut" {
+            // The head and a first frame go out; a moment later, a reset.
+            let frames = futures_util::stream::unfold(0, |n| async move {
+                let frame: Result<_, Box<dyn std::error::Error + Send + Sync>> = match n {
+                    0 => Ok(http_body::Frame::data(bytes::Bytes::from_static(b"first"))),
+                    1 => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Err("cut".into())
+                    }
+                    _ => return None,
+                };
+                Some((frame, n + 1))
+            });
+            return Response::new(BodyExt::boxed(http_body_util::StreamBody::new(frames)));
+        }
+        let b = req.into_body().collect().await.unwrap().to_bytes();
+        Response::builder()
+            .status(201)
+            .header("x-app", "yes")
+            .body(body(b))
+            .unwrap()
+    })
+    .await;
+    let logs = Captured::default();
+    let _guard = logs.install();
+    let weir = Weir::single(&up.url(), "protocol = \"h2c\"").await;
+    let out = exchange_raw(
+        weir.addr,
+        b"POST /pay HTTP/1.1\r\nHost: svc\r\nIdempotency-Key: k-1\r\nContent-Length: 5\r\n\r\nhello\
+          POST /pay HTTP/1.1\r\nHost: svc\r\nIdempotency-Key: k-1\r\nContent-Length: 5\r\n\r\nhello\
+          GET /cut HTTP/1.1\r\nHost: svc\r\n\r\n\
+          GET /never HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(out.matches("HTTP/1.1 201 Created\r\n").count(), 2, "{out}");
+    assert_eq!(out.matches("x-app: yes\r\n").count(), 2, "{out}");
+    assert_eq!(out.matches("\r\n\r\nhello").count(), 2, "{out}");
+    assert_eq!(out.matches("idempotent-replayed: true").count(), 1, "{out}");
+    assert!(out.contains("\r\n\r\n5\r\nfirst\r\n"), "{out}");
+    assert!(
+        out.ends_with("first\r\n"),
+        "the cut body looked whole: {out}"
+    );
+    assert_eq!(out.matches("HTTP/1.1 ").count(), 3, "{out}");
+    // The repeat never reached the upstream, nor did the request after the cut.
+    assert_eq!(up.requests(), 2);
+    // The cut is weir's `upstream_reset` in the access log.
+    let lines = logs.lines_of("weir::access");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("/cut") && l.contains("upstream_reset")),
+        "{lines:#?}"
+    );
+}

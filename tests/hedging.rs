@@ -1,6 +1,6 @@
 //! Hedged requests (docs/reference/hedging.md#hedging) against three real
 //! replicas on 127.0.0.2–4, through the HTTP/1.1 fast path, the general
-//! path and an h2c upstream: a request stuck on a slow replica is answered
+//! path and an h2c upstream (on either path): a request stuck on a slow replica is answered
 //! by a hedge to another one, and the slow replica sees its request
 //! cancelled (its connection closed, or its stream reset); an unkeyed POST
 //! is never hedged; in a brownout the hedges stay within `max_extra`.
@@ -19,7 +19,10 @@ use std::time::Duration;
 enum Via {
     Fast,
     General,
+    /// An h2c upstream, the general path.
     H2c,
+    /// An h2c upstream, the fast path (HTTP/1.1 client).
+    H2cFast,
 }
 
 /// What one replica saw.
@@ -73,14 +76,13 @@ async fn replicas(
 }
 
 async fn weir(via: Via, addrs: &[SocketAddr], hedge: &str) -> Weir {
-    let path = if via == Via::Fast {
-        DataPath::Fast
-    } else {
-        DataPath::General
+    let path = match via {
+        Via::Fast | Via::H2cFast => DataPath::Fast,
+        Via::General | Via::H2c => DataPath::General,
     };
     Weir::over(
         path,
-        via == Via::H2c,
+        matches!(via, Via::H2c | Via::H2cFast),
         addrs,
         // Round robin: every third request goes to replica 0, whatever its
         // latency estimate says (peak-EWMA would learn to avoid a slow one,
@@ -176,6 +178,11 @@ async fn a_slow_replica_is_hedged_around_h2c() {
     a_slow_replica_is_hedged_around(Via::H2c).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_replica_is_hedged_around_h2c_on_the_fast_path() {
+    a_slow_replica_is_hedged_around(Via::H2cFast).await;
+}
+
 async fn an_unkeyed_post_is_never_hedged(via: Via) {
     let (ups, seen) = replicas(|_, _| Duration::from_millis(150)).await;
     let addrs: Vec<_> = ups.iter().map(|u| u.addr).collect();
@@ -213,6 +220,11 @@ async fn an_unkeyed_post_is_never_hedged_general() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unkeyed_post_is_never_hedged_h2c() {
     an_unkeyed_post_is_never_hedged(Via::H2c).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unkeyed_post_is_never_hedged_h2c_on_the_fast_path() {
+    an_unkeyed_post_is_never_hedged(Via::H2cFast).await;
 }
 
 async fn a_brownout_keeps_hedges_within_max_extra(via: Via) {

@@ -81,13 +81,14 @@ impl Weir {
 }
 
 /// Two upstreams on one server: `fast` (cleartext HTTP/1.1, the fast path)
-/// and `general` (h2c, which only the general path speaks).
+/// and `general` (HTTP/2 with `protocol = "grpc"`, whose requests the fast
+/// path leaves to the general path; an `h2c` one it serves itself).
 fn config(listen: u16, admin: u16, port: u16, server_extra: &str, extra: &str) -> String {
     format!(
         "[server]\nlisten = \"127.0.0.1:{listen}\"\nadmin = \"127.0.0.1:{admin}\"\n{server_extra}\n\
          [upstreams.fast]\nurl = \"http://127.0.0.1:{port}\"\nhosts = [\"fast\"]\n\
          [upstreams.fast.retry]\nmax_attempts = 2\n[upstreams.fast.retry.backoff]\nbase = \"1ms\"\n\
-         [upstreams.general]\nurl = \"http://127.0.0.1:{port}\"\nhosts = [\"general\"]\nprotocol = \"h2c\"\n\
+         [upstreams.general]\nurl = \"http://127.0.0.1:{port}\"\nhosts = [\"general\"]\nprotocol = \"grpc\"\n\
          [upstreams.general.retry]\nmax_attempts = 2\n[upstreams.general.retry.backoff]\nbase = \"1ms\"\n{extra}"
     )
 }

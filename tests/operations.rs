@@ -603,7 +603,8 @@ async fn the_file_watch_sees_a_configmap_symlink_swap() {
 
 /// `weir_upstream_bytes_total`, `weir_upstream_connections_open` and
 /// `weir_client_connections_open`, on both paths: the fast path (an
-/// HTTP/1.1 upstream) and the general one (h2c).
+/// HTTP/1.1 upstream) and the general one (an HTTP/2 upstream with
+/// `protocol = "grpc"`, which the fast path leaves to it).
 #[tokio::test]
 async fn connections_and_bytes_are_counted_on_both_paths() {
     let up = TestUpstream::start(|_req: Request<hyper::body::Incoming>| async move {
@@ -615,7 +616,7 @@ async fn connections_and_bytes_are_counted_on_both_paths() {
     let toml = format!(
         "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
          [upstreams.fast]\nurl = \"{u}\"\nhosts = [\"fast\"]\n\
-         [upstreams.general]\nurl = \"{u}\"\nhosts = [\"general\"]\nprotocol = \"h2c\"\n"
+         [upstreams.general]\nurl = \"{u}\"\nhosts = [\"general\"]\nprotocol = \"grpc\"\n"
     );
     let (rt, _) = start(dir.path(), &toml, NO_WATCH).await;
     for host in ["fast", "general"] {

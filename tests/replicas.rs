@@ -2,8 +2,8 @@
 //! them misbehaving: it answers 503, refuses connections, resets them, is
 //! 1 s slow, or fails every other request. Each scenario sends 3,000
 //! requests from 16 clients through each of weir's paths and protocols —
-//! the HTTP/1.1 fast path, the general path (hyper) to an HTTP/1.1
-//! upstream, and the general path to an h2c upstream — and checks what an
+//! the HTTP/1.1 fast path and the general path (hyper), each to an
+//! HTTP/1.1 upstream and to an h2c upstream — and checks what an
 //! application would see: ≥ 99.5 % success at ≤ 1.05 upstream attempts per
 //! request. With all three healthy, each gets a third of the requests.
 //!
@@ -48,8 +48,11 @@ enum Via {
     Fast,
     /// HTTP/1.1 client, HTTP/1.1 upstream, the general path.
     General,
-    /// HTTP/1.1 client, h2c upstream (always the general path).
+    /// HTTP/1.1 client, h2c upstream, the general path.
     H2c,
+    /// HTTP/1.1 client, h2c upstream, the fast path (its attempts through
+    /// the endpoint's HTTP/2 pool, as the general path's).
+    H2cFast,
 }
 
 /// A replica: a real server, or a bare listener that resets (or nothing).
@@ -150,12 +153,11 @@ async fn replicas(fault: Fault) -> Replicas {
 
 /// weir with one upstream `svc` over `addrs`, reached with `Host: svc`.
 async fn weir(via: Via, addrs: &[SocketAddr], extra: &str) -> Weir {
-    let path = if via == Via::Fast {
-        DataPath::Fast
-    } else {
-        DataPath::General
+    let path = match via {
+        Via::Fast | Via::H2cFast => DataPath::Fast,
+        Via::General | Via::H2c => DataPath::General,
     };
-    Weir::over(path, via == Via::H2c, addrs, extra).await
+    Weir::over(path, matches!(via, Via::H2c | Via::H2cFast), addrs, extra).await
 }
 
 /// What a run saw.
@@ -256,6 +258,10 @@ macro_rules! scenarios {
                 async fn h2c() {
                     one_bad_replica($fault, Via::H2c).await
                 }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn h2c_fast_path() {
+                    one_bad_replica($fault, Via::H2cFast).await
+                }
             }
         )*
     };
@@ -314,6 +320,11 @@ async fn healthy_replicas_share_the_load_on_the_general_path() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthy_h2c_replicas_share_the_load() {
     balanced(Via::H2c).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthy_h2c_replicas_share_the_load_on_the_fast_path() {
+    balanced(Via::H2cFast).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -381,6 +392,11 @@ async fn a_slow_replica_does_not_set_the_tail_on_the_general_path() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_h2c_replica_does_not_set_the_tail() {
     slow_replica(Via::H2c).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_h2c_replica_does_not_set_the_tail_on_the_fast_path() {
+    slow_replica(Via::H2cFast).await
 }
 
 /// An ejected replica that recovers serves again once its ejection is over

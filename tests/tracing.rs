@@ -139,12 +139,17 @@ fn attr<'v>(span: &'v Value, key: &str) -> &'v Value {
 /// it, the first with its outcome and the retry cause; the upstream told
 /// each attempt's span; the trace id in the access log.
 async fn a_retried_request(path: DataPath, protocol: &str, h2: bool) {
+    a_retried_request_to(path, protocol, h2, "auto").await;
+}
+
+/// The same, to an upstream spoken to with `upstream_protocol`.
+async fn a_retried_request_to(path: DataPath, protocol: &str, h2: bool, upstream_protocol: &str) {
     let Some(rx) = Receiver::start(protocol) else {
         return;
     };
     let (up, seen) = fails_once().await;
     let toml = format!(
-        "{}[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n{FAST_BACKOFF}",
+        "{}[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\nprotocol = \"{upstream_protocol}\"\n{FAST_BACKOFF}",
         rx.config(protocol, 0.0),
         up.url()
     );
@@ -241,6 +246,14 @@ both_paths!(
 );
 async fn a_retried_request_is_a_tree_of_spans_over_grpc(path: DataPath) {
     a_retried_request(path, "grpc", false).await;
+}
+
+both_paths!(
+    #[tokio::test]
+    a_retried_request_to_an_h2c_upstream_is_a_tree_of_spans
+);
+async fn a_retried_request_to_an_h2c_upstream_is_a_tree_of_spans(path: DataPath) {
+    a_retried_request_to(path, "grpc", false, "h2c").await;
 }
 
 #[tokio::test]

@@ -55,12 +55,34 @@ pub(crate) struct Finished {
 /// The general path's transport: hyper's client (or a held connection),
 /// the request rebuilt from the plan for each attempt. A client that goes
 /// away makes hyper drop the whole future, so nothing here watches for it.
-struct HyperTransport<'p, 'a> {
+/// The fast path sends its requests to an HTTP/2 upstream through it too,
+/// wrapped in a watch on its client (`proxy::fast::h2`).
+pub(crate) struct HyperTransport<'p, 'a> {
     up: &'a Upstream,
     conn: &'p crate::proxy::sticky::ConnCtx,
     plan: &'p mut Outbound<'a>,
     /// Endpoints that failed this request (a retry goes elsewhere).
     avoid: Vec<std::net::SocketAddr>,
+}
+
+impl<'p, 'a> HyperTransport<'p, 'a> {
+    pub(crate) fn new(
+        up: &'a Upstream,
+        conn: &'p crate::proxy::sticky::ConnCtx,
+        plan: &'p mut Outbound<'a>,
+    ) -> Self {
+        HyperTransport {
+            up,
+            conn,
+            plan,
+            avoid: Vec::new(),
+        }
+    }
+
+    /// The endpoint of the last attempt that failed, if one did.
+    pub(crate) fn last_failed(&self) -> Option<std::net::SocketAddr> {
+        self.avoid.last().copied()
+    }
 }
 
 impl Watch for HyperTransport<'_, '_> {

@@ -23,4 +23,4 @@ pub(crate) use drive::{
     annotate, annotate_response, annotation_fields, drive, timed_out, Attempts, Transport,
 };
 pub(crate) use hedge::{race, Hedging, Raced, Seen};
-pub(crate) use hyper::{run, Outbound};
+pub(crate) use hyper::{run, HyperTransport, Outbound};

@@ -4,6 +4,11 @@
 //! upstream (cleartext, or TLS with `protocol = "http1"`) over a pooled
 //! connection, and relays the response —
 //! without a header map, a channel, a second task or a timer per request.
+//! To an `h2c` upstream ([`h2`], [`h2relay`]) the head it wrote becomes
+//! `http` parts for hyper's HTTP/2 client, sent through the endpoint's
+//! HTTP/2 pool as the general path sends them, and the response is
+//! written back as HTTP/1.1: the client connection stays here, and
+//! hyper's HTTP/1 server, most of such a request's cost, is not in the way.
 //!
 //! Measured (bench/RESULTS.md#the-fast-path), hyper on both sides of the proxy cost
 //! more user-space CPU per request than the kernel's loopback work; nginx
@@ -12,7 +17,7 @@
 //! The fast path takes the requests that make up nearly all of a sidecar's
 //! traffic: HTTP/1.1, a body (of known length or chunked without trailers)
 //! small enough to hold for a replay, to an upstream it speaks HTTP/1.1
-//! to. Anything else (see
+//! to or an `h2c` one. Anything else (see
 //! [`head::plan`]) hands the connection, with every byte read so far, to the
 //! general hyper path in `super::server`, which serves it from then on. The
 //! behaviour a client sees is the same on both paths: the attempts run in
@@ -22,6 +27,8 @@
 //! general one).
 
 mod fill;
+mod h2;
+mod h2relay;
 pub mod head;
 mod hit;
 mod io;
@@ -213,8 +220,11 @@ impl Ctx<'_> {
 
     /// Serves one planned request; returns whether the client connection
     /// stays open for the next one.
-    async fn serve(&mut self, up: &Upstream, p: Planned) -> bool {
+    async fn serve(&mut self, up: &Upstream, mut p: Planned) -> bool {
         let start = Instant::now();
+        // An HTTP/2 upstream's request head, taken before anything borrows
+        // the plan for the length of the request.
+        let h2_parts = p.h2.take();
         match &p.cache {
             head::cache::Cached::Hit(e) => {
                 return (self.cache_answer(up, start, &p, e, CacheResult::Hit, None)).await;
@@ -313,35 +323,21 @@ impl Ctx<'_> {
             };
             return self.fail(up, start, &p, f).await;
         };
-        if !up.own_h1 {
-            return false;
-        }
         attempts.set_keyed_write(p.keyed_write);
         attempts.trace = p.trace.clone();
-        let mut t = FastTransport {
-            watch: ClientWatch {
-                stream: &mut *self.stream,
-                client: &mut self.bufs.client,
-                eof: &mut self.bufs.eof,
-                need,
-            },
-            request: &mut self.bufs.request,
-            upstream: &mut self.bufs.upstream,
-            out: &mut self.bufs.out,
-            kept: &mut self.bufs.kept,
-            timer: &mut *self.timer,
-            pool: self.pool,
-            up,
-            is_head_request: p.is_head_request,
-            detached: recorder.is_some(),
-            avoid: Vec::new(),
+        let detached = recorder.is_some();
+        let ended = match h2_parts {
+            Some(parts) => {
+                let times = (t0, deadline, lowered);
+                let h2 = self.attempt_h2(up, &p, *parts, &mut attempts, times, detached);
+                h2.await
+            }
+            None if up.own_h1 => self.attempt_h1(up, &p, &mut attempts, t0, detached).await,
+            None => return false,
         };
-        let Some(driven) = attempt::drive(&mut attempts, &mut t, Some(t0)).await else {
+        let Some((result, stop, ended, last_failed)) = ended else {
             return false;
         };
-        // A failed attempt's endpoint is the last one it avoids.
-        let last_failed = t.avoid.last().copied();
-        let (result, stop, ended) = (driven.result, driven.stop, driven.ended);
         let made = attempts.made();
         let spent = Annotations {
             attempts: made,
@@ -352,42 +348,52 @@ impl Ctx<'_> {
         drop(attempts);
         let took = ended.saturating_duration_since(start);
         match result {
-            Ok(mut x) => {
-                let cached = match p.cache {
-                    head::cache::Cached::Off => Ok(fill::Step::Relay(None)),
-                    _ => Box::pin(self.cache_response(up, &p, &mut x)).await,
-                };
-                let cache = match cached {
-                    Ok(fill::Step::Relay(mark)) => mark,
-                    Ok(fill::Step::Answer(e, result)) => {
-                        self.let_go(x);
-                        let spent = Some(spent);
-                        return (self.cache_answer(up, start, &p, &e, result, spent)).await;
-                    }
-                    Ok(fill::Step::HandOver) => {
-                        self.let_go(x);
-                        self.hand_over = true;
-                        return false;
-                    }
-                    Err(error) => {
-                        let endpoint = Some(x.addr);
-                        let f = OwnError {
-                            error,
-                            attempts: None,
-                            endpoint,
+            Ok(x) => {
+                // The cache takes part in an HTTP/1.1 upstream's answers
+                // (a cached HTTP/2 upstream's requests are the general path's).
+                let (x, cache) = match x {
+                    Answer::H1(mut x) => {
+                        let cached = match p.cache {
+                            head::cache::Cached::Off => Ok(fill::Step::Relay(None)),
+                            _ => Box::pin(self.cache_response(up, &p, &mut x)).await,
                         };
-                        return self.fail(up, start, &p, f).await;
+                        match cached {
+                            Ok(fill::Step::Relay(mark)) => (Answer::H1(x), mark),
+                            Ok(fill::Step::Answer(e, result)) => {
+                                self.let_go(x);
+                                let spent = Some(spent);
+                                return (self.cache_answer(up, start, &p, &e, result, spent)).await;
+                            }
+                            Ok(fill::Step::HandOver) => {
+                                self.let_go(x);
+                                self.hand_over = true;
+                                return false;
+                            }
+                            Err(error) => {
+                                let endpoint = Some(x.addr);
+                                let f = OwnError {
+                                    error,
+                                    attempts: None,
+                                    endpoint,
+                                };
+                                return self.fail(up, start, &p, f).await;
+                            }
+                        }
                     }
+                    h2 => (h2, None),
                 };
-                let status = x.status;
+                let status = x.status();
                 up.state.metrics.status(status, took);
-                let addr = x.addr;
+                let addr = x.addr();
                 let kept = Kept {
                     annotations,
                     recorder,
                     cache: cache.filter(|_| cfg.annotate),
                 };
-                let relayed = self.relay(up, addr, x, kept, &p, ended).await;
+                let relayed = match x {
+                    Answer::H1(x) => self.relay(up, x.addr, x, kept, &p, ended).await,
+                    Answer::H2(r) => self.relay_h2(up, r, kept, &p).await,
+                };
                 if let Some(code) = relayed.error {
                     up.state.metrics.body_error(code);
                 }
@@ -400,7 +406,7 @@ impl Ctx<'_> {
                     attempts: Some(made),
                     retry_stop: stop.map(|s| s.as_str()),
                     hedge: spent.hedge,
-                    endpoint: Some(addr),
+                    endpoint: addr,
                     took,
                     bytes_out: relayed.bytes,
                     who: access::Who::default(),
@@ -420,6 +426,42 @@ impl Ctx<'_> {
                 self.fail(up, start, &p, f).await
             }
         }
+    }
+
+    /// Runs the attempts of a request to an HTTP/1.1 upstream over the
+    /// fast path's own connections; `None` when the client went away.
+    async fn attempt_h1(
+        &mut self,
+        up: &Upstream,
+        p: &Planned,
+        attempts: &mut Attempts<'_>,
+        t0: Instant,
+        detached: bool,
+    ) -> Option<h2::Ended> {
+        let need = p.head_len + p.body_len;
+        let mut t = FastTransport {
+            watch: ClientWatch {
+                stream: &mut *self.stream,
+                client: &mut self.bufs.client,
+                eof: &mut self.bufs.eof,
+                need,
+            },
+            request: &mut self.bufs.request,
+            upstream: &mut self.bufs.upstream,
+            out: &mut self.bufs.out,
+            kept: &mut self.bufs.kept,
+            timer: &mut *self.timer,
+            pool: self.pool,
+            up,
+            is_head_request: p.is_head_request,
+            detached,
+            avoid: Vec::new(),
+        };
+        let driven = attempt::drive(attempts, &mut t, Some(t0)).await?;
+        // A failed attempt's endpoint is the last one it avoids.
+        let last_failed = t.avoid.last().copied();
+        let result = driven.result.map(Answer::H1);
+        Some((result, driven.stop, driven.ended, last_failed))
     }
 
     /// Reads the rest of the request's body, within the request's deadline.
@@ -528,6 +570,30 @@ struct Kept {
     annotations: Option<Annotations>,
     recorder: Option<Recorder>,
     cache: Option<CacheResult>,
+}
+
+/// An upstream's answer: an HTTP/1.1 response head in the connection's
+/// buffers, or an HTTP/2 response from hyper's client.
+enum Answer {
+    H1(transport::Exchange),
+    H2(http::Response<crate::proxy::body::UpstreamBody>),
+}
+
+impl Answer {
+    fn status(&self) -> u16 {
+        match self {
+            Answer::H1(x) => x.status,
+            Answer::H2(r) => r.status().as_u16(),
+        }
+    }
+
+    /// The endpoint it came from.
+    fn addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Answer::H1(x) => Some(x.addr),
+            Answer::H2(r) => r.extensions().get::<crate::upstream::Served>().map(|s| s.0),
+        }
+    }
 }
 
 /// weir's error for the client, with what the attempts added.

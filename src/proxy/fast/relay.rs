@@ -198,17 +198,17 @@ pub(super) struct Relayed {
 }
 
 impl Relayed {
-    const CLOSED: Relayed = Relayed {
+    pub(super) const CLOSED: Relayed = Relayed {
         open: false,
         error: None,
         bytes: 0,
     };
-    const BROKEN: Relayed = Relayed {
+    pub(super) const BROKEN: Relayed = Relayed {
         open: false,
         error: Some("upstream_reset"),
         bytes: 0,
     };
-    const IDLE: Relayed = Relayed {
+    pub(super) const IDLE: Relayed = Relayed {
         open: false,
         error: Some("upstream_timeout"),
         bytes: 0,

@@ -7,11 +7,13 @@
 //!
 //! Anything this path does not handle itself — another HTTP version, a body
 //! too large to hold for a replay, announced with `Expect` or chunked with
-//! trailers, an upgrade, gRPC, a target or route it cannot map — makes
+//! trailers, an upgrade, gRPC, a target or route it cannot map, trailers
+//! asked of an HTTP/2 upstream — makes
 //! [`plan`] answer [`Parse::Fallback`], and the connection goes on through
 //! hyper (`super::super::server`), which sees the same bytes.
 
 pub mod cache;
+mod h2;
 
 use crate::policy::RequestFacts;
 use crate::proxy::h1;
@@ -82,6 +84,9 @@ pub struct Planned {
     pub cache: cache::Cached,
     /// Its spans, when weir traces it (docs/reference/tracing.md#spans).
     pub trace: Option<crate::trace::Trace>,
+    /// To an HTTP/2 upstream: the request's head for hyper's HTTP/2 client
+    /// ([`h2::request_parts`]); its body is the client's, as it came.
+    pub h2: Option<Box<http::request::Parts>>,
 }
 
 /// A request the upstream's idempotency store applies to
@@ -254,6 +259,16 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
             }
         }
     };
+    // The fast path stores and invalidates from an HTTP/1.1 upstream's
+    // answers only; an HTTP/2 upstream's are hyper's path's to keep.
+    if up.h2
+        && matches!(
+            cache,
+            cache::Cached::Fill(_) | cache::Cached::Invalidates(_)
+        )
+    {
+        return Parse::Fallback("a cached HTTP/2 upstream's miss or write");
+    }
     if body_len > MAX_TLS_BODY && up.client.fast_tls.is_some() {
         // Over TLS the fast path cannot hear an upstream that answers (413,
         // 401) before reading a large body; hyper's client does.
@@ -262,6 +277,18 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     let trace = crate::proxy::traced::begin(snap, up, &req, asked.lowered, "1.1");
     write(up, &req, &asked, trace.as_ref(), out);
     cache::add_validators(&cache, out);
+    let h2 = match up.h2 {
+        false => None,
+        true => match h2::request_parts(up, out) {
+            Some(parts) => Some(Box::new(parts)),
+            None => {
+                if let Some(t) = &trace {
+                    t.discard();
+                }
+                return Parse::Fallback("a head the HTTP/2 request cannot carry");
+            }
+        },
+    };
     let idem = asked.key.as_ref().map(|_| Keyed {
         method: range_in(buf, req.method.as_bytes()),
         target: range_in(buf, req.path_and_query.as_bytes()),
@@ -290,6 +317,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         idem,
         cache,
         trace,
+        h2,
     })
 }
 
@@ -425,9 +453,17 @@ fn route<'s>(
 ) -> Result<(usize, &'s Upstream), &'static str> {
     let index = request::route(snap, role, req).ok_or("no route")?;
     let up = snap.upstreams.get(index).ok_or("no upstream")?;
-    if up.h2 || !up.own_h1 || !up.endpoints.ready() {
-        // HTTP/2, TLS without `protocol = "http1"`, or a name not resolved yet.
+    // HTTP/1.1 on connections of its own, or HTTP/2 through the
+    // upstream's pool (`protocol = "h2c"`; `grpc` upstreams' requests stay
+    // on the general path).
+    let h2c = up.h2 && up.config.protocol == crate::config::Protocol::H2c;
+    if !(up.own_h1 || h2c) || !up.endpoints.ready() {
+        // TLS without `protocol = "http1"`, or a name not resolved yet.
         return Err("an upstream the fast path does not speak to");
+    }
+    if up.h2 && req.te_trailers {
+        // hyper's server relays the trailers such a client asked for.
+        return Err("trailers asked of an HTTP/2 upstream");
     }
     Ok((index, up))
 }
@@ -516,7 +552,7 @@ pub fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-fn push_u64(out: &mut Vec<u8>, n: u64) {
+pub(super) fn push_u64(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(crate::proxy::headers::decimal(n, &mut [0u8; 20]));
 }
 
