@@ -545,6 +545,8 @@ fn write_target(up: &Upstream, path: &str, path_and_query: &str, out: &mut Vec<u
     }
 }
 
+/// Writes one field line, `name: value`.
+#[inline]
 pub fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
     out.extend_from_slice(b": ");
