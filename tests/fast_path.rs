@@ -128,6 +128,20 @@ async fn keyed_writes_stay_on_the_fast_path() {
     assert_eq!(up.connections(), 1);
 }
 
+/// weir with a cached upstream `svc` and, beside it, `plain` without a
+/// cache: requests to `plain` before and after the cached ones tell which
+/// path served the client connection in between (hyper's client would
+/// open a connection of its own).
+async fn cached_beside_plain(up: &TestUpstream, plain: &TestUpstream) -> Weir {
+    Weir::start(&format!(
+        "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n[upstreams.svc.cache]\nenabled = true\n\
+         [upstreams.plain]\nurl = \"{}\"\nhosts = [\"plain\"]\n",
+        up.url(),
+        plain.url()
+    ))
+    .await
+}
+
 /// A cached upstream's requests stay on the fast path
 /// (docs/reference/cache.md#response-cache): a miss is forwarded and stored,
 /// its repeat answered from the entry, a write forwarded and its target's
@@ -151,13 +165,7 @@ async fn cache_misses_and_writes_stay_on_the_fast_path() {
     // A second upstream without a cache: its requests before and after
     // tell which path served the connection in between.
     let plain = echo().await;
-    let weir = Weir::start(&format!(
-        "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n[upstreams.svc.cache]\nenabled = true\n\
-         [upstreams.plain]\nurl = \"{}\"\nhosts = [\"plain\"]\n",
-        up.url(),
-        plain.url()
-    ))
-    .await;
+    let weir = cached_beside_plain(&up, &plain).await;
     let out = exchange_raw(
         weir.addr,
         b"GET /before HTTP/1.1\r\nHost: plain\r\n\r\n\
@@ -222,13 +230,7 @@ async fn two_reads(cache_control: &'static str, pause: Duration) -> (Vec<String>
     })
     .await;
     let plain = echo().await;
-    let weir = Weir::start(&format!(
-        "[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n[upstreams.svc.cache]\nenabled = true\n\
-         [upstreams.plain]\nurl = \"{}\"\nhosts = [\"plain\"]\n",
-        up.url(),
-        plain.url()
-    ))
-    .await;
+    let weir = cached_beside_plain(&up, &plain).await;
     let mut c = TcpStream::connect(weir.addr).await.unwrap();
     c.write_all(
         b"GET /before HTTP/1.1\r\nHost: plain\r\n\r\nGET /item HTTP/1.1\r\nHost: svc\r\n\r\n",

@@ -81,20 +81,6 @@ impl Ctx<'_> {
         Some(e.clone())
     }
 
-    /// Lets go of a response that is not relayed: its connection goes back
-    /// to the pool when nothing of its body is left to read.
-    pub(super) fn let_go(&mut self, x: Exchange) {
-        let tail = self.bufs.upstream.len().saturating_sub(x.head_len);
-        let whole = match x.framing {
-            Framing::Empty => tail == 0,
-            Framing::Length(n) => tail as u64 == n,
-            Framing::Chunked | Framing::Close => false,
-        };
-        if x.reusable && whole {
-            self.pool.put(x.addr, x.tag, x.upstream, Instant::now());
-        }
-    }
-
     /// Starts the background refresh of a stale entry that answers within
     /// its `stale-while-revalidate` (one per key at a time), and counts the
     /// stale answer.

@@ -80,20 +80,8 @@ impl Ctx<'_> {
         }
         // A body-less response keeps the length it announced to a HEAD
         // only, as hyper's server does with a body already at its end.
-        let restated = match framing {
-            Framing::Length(n) => Some(n),
-            Framing::Empty if p.is_head_request && status != 204 => field,
-            Framing::Chunked => {
-                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-                None
-            }
-            Framing::Empty | Framing::Close => None,
-        };
-        if let Some(n) = restated {
-            out.extend_from_slice(b"content-length: ");
-            head::push_u64(out, n);
-            out.extend_from_slice(b"\r\n");
-        }
+        let empty_length = field.filter(|_| p.is_head_request && status != 204);
+        head::restate_framing(framing, empty_length, out);
         head::finish_response(out, kept.annotations, close);
         drop(parts);
 

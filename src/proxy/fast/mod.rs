@@ -360,12 +360,12 @@ impl Ctx<'_> {
                         match cached {
                             Ok(fill::Step::Relay(mark)) => (Answer::H1(x), mark),
                             Ok(fill::Step::Answer(e, result)) => {
-                                self.let_go(x);
+                                x.let_go(self.pool, &self.bufs.upstream);
                                 let spent = Some(spent);
                                 return (self.cache_answer(up, start, &p, &e, result, spent)).await;
                             }
                             Ok(fill::Step::HandOver) => {
-                                self.let_go(x);
+                                x.let_go(self.pool, &self.bufs.upstream);
                                 self.hand_over = true;
                                 return false;
                             }

@@ -31,6 +31,24 @@ pub(super) struct Exchange {
     pub(super) retry_after: Option<Duration>,
 }
 
+impl Exchange {
+    /// Lets go of a response that is not relayed (`upstream`: the buffer
+    /// its head and what came of its body are in): its connection goes back
+    /// to the pool when the whole body is already here and the connection
+    /// may be reused.
+    pub(super) fn let_go(self, pool: &Pool, upstream: &[u8]) {
+        let tail = upstream.len().saturating_sub(self.head_len);
+        let whole = match self.framing {
+            Framing::Empty => tail == 0,
+            Framing::Length(n) => tail as u64 == n,
+            Framing::Chunked | Framing::Close => false,
+        };
+        if self.reusable && whole {
+            pool.put(self.addr, self.tag, self.upstream, Instant::now());
+        }
+    }
+}
+
 /// How an exchange failed, classified as on the general path.
 pub(super) type Failed = SendError;
 
@@ -203,15 +221,8 @@ impl attempt::Transport for FastTransport<'_> {
     /// A response to be retried: its connection goes back to the pool when
     /// the whole body is already here and the connection may be reused.
     fn discard(&mut self, response: Result<Exchange, ProxyError>) {
-        let Ok(x) = response else { return };
-        let tail = self.upstream.len() - x.head_len;
-        let whole = match x.framing {
-            Framing::Empty => tail == 0,
-            Framing::Length(n) => tail as u64 == n,
-            Framing::Chunked | Framing::Close => false,
-        };
-        if x.reusable && whole {
-            self.pool.put(x.addr, x.tag, x.upstream, Instant::now());
+        if let Ok(x) = response {
+            x.let_go(self.pool, self.upstream);
         }
     }
 }

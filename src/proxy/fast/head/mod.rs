@@ -23,8 +23,8 @@ use crate::proxy::{ListenerRole, Snapshot, Upstream};
 
 mod response;
 pub use response::{
-    fields, finish_response, parse_response, trailer_section, Annotations, ChunkedRelay, Framing,
-    Head, Response,
+    fields, finish_response, parse_response, restate_framing, trailer_section, Annotations,
+    ChunkedRelay, Framing, Head, Response,
 };
 
 /// The most header fields a head may have on the fast path; a head with more

@@ -150,20 +150,8 @@ pub fn parse_response<'b>(
     // A body-less response keeps its Content-Length: it describes the
     // representation (HEAD, 304), not this message — except a 204, which
     // must not carry one (RFC 9110 §8.6), as hyper's server drops it.
-    let restated = match framing {
-        Framing::Length(n) => Some(n),
-        Framing::Empty if status != 204 && chunked.is_none() => length,
-        Framing::Chunked => {
-            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-            None
-        }
-        Framing::Empty | Framing::Close => None,
-    };
-    if let Some(n) = restated {
-        out.extend_from_slice(b"content-length: ");
-        push_u64(out, n);
-        out.extend_from_slice(b"\r\n");
-    }
+    let empty_length = length.filter(|_| status != 204 && chunked.is_none());
+    restate_framing(framing, empty_length, out);
     Ok(Some(Head::Final(Response {
         status,
         head_len,
@@ -190,6 +178,28 @@ pub fn finish_response(out: &mut Vec<u8>, annotations: Option<Annotations>, clos
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
+}
+
+/// Writes the client's framing field for a body framed as `framing`:
+/// `Transfer-Encoding: chunked`, or the `Content-Length` of a body of known
+/// length — or `empty_length`, which a body-less response keeps when it
+/// describes the representation (a HEAD's, a 304's) rather than this message.
+#[inline]
+pub fn restate_framing(framing: Framing, empty_length: Option<u64>, out: &mut Vec<u8>) {
+    let restated = match framing {
+        Framing::Length(n) => Some(n),
+        Framing::Empty => empty_length,
+        Framing::Chunked => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            None
+        }
+        Framing::Close => None,
+    };
+    if let Some(n) = restated {
+        out.extend_from_slice(b"content-length: ");
+        push_u64(out, n);
+        out.extend_from_slice(b"\r\n");
+    }
 }
 
 /// The fields of the client's response head [`parse_response`] began in
