@@ -125,7 +125,7 @@ pub(crate) async fn serve(
     };
     let Some((req, lookup)) = lookup else {
         // Left alone (a Range, the client's own conditional, a body…).
-        return with_upstream(up, conn, parts, body, start, grpc, Ok(asked), &mut None).await;
+        return with_upstream(up, conn, parts, body, start, grpc, Ok(asked)).await;
     };
     *handled = true;
     let x = Visit {
@@ -277,7 +277,6 @@ impl Visit<'_> {
             start,
             grpc,
             Ok(self.asked.clone()),
-            &mut None,
         )
         .await
     }

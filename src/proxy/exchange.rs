@@ -20,10 +20,38 @@ use http::{Response, Uri, Version};
 use tokio::time::Instant;
 
 /// `parsed`: what the request says of itself ([`request::read`]), or the
-/// 400 it earned; `capture`: set to the keeping of a keyed write's response, whose body
-/// the caller relays ([`detached`]).
-#[allow(clippy::too_many_arguments)]
+/// 400 it earned. A keyed write's is [`keyed`]'s.
 pub(crate) async fn with_upstream(
+    up: &Upstream,
+    conn: &super::sticky::ConnCtx,
+    parts: http::request::Parts,
+    body: Body,
+    start: Instant,
+    is_grpc_request: bool,
+    parsed: Result<Parsed, ProxyError>,
+) -> Result<Response<Body>, ProxyError> {
+    let forwarded = exchange(up, conn, parts, body, start, is_grpc_request, parsed).await;
+    forwarded.map(|(resp, _)| resp)
+}
+
+/// [`with_upstream`] for a keyed write (docs/reference/idempotency.md#idempotency-keys):
+/// with the keeping of its response, whose body the caller relays while it
+/// records it (`general::detached`); `None` when the response is not to be
+/// recorded (a replay, weir's own error, no record).
+pub(crate) async fn keyed(
+    up: &Upstream,
+    conn: &super::sticky::ConnCtx,
+    parts: http::request::Parts,
+    body: Body,
+    start: Instant,
+    is_grpc_request: bool,
+    parsed: Parsed,
+) -> Result<(Response<Body>, Option<idempotent::Capture>), ProxyError> {
+    exchange(up, conn, parts, body, start, is_grpc_request, Ok(parsed)).await
+}
+
+/// The exchange itself, in the order of this module's summary.
+async fn exchange(
     up: &Upstream,
     conn: &super::sticky::ConnCtx,
     mut parts: http::request::Parts,
@@ -31,8 +59,7 @@ pub(crate) async fn with_upstream(
     start: Instant,
     is_grpc_request: bool,
     parsed: Result<Parsed, ProxyError>,
-    capture: &mut Option<idempotent::Capture>,
-) -> Result<Response<Body>, ProxyError> {
+) -> Result<(Response<Body>, Option<idempotent::Capture>), ProxyError> {
     let cfg = &up.config;
     let parsed = parsed?;
     let grpc = headers::grpc_timeout(&parts.headers);
@@ -91,7 +118,7 @@ pub(crate) async fn with_upstream(
             match idempotent::begin_body(up, &k, method, &target, &held, deadline).await {
                 Begun::Replay(stored) => {
                     up.state.metrics.status(stored.status, start.elapsed());
-                    return Ok(idempotent::replay_response(&stored, cfg.annotate));
+                    return Ok((idempotent::replay_response(&stored, cfg.annotate), None));
                 }
                 Begun::Refused(e) => return Err(e),
                 Begun::Forward(r) => recorder = Some(r),
@@ -181,7 +208,7 @@ pub(crate) async fn with_upstream(
             // hyper answers in the client's protocol; an HTTP/1.0 upstream must
             // not downgrade the client's connection.
             rparts.version = Version::HTTP_11;
-            *capture = recorder.map(|r| {
+            let capture = recorder.map(|r| {
                 let fields = idempotent::kept_fields(&rparts.headers);
                 let hint = http_body::Body::size_hint(&rbody).exact().unwrap_or(0);
                 r.capture(rparts.status.as_u16(), fields, hint)
@@ -203,7 +230,7 @@ pub(crate) async fn with_upstream(
             );
             let first = done.ended + cfg.idle_timeout;
             let body = IdleTimeout::new(rbody, first, cfg.idle_timeout, Some(slot));
-            Ok(Response::from_parts(rparts, boxed(body)))
+            Ok((Response::from_parts(rparts, boxed(body)), capture))
         }
         Err(e) => {
             up.state
@@ -221,7 +248,7 @@ pub(crate) async fn with_upstream(
                 spent,
                 cfg.annotate,
             );
-            Ok(Response::from_parts(parts, body))
+            Ok((Response::from_parts(parts, body), None))
         }
     }
 }

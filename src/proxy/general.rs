@@ -147,12 +147,7 @@ async fn serve(
             let serve = super::cached::serve(up, conn, parts, body, start, grpc, p, &mut handled);
             Box::pin(serve).await
         }
-        parsed => {
-            Box::pin(with_upstream(
-                up, conn, parts, body, start, grpc, parsed, &mut None,
-            ))
-            .await
-        }
+        parsed => Box::pin(with_upstream(up, conn, parts, body, start, grpc, parsed)).await,
     };
     let resp = match forwarded {
         Ok(resp) if !cached && cfg.cache.is_some() => {
@@ -309,12 +304,9 @@ async fn detached(
     tokio::spawn(async move {
         // No held connection: it belongs to a client connection.
         let conn = super::sticky::ConnCtx::default();
-        let mut capture = None;
-        let parsed = Ok(parsed);
-        let forwarded =
-            with_upstream(&up, &conn, parts, body, start, grpc, parsed, &mut capture).await;
-        match (forwarded, capture) {
-            (Ok(resp), Some(c)) => {
+        let forwarded = super::exchange::keyed(&up, &conn, parts, body, start, grpc, parsed);
+        match forwarded.await {
+            Ok((resp, Some(c))) => {
                 let (head, body) = resp.into_parts();
                 let (frames, to_client) = tokio::sync::mpsc::channel(8);
                 let _ = tx.send(Ok(Response::from_parts(
@@ -323,8 +315,8 @@ async fn detached(
                 )));
                 idempotent::pump(body, c, frames).await;
             }
-            (forwarded, _) => {
-                let _ = tx.send(forwarded);
+            forwarded => {
+                let _ = tx.send(forwarded.map(|(resp, _)| resp));
             }
         }
     });
