@@ -385,6 +385,89 @@ async fn a_client_that_leaves_still_gets_its_answer_recorded(path: DataPath) {
 
 both_paths!(
     #[tokio::test]
+    a_client_that_leaves_mid_body_still_gets_the_whole_answer_recorded
+);
+/// The client reads the head and the first part of a keyed write's answer
+/// and leaves while the rest is still on its way: weir reads the rest all
+/// the same, and the re-send is answered from the record, whole.
+async fn a_client_that_leaves_mid_body_still_gets_the_whole_answer_recorded(path: DataPath) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = Arc::new(tokio::sync::Semaphore::new(0));
+    let posts = Arc::new(AtomicUsize::new(0));
+    let (r, n) = (rest.clone(), posts.clone());
+    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        let (r, n) = (r.clone(), n.clone());
+        async move {
+            let _ = req.into_body().collect().await;
+            n.fetch_add(1, Ordering::SeqCst);
+            let (tx, rx) = tokio::sync::mpsc::channel::<
+                Result<_, Box<dyn std::error::Error + Send + Sync>>,
+            >(2);
+            tokio::spawn(async move {
+                let _ = tx
+                    .send(Ok(hyper::body::Frame::data(Bytes::from("first half;"))))
+                    .await;
+                let _permit = r.acquire().await.unwrap();
+                let _ = tx
+                    .send(Ok(hyper::body::Frame::data(Bytes::from("second half"))))
+                    .await;
+            });
+            let stream = http_body_util::StreamBody::new(tokio_stream_of(rx));
+            Response::builder()
+                .status(201)
+                .header("content-length", "22")
+                .body(http_body_util::BodyExt::boxed(stream))
+                .unwrap()
+        }
+    })
+    .await;
+    let weir = Weir::single_on(path, &up.url(), NO_RETRY).await;
+    let mut c = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    c.write_all(
+        b"POST /orders HTTP/1.1\r\nhost: svc\r\nidempotency-key: m\r\n\
+          content-length: 3\r\n\r\npay",
+    )
+    .await
+    .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("first half;") {
+        let n = c.read(&mut buf).await.unwrap();
+        assert!(n > 0, "weir closed before the first half: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+    }
+    drop(c);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    rest.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let resp = client()
+        .request(
+            Request::post(weir.url("/orders"))
+                .header("host", "svc")
+                .header("idempotency-key", "m")
+                .body(body("pay"))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let (parts, b) = read_body(resp).await;
+    assert_eq!(
+        (parts.status.as_u16(), &b[..]),
+        (201, &b"first half;second half"[..])
+    );
+    assert_eq!(header(&parts, "idempotent-replayed"), "true");
+    assert_eq!(posts.load(Ordering::SeqCst), 1);
+}
+
+/// The frames a channel receives, as a stream.
+fn tokio_stream_of<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures_util::Stream<Item = T> + Send {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+both_paths!(
+    #[tokio::test]
     a_key_is_not_wedged_by_an_upstream_that_never_answers
 );
 /// The exchange a departed client left behind ends at the request's

@@ -1,5 +1,5 @@
 //! The path of one request: route → the response cache
-//! ([`super::cached`]), a keyed write in a task of its own ([`detached`]), or
+//! ([`super::cached`]), a keyed write that outlives its client ([`detached`]), or
 //! straight to the exchange with the upstream ([`super::exchange`]) → the
 //! access log.
 
@@ -287,10 +287,9 @@ fn access_log(
     Response::from_parts(parts, http_body_util::BodyExt::boxed(watched))
 }
 
-/// A keyed write (docs/reference/idempotency.md#idempotency-keys) runs in a task of
-/// its own: when its client leaves, its attempts go on within the request's
-/// deadline and its response is read to the end and kept, so a re-send is
-/// answered from the record instead of reaching the upstream again.
+/// A keyed write (docs/reference/idempotency.md#idempotency-keys): its exchange
+/// and its response body outlive the client when it leaves
+/// ([`idempotent::detach`]), so that their outcome is recorded for a re-send.
 async fn detached(
     up: &Upstream,
     parts: http::request::Parts,
@@ -300,28 +299,16 @@ async fn detached(
     parsed: Parsed,
 ) -> Result<Response<Body>, ProxyError> {
     let up = up.clone();
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        // No held connection: it belongs to a client connection.
+    let exchange = async move {
+        // No held connection: it belongs to a client connection, which this
+        // exchange may outlive.
         let conn = super::sticky::ConnCtx::default();
-        let forwarded = super::exchange::keyed(&up, &conn, parts, body, start, grpc, parsed);
-        match forwarded.await {
-            Ok((resp, Some(c))) => {
-                let (head, body) = resp.into_parts();
-                let (frames, to_client) = tokio::sync::mpsc::channel(8);
-                let _ = tx.send(Ok(Response::from_parts(
-                    head,
-                    idempotent::channel_body(to_client),
-                )));
-                idempotent::pump(body, c, frames).await;
-            }
-            forwarded => {
-                let _ = tx.send(forwarded.map(|(resp, _)| resp));
-            }
-        }
-    });
-    rx.await
-        .unwrap_or_else(|_| Err(ProxyError::UpstreamReset("the request's task ended".into())))
+        super::exchange::keyed(&up, &conn, parts, body, start, grpc, parsed).await
+    };
+    match idempotent::detach(exchange).await? {
+        (resp, Some(capture)) => Ok(idempotent::recorded(resp, capture)),
+        (resp, None) => Ok(resp),
+    }
 }
 
 /// A CONNECT: a tunnel to an upstream that allows one, else 405. Never

@@ -12,7 +12,10 @@
 //! `max_replay_body_bytes`); a body weir streams claims the key first and is
 //! fingerprinted on its way to the upstream ([`begin_body`]).
 
+mod detach;
 mod fleet;
+
+pub(crate) use detach::{detach, recorded};
 
 use super::error::ProxyError;
 use super::Upstream;
@@ -450,7 +453,7 @@ impl http_body::Body for Hashing {
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Frame>> {
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, super::body::BoxError>>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
         let ended = match &polled {
             std::task::Poll::Ready(Some(Ok(frame))) => {
@@ -501,63 +504,4 @@ pub(crate) fn kept_fields(h: &http::HeaderMap) -> Vec<u8> {
         }
     }
     block
-}
-
-/// Relays a keyed write's response body to the client through `to_client`
-/// and keeps it as it passes; when the client has gone, reads on to the end
-/// all the same (each wait bounded by the body's own idle timeout), so the
-/// record gets the whole response.
-pub(crate) async fn pump(
-    mut body: super::body::Body,
-    mut capture: Capture,
-    to_client: tokio::sync::mpsc::Sender<Frame>,
-) {
-    use http_body_util::BodyExt;
-    let mut client = true;
-    loop {
-        match body.frame().await {
-            Some(Ok(frame)) => {
-                if let Some(d) = frame.data_ref() {
-                    capture.push(d);
-                } else if frame.is_trailers() {
-                    capture.spoil();
-                }
-                if client && to_client.send(Ok(frame)).await.is_err() {
-                    client = false;
-                }
-            }
-            Some(Err(e)) => {
-                // Broke off: completed, with nothing to replay.
-                drop(capture);
-                let _ = to_client.send(Err(e)).await;
-                return;
-            }
-            None => {
-                capture.done();
-                return;
-            }
-        }
-    }
-}
-
-/// One frame of a response body, or why it broke off.
-pub(crate) type Frame = Result<http_body::Frame<Bytes>, super::body::BoxError>;
-
-/// The client's side of [`pump`].
-pub(crate) fn channel_body(frames: tokio::sync::mpsc::Receiver<Frame>) -> super::body::Body {
-    super::body::boxed(Channel(frames))
-}
-
-struct Channel(tokio::sync::mpsc::Receiver<Frame>);
-
-impl http_body::Body for Channel {
-    type Data = Bytes;
-    type Error = super::body::BoxError;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Frame>> {
-        self.0.poll_recv(cx)
-    }
 }

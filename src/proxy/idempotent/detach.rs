@@ -1,0 +1,175 @@
+//! A keyed write on hyper's path outlives its client without a task of its
+//! own (docs/reference/idempotency.md#idempotency-keys): its exchange runs in
+//! the request's future and its response body is kept as it is relayed. Only
+//! when hyper drops either of them before its end (the client left) does
+//! what is left of it move to a task, which goes on within the request's
+//! deadline and reads the response to its end, so that a re-send is answered
+//! from the record instead of reaching the upstream again.
+
+use super::Capture;
+use crate::proxy::body::{self, Body, BoxError};
+use crate::proxy::error::ProxyError;
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+/// What a keyed write's exchange gives: the response, and the keeping of
+/// its body when it is to be recorded.
+pub(crate) type Forwarded = Result<(http::Response<Body>, Option<Capture>), ProxyError>;
+
+/// Runs a keyed write's exchange in the caller's future; see [`Detach`].
+pub(crate) fn detach<F>(exchange: F) -> Detach<F>
+where
+    F: Future<Output = Forwarded> + Send + 'static,
+{
+    Detach {
+        exchange: Some(Box::pin(exchange)),
+    }
+}
+
+/// A keyed write's exchange that, dropped before it ends, is finished in a
+/// task: its attempts go on and its response is read to the end and kept.
+pub(crate) struct Detach<F: Future<Output = Forwarded> + Send + 'static> {
+    exchange: Option<Pin<Box<F>>>,
+}
+
+impl<F: Future<Output = Forwarded> + Send + 'static> Future for Detach<F> {
+    type Output = Forwarded;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Forwarded> {
+        let Some(exchange) = self.exchange.as_mut() else {
+            return Poll::Ready(Err(ProxyError::UpstreamReset(
+                "the request's exchange was polled after it ended".into(),
+            )));
+        };
+        let out = ready!(exchange.as_mut().poll(cx));
+        self.exchange = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<F: Future<Output = Forwarded> + Send + 'static> Drop for Detach<F> {
+    fn drop(&mut self) {
+        let Some(exchange) = self.exchange.take() else {
+            return;
+        };
+        spawn(async move {
+            if let Ok((resp, Some(capture))) = exchange.await {
+                read_on(resp.into_body(), capture).await;
+            }
+        });
+    }
+}
+
+/// The response of a keyed write, kept as it is relayed.
+pub(crate) fn recorded(resp: http::Response<Body>, capture: Capture) -> http::Response<Body> {
+    let (head, body) = resp.into_parts();
+    let kept = Recorded {
+        body,
+        capture: Some(capture),
+    };
+    http::Response::from_parts(head, body::boxed(kept))
+}
+
+/// A response body that keeps what passes ([`Capture`]) and, dropped before
+/// its end, is read on to the end in a task.
+struct Recorded {
+    body: Body,
+    /// `None` once the body has ended or broken off.
+    capture: Option<Capture>,
+}
+
+impl Recorded {
+    /// The body ended whole: the keeping is done.
+    fn ended(&mut self) {
+        if let Some(c) = self.capture.take() {
+            c.done();
+        }
+    }
+}
+
+impl http_body::Body for Recorded {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if let Some(c) = this.capture.as_mut() {
+                    keep(c, &frame);
+                }
+                // hyper stops polling a body that says it has ended: its
+                // last frame ends the keeping.
+                if this.body.is_end_stream() {
+                    this.ended();
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(e)) => {
+                // Broke off: completed, with nothing to replay.
+                this.capture = None;
+                Poll::Ready(Some(Err(e)))
+            }
+            None => {
+                this.ended();
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Recorded {
+    fn drop(&mut self) {
+        let Some(capture) = self.capture.take() else {
+            return;
+        };
+        let body = std::mem::replace(&mut self.body, body::empty());
+        spawn(read_on(body, capture));
+    }
+}
+
+/// Keeps one frame: its data, or the trailers that make it unreplayable.
+fn keep(capture: &mut Capture, frame: &Frame<Bytes>) {
+    if let Some(d) = frame.data_ref() {
+        capture.push(d);
+    } else if frame.is_trailers() {
+        capture.spoil();
+    }
+}
+
+/// Reads a response whose client has gone on to its end (each wait bounded
+/// by the body's own idle timeout), keeping it.
+async fn read_on(mut body: Body, mut capture: Capture) {
+    use http_body_util::BodyExt;
+    loop {
+        match body.frame().await {
+            Some(Ok(frame)) => keep(&mut capture, &frame),
+            // Broke off: completed, with nothing to replay.
+            Some(Err(_)) => return,
+            None => return capture.done(),
+        }
+    }
+}
+
+/// What is left of a keyed write goes on in a task; without a runtime
+/// (weir is stopping) it is dropped, and the key's record ends as a
+/// completed write without a response to replay.
+fn spawn(rest: impl Future<Output = ()> + Send + 'static) {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(rest);
+    }
+}
