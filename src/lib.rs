@@ -51,8 +51,9 @@
 //!   `Expect: 100-continue`), `sticky` (a client connection's held upstream
 //!   connections), `upgrade` (WebSocket pass-through), `error` (weir's own
 //!   responses), `request` (the parsed request: the rules read off a
-//!   request head, written once over either codec), `exchange` (one
-//!   request's forward on the general path), `cached` (the response
+//!   request head, written once over either codec), `order` (the one order
+//!   every request to an upstream is served in, over a codec each path
+//!   supplies), `exchange` (hyper's codec for it), `cached` (the response
 //!   cache's serve), `idempotent` (keyed writes), `access` (the access
 //!   log), `headers` (response framing, gRPC deadlines), `route` (route
 //!   tables and target mapping), `body`.

@@ -1,21 +1,28 @@
-//! One request's exchange with its upstream, after routing: deadline →
-//! upstream request hygiene → (a keyed write's record) → admission and
-//! attempts ([`super::attempt`]) → response hygiene. Both the plain request
-//! path (`proxy::general`) and the response cache (`proxy::cached`) go
-//! upstream through [`with_upstream`].
+//! One request's exchange with its upstream on hyper's path, after routing:
+//! upstream request hygiene, then the one order of `proxy::order` (deadline
+//! → a keyed write's record → admission → body → breaker → attempts), for
+//! which this module is hyper's codec ([`HyperRequest`]: the body prepared
+//! for a replay, attempts through hyper's client, response hygiene). Both
+//! the plain request path (`proxy::general`) and the response cache
+//! (`proxy::cached`) go upstream through [`with_upstream`].
 
-use super::attempt::{self, Outbound};
-use super::body::{boxed, Body, IdleTimeout};
+use super::attempt::{self, Admitted, Annotations, Attempted, Attempts, Outbound};
+use super::body::{boxed, Body, IdleTimeout, UpstreamBody};
 use super::error::ProxyError;
 use super::headers;
 use super::idempotent::{self, Begun};
+use super::order::{self, Codec};
 use super::replay::RequestBody;
 use super::request::Parsed;
 use super::route::upstream_path;
 use super::Upstream;
+use crate::policy::idempotency::StoredResponse;
+use crate::policy::{BodyFacts, RequestFacts};
+use crate::state::gate::Slot;
 use http::header;
 use http::uri::Authority;
 use http::{Response, Uri, Version};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -50,7 +57,13 @@ pub(crate) async fn keyed(
     exchange(up, conn, parts, body, start, is_grpc_request, Ok(parsed)).await
 }
 
-/// The exchange itself, in the order of this module's summary.
+/// What one exchange gives: the response, and the keeping of its body for
+/// a keyed write's record.
+type Forwarded = Result<(Response<Body>, Option<idempotent::Capture>), ProxyError>;
+
+/// The exchange itself: the request made ready for the upstream (its
+/// target, its host, hop-by-hop hygiene), then served in the one order of
+/// `proxy::order` by [`HyperRequest`].
 async fn exchange(
     up: &Upstream,
     conn: &super::sticky::ConnCtx,
@@ -59,11 +72,10 @@ async fn exchange(
     start: Instant,
     is_grpc_request: bool,
     parsed: Result<Parsed, ProxyError>,
-) -> Result<(Response<Body>, Option<idempotent::Capture>), ProxyError> {
+) -> Forwarded {
     let cfg = &up.config;
     let parsed = parsed?;
     let grpc = headers::grpc_timeout(&parts.headers);
-    let (deadline, client_lowered) = attempt::deadline(cfg, start, [parsed.lowered, grpc]);
     // A keyed write, with the target the client sent, for its fingerprint.
     let keyed = parsed.key.map(|k| {
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -94,7 +106,6 @@ async fn exchange(
     if let (Some(u), Some(_)) = (&upgrade, &on_upgrade) {
         super::upgrade::restore(&mut parts.headers, u.clone());
     }
-    let has_idempotency_key = parsed.carries_key;
     parts.headers.remove(header::HOST);
     parts.uri = uri;
     parts.version = if up.h2 {
@@ -102,154 +113,266 @@ async fn exchange(
     } else {
         Version::HTTP_11
     };
-
-    // An upgrade is one attempt: its body is the connection itself.
-    let single = cfg.retry.max_attempts <= 1 || on_upgrade.is_some();
-    let stream_unknown = up.h2 || parts.version == Version::HTTP_2 || is_grpc_request;
-    let limit = cfg.retry.max_replay_body_bytes;
-
-    // A keyed write's body is read first, for its fingerprint, and a repeat
-    // is answered from the record before admission could hold it back.
-    let mut recorder = None;
-    let (held, body) = match keyed {
-        Some((k, target)) => {
-            let held = prepare(body, true, limit, stream_unknown, deadline).await?;
-            let method = parts.method.as_str();
-            match idempotent::begin_body(up, &k, method, &target, &held, deadline).await {
-                Begun::Replay(stored) => {
-                    up.state.metrics.status(stored.status, start.elapsed());
-                    return Ok((idempotent::replay_response(&stored, cfg.annotate), None));
-                }
-                Begun::Refused(e) => return Err(e),
-                Begun::Forward(r) => recorder = Some(r),
-                Begun::Unrecorded => {}
-            }
-            (Some(held), None)
-        }
-        None => (None, Some(body)),
-    };
-
-    // Admission in the order of docs/reference/admission.md#admission: rate limit, concurrency; the body is
-    // read (when it is to be kept for a replay) before the breaker is asked,
-    // so a slow upload never holds a half-open probe slot.
-    let admitted = attempt::admit(up, key.as_deref(), start, deadline, &mut attempt::Dropped).await;
-    let admitted = admitted.unwrap_or(Err(ProxyError::DeadlineExceeded))?;
-    let (slot, taken) = (admitted.slot, admitted.taken);
-
-    let continue_gate = (parts.version == Version::HTTP_11
-        && body
-            .as_ref()
-            .is_some_and(|b| !http_body::Body::is_end_stream(b))
-        && parts
-            .headers
-            .get(header::EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")))
-    .then(|| std::sync::Arc::new(super::replay::ContinueGate::default()));
-    let body = match (held, body, &continue_gate) {
-        (Some(held), _, _) => held,
-        (None, Some(body), Some(gate)) => RequestBody::gated(body, gate.clone(), !single),
-        (None, Some(body), None) => prepare(body, !single, limit, stream_unknown, deadline).await?,
-        (None, None, _) => return Err(ProxyError::BadRequest("no request body".into())),
-    };
-    let ticket = match attempt::admit_breaker(&up.state) {
-        Ok(t) => t,
-        Err(e) => {
-            attempt::refund(up, key.as_deref(), taken);
-            return Err(e);
-        }
-    };
-    let plan = Outbound {
-        parts,
-        body,
-        deadline,
-        key: key.as_deref(),
-        has_idempotency_key,
-        grpc_deadline: grpc.map(|g| start + g),
-        single,
-        lowered: client_lowered,
-        upgrade: on_upgrade.is_some(),
-        // gRPC codes sent before the first message can only be acted on
-        // when the response is held until then.
-        grpc_trailers: is_grpc_request && !single && cfg.retry.retry_on.any_grpc(),
-        continue_gate,
+    let mut request = HyperRequest {
+        conn,
+        start,
+        asked: [parsed.lowered, grpc],
+        keyed,
+        has_idempotency_key: parsed.carries_key,
+        // An upgrade is one attempt: its body is the connection itself.
+        single: cfg.retry.max_attempts <= 1 || on_upgrade.is_some(),
+        stream_unknown: up.h2 || is_grpc_request,
+        is_grpc_request,
+        parts: Some(parts),
+        body: Some(body),
+        held: None,
+        continue_gate: None,
+        on_upgrade,
     };
     // Boxed: held twice in this future otherwise (see `general::serve`).
-    let done = Box::pin(attempt::run(up, conn, plan, ticket)).await;
-    if let Err(e) = &done.result {
-        if let Some(r) = recorder.take() {
-            r.finish(idempotent::ending_of(e), None);
+    Box::pin(order::serve(up, &mut request, start, key.as_deref())).await
+}
+
+/// One request on hyper's path, as the order serves it.
+struct HyperRequest<'r> {
+    conn: &'r super::sticky::ConnCtx,
+    start: Instant,
+    /// `x-weir-timeout-ms`, `grpc-timeout`.
+    asked: [Option<Duration>; 2],
+    /// A keyed write's key and target, until its record is begun.
+    keyed: Option<(String, String)>,
+    has_idempotency_key: bool,
+    /// `max_attempts = 1`, or an upgrade: nothing is kept for a replay.
+    single: bool,
+    /// The body's length may be unknown to the upstream (HTTP/2, gRPC).
+    stream_unknown: bool,
+    is_grpc_request: bool,
+    /// The request head, until the attempts take it.
+    parts: Option<http::request::Parts>,
+    /// The body as it came, until it is made ready ([`Codec::body`]).
+    body: Option<Body>,
+    /// The body made ready for the attempts.
+    held: Option<RequestBody>,
+    continue_gate: Option<std::sync::Arc<super::replay::ContinueGate>>,
+    /// The client's side of an upgrade it asked for.
+    on_upgrade: Option<hyper::upgrade::OnUpgrade>,
+}
+
+impl HyperRequest<'_> {
+    /// weir's own error as the response, annotated with the attempts made.
+    fn own_error(
+        &self,
+        up: &Upstream,
+        e: ProxyError,
+        spent: Annotations,
+        ended: Instant,
+    ) -> Forwarded {
+        let took = ended.saturating_duration_since(self.start);
+        up.state.metrics.error(e.code(), took);
+        let (mut parts, body) = e
+            .respond(Some(&up.config.name), self.is_grpc_request)
+            .into_parts();
+        let annotate = up.config.annotate;
+        attempt::annotate_response(&mut parts.headers, &mut parts.extensions, spent, annotate);
+        Ok((Response::from_parts(parts, body), None))
+    }
+
+    fn no_request() -> ProxyError {
+        ProxyError::BadRequest("no request body".into())
+    }
+}
+
+impl Codec for HyperRequest<'_> {
+    type Out = Forwarded;
+    type Response = Response<UpstreamBody>;
+
+    fn asked(&self) -> [Option<Duration>; 2] {
+        self.asked
+    }
+
+    async fn begin_keyed(
+        &mut self,
+        up: &Upstream,
+        deadline: Instant,
+    ) -> Result<Option<Begun>, Forwarded> {
+        let Some((k, target)) = self.keyed.take() else {
+            return Ok(None);
+        };
+        let (Some(parts), Some(body)) = (self.parts.as_ref(), self.body.take()) else {
+            return Err(Err(Self::no_request()));
+        };
+        let limit = up.config.retry.max_replay_body_bytes;
+        let held = prepare(body, true, limit, self.stream_unknown, deadline).await;
+        let held = held.map_err(Err)?;
+        let method = parts.method.as_str();
+        let begun = idempotent::begin_body(up, &k, method, &target, &held, deadline).await;
+        self.held = Some(held);
+        Ok(Some(begun))
+    }
+
+    async fn admit(
+        &mut self,
+        up: &Upstream,
+        key: Option<&str>,
+        start: Instant,
+        deadline: Instant,
+    ) -> Option<Result<Admitted, ProxyError>> {
+        attempt::admit(up, key, start, deadline, &mut attempt::Dropped).await
+    }
+
+    async fn body(&mut self, up: &Upstream, deadline: Instant) -> Result<bool, Forwarded> {
+        if self.held.is_some() {
+            return Ok(true);
+        }
+        let Some(parts) = self.parts.as_ref() else {
+            return Err(Err(Self::no_request()));
+        };
+        let Some(body) = self.body.take() else {
+            return Err(Err(Self::no_request()));
+        };
+        // `Expect: 100-continue`: the body waits for the upstream's 100.
+        let gate = (parts.version == Version::HTTP_11
+            && !http_body::Body::is_end_stream(&body)
+            && parts
+                .headers
+                .get(header::EXPECT)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")))
+        .then(|| std::sync::Arc::new(super::replay::ContinueGate::default()));
+        let limit = up.config.retry.max_replay_body_bytes;
+        let ready = match &gate {
+            Some(gate) => RequestBody::gated(body, gate.clone(), !self.single),
+            None => prepare(body, !self.single, limit, self.stream_unknown, deadline)
+                .await
+                .map_err(Err)?,
+        };
+        self.held = Some(ready);
+        self.continue_gate = gate;
+        Ok(true)
+    }
+
+    fn facts(&self) -> RequestFacts {
+        let method = self.parts.as_ref().map_or("GET", |p| p.method.as_str());
+        let body = self
+            .held
+            .as_ref()
+            .map_or(BodyFacts::Empty, RequestBody::facts);
+        RequestFacts::new(method, self.has_idempotency_key, body)
+    }
+
+    async fn drive(
+        &mut self,
+        up: &Upstream,
+        attempts: &mut Attempts<'_>,
+        _t0: Instant,
+        _detached: bool,
+    ) -> Option<Attempted<Response<UpstreamBody>>> {
+        let (Some(parts), Some(body)) = (self.parts.take(), self.held.take()) else {
+            let ended = Instant::now();
+            return Some(Attempted {
+                result: Err(Self::no_request()),
+                stop: None,
+                ended,
+                last_failed: None,
+            });
+        };
+        let cfg = &up.config;
+        let plan = Outbound {
+            grpc_deadline: self.asked[1].map(|g| self.start + g),
+            deadline: attempts.deadline(),
+            parts,
+            body,
+            has_idempotency_key: self.has_idempotency_key,
+            single: self.single,
+            upgrade: self.on_upgrade.is_some(),
+            // gRPC codes sent before the first message can only be acted on
+            // when the response is held until then.
+            grpc_trailers: self.is_grpc_request && !self.single && cfg.retry.retry_on.any_grpc(),
+            continue_gate: self.continue_gate.take(),
+        };
+        Some(attempt::run(up, self.conn, plan, attempts).await)
+    }
+
+    async fn replay(&mut self, up: &Upstream, stored: StoredResponse) -> Forwarded {
+        up.state.metrics.status(stored.status, self.start.elapsed());
+        Ok((
+            idempotent::replay_response(&stored, up.config.annotate),
+            None,
+        ))
+    }
+
+    async fn refuse(
+        &mut self,
+        up: &Upstream,
+        error: ProxyError,
+        spent: Option<Annotations>,
+        _endpoint: Option<std::net::SocketAddr>,
+    ) -> Forwarded {
+        match spent {
+            // Refused before any attempt: the caller answers it.
+            None => Err(error),
+            Some(spent) => self.own_error(up, error, spent, Instant::now()),
         }
     }
-    match done.result {
-        Ok(mut resp) => {
-            let switching = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
-            let upstream_upgrade = if switching {
-                Some(hyper::upgrade::on(&mut resp))
-            } else {
-                None
-            };
-            let (mut rparts, rbody) = resp.into_parts();
-            let agreed = rparts.headers.get(header::UPGRADE).cloned();
-            headers::restate_length(&mut rparts.headers);
-            headers::strip_hop_by_hop(&mut rparts.headers, false);
-            match (on_upgrade, upstream_upgrade, agreed) {
-                (Some(client), Some(upstream), Some(proto)) => {
-                    super::upgrade::restore(&mut rparts.headers, proto);
-                    super::upgrade::tunnel(client, upstream, cfg.name.clone());
-                }
-                (_, Some(_), _) => {
-                    // A 101 nobody asked for, or without a protocol: refuse it.
-                    return Err(ProxyError::UpstreamReset(
-                        "the upstream switched protocols without a matching upgrade request".into(),
-                    ));
-                }
-                _ => {}
+
+    fn gone(&mut self) -> Forwarded {
+        Err(ProxyError::DeadlineExceeded)
+    }
+
+    async fn answer(
+        &mut self,
+        up: &Upstream,
+        attempted: Attempted<Response<UpstreamBody>>,
+        spent: Annotations,
+        recorder: Option<idempotent::Recorder>,
+        slot: Slot,
+    ) -> Forwarded {
+        let cfg = &up.config;
+        let mut resp = match attempted.result {
+            Ok(resp) => resp,
+            Err(e) => return self.own_error(up, e, spent, attempted.ended),
+        };
+        let switching = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+        let upstream_upgrade = if switching {
+            Some(hyper::upgrade::on(&mut resp))
+        } else {
+            None
+        };
+        let (mut rparts, rbody) = resp.into_parts();
+        let agreed = rparts.headers.get(header::UPGRADE).cloned();
+        headers::restate_length(&mut rparts.headers);
+        headers::strip_hop_by_hop(&mut rparts.headers, false);
+        match (self.on_upgrade.take(), upstream_upgrade, agreed) {
+            (Some(client), Some(upstream), Some(proto)) => {
+                super::upgrade::restore(&mut rparts.headers, proto);
+                super::upgrade::tunnel(client, upstream, cfg.name.clone());
             }
-            // hyper answers in the client's protocol; an HTTP/1.0 upstream must
-            // not downgrade the client's connection.
-            rparts.version = Version::HTTP_11;
-            let capture = recorder.map(|r| {
-                let fields = idempotent::kept_fields(&rparts.headers);
-                let hint = http_body::Body::size_hint(&rbody).exact().unwrap_or(0);
-                r.capture(rparts.status.as_u16(), fields, hint)
-            });
-            let spent = attempt::Annotations {
-                attempts: done.attempts,
-                stop: done.stop,
-                hedge: done.hedge,
-            };
-            attempt::annotate_response(
-                &mut rparts.headers,
-                &mut rparts.extensions,
-                spent,
-                cfg.annotate,
-            );
-            up.state.metrics.status(
-                rparts.status.as_u16(),
-                done.ended.saturating_duration_since(start),
-            );
-            let first = done.ended + cfg.idle_timeout;
-            let body = IdleTimeout::new(rbody, first, cfg.idle_timeout, Some(slot));
-            Ok((Response::from_parts(rparts, boxed(body)), capture))
+            (_, Some(_), _) => {
+                // A 101 nobody asked for, or without a protocol: refuse it.
+                return Err(ProxyError::UpstreamReset(
+                    "the upstream switched protocols without a matching upgrade request".into(),
+                ));
+            }
+            _ => {}
         }
-        Err(e) => {
-            up.state
-                .metrics
-                .error(e.code(), done.ended.saturating_duration_since(start));
-            let (mut parts, body) = e.respond(Some(&cfg.name), is_grpc_request).into_parts();
-            let spent = attempt::Annotations {
-                attempts: done.attempts,
-                stop: done.stop,
-                hedge: done.hedge,
-            };
-            attempt::annotate_response(
-                &mut parts.headers,
-                &mut parts.extensions,
-                spent,
-                cfg.annotate,
-            );
-            Ok((Response::from_parts(parts, body), None))
-        }
+        // hyper answers in the client's protocol; an HTTP/1.0 upstream must
+        // not downgrade the client's connection.
+        rparts.version = Version::HTTP_11;
+        let capture = recorder.map(|r| {
+            let fields = idempotent::kept_fields(&rparts.headers);
+            let hint = http_body::Body::size_hint(&rbody).exact().unwrap_or(0);
+            r.capture(rparts.status.as_u16(), fields, hint)
+        });
+        attempt::annotate_response(
+            &mut rparts.headers,
+            &mut rparts.extensions,
+            spent,
+            cfg.annotate,
+        );
+        let took = attempted.ended.saturating_duration_since(self.start);
+        up.state.metrics.status(rparts.status.as_u16(), took);
+        let first = attempted.ended + cfg.idle_timeout;
+        let body = IdleTimeout::new(rbody, first, cfg.idle_timeout, Some(slot));
+        Ok((Response::from_parts(rparts, boxed(body)), capture))
     }
 }
 

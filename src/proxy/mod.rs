@@ -18,6 +18,7 @@ pub(crate) mod guard;
 pub mod h1;
 pub(crate) mod headers;
 pub(crate) mod idempotent;
+pub(crate) mod order;
 pub(crate) mod replay;
 pub mod request;
 pub(crate) mod route;

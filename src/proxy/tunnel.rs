@@ -15,10 +15,13 @@
 //!
 //! Any other `CONNECT` gets 405 `connect_not_allowed`.
 
-use super::attempt::{self, Attempts};
+use super::attempt::{self, Admitted, Annotations, Attempted, Attempts};
 use super::body::{empty, Body};
 use super::error::ProxyError;
+use super::idempotent::{Begun, Recorder};
+use super::order::{self, Codec};
 use super::Upstream;
+use crate::policy::idempotency::StoredResponse;
 use crate::policy::{BodyFacts, Outcome, RequestFacts};
 use crate::state::gate::Slot;
 use http::request::Parts;
@@ -31,7 +34,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Connects to `up` and answers 200, joining the two connections once hyper
-/// hands over the client's; or weir's error after the retries.
+/// hands over the client's; or weir's error after the retries. Served in
+/// the one order of every request (`proxy::order`); with the attempts made.
 pub(crate) async fn open(
     up: &Upstream,
     mut parts: Parts,
@@ -43,45 +47,115 @@ pub(crate) async fn open(
         let e = ProxyError::BadRequest("this connection cannot carry a CONNECT tunnel".into());
         return (Err(e), 0);
     };
-    let (deadline, _) = attempt::deadline(cfg, start, [None, None]);
-    let (slot, taken) = match attempt::admit(up, key, start, deadline, &mut attempt::Dropped).await
-    {
-        Some(Ok(a)) => (a.slot, a.taken),
-        Some(Err(e)) => return (Err(e), 0),
-        None => return (Err(ProxyError::DeadlineExceeded), 0),
+    let mut tunnel = Tunnel {
+        client: Some(client),
+        connect: Connect {
+            target: (
+                cfg.url.host.trim_matches(['[', ']']).to_string(),
+                cfg.url.port,
+            ),
+            connect_timeout: cfg.connect_timeout,
+        },
     };
-    let ticket = match attempt::admit_breaker(&up.state) {
-        Ok(t) => t,
-        Err(e) => {
-            attempt::refund(up, key, taken);
-            return (Err(e), 0);
-        }
-    };
-    let facts = RequestFacts::new("CONNECT", false, BodyFacts::Empty);
-    let Ok(mut attempts) = Attempts::begin(up, ticket, facts, key, deadline, false, start) else {
-        return (Err(ProxyError::DeadlineExceeded), 0);
-    };
-    let mut connect = Connect {
-        target: (
-            cfg.url.host.trim_matches(['[', ']']).to_string(),
-            cfg.url.port,
-        ),
-        connect_timeout: cfg.connect_timeout,
-    };
-    // The same attempt driver as every request's: a connect that fails is
-    // judged, backed off and retried as any connect failure.
-    let Some(driven) = attempt::drive(&mut attempts, &mut connect, None).await else {
-        return (Err(ProxyError::DeadlineExceeded), attempts.made());
-    };
-    match driven.result {
-        Ok(upstream) => {
-            let _ = upstream.set_nodelay(true);
-            join(up, client, upstream, slot);
-            let mut resp = Response::new(empty());
-            *resp.status_mut() = StatusCode::OK;
-            (Ok(resp), attempts.made())
-        }
-        Err(e) => (Err(e), attempts.made()),
+    order::serve(up, &mut tunnel, start, key).await
+}
+
+/// A CONNECT as the order serves it: no body, never a keyed write; its
+/// attempts are connects, and its answer joins the two connections.
+struct Tunnel {
+    /// The client's connection, once hyper hands it over.
+    client: Option<OnUpgrade>,
+    connect: Connect,
+}
+
+/// weir's error or the tunnel's 200, with the attempts made.
+type Opened = (Result<Response<Body>, ProxyError>, u32);
+
+impl Codec for Tunnel {
+    type Out = Opened;
+    type Response = TcpStream;
+
+    fn asked(&self) -> [Option<Duration>; 2] {
+        [None, None]
+    }
+
+    async fn begin_keyed(&mut self, _: &Upstream, _: Instant) -> Result<Option<Begun>, Opened> {
+        Ok(None)
+    }
+
+    async fn admit(
+        &mut self,
+        up: &Upstream,
+        key: Option<&str>,
+        start: Instant,
+        deadline: Instant,
+    ) -> Option<Result<Admitted, ProxyError>> {
+        attempt::admit(up, key, start, deadline, &mut attempt::Dropped).await
+    }
+
+    async fn body(&mut self, _: &Upstream, _: Instant) -> Result<bool, Opened> {
+        Ok(false)
+    }
+
+    fn facts(&self) -> RequestFacts {
+        RequestFacts::new("CONNECT", false, BodyFacts::Empty)
+    }
+
+    async fn drive(
+        &mut self,
+        _: &Upstream,
+        attempts: &mut Attempts<'_>,
+        _t0: Instant,
+        _detached: bool,
+    ) -> Option<Attempted<TcpStream>> {
+        // The same attempt driver as every request's: a connect that fails
+        // is judged, backed off and retried as any connect failure.
+        let driven = attempt::drive(attempts, &mut self.connect, None).await?;
+        Some(Attempted {
+            result: driven.result,
+            stop: driven.stop,
+            ended: driven.ended,
+            last_failed: None,
+        })
+    }
+
+    async fn replay(&mut self, _: &Upstream, _: StoredResponse) -> Opened {
+        // Never: a CONNECT is no keyed write (`begin_keyed`).
+        (Err(ProxyError::ConnectNotAllowed), 0)
+    }
+
+    async fn refuse(
+        &mut self,
+        _: &Upstream,
+        error: ProxyError,
+        spent: Option<Annotations>,
+        _: Option<std::net::SocketAddr>,
+    ) -> Opened {
+        (Err(error), spent.map_or(0, |s| s.attempts))
+    }
+
+    fn gone(&mut self) -> Opened {
+        (Err(ProxyError::DeadlineExceeded), 0)
+    }
+
+    async fn answer(
+        &mut self,
+        up: &Upstream,
+        attempted: Attempted<TcpStream>,
+        spent: Annotations,
+        _: Option<Recorder>,
+        slot: Slot,
+    ) -> Opened {
+        let (upstream, client) = match (attempted.result, self.client.take()) {
+            (Ok(upstream), Some(client)) => (upstream, client),
+            (Err(e), _) => return (Err(e), spent.attempts),
+            (Ok(_), None) => return (Err(ProxyError::DeadlineExceeded), spent.attempts),
+        };
+        let _ = upstream.set_nodelay(true);
+        join(up, client, upstream, slot);
+        let mut resp = Response::new(empty());
+        *resp.status_mut() = StatusCode::OK;
+        (Ok(resp), spent.attempts)
     }
 }
 

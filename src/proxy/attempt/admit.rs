@@ -83,12 +83,8 @@ impl Drop for BreakerTicket<'_> {
     }
 }
 
-/// Asks the breaker to admit a first attempt.
-pub(crate) fn admit_breaker(state: &UpstreamState) -> Result<BreakerTicket<'_>, ProxyError> {
-    admit_breaker_at(state, Instant::now())
-}
-
-/// [`admit_breaker`] at `at` (a clock reading the caller already has).
+/// Asks the breaker to admit a first attempt at `at` (a clock reading the
+/// caller already has).
 pub(crate) fn admit_breaker_at(
     state: &UpstreamState,
     at: Instant,
@@ -244,7 +240,7 @@ pub(crate) fn deadline(
 /// Admission up to the request body, in the order of
 /// docs/reference/admission.md#admission: the rate limit (waiting up to `max_wait`,
 /// never past the deadline), then the concurrency gate. The body is read
-/// after this and before the breaker is asked ([`admit_breaker`]), so a slow
+/// after this and before the breaker is asked ([`admit_breaker_at`]), so a slow
 /// upload never holds a half-open probe slot. Usually a token and a slot are
 /// there at once, with no wait and no clock read; when weir has to wait, a
 /// client that goes away meanwhile is let go (`None`). A request the gate

@@ -133,6 +133,11 @@ impl<'a> Attempts<'a> {
         self.keyed_write = keyed;
     }
 
+    /// The request's deadline.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
     /// Attempts made so far.
     pub(crate) fn made(&self) -> u32 {
         self.made
@@ -332,6 +337,18 @@ pub(crate) struct Driven<R> {
     pub result: Result<R, ProxyError>,
     pub stop: Option<StopReason>,
     pub ended: Instant,
+}
+
+/// How the attempts ended, as a codec's transport tells it.
+pub(crate) struct Attempted<R> {
+    /// The response to answer with, or the last attempt's failure.
+    pub(crate) result: Result<R, ProxyError>,
+    /// Why a retryable outcome was not retried.
+    pub(crate) stop: Option<StopReason>,
+    /// When the last attempt ended (one clock read shared by what follows).
+    pub(crate) ended: Instant,
+    /// The endpoint of the last attempt that failed, if any.
+    pub(crate) last_failed: Option<std::net::SocketAddr>,
 }
 
 /// Runs attempts over `t` until one is to be returned; `None` when the

@@ -2,9 +2,9 @@
 //! one and sent through hyper's client (or a held connection); gRPC
 //! responses held until their first message.
 
-use super::admit::{BreakerTicket, Watch};
-use super::drive::{drive, timed_out, Attempts, Transport};
-use crate::policy::{parse_retry_after, Outcome, RequestFacts, StopReason};
+use super::admit::Watch;
+use super::drive::{drive, timed_out, Attempted, Attempts, Transport};
+use crate::policy::{parse_retry_after, Outcome};
 use crate::proxy::body::{Body, UpstreamBody};
 use crate::proxy::error::ProxyError;
 use crate::proxy::replay::RequestBody;
@@ -18,11 +18,10 @@ use tokio::time::Instant;
 
 /// What one request brings to the attempt loop.
 #[derive(Debug)]
-pub(crate) struct Outbound<'a> {
+pub(crate) struct Outbound {
     pub parts: Parts,
     pub body: RequestBody,
     pub deadline: Instant,
-    pub key: Option<&'a str>,
     pub has_idempotency_key: bool,
     /// The client's own gRPC deadline (`grpc-timeout` on arrival): each
     /// attempt carries what is left of it. Never weir's `timeout`, which
@@ -30,26 +29,12 @@ pub(crate) struct Outbound<'a> {
     pub grpc_deadline: Option<Instant>,
     /// `max_attempts = 1`: nothing is cloned for a replay.
     pub single: bool,
-    /// The client lowered its deadline below the upstream's `timeout`.
-    pub lowered: bool,
     /// A connection upgrade: one attempt, never retried.
     pub upgrade: bool,
     /// Hold a gRPC response (up to the replay limit) to read its trailers.
     pub grpc_trailers: bool,
     /// `Expect: 100-continue`: the upstream's 100 opens the body's gate.
     pub continue_gate: Option<std::sync::Arc<crate::proxy::replay::ContinueGate>>,
-}
-
-/// How the attempt loop ended: the last outcome, and the annotations.
-#[derive(Debug)]
-pub(crate) struct Finished {
-    pub result: Result<Response<UpstreamBody>, ProxyError>,
-    pub attempts: u32,
-    pub stop: Option<StopReason>,
-    /// When the last attempt ended (one clock read shared by what follows).
-    pub ended: Instant,
-    /// A hedge was sent: `true` when its answer is the one returned.
-    pub hedge: Option<bool>,
 }
 
 /// The general path's transport: hyper's client (or a held connection),
@@ -60,7 +45,7 @@ pub(crate) struct Finished {
 pub(crate) struct HyperTransport<'p, 'a> {
     up: &'a Upstream,
     conn: &'p crate::proxy::sticky::ConnCtx,
-    plan: &'p mut Outbound<'a>,
+    plan: &'p mut Outbound,
     /// Endpoints that failed this request (a retry goes elsewhere).
     avoid: Vec<std::net::SocketAddr>,
 }
@@ -69,7 +54,7 @@ impl<'p, 'a> HyperTransport<'p, 'a> {
     pub(crate) fn new(
         up: &'a Upstream,
         conn: &'p crate::proxy::sticky::ConnCtx,
-        plan: &'p mut Outbound<'a>,
+        plan: &'p mut Outbound,
     ) -> Self {
         HyperTransport {
             up,
@@ -182,38 +167,14 @@ impl Transport for HyperTransport<'_, '_> {
     }
 }
 
-/// Runs attempts until one is returned.
-pub(crate) async fn run<'a>(
-    up: &'a Upstream,
+/// Runs the attempts of a request on hyper's path until one is returned
+/// (`proxy::order` has begun them): the request rebuilt from `plan` for each.
+pub(crate) async fn run(
+    up: &Upstream,
     conn: &crate::proxy::sticky::ConnCtx,
-    mut plan: Outbound<'a>,
-    ticket: BreakerTicket<'a>,
-) -> Finished {
-    let facts = RequestFacts::new(
-        plan.parts.method.as_str(),
-        plan.has_idempotency_key,
-        plan.body.facts(),
-    );
-    let mut attempts = match Attempts::begin(
-        up,
-        ticket,
-        facts,
-        plan.key,
-        plan.deadline,
-        plan.lowered,
-        Instant::now(),
-    ) {
-        Ok(a) => a,
-        Err(t0) => {
-            return Finished {
-                result: Err(ProxyError::DeadlineExceeded),
-                attempts: 0,
-                stop: None,
-                ended: t0,
-                hedge: None,
-            }
-        }
-    };
+    mut plan: Outbound,
+    attempts: &mut Attempts<'_>,
+) -> Attempted<Response<UpstreamBody>> {
     attempts.trace = plan.parts.extensions.get::<crate::trace::Trace>().cloned();
     if plan.upgrade {
         // An upgrade is one attempt, never retried: recorded, not judged.
@@ -225,12 +186,11 @@ pub(crate) async fn run<'a>(
             send(up, conn, req, grpc, try_deadline, &mut Vec::new(), None).await;
         let ended = Instant::now();
         attempts.record(&outcome, result.as_ref().err(), started, ended);
-        return Finished {
+        return Attempted {
             result,
-            attempts: attempts.made(),
             stop: None,
             ended,
-            hedge: None,
+            last_failed: None,
         };
     }
     attempts.set_keyed_write(
@@ -243,28 +203,26 @@ pub(crate) async fn run<'a>(
         plan: &mut plan,
         avoid: Vec::new(),
     };
-    match drive(&mut attempts, &mut t, None).await {
-        Some(d) => Finished {
+    match drive(attempts, &mut t, None).await {
+        Some(d) => Attempted {
             result: d.result,
-            attempts: attempts.made(),
             stop: d.stop,
             ended: d.ended,
-            hedge: attempts.hedged,
+            last_failed: t.last_failed(),
         },
         // Never: this transport does not watch the client (hyper drops us).
-        None => Finished {
+        None => Attempted {
             result: Err(ProxyError::DeadlineExceeded),
-            attempts: attempts.made(),
             stop: None,
             ended: Instant::now(),
-            hedge: None,
+            last_failed: None,
         },
     }
 }
 
 /// The request for the next attempt: headers cloned only when a retry is
 /// possible (the body says so), the body from the replay buffer or stream.
-fn build(plan: &mut Outbound<'_>) -> Request<crate::proxy::body::Body> {
+fn build(plan: &mut Outbound) -> Request<crate::proxy::body::Body> {
     let mut req = Request::new(plan.body.for_attempt());
     *req.method_mut() = plan.parts.method.clone();
     *req.uri_mut() = plan.parts.uri.clone();

@@ -17,10 +17,11 @@ mod drive;
 mod hedge;
 mod hyper;
 
-pub(crate) use admit::{admit, admit_breaker, admit_breaker_at, deadline, refund, Dropped, Watch};
+pub(crate) use admit::{admit, admit_breaker_at, deadline, refund, Admitted, Dropped, Watch};
 pub use drive::Annotations;
 pub(crate) use drive::{
-    annotate, annotate_response, annotation_fields, drive, timed_out, Attempts, Transport,
+    annotate, annotate_response, annotation_fields, drive, timed_out, Attempted, Attempts,
+    Transport,
 };
 pub(crate) use hedge::{race, Hedging, Raced, Seen};
 pub(crate) use hyper::{run, HyperTransport, Outbound};

@@ -8,7 +8,8 @@
 
 use super::transport::ClientWatch;
 use super::{client_gone, Answer, Ctx, Planned};
-use crate::policy::{Outcome, StopReason};
+use crate::policy::Outcome;
+use crate::proxy::attempt::Attempted;
 use crate::proxy::attempt::{self, Attempts, HyperTransport, Outbound};
 use crate::proxy::body::UpstreamBody;
 use crate::proxy::error::ProxyError;
@@ -18,15 +19,6 @@ use bytes::Bytes;
 use http::Response;
 use std::net::SocketAddr;
 use tokio::time::Instant;
-
-/// How the attempts ended: the last one's result, the stop reason, when
-/// they ended, and the endpoint of the last that failed.
-pub(super) type Ended = (
-    Result<Answer, ProxyError>,
-    Option<StopReason>,
-    Instant,
-    Option<SocketAddr>,
-);
 
 /// The general path's transport, watching the fast path's client.
 struct H2Transport<'c, 'p, 'a> {
@@ -104,16 +96,16 @@ impl attempt::Transport for H2Transport<'_, '_, '_> {
 impl Ctx<'_> {
     /// Runs the attempts of a request to an HTTP/2 upstream; `None` when
     /// the client went away meanwhile.
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn attempt_h2(
         &mut self,
         up: &Upstream,
         p: &Planned,
         parts: http::request::Parts,
         attempts: &mut Attempts<'_>,
-        (t0, deadline, lowered): (Instant, Instant, bool),
+        t0: Instant,
         detached: bool,
-    ) -> Option<Ended> {
+    ) -> Option<Attempted<Answer>> {
+        let deadline = attempts.deadline();
         let need = p.head_len + p.body_len;
         let body = self.bufs.client.get(p.head_len..need).unwrap_or_default();
         let data = match p.chunked {
@@ -128,11 +120,9 @@ impl Ctx<'_> {
                 trailers: None,
             },
             deadline,
-            key: p.asked.rate_key.as_deref(),
             has_idempotency_key: p.asked.carries_key,
             grpc_deadline: None,
             single: up.config.retry.max_attempts <= 1,
-            lowered,
             upgrade: false,
             grpc_trailers: false,
             continue_gate: None,
@@ -150,8 +140,11 @@ impl Ctx<'_> {
             detached,
         };
         let driven = attempt::drive(attempts, &mut t, Some(t0)).await?;
-        let last_failed = t.inner.last_failed();
-        let result = driven.result.map(Answer::H2);
-        Some((result, driven.stop, driven.ended, last_failed))
+        Some(Attempted {
+            result: driven.result.map(Answer::H2),
+            stop: driven.stop,
+            ended: driven.ended,
+            last_failed: t.inner.last_failed(),
+        })
     }
 }

@@ -20,12 +20,14 @@
 //! to or an `h2c` one. Anything else (see
 //! [`head::plan`]) hands the connection, with every byte read so far, to the
 //! general hyper path in `super::server`, which serves it from then on. The
-//! behaviour a client sees is the same on both paths: the attempts run in
-//! the one driver (`attempt::drive`), this path supplies only its
-//! `attempt::Transport`, and the behaviour suites run every test on both
+//! behaviour a client sees is the same on both paths: a request is served
+//! in the one order of `proxy::order`, for which this path supplies its
+//! codec ([`codec`]) and its `attempt::Transport`, the attempts run in the
+//! one driver (`attempt::drive`), and the behaviour suites run every test on both
 //! paths (`both_paths!` in tests/common, with `server.fast_path` off for the
 //! general one).
 
+mod codec;
 mod fill;
 mod h2;
 mod h2relay;
@@ -40,10 +42,11 @@ mod stream;
 mod transport;
 
 use super::access;
-use super::attempt::{self, Attempts};
+use super::attempt::{self, Attempted, Attempts};
 use super::conn::{serve_io, Conn};
 use super::error::ProxyError;
-use super::idempotent::{self, Begun, Recorder};
+use super::idempotent::{self, Recorder};
+use super::order;
 use super::Upstream;
 use crate::policy::cache::CacheResult;
 use crate::policy::idempotency::StoredResponse;
@@ -235,197 +238,36 @@ impl Ctx<'_> {
             }
             _ => {}
         }
-        let cfg = &up.config;
-        let (deadline, lowered) = attempt::deadline(cfg, start, [p.asked.lowered, None]);
         // A miss whose response may be stored leads its key's fill, or
-        // waits for the one that does.
+        // waits for the one that does, within the request's deadline.
         // (Boxed, as the cache's other futures: only a cached upstream's
         // requests make them, and every request's future would hold them.)
         let _lead = match p.cache.filling_get() {
-            Some(f) => match Box::pin(self.take_turn(up, start, &p, f, deadline)).await {
-                Ok(lead) => lead,
-                Err(open) => return open,
-            },
+            Some(f) => {
+                let (deadline, _) = attempt::deadline(&up.config, start, [p.asked.lowered, None]);
+                match Box::pin(self.take_turn(up, start, &p, f, deadline)).await {
+                    Ok(lead) => lead,
+                    Err(open) => return open,
+                }
+            }
             None => None,
-        };
-        let need = p.head_len + p.body_len;
-        let fail = |e: ProxyError| OwnError {
-            error: e,
-            attempts: None,
-            endpoint: None,
         };
         // Room for the whole body at once: grown by doubling as it arrives,
         // a 64 KiB body would be copied over and over.
+        let need = p.head_len + p.body_len;
         self.bufs
             .client
             .reserve(need.saturating_sub(self.bufs.client.len()));
         self.bufs.request.reserve(p.body_len);
-        // A keyed write's body is read first, for its fingerprint; a repeat
-        // is answered from the record before admission could hold it back.
-        let mut recorder = None;
-        let read_first = p.idem.is_some() && self.bufs.client.len() < need;
-        if let Some(k) = p.idem.clone() {
-            if let Err(open) = self.read_body(up, start, &p, deadline).await {
-                return open;
-            }
-            let (method, target) = k.parts(&self.bufs.client);
-            let key = p.asked.key.as_deref().unwrap_or_default();
-            let body = &self.bufs.client[p.head_len..need];
-            let fp = idempotent::fingerprint(method, target, body, p.chunked);
-            match idempotent::begin(up, key, &fp).await {
-                Begun::Replay(stored) => return self.replay(up, start, &p, &stored).await,
-                Begun::Refused(e) => return self.fail(up, start, &p, fail(e)).await,
-                Begun::Forward(r) => recorder = Some(r),
-                Begun::Unrecorded => {}
-            }
-        }
-        let mut watch = ClientWatch {
-            stream: &mut *self.stream,
-            client: &mut self.bufs.client,
-            eof: &mut self.bufs.eof,
-            need,
-        };
-        let admitted =
-            attempt::admit(up, p.asked.rate_key.as_deref(), start, deadline, &mut watch).await;
-        let (_slot, waited, taken) = match admitted {
-            None => return false,
-            Some(Ok(a)) => (a.slot, a.waited, a.taken),
-            Some(Err(e)) => return self.fail(up, start, &p, fail(e)).await,
-        };
-        // Nothing waited for (admission, the body): `start` still tells the time.
-        let now = Some(start).filter(|_| !waited && !read_first && self.bufs.client.len() >= need);
-        if let Err(open) = self.read_body(up, start, &p, deadline).await {
-            return open;
-        }
-        if !p.chunked {
-            let body = &self.bufs.client[p.head_len..need];
-            self.bufs.request.extend_from_slice(body);
-        }
-        let t0 = now.unwrap_or_else(Instant::now);
-        let ticket = match attempt::admit_breaker_at(&up.state, t0) {
-            Ok(t) => t,
-            Err(e) => {
-                attempt::refund(up, p.asked.rate_key.as_deref(), taken);
-                return self.fail(up, start, &p, fail(e)).await;
-            }
-        };
         let key = p.asked.rate_key.as_deref();
-        let begun = Attempts::begin(up, ticket, p.facts, key, deadline, lowered, t0);
-        let Ok(mut attempts) = begun else {
-            let f = OwnError {
-                error: ProxyError::DeadlineExceeded,
-                attempts: Some(Annotations {
-                    attempts: 0,
-                    stop: None,
-                    hedge: None,
-                }),
-                endpoint: None,
-            };
-            return self.fail(up, start, &p, f).await;
+        let mut request = codec::FastRequest {
+            ctx: self,
+            p: &p,
+            start,
+            h2_parts,
+            read_first: false,
         };
-        attempts.set_keyed_write(p.keyed_write);
-        attempts.trace = p.trace.clone();
-        let detached = recorder.is_some();
-        let ended = match h2_parts {
-            Some(parts) => {
-                let times = (t0, deadline, lowered);
-                let h2 = self.attempt_h2(up, &p, *parts, &mut attempts, times, detached);
-                h2.await
-            }
-            None if up.own_h1 => self.attempt_h1(up, &p, &mut attempts, t0, detached).await,
-            None => return false,
-        };
-        let Some((result, stop, ended, last_failed)) = ended else {
-            return false;
-        };
-        let made = attempts.made();
-        let spent = Annotations {
-            attempts: made,
-            stop,
-            hedge: attempts.hedged,
-        };
-        let annotations = cfg.annotate.then_some(spent);
-        drop(attempts);
-        let took = ended.saturating_duration_since(start);
-        match result {
-            Ok(x) => {
-                // The cache takes part in an HTTP/1.1 upstream's answers
-                // (a cached HTTP/2 upstream's requests are the general path's).
-                let (x, cache) = match x {
-                    Answer::H1(mut x) => {
-                        let cached = match p.cache {
-                            head::cache::Cached::Off => Ok(fill::Step::Relay(None)),
-                            _ => Box::pin(self.cache_response(up, &p, &mut x)).await,
-                        };
-                        match cached {
-                            Ok(fill::Step::Relay(mark)) => (Answer::H1(x), mark),
-                            Ok(fill::Step::Answer(e, result)) => {
-                                x.let_go(self.pool, &self.bufs.upstream);
-                                let spent = Some(spent);
-                                return (self.cache_answer(up, start, &p, &e, result, spent)).await;
-                            }
-                            Ok(fill::Step::HandOver) => {
-                                x.let_go(self.pool, &self.bufs.upstream);
-                                self.hand_over = true;
-                                return false;
-                            }
-                            Err(error) => {
-                                let endpoint = Some(x.addr);
-                                let f = OwnError {
-                                    error,
-                                    attempts: None,
-                                    endpoint,
-                                };
-                                return self.fail(up, start, &p, f).await;
-                            }
-                        }
-                    }
-                    h2 => (h2, None),
-                };
-                let status = x.status();
-                up.state.metrics.status(status, took);
-                let addr = x.addr();
-                let kept = Kept {
-                    annotations,
-                    recorder,
-                    cache: cache.filter(|_| cfg.annotate),
-                };
-                let relayed = match x {
-                    Answer::H1(x) => self.relay(up, x.addr, x, kept, &p, ended).await,
-                    Answer::H2(r) => self.relay_h2(up, r, kept, &p).await,
-                };
-                if let Some(code) = relayed.error {
-                    up.state.metrics.body_error(code);
-                }
-                let entry = access::Entry {
-                    upstream: &cfg.name,
-                    method: "",
-                    path: "",
-                    status,
-                    error: relayed.error,
-                    attempts: Some(made),
-                    retry_stop: stop.map(|s| s.as_str()),
-                    hedge: spent.hedge,
-                    endpoint: addr,
-                    took,
-                    bytes_out: relayed.bytes,
-                    who: access::Who::default(),
-                };
-                self.access_log(&p, entry);
-                relayed.open && !p.close
-            }
-            Err(error) => {
-                if let Some(r) = recorder {
-                    r.finish(idempotent::ending_of(&error), None);
-                }
-                let f = OwnError {
-                    error,
-                    attempts: Some(spent),
-                    endpoint: last_failed,
-                };
-                self.fail(up, start, &p, f).await
-            }
-        }
+        order::serve(up, &mut request, start, key).await
     }
 
     /// Runs the attempts of a request to an HTTP/1.1 upstream over the
@@ -437,7 +279,7 @@ impl Ctx<'_> {
         attempts: &mut Attempts<'_>,
         t0: Instant,
         detached: bool,
-    ) -> Option<h2::Ended> {
+    ) -> Option<Attempted<Answer>> {
         let need = p.head_len + p.body_len;
         let mut t = FastTransport {
             watch: ClientWatch {
@@ -458,10 +300,13 @@ impl Ctx<'_> {
             avoid: Vec::new(),
         };
         let driven = attempt::drive(attempts, &mut t, Some(t0)).await?;
-        // A failed attempt's endpoint is the last one it avoids.
-        let last_failed = t.avoid.last().copied();
-        let result = driven.result.map(Answer::H1);
-        Some((result, driven.stop, driven.ended, last_failed))
+        Some(Attempted {
+            result: driven.result.map(Answer::H1),
+            stop: driven.stop,
+            ended: driven.ended,
+            // A failed attempt's endpoint is the last one it avoids.
+            last_failed: t.avoid.last().copied(),
+        })
     }
 
     /// Reads the rest of the request's body, within the request's deadline.

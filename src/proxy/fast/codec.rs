@@ -1,0 +1,236 @@
+//! The fast path's part in the one order of a request (`proxy::order`):
+//! the body read from the client's buffer, admission watching the client's
+//! socket, the attempts over the fast path's own connections (or the
+//! endpoint's HTTP/2 pool), and the answer written as HTTP/1.1.
+
+use super::head::{self, Annotations, Planned};
+use super::transport::ClientWatch;
+use super::{fill, Answer, CacheResult, Ctx, Kept, OwnError};
+use crate::policy::idempotency::StoredResponse;
+use crate::policy::RequestFacts;
+use crate::proxy::access;
+use crate::proxy::attempt::Attempted;
+use crate::proxy::attempt::{self, Admitted, Attempts};
+use crate::proxy::error::ProxyError;
+use crate::proxy::idempotent::{self, Begun, Recorder};
+use crate::proxy::order::Codec;
+use crate::proxy::Upstream;
+use crate::state::gate::Slot;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// One request on the fast path, as the order serves it.
+pub(super) struct FastRequest<'r, 'c> {
+    pub(super) ctx: &'r mut Ctx<'c>,
+    pub(super) p: &'r Planned,
+    pub(super) start: Instant,
+    /// An HTTP/2 upstream's request head (`None`: HTTP/1.1).
+    pub(super) h2_parts: Option<Box<http::request::Parts>>,
+    /// A keyed write's body was read before admission, for its fingerprint.
+    pub(super) read_first: bool,
+}
+
+impl FastRequest<'_, '_> {
+    /// The request's head and body, as they lie in the client's buffer.
+    fn need(&self) -> usize {
+        self.p.head_len + self.p.body_len
+    }
+}
+
+impl Codec for FastRequest<'_, '_> {
+    /// Whether the client connection stays open for the next request.
+    type Out = bool;
+    type Response = Answer;
+
+    fn asked(&self) -> [Option<Duration>; 2] {
+        [self.p.asked.lowered, None]
+    }
+
+    async fn begin_keyed(
+        &mut self,
+        up: &Upstream,
+        deadline: Instant,
+    ) -> Result<Option<Begun>, bool> {
+        let p = self.p;
+        let Some(k) = p.idem.clone() else {
+            return Ok(None);
+        };
+        let need = self.need();
+        self.read_first = self.ctx.bufs.client.len() < need;
+        self.ctx.read_body(up, self.start, p, deadline).await?;
+        let (method, target) = k.parts(&self.ctx.bufs.client);
+        let key = p.asked.key.as_deref().unwrap_or_default();
+        let body = &self.ctx.bufs.client[p.head_len..need];
+        let fp = idempotent::fingerprint(method, target, body, p.chunked);
+        Ok(Some(idempotent::begin(up, key, &fp).await))
+    }
+
+    async fn admit(
+        &mut self,
+        up: &Upstream,
+        key: Option<&str>,
+        start: Instant,
+        deadline: Instant,
+    ) -> Option<Result<Admitted, ProxyError>> {
+        let mut watch = ClientWatch {
+            stream: &mut *self.ctx.stream,
+            client: &mut self.ctx.bufs.client,
+            eof: &mut self.ctx.bufs.eof,
+            need: self.p.head_len + self.p.body_len,
+        };
+        attempt::admit(up, key, start, deadline, &mut watch).await
+    }
+
+    async fn body(&mut self, up: &Upstream, deadline: Instant) -> Result<bool, bool> {
+        let (p, need) = (self.p, self.need());
+        let waited = self.read_first || self.ctx.bufs.client.len() < need;
+        self.ctx.read_body(up, self.start, p, deadline).await?;
+        if !p.chunked {
+            let body = &self.ctx.bufs.client[p.head_len..need];
+            self.ctx.bufs.request.extend_from_slice(body);
+        }
+        Ok(waited)
+    }
+
+    fn facts(&self) -> RequestFacts {
+        self.p.facts
+    }
+
+    async fn drive(
+        &mut self,
+        up: &Upstream,
+        attempts: &mut Attempts<'_>,
+        t0: Instant,
+        detached: bool,
+    ) -> Option<Attempted<Answer>> {
+        let p = self.p;
+        attempts.set_keyed_write(p.keyed_write);
+        attempts.trace = p.trace.clone();
+        match self.h2_parts.take() {
+            Some(parts) => {
+                let h2 = self.ctx.attempt_h2(up, p, *parts, attempts, t0, detached);
+                h2.await
+            }
+            None if up.own_h1 => self.ctx.attempt_h1(up, p, attempts, t0, detached).await,
+            None => None,
+        }
+    }
+
+    async fn replay(&mut self, up: &Upstream, stored: StoredResponse) -> bool {
+        self.ctx.replay(up, self.start, self.p, &stored).await
+    }
+
+    async fn refuse(
+        &mut self,
+        up: &Upstream,
+        error: ProxyError,
+        attempts: Option<Annotations>,
+        endpoint: Option<SocketAddr>,
+    ) -> bool {
+        let f = OwnError {
+            error,
+            attempts,
+            endpoint,
+        };
+        self.ctx.fail(up, self.start, self.p, f).await
+    }
+
+    fn gone(&mut self) -> bool {
+        false
+    }
+
+    async fn answer(
+        &mut self,
+        up: &Upstream,
+        attempted: Attempted<Answer>,
+        spent: Annotations,
+        recorder: Option<Recorder>,
+        _slot: Slot,
+    ) -> bool {
+        let (ctx, p, start) = (&mut *self.ctx, self.p, self.start);
+        let cfg = &up.config;
+        let Attempted {
+            result,
+            stop,
+            ended,
+            last_failed,
+        } = attempted;
+        let annotations = cfg.annotate.then_some(spent);
+        let took = ended.saturating_duration_since(start);
+        let x = match result {
+            Ok(x) => x,
+            Err(error) => {
+                let f = OwnError {
+                    error,
+                    attempts: Some(spent),
+                    endpoint: last_failed,
+                };
+                return ctx.fail(up, start, p, f).await;
+            }
+        };
+        // The cache takes part in an HTTP/1.1 upstream's answers (a cached
+        // HTTP/2 upstream's requests are the general path's).
+        let (x, cache) = match x {
+            Answer::H1(mut x) => {
+                let cached = match p.cache {
+                    head::cache::Cached::Off => Ok(fill::Step::Relay(None)),
+                    _ => Box::pin(ctx.cache_response(up, p, &mut x)).await,
+                };
+                match cached {
+                    Ok(fill::Step::Relay(mark)) => (Answer::H1(x), mark),
+                    Ok(fill::Step::Answer(e, result)) => {
+                        x.let_go(ctx.pool, &ctx.bufs.upstream);
+                        let spent = Some(spent);
+                        return (ctx.cache_answer(up, start, p, &e, result, spent)).await;
+                    }
+                    Ok(fill::Step::HandOver) => {
+                        x.let_go(ctx.pool, &ctx.bufs.upstream);
+                        ctx.hand_over = true;
+                        return false;
+                    }
+                    Err(error) => {
+                        let f = OwnError {
+                            error,
+                            attempts: None,
+                            endpoint: Some(x.addr),
+                        };
+                        return ctx.fail(up, start, p, f).await;
+                    }
+                }
+            }
+            h2 => (h2, None),
+        };
+        let status = x.status();
+        up.state.metrics.status(status, took);
+        let addr = x.addr();
+        let kept = Kept {
+            annotations,
+            recorder,
+            cache: cache.filter(|_: &CacheResult| cfg.annotate),
+        };
+        let relayed = match x {
+            Answer::H1(x) => ctx.relay(up, x.addr, x, kept, p, ended).await,
+            Answer::H2(r) => ctx.relay_h2(up, r, kept, p).await,
+        };
+        if let Some(code) = relayed.error {
+            up.state.metrics.body_error(code);
+        }
+        let entry = access::Entry {
+            upstream: &cfg.name,
+            method: "",
+            path: "",
+            status,
+            error: relayed.error,
+            attempts: Some(spent.attempts),
+            retry_stop: stop.map(|s| s.as_str()),
+            hedge: spent.hedge,
+            endpoint: addr,
+            took,
+            bytes_out: relayed.bytes,
+            who: access::Who::default(),
+        };
+        ctx.access_log(p, entry);
+        relayed.open && !p.close
+    }
+}

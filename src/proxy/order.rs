@@ -1,0 +1,171 @@
+//! The one order a request to an upstream is served in, whichever codec
+//! carried it (docs/reference/life-of-a-request.md#the-life-of-a-request):
+//!
+//! deadline → a keyed write's record → admission (rate limit, then
+//! concurrency) → the request body → the breaker → the attempts → the
+//! answer, with a keyed write's outcome recorded.
+//!
+//! The codecs supply how each step reads, waits, sends and answers
+//! ([`Codec`]): the fast path's HTTP/1.1 (`proxy::fast`), hyper's HTTP/1.1
+//! and HTTP/2 (`proxy::exchange`), and CONNECT tunnels (`proxy::tunnel`).
+//! None of them orders the steps itself. (The response cache stands in
+//! front of this order on both paths: a request it answers never reaches it.)
+
+use super::attempt::{self, Admitted, Annotations, Attempted, Attempts};
+use super::error::ProxyError;
+use super::idempotent::{self, Begun, Recorder};
+use super::Upstream;
+use crate::policy::idempotency::StoredResponse;
+use crate::policy::RequestFacts;
+use crate::state::gate::Slot;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// What one codec supplies to the order ([`serve`]). Each step returns the
+/// codec's `Out` when the request ends there: answered, or its client gone.
+pub(crate) trait Codec {
+    /// What serving a request ends in.
+    type Out;
+    /// A response from the upstream, as the codec's transport reads it.
+    type Response;
+
+    /// The deadlines the client asked for (`x-weir-timeout-ms`,
+    /// `grpc-timeout`): they lower the upstream's `timeout`, never raise it.
+    fn asked(&self) -> [Option<Duration>; 2];
+
+    /// A keyed write (docs/reference/idempotency.md#idempotency-keys): its
+    /// body read as its fingerprint needs, and the store asked. `Ok(None)`:
+    /// the request is no keyed write.
+    async fn begin_keyed(
+        &mut self,
+        up: &Upstream,
+        deadline: Instant,
+    ) -> Result<Option<Begun>, Self::Out>;
+
+    /// Admission up to the body ([`attempt::admit`]), watching the client
+    /// while it waits; `None` when the client went away meanwhile.
+    async fn admit(
+        &mut self,
+        up: &Upstream,
+        key: Option<&str>,
+        start: Instant,
+        deadline: Instant,
+    ) -> Option<Result<Admitted, ProxyError>>;
+
+    /// The request body, ready for the attempts (whole when it is kept for a
+    /// replay). `Ok(true)` when it had to be waited for.
+    async fn body(&mut self, up: &Upstream, deadline: Instant) -> Result<bool, Self::Out>;
+
+    /// What the retry policy asks of the request (method, key, body).
+    fn facts(&self) -> RequestFacts;
+
+    /// Runs the attempts over the codec's transport (`t0`: the first one's
+    /// start); `None` when the client went away.
+    async fn drive(
+        &mut self,
+        up: &Upstream,
+        attempts: &mut Attempts<'_>,
+        t0: Instant,
+        detached: bool,
+    ) -> Option<Attempted<Self::Response>>;
+
+    /// A keyed write's stored response, replayed.
+    async fn replay(&mut self, up: &Upstream, stored: StoredResponse) -> Self::Out;
+
+    /// weir's own error; `spent`: the attempts' annotations, once they have
+    /// begun.
+    async fn refuse(
+        &mut self,
+        up: &Upstream,
+        error: ProxyError,
+        spent: Option<Annotations>,
+        endpoint: Option<SocketAddr>,
+    ) -> Self::Out;
+
+    /// The client went away: nothing is answered.
+    fn gone(&mut self) -> Self::Out;
+
+    /// The attempts' outcome answered: the response relayed (or kept for a
+    /// keyed write's record through `recorder`), or the failure as weir's
+    /// error. `slot` is held until the response is done with.
+    async fn answer(
+        &mut self,
+        up: &Upstream,
+        attempted: Attempted<Self::Response>,
+        spent: Annotations,
+        recorder: Option<Recorder>,
+        slot: Slot,
+    ) -> Self::Out;
+}
+
+/// Serves one request to `up` in the order of this module's summary.
+/// `start`: when the request arrived; `key`: its rate-limit key.
+pub(crate) async fn serve<C: Codec>(
+    up: &Upstream,
+    codec: &mut C,
+    start: Instant,
+    key: Option<&str>,
+) -> C::Out {
+    let (deadline, lowered) = attempt::deadline(&up.config, start, codec.asked());
+    // A keyed write's body is read first, for its fingerprint; a repeat is
+    // answered from the record before admission could hold it back.
+    let mut recorder = None;
+    match codec.begin_keyed(up, deadline).await {
+        Err(out) => return out,
+        Ok(None) | Ok(Some(Begun::Unrecorded)) => {}
+        Ok(Some(Begun::Replay(stored))) => return codec.replay(up, stored).await,
+        Ok(Some(Begun::Refused(e))) => return codec.refuse(up, e, None, None).await,
+        Ok(Some(Begun::Forward(r))) => recorder = Some(r),
+    }
+    // Admission in the order of docs/reference/admission.md#admission: rate
+    // limit, concurrency; the body is read before the breaker is asked, so a
+    // slow upload never holds a half-open probe slot.
+    let (slot, waited, taken) = match codec.admit(up, key, start, deadline).await {
+        None => return codec.gone(),
+        Some(Err(e)) => return codec.refuse(up, e, None, None).await,
+        Some(Ok(a)) => (a.slot, a.waited, a.taken),
+    };
+    let body_waited = match codec.body(up, deadline).await {
+        Ok(w) => w,
+        Err(out) => return out,
+    };
+    // Nothing waited for: `start` still tells the time.
+    let t0 = match waited || body_waited {
+        true => Instant::now(),
+        false => start,
+    };
+    let ticket = match attempt::admit_breaker_at(&up.state, t0) {
+        Ok(t) => t,
+        Err(e) => {
+            attempt::refund(up, key, taken);
+            return codec.refuse(up, e, None, None).await;
+        }
+    };
+    let begun = Attempts::begin(up, ticket, codec.facts(), key, deadline, lowered, t0);
+    let Ok(mut attempts) = begun else {
+        let none = Annotations {
+            attempts: 0,
+            stop: None,
+            hedge: None,
+        };
+        let e = ProxyError::DeadlineExceeded;
+        return codec.refuse(up, e, Some(none), None).await;
+    };
+    let detached = recorder.is_some();
+    let Some(attempted) = codec.drive(up, &mut attempts, t0, detached).await else {
+        return codec.gone();
+    };
+    let spent = Annotations {
+        attempts: attempts.made(),
+        stop: attempted.stop,
+        hedge: attempts.hedged,
+    };
+    drop(attempts);
+    if let Err(e) = &attempted.result {
+        if let Some(r) = recorder.take() {
+            r.finish(idempotent::ending_of(e), None);
+        }
+    }
+    codec.answer(up, attempted, spent, recorder, slot).await
+}
