@@ -129,8 +129,7 @@ async fn exchange(
         continue_gate: None,
         on_upgrade,
     };
-    // Boxed: held twice in this future otherwise (see `general::serve`).
-    Box::pin(order::serve(up, &mut request, start, key.as_deref())).await
+    order::serve(up, &mut request, start, key.as_deref()).await
 }
 
 /// One request on hyper's path, as the order serves it.
@@ -289,7 +288,9 @@ impl Codec for HyperRequest<'_> {
             grpc_trailers: self.is_grpc_request && !self.single && cfg.retry.retry_on.any_grpc(),
             continue_gate: self.continue_gate.take(),
         };
-        Some(attempt::run(up, self.conn, plan, attempts).await)
+        // Boxed: the attempts' future is most of a request's, and each
+        // layer that holds it inline copies it whole when it is made.
+        Some(Box::pin(attempt::run(up, self.conn, plan, attempts)).await)
     }
 
     async fn replay(&mut self, up: &Upstream, stored: StoredResponse) -> Forwarded {

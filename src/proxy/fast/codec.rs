@@ -4,7 +4,7 @@
 //! endpoint's HTTP/2 pool), and the answer written as HTTP/1.1.
 
 use super::head::{self, Annotations, Planned};
-use super::transport::ClientWatch;
+use super::transport::{ClientWatch, FastTransport};
 use super::{fill, Answer, CacheResult, Ctx, Kept, OwnError};
 use crate::policy::idempotency::StoredResponse;
 use crate::policy::RequestFacts;
@@ -107,14 +107,43 @@ impl Codec for FastRequest<'_, '_> {
         let p = self.p;
         attempts.set_keyed_write(p.keyed_write);
         attempts.trace = p.trace.clone();
-        match self.h2_parts.take() {
-            Some(parts) => {
-                let h2 = self.ctx.attempt_h2(up, p, *parts, attempts, t0, detached);
-                h2.await
-            }
-            None if up.own_h1 => self.ctx.attempt_h1(up, p, attempts, t0, detached).await,
-            None => None,
+        if let Some(parts) = self.h2_parts.take() {
+            // Boxed: an HTTP/2 attempt's future is four times an HTTP/1.1
+            // one's, and every request's future would be as large.
+            let h2 = self.ctx.attempt_h2(up, p, *parts, attempts, t0, detached);
+            return Box::pin(h2).await;
         }
+        if !up.own_h1 {
+            return None;
+        }
+        // An HTTP/1.1 upstream: over the fast path's own connections.
+        let ctx = &mut *self.ctx;
+        let mut t = FastTransport {
+            watch: ClientWatch {
+                stream: &mut *ctx.stream,
+                client: &mut ctx.bufs.client,
+                eof: &mut ctx.bufs.eof,
+                need: p.head_len + p.body_len,
+            },
+            request: &mut ctx.bufs.request,
+            upstream: &mut ctx.bufs.upstream,
+            out: &mut ctx.bufs.out,
+            kept: &mut ctx.bufs.kept,
+            timer: &mut *ctx.timer,
+            pool: ctx.pool,
+            up,
+            is_head_request: p.is_head_request,
+            detached,
+            avoid: Vec::new(),
+        };
+        let driven = attempt::drive(attempts, &mut t, Some(t0)).await?;
+        Some(Attempted {
+            result: driven.result.map(Answer::H1),
+            stop: driven.stop,
+            ended: driven.ended,
+            // A failed attempt's endpoint is the last one it avoids.
+            last_failed: t.avoid.last().copied(),
+        })
     }
 
     async fn replay(&mut self, up: &Upstream, stored: StoredResponse) -> bool {

@@ -42,7 +42,7 @@ mod stream;
 mod transport;
 
 use super::access;
-use super::attempt::{self, Attempted, Attempts};
+use super::attempt;
 use super::conn::{serve_io, Conn};
 use super::error::ProxyError;
 use super::idempotent::{self, Recorder};
@@ -59,7 +59,6 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
-use transport::{ClientWatch, FastTransport};
 
 /// Serves a client connection that arrived in cleartext.
 pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
@@ -268,45 +267,6 @@ impl Ctx<'_> {
             read_first: false,
         };
         order::serve(up, &mut request, start, key).await
-    }
-
-    /// Runs the attempts of a request to an HTTP/1.1 upstream over the
-    /// fast path's own connections; `None` when the client went away.
-    async fn attempt_h1(
-        &mut self,
-        up: &Upstream,
-        p: &Planned,
-        attempts: &mut Attempts<'_>,
-        t0: Instant,
-        detached: bool,
-    ) -> Option<Attempted<Answer>> {
-        let need = p.head_len + p.body_len;
-        let mut t = FastTransport {
-            watch: ClientWatch {
-                stream: &mut *self.stream,
-                client: &mut self.bufs.client,
-                eof: &mut self.bufs.eof,
-                need,
-            },
-            request: &mut self.bufs.request,
-            upstream: &mut self.bufs.upstream,
-            out: &mut self.bufs.out,
-            kept: &mut self.bufs.kept,
-            timer: &mut *self.timer,
-            pool: self.pool,
-            up,
-            is_head_request: p.is_head_request,
-            detached,
-            avoid: Vec::new(),
-        };
-        let driven = attempt::drive(attempts, &mut t, Some(t0)).await?;
-        Some(Attempted {
-            result: driven.result.map(Answer::H1),
-            stop: driven.stop,
-            ended: driven.ended,
-            // A failed attempt's endpoint is the last one it avoids.
-            last_failed: t.avoid.last().copied(),
-        })
     }
 
     /// Reads the rest of the request's body, within the request's deadline.
