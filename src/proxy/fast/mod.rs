@@ -43,7 +43,7 @@ mod transport;
 
 use super::access;
 use super::attempt::{self, Attempted, Attempts};
-use super::conn::{serve_io, Conn};
+use super::conn::{serve_io, ClientConn};
 use super::error::ProxyError;
 use super::idempotent::{self, Recorder};
 use super::order;
@@ -62,7 +62,7 @@ use tokio::time::Instant;
 use transport::{ClientWatch, FastTransport};
 
 /// Serves a client connection that arrived in cleartext.
-pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
+pub(super) async fn serve(mut stream: TcpStream, conn: ClientConn, pool: Arc<Pool>) {
     let mut bufs = Bufs::new();
     let mut waiting = Instant::now();
     // Whether a request was served here: from then on a quiet connection
@@ -185,7 +185,7 @@ struct Ctx<'c> {
     /// The client's address, for the access log.
     peer: std::net::SocketAddr,
     /// The request is to be served again from the start on hyper's path
-    /// (`fill::Step::HandOver`): nothing of it has been answered.
+    /// (`fill::FillStep::HandOver`): nothing of it has been answered.
     hand_over: bool,
 }
 
@@ -194,7 +194,7 @@ impl Ctx<'_> {
     /// buffer (docs/reference/logs.md#logs); the request line is read only when
     /// a line is written.
     /// `e`'s method and path are filled in here.
-    fn access_log(&self, p: &Planned, e: access::Entry<'_>) {
+    fn access_log(&self, p: &Planned, e: access::AccessEntry<'_>) {
         crate::proxy::traced::finish(p.trace.as_ref(), &e, None);
         if !access::wanted(self.access, e.status, e.error.is_some()) {
             return;
@@ -212,7 +212,7 @@ impl Ctx<'_> {
         };
         access::write(
             self.access,
-            &access::Entry {
+            &access::AccessEntry {
                 method,
                 path,
                 who,
@@ -279,7 +279,7 @@ impl Ctx<'_> {
         attempts: &mut Attempts<'_>,
         t0: Instant,
         detached: bool,
-    ) -> Option<Attempted<Answer>> {
+    ) -> Option<Attempted<UpstreamAnswer>> {
         let need = p.head_len + p.body_len;
         let mut t = FastTransport {
             watch: ClientWatch {
@@ -301,7 +301,7 @@ impl Ctx<'_> {
         };
         let driven = attempt::drive(attempts, &mut t, Some(t0)).await?;
         Some(Attempted {
-            result: driven.result.map(Answer::H1),
+            result: driven.result.map(UpstreamAnswer::H1),
             stop: driven.stop,
             ended: driven.ended,
             // A failed attempt's endpoint is the last one it avoids.
@@ -375,7 +375,7 @@ impl Ctx<'_> {
             Some(a) => (Some(a.attempts), a.stop.map(|s| s.as_str()), a.hedge),
             None => (None, None, None),
         };
-        let entry = access::Entry {
+        let entry = access::AccessEntry {
             upstream: &up.config.name,
             method: "",
             path: "",
@@ -419,24 +419,24 @@ struct Kept {
 
 /// An upstream's answer: an HTTP/1.1 response head in the connection's
 /// buffers, or an HTTP/2 response from hyper's client.
-enum Answer {
+enum UpstreamAnswer {
     H1(transport::Exchange),
     H2(http::Response<crate::proxy::body::UpstreamBody>),
 }
 
-impl Answer {
+impl UpstreamAnswer {
     fn status(&self) -> u16 {
         match self {
-            Answer::H1(x) => x.status,
-            Answer::H2(r) => r.status().as_u16(),
+            UpstreamAnswer::H1(x) => x.status,
+            UpstreamAnswer::H2(r) => r.status().as_u16(),
         }
     }
 
     /// The endpoint it came from.
     fn addr(&self) -> Option<std::net::SocketAddr> {
         match self {
-            Answer::H1(x) => Some(x.addr),
-            Answer::H2(r) => r.extensions().get::<crate::upstream::Served>().map(|s| s.0),
+            UpstreamAnswer::H1(x) => Some(x.addr),
+            UpstreamAnswer::H2(r) => r.extensions().get::<crate::upstream::Served>().map(|s| s.0),
         }
     }
 }

@@ -66,7 +66,7 @@ impl<F: Future<Output = Forwarded> + Send + 'static> Drop for Detach<F> {
 /// The response of a keyed write, kept as it is relayed.
 pub(crate) fn recorded(resp: http::Response<Body>, capture: Capture) -> http::Response<Body> {
     let (head, body) = resp.into_parts();
-    let kept = Recorded {
+    let kept = RecordingBody {
         body,
         capture: Some(capture),
     };
@@ -75,13 +75,13 @@ pub(crate) fn recorded(resp: http::Response<Body>, capture: Capture) -> http::Re
 
 /// A response body that keeps what passes ([`Capture`]) and, dropped before
 /// its end, is read on to the end in a task.
-struct Recorded {
+struct RecordingBody {
     body: Body,
     /// `None` once the body has ended or broken off.
     capture: Option<Capture>,
 }
 
-impl Recorded {
+impl RecordingBody {
     /// The body ended whole: the keeping is done.
     fn ended(&mut self) {
         if let Some(c) = self.capture.take() {
@@ -90,7 +90,7 @@ impl Recorded {
     }
 }
 
-impl http_body::Body for Recorded {
+impl http_body::Body for RecordingBody {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -132,7 +132,7 @@ impl http_body::Body for Recorded {
     }
 }
 
-impl Drop for Recorded {
+impl Drop for RecordingBody {
     fn drop(&mut self) {
         let Some(capture) = self.capture.take() else {
             return;
