@@ -15,8 +15,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-/// What a keyed write's exchange gives: the response, and the keeping of
-/// its body when it is to be recorded.
+/// What an exchange gives (`proxy::exchange`, a keyed write's or any
+/// other): the response, and the keeping of its body when it is to be
+/// recorded.
 pub(crate) type Forwarded = Result<(http::Response<Body>, Option<Capture>), ProxyError>;
 
 /// Runs a keyed write's exchange in the caller's future; see [`Detach`].
