@@ -65,12 +65,12 @@ pub struct Metrics {
     last_reload: IntGauge,
     dns_resolutions: IntCounterVec,
     dns_addresses: IntGaugeVec,
-    idempotency: idempotency::Families,
-    cache: cache::Families,
-    endpoints: endpoints::Families,
+    idempotency: idempotency::IdempotencyFamilies,
+    cache: cache::CacheFamilies,
+    endpoints: endpoints::EndpointFamilies,
     state: state::StateMetrics,
-    trace: trace::Families,
-    wire: wire::Families,
+    trace: trace::TraceFamilies,
+    wire: wire::WireFamilies,
     /// `weir_requests_total{upstream="none", code="no_route"}`.
     no_route: IntCounter,
     bad_request: IntCounter,
@@ -245,12 +245,12 @@ impl Metrics {
         .expect("static metric definition");
         r.register(Box::new(dns_addresses.clone()))
             .expect("metric registered once");
-        let idempotency = idempotency::Families::register(&r);
-        let cache = cache::Families::register(&r);
-        let endpoints = endpoints::Families::register(&r);
+        let idempotency = idempotency::IdempotencyFamilies::register(&r);
+        let cache = cache::CacheFamilies::register(&r);
+        let endpoints = endpoints::EndpointFamilies::register(&r);
         let state = state::StateMetrics::register(&r);
-        let trace = trace::Families::register(&r);
-        let wire = wire::Families::register(&r);
+        let trace = trace::TraceFamilies::register(&r);
+        let wire = wire::WireFamilies::register(&r);
         reloads.with_label_values(&["ok"]);
         reloads.with_label_values(&["error"]);
         last_reload.set(1);
@@ -344,7 +344,7 @@ impl Metrics {
     }
 
     /// The per-endpoint families (`weir_endpoint*`).
-    pub fn endpoints(&self) -> &endpoints::Families {
+    pub fn endpoints(&self) -> &endpoints::EndpointFamilies {
         &self.endpoints
     }
 
@@ -354,7 +354,7 @@ impl Metrics {
     }
 
     /// The tracing exporter's families (`weir_trace_*`).
-    pub fn trace(&self) -> &trace::Families {
+    pub fn trace(&self) -> &trace::TraceFamilies {
         &self.trace
     }
 

@@ -11,7 +11,7 @@
 use std::time::Duration;
 use tokio::sync::{Mutex, MutexGuard};
 use weir::chaos::timeline::{first_success_after, to_success};
-use weir::chaos::{run, Column, Options, Report, Scenario};
+use weir::chaos::{run, Column, Scenario, ScenarioOptions, ScenarioReport};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
@@ -19,12 +19,12 @@ async fn serial() -> MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().await
 }
 
-fn col<'a>(r: &'a Report, name: &str) -> &'a Column {
+fn col<'a>(r: &'a ScenarioReport, name: &str) -> &'a Column {
     r.columns.iter().find(|c| c.name == name).unwrap()
 }
 
 /// weir never answers later than its deadline + 50 ms.
-fn no_late(r: &Report) {
+fn no_late(r: &ScenarioReport) {
     let limit = r.deadline + Duration::from_millis(50);
     let w = col(r, r.scenario.weir_column());
     assert_eq!(
@@ -43,12 +43,12 @@ fn opens(c: &Column) -> f64 {
         .unwrap_or(0.0)
 }
 
-fn opts(requests: usize, weir_only: bool) -> Options {
-    Options {
+fn opts(requests: usize, weir_only: bool) -> ScenarioOptions {
+    ScenarioOptions {
         requests: Some(requests),
         seed: 7,
         weir_only,
-        ..Options::default()
+        ..ScenarioOptions::default()
     }
 }
 
@@ -288,7 +288,7 @@ async fn config_merges_over_the_scenario_settings() {
     // A file that sets a retry field keeps the scenario's deadline (2 s)...
     let retry = dir.path().join("retry.toml");
     std::fs::write(&retry, "[defaults.retry]\nmax_attempts = 2\n").unwrap();
-    let o = Options {
+    let o = ScenarioOptions {
         config: Some(retry.clone()),
         ..opts(20, true)
     };
@@ -299,7 +299,7 @@ async fn config_merges_over_the_scenario_settings() {
     // ...and one that sets the deadline wins over it.
     let deadline = dir.path().join("deadline.toml");
     std::fs::write(&deadline, "[defaults]\ntimeout = \"3s\"\n").unwrap();
-    let o = Options {
+    let o = ScenarioOptions {
         config: Some(deadline),
         ..opts(20, true)
     };
@@ -355,7 +355,7 @@ async fn one_bad_replica_of_three_costs_nothing_through_weir() {
             Scenario::SlowReplica,
             Scenario::FlakyReplica,
         ] {
-            let o = Options {
+            let o = ScenarioOptions {
                 h2c,
                 ..opts(3000, true)
             };

@@ -1,9 +1,10 @@
 //! The shape of the source tree, held: no import cycle between modules of
 //! `src/` (a module and its own ancestors or descendants aside), the
 //! layers ([`FORBIDDEN`]: the upstream side and the live state never
-//! import the request side, the policy core imports nothing), and no
-//! source file over 500 lines of code (blank and comment lines and inline
-//! tests not counted). See `src/lib.rs` for the module map.
+//! import the request side, the policy core imports nothing), no source
+//! file over 500 lines of code (blank and comment lines and inline tests
+//! not counted), and no two types of the crate under one name. See
+//! `src/lib.rs` for the module map.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -263,4 +264,105 @@ fn no_source_file_is_over_500_lines_of_code() {
         .map(|(f, n)| format!("{}: {n}", f.display()))
         .collect();
     assert!(big.is_empty(), "over 500 lines of code: {big:?}");
+}
+
+/// The name `line` defines as a struct, enum, union, trait or type alias,
+/// and whether it is a type alias.
+fn defined(line: &str) -> Option<(&str, bool)> {
+    let mut t = line.trim_start();
+    if let Some(rest) = t.strip_prefix("pub") {
+        t = match rest.strip_prefix('(') {
+            Some(r) => r.split_once(')')?.1,
+            None => rest,
+        }
+        .trim_start();
+    }
+    t = t.strip_prefix("unsafe ").unwrap_or(t);
+    let (kind, rest) = t.split_once(' ')?;
+    if !["struct", "enum", "union", "trait", "type"].contains(&kind) {
+        return None;
+    }
+    let end = rest.find(|c: char| !is_ident(c)).unwrap_or(rest.len());
+    let name = &rest[..end];
+    name.starts_with(|c: char| c.is_ascii_uppercase())
+        .then_some((name, kind == "type"))
+}
+
+fn indent(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+/// Whether the indented line `i` is inside an `impl` or `trait` block:
+/// the nearest line above it that is indented less, a multi-line
+/// header's `where`, `{` and closing brackets aside, opens one.
+fn in_impl_or_trait(lines: &[&str], i: usize) -> bool {
+    let n = indent(lines[i]);
+    for l in lines[..i].iter().rev() {
+        let t = l.trim();
+        if t.is_empty() || t.starts_with("//") || t.starts_with("#[") || indent(l) >= n {
+            continue;
+        }
+        if t == "{" || t.starts_with("where") || t.starts_with([')', '>']) {
+            continue;
+        }
+        let t = t.strip_prefix("unsafe ").unwrap_or(t);
+        let t = t.strip_prefix("pub ").unwrap_or(t);
+        let t = match t.strip_prefix("pub(") {
+            Some(r) => r.split_once(')').map_or(r, |(_, r)| r.trim_start()),
+            None => t,
+        };
+        return t.starts_with("impl") || t.starts_with("trait ");
+    }
+    false
+}
+
+/// Every struct, enum, union, trait and type alias defined in `text`, with
+/// its line number; the associated types of impls and traits (an indented
+/// `type X = …;` or `type X;` in an `impl` or `trait` block) are not
+/// definitions of their own. Inline tests count.
+fn type_definitions(text: &str) -> Vec<(&str, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| {
+            let (name, alias) = defined(l)?;
+            let associated = alias && indent(l) > 0 && in_impl_or_trait(&lines, i);
+            (!associated).then_some((name, i + 1))
+        })
+        .collect()
+}
+
+#[test]
+fn no_two_types_share_a_name() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    sources(&root.join("src"), &mut files);
+    files.sort();
+    let mut defs: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        let rel = f.strip_prefix(root).unwrap().display().to_string();
+        for (name, line) in type_definitions(&text) {
+            defs.entry(name.to_string())
+                .or_default()
+                .push(format!("{rel}:{line}"));
+        }
+    }
+    assert!(
+        defs.len() > 100,
+        "found only {} type names under src/: is the parser broken?",
+        defs.len()
+    );
+    let shared: Vec<String> = defs
+        .iter()
+        .filter(|(_, at)| at.len() > 1)
+        .map(|(name, at)| format!("{name}: {}", at.join(", ")))
+        .collect();
+    assert!(
+        shared.is_empty(),
+        "{} type names are defined more than once (name each by its role):\n{}",
+        shared.len(),
+        shared.join("\n")
+    );
 }

@@ -10,15 +10,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
-use weir::chaos::{run, Options, Scenario};
+use weir::chaos::{run, Scenario, ScenarioOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hedging_cuts_the_slow_tail() {
-    let opts = Options {
+    let opts = ScenarioOptions {
         requests: Some(10_000),
         seed: 7,
         weir_only: true,
-        ..Options::default()
+        ..ScenarioOptions::default()
     };
     let r = run(Scenario::SlowTail, &opts).await.unwrap();
     let table = weir::chaos::report::table(&r);

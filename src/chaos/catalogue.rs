@@ -14,8 +14,8 @@
 //! the success of the reads sent during it for those keys and for the
 //! others, and upstream requests per client request before it.
 
-use super::driver::Record;
-use super::{Column, Report, Scenario};
+use super::driver::RequestRecord;
+use super::{Column, Scenario, ScenarioReport};
 use crate::policy::{Random, SeededRandom};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -110,7 +110,7 @@ fn pct(n: u64, of: u64) -> f64 {
 /// The reads of `records` around an outage from `down` to `back`: a key
 /// counts as seen when a read of it was answered 2xx by `down`; a read is
 /// during the outage when it was sent in `[down, back)`.
-pub fn outage_reads(records: &[Record], down: Duration, back: Duration) -> OutageReads {
+pub fn outage_reads(records: &[RequestRecord], down: Duration, back: Duration) -> OutageReads {
     let all: BTreeSet<u32> = records.iter().filter_map(|r| r.key).collect();
     let seen: BTreeSet<u32> = records
         .iter()
@@ -138,7 +138,7 @@ pub fn outage_reads(records: &[Record], down: Duration, back: Duration) -> Outag
 
 /// `c`'s reads around the scenario's outage (on `c`'s timeline): `None`
 /// but for this scenario.
-pub fn reads(r: &Report, c: &Column) -> Option<OutageReads> {
+pub fn reads(r: &ScenarioReport, c: &Column) -> Option<OutageReads> {
     if r.scenario != Scenario::CatalogueOutage {
         return None;
     }
@@ -155,7 +155,7 @@ pub fn reads(r: &Report, c: &Column) -> Option<OutageReads> {
 /// before it: the load on the upstream while it is up, cold cache included
 /// (a ratio over the whole run would count the outage, when nothing
 /// reaches it, in the cache's favour).
-pub fn upstream_per_read(r: &Report, c: &Column) -> Option<f64> {
+pub fn upstream_per_read(r: &ScenarioReport, c: &Column) -> Option<f64> {
     let o = reads(r, c)?;
     let before = c.upstream_before_outage?;
     (o.reads_before > 0).then(|| before as f64 / o.reads_before as f64)
@@ -163,7 +163,7 @@ pub fn upstream_per_read(r: &Report, c: &Column) -> Option<f64> {
 
 /// This scenario's rows, as (label, one cell per column); none for the
 /// others.
-pub fn rows(r: &Report) -> Vec<(String, Vec<String>)> {
+pub fn rows(r: &ScenarioReport) -> Vec<(String, Vec<String>)> {
     if r.scenario != Scenario::CatalogueOutage {
         return Vec::new();
     }
@@ -201,7 +201,7 @@ pub fn rows(r: &Report) -> Vec<(String, Vec<String>)> {
 }
 
 /// `c`'s figures of this scenario, for the JSON report.
-pub fn json(r: &Report, c: &Column) -> Option<serde_json::Value> {
+pub fn json(r: &ScenarioReport, c: &Column) -> Option<serde_json::Value> {
     let o = reads(r, c)?;
     let mut v = serde_json::to_value(o).ok()?;
     v["seen_success_percent"] = o.seen_success().into();
@@ -213,7 +213,7 @@ pub fn json(r: &Report, c: &Column) -> Option<serde_json::Value> {
 
 /// What the upstream and the client do, for under the table; `None` for
 /// the other scenarios.
-pub fn story(r: &Report) -> Option<String> {
+pub fn story(r: &ScenarioReport) -> Option<String> {
     if r.scenario != Scenario::CatalogueOutage {
         return None;
     }
@@ -270,7 +270,7 @@ mod tests {
     #[test]
     fn reads_during_the_outage_split_by_keys_answered_before_it() {
         let ms = Duration::from_millis;
-        let rec = |start: u64, key: u32, ok: bool| Record {
+        let rec = |start: u64, key: u32, ok: bool| RequestRecord {
             start: ms(start),
             latency: ms(5),
             ok,

@@ -273,7 +273,7 @@ pub fn run(args: ChaosArgs) -> ExitCode {
             ExitCode::SUCCESS
         });
     }
-    let opts = crate::chaos::Options {
+    let opts = crate::chaos::ScenarioOptions {
         requests: args.requests,
         rate: args.rate,
         seed: args.seed,

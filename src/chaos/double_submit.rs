@@ -16,11 +16,11 @@
 //! behind weir on its default policy. The upstream counts deliveries per
 //! key: every one beyond the first is a duplicate.
 
-use super::driver::{offer, Load, Observed, Record, Target};
+use super::driver::{offer, Load, Observed, RequestRecord, Target};
 use super::upstream::{ChaosUpstream, REQUEST_ID};
 use super::{
-    config::weir_config, start_upstream, start_weir, weir_rows, BreakerTrace, Column, Options,
-    Report, Scenario,
+    config::weir_config, start_upstream, start_weir, weir_rows, BreakerTrace, Column, Scenario,
+    ScenarioOptions, ScenarioReport,
 };
 use bytes::Bytes;
 use http::{Method, Request};
@@ -92,7 +92,7 @@ enum Reply {
 }
 
 /// Runs the scenario: three columns, one after the other.
-pub(super) async fn run(opts: &Options) -> Result<Report, String> {
+pub(super) async fn run(opts: &ScenarioOptions) -> Result<ScenarioReport, String> {
     let scenario = Scenario::DoubleSubmit;
     let load = scenario.load(opts.requests, opts.rate);
     let probe = weir_config(
@@ -124,7 +124,7 @@ pub(super) async fn run(opts: &Options) -> Result<Report, String> {
     weir_rows(&mut col, &metrics, &proxy);
     columns.push(col);
     proxy.shutdown(Duration::from_secs(1)).await;
-    Ok(Report {
+    Ok(ScenarioReport {
         scenario,
         seed: opts.seed,
         deadline: up_cfg.timeout,
@@ -179,7 +179,7 @@ async fn submit(
     key: String,
     timeout: Duration,
     started: Instant,
-) -> (Record, Resends) {
+) -> (RequestRecord, Resends) {
     let t0 = Instant::now();
     let mut r = Resends {
         posts: 1,
@@ -215,7 +215,7 @@ async fn submit(
         }
         tokio::time::sleep(wait).await;
     }
-    let record = Record {
+    let record = RequestRecord {
         start: t0.duration_since(started),
         latency: t0.elapsed(),
         ok: r.answered == 1,
@@ -325,7 +325,7 @@ async fn exchange(addr: SocketAddr, host: Option<&str>, key: &str) -> Reply {
 
 /// The report's rows for this scenario, as (label, one cell per column);
 /// `None` for the others.
-pub fn rows(r: &Report) -> Option<Vec<(String, Vec<String>)>> {
+pub fn rows(r: &ScenarioReport) -> Option<Vec<(String, Vec<String>)>> {
     if r.scenario != Scenario::DoubleSubmit {
         return None;
     }
@@ -399,7 +399,7 @@ pub fn rows(r: &Report) -> Option<Vec<(String, Vec<String>)>> {
 
 /// What the upstream and the app do in this scenario, for under the table;
 /// `None` for the other scenarios.
-pub fn story(r: &Report) -> Option<String> {
+pub fn story(r: &ScenarioReport) -> Option<String> {
     if r.scenario != Scenario::DoubleSubmit {
         return None;
     }

@@ -61,7 +61,7 @@ pub enum Target {
 
 /// One client request as the driver saw it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Record {
+pub struct RequestRecord {
     /// When it was sent, from the start of the run.
     pub start: Duration,
     /// How long until its whole response arrived (or it failed).
@@ -80,7 +80,7 @@ pub struct Observed {
     /// Every request's latency, sorted.
     pub latencies: Vec<Duration>,
     /// Every request, by start time.
-    pub records: Vec<Record>,
+    pub records: Vec<RequestRecord>,
     /// When the run started: `records` are offsets from it.
     pub started: Option<Instant>,
     /// Connections the driver itself tried to open to the upstream and that
@@ -103,7 +103,7 @@ impl Observed {
     }
 
     /// The figures of `records` from a run that started at `started`.
-    pub fn of(mut records: Vec<Record>, started: Instant, refused: u64) -> Observed {
+    pub fn of(mut records: Vec<RequestRecord>, started: Instant, refused: u64) -> Observed {
         records.sort_by_key(|r| r.start);
         let mut latencies: Vec<Duration> = records.iter().map(|r| r.latency).collect();
         latencies.sort();
@@ -118,7 +118,8 @@ impl Observed {
     }
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+/// A plain HTTP/1.1 client sending whole bodies, as the driver and the soak use it.
+pub(super) type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 /// Runs `load` against `target`.
 pub async fn drive(target: Target, load: Load) -> Observed {
@@ -142,7 +143,7 @@ pub async fn drive(target: Target, load: Load) -> Observed {
             )
             .await
             .unwrap_or(false);
-            Record {
+            RequestRecord {
                 start: t0.duration_since(started),
                 latency: t0.elapsed(),
                 ok,

@@ -240,7 +240,7 @@ impl Scenario {
 
 /// How to run a scenario.
 #[derive(Debug, Clone, Default)]
-pub struct Options {
+pub struct ScenarioOptions {
     pub requests: Option<usize>,
     pub rate: Option<f64>,
     pub seed: u64,
@@ -317,7 +317,7 @@ pub struct BreakerTrace {
 }
 
 #[derive(Debug, Clone)]
-pub struct Report {
+pub struct ScenarioReport {
     pub scenario: Scenario,
     pub seed: u64,
     /// weir's request deadline (`timeout`) in this scenario.
@@ -333,7 +333,7 @@ pub struct Report {
 }
 
 /// Runs one scenario: three columns, one after the other.
-pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
+pub async fn run(scenario: Scenario, opts: &ScenarioOptions) -> Result<ScenarioReport, String> {
     if scenario == Scenario::DoubleSubmit {
         return double_submit::run(opts).await;
     }
@@ -405,7 +405,7 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
     columns.push(col);
     proxy.shutdown(Duration::from_secs(1)).await;
 
-    Ok(Report {
+    Ok(ScenarioReport {
         scenario,
         seed: opts.seed,
         deadline,
@@ -421,7 +421,7 @@ pub async fn run(scenario: Scenario, opts: &Options) -> Result<Report, String> {
 /// the scenario's policy (and `--config`'s), with its own metrics.
 async fn start_weir(
     scenario: Scenario,
-    opts: &Options,
+    opts: &ScenarioOptions,
 ) -> Result<
     (
         ChaosUpstream,

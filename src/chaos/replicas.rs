@@ -16,7 +16,7 @@
 
 use super::driver::{drive, Load, Mode, Target};
 use super::upstream::{ChaosUpstream, Latency, Profile};
-use super::{Column, Options, Report, Scenario};
+use super::{Column, Scenario, ScenarioOptions, ScenarioReport};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
@@ -147,7 +147,7 @@ fn column(name: &'static str, observed: super::driver::Observed, ups: &[ChaosUps
 fn config(
     s: Scenario,
     addrs: &[SocketAddr],
-    opts: &Options,
+    opts: &ScenarioOptions,
     extra: &str,
 ) -> Result<Config, String> {
     let list: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
@@ -167,7 +167,7 @@ fn config(
 }
 
 /// Runs one replica scenario: the application alone, then weir.
-pub async fn run(s: Scenario, opts: &Options) -> Result<Report, String> {
+pub async fn run(s: Scenario, opts: &ScenarioOptions) -> Result<ScenarioReport, String> {
     let load = load(opts.requests, opts.rate);
     let mut columns = Vec::new();
     if !opts.weir_only {
@@ -228,7 +228,7 @@ pub async fn run(s: Scenario, opts: &Options) -> Result<Report, String> {
         proxy.shutdown(Duration::from_secs(1)).await;
     }
     let up_cfg = up_cfg.ok_or("no weir column")?;
-    Ok(Report {
+    Ok(ScenarioReport {
         scenario: s,
         seed: opts.seed,
         deadline: up_cfg.timeout,
@@ -245,7 +245,7 @@ pub async fn run(s: Scenario, opts: &Options) -> Result<Report, String> {
 }
 
 /// The row of requests each replica received (the misbehaving one first).
-pub fn row(r: &Report) -> Option<(String, Vec<String>)> {
+pub fn row(r: &ScenarioReport) -> Option<(String, Vec<String>)> {
     if !is_replica(r.scenario) {
         return None;
     }

@@ -2,7 +2,7 @@
 //! same as JSON.
 
 use super::timeline::{first_success_after, per_second, to_success};
-use super::{Column, Report};
+use super::{Column, ScenarioReport};
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -34,7 +34,7 @@ fn map(m: &Option<std::collections::BTreeMap<String, f64>>) -> String {
 }
 
 /// The rows, as (label, one cell per column).
-pub fn rows(r: &Report) -> Vec<(String, Vec<String>)> {
+pub fn rows(r: &ScenarioReport) -> Vec<(String, Vec<String>)> {
     let late = r.deadline + Duration::from_millis(50);
     let cell = |f: &dyn Fn(&Column) -> String| r.columns.iter().map(f).collect::<Vec<_>>();
     if let Some(mut rows) = super::double_submit::rows(r) {
@@ -134,7 +134,7 @@ fn secs(d: Duration) -> String {
 
 /// Success per second of the run, one line per column (scenarios with an
 /// outage only).
-fn per_second_table(r: &Report) -> Option<String> {
+fn per_second_table(r: &ScenarioReport) -> Option<String> {
     if r.columns.iter().all(|c| c.back.is_none()) {
         return None;
     }
@@ -165,7 +165,7 @@ fn per_second_table(r: &Report) -> Option<String> {
 }
 
 /// The table, in Markdown (readable in a terminal, pastable in bench/RESULTS.md).
-pub fn table(r: &Report) -> String {
+pub fn table(r: &ScenarioReport) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "scenario: {} (seed {})\n", r.scenario.name(), r.seed);
     let heads: Vec<&str> = r.columns.iter().map(|c| c.name).collect();
@@ -208,7 +208,7 @@ pub fn table(r: &Report) -> String {
 
 /// What weir ran with: its default policy, the scenario's settings and the
 /// merged file.
-fn settings_note(r: &Report) -> String {
+fn settings_note(r: &ScenarioReport) -> String {
     let mut out = String::from("weir's policy: the defaults");
     if r.settings.is_empty() {
         out.push_str(" (this scenario sets nothing)");
@@ -231,7 +231,7 @@ fn settings_note(r: &Report) -> String {
 }
 
 /// The same as JSON.
-pub fn json(r: &Report) -> serde_json::Value {
+pub fn json(r: &ScenarioReport) -> serde_json::Value {
     let late = r.deadline + Duration::from_millis(50);
     let cols: Vec<serde_json::Value> = r
         .columns
@@ -292,7 +292,7 @@ pub fn json(r: &Report) -> serde_json::Value {
 }
 
 /// `slow-tail`'s own rows: p99.9, and the hedges.
-fn tail_rows(r: &Report) -> Vec<(String, Vec<String>)> {
+fn tail_rows(r: &ScenarioReport) -> Vec<(String, Vec<String>)> {
     if r.scenario != super::Scenario::SlowTail {
         return Vec::new();
     }

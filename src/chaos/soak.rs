@@ -11,6 +11,7 @@
 //! of 1 KiB with an idempotency key, so retries, replayed bodies, the
 //! budget and connection churn all run the whole time.
 
+use super::driver::HttpClient;
 use super::upstream::{ChaosUpstream, Latency, Profile};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -40,7 +41,7 @@ pub struct SoakOptions {
 
 /// One sample of the weir process and the load so far.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sample {
+pub struct SoakSample {
     pub at: Duration,
     pub rss_kib: u64,
     pub fds: u64,
@@ -51,7 +52,7 @@ pub struct Sample {
 
 /// The verdict on the samples after warm-up.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
+pub struct SoakVerdict {
     /// The highest value in the first third of the judged samples, and the
     /// lowest in the last third.
     pub rss_kib: (f64, f64),
@@ -66,19 +67,21 @@ pub struct Verdict {
 /// floor of the end above the peak of the start; a burst of connections
 /// (more buffers for a moment, more descriptors) raises one sample, not the
 /// floor, and does not decide it. `None` with fewer than two samples.
-pub fn judge(samples: &[Sample]) -> Option<Verdict> {
+pub fn judge(samples: &[SoakSample]) -> Option<SoakVerdict> {
     if samples.len() < 2 {
         return None;
     }
     let third = (samples.len() / 3).max(1);
     let (first, last) = (&samples[..third], &samples[samples.len() - third..]);
-    let peak = |s: &[Sample], f: fn(&Sample) -> u64| s.iter().map(f).max().unwrap_or(0) as f64;
-    let floor = |s: &[Sample], f: fn(&Sample) -> u64| s.iter().map(f).min().unwrap_or(0) as f64;
+    let peak =
+        |s: &[SoakSample], f: fn(&SoakSample) -> u64| s.iter().map(f).max().unwrap_or(0) as f64;
+    let floor =
+        |s: &[SoakSample], f: fn(&SoakSample) -> u64| s.iter().map(f).min().unwrap_or(0) as f64;
     let rss_kib = (peak(first, |s| s.rss_kib), floor(last, |s| s.rss_kib));
     let fds = (peak(first, |s| s.fds), floor(last, |s| s.fds));
     let growth = |(a, b): (f64, f64)| if a > 0.0 { (b - a) / a } else { 0.0 };
     let (rss_growth, fds_growth) = (growth(rss_kib), growth(fds));
-    Some(Verdict {
+    Some(SoakVerdict {
         rss_kib,
         fds,
         rss_growth,
@@ -90,8 +93,8 @@ pub fn judge(samples: &[Sample]) -> Option<Verdict> {
 /// What a soak saw.
 #[derive(Debug, Clone)]
 pub struct SoakReport {
-    pub samples: Vec<Sample>,
-    pub verdict: Option<Verdict>,
+    pub samples: Vec<SoakSample>,
+    pub verdict: Option<SoakVerdict>,
     pub requests: u64,
     pub ok: u64,
     /// Requests the load could not offer (too many still in flight).
@@ -130,8 +133,6 @@ fn free_port() -> Result<u16, String> {
         .map(|a| a.port())
         .map_err(|e| format!("no free port: {e}"))
 }
-
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
 async fn ready(client: &HttpClient, admin: u16, limit: Duration) -> bool {
     let until = Instant::now() + limit;
@@ -213,7 +214,10 @@ async fn load(client: HttpClient, listen: u16, rate: f64, until: Instant, counts
 }
 
 /// Runs a soak; `each` sees every sample as it is taken.
-pub async fn run(opts: &SoakOptions, mut each: impl FnMut(&Sample)) -> Result<SoakReport, String> {
+pub async fn run(
+    opts: &SoakOptions,
+    mut each: impl FnMut(&SoakSample),
+) -> Result<SoakReport, String> {
     let profile = Profile {
         fail_rate: 0.2,
         reset_before: 0.025,
@@ -266,7 +270,7 @@ pub async fn run(opts: &SoakOptions, mut each: impl FnMut(&Sample)) -> Result<So
             counts.requests.load(Ordering::Relaxed),
             counts.ok.load(Ordering::Relaxed),
         );
-        let s = Sample {
+        let s = SoakSample {
             at: start.elapsed(),
             rss_kib,
             fds,
@@ -279,7 +283,7 @@ pub async fn run(opts: &SoakOptions, mut each: impl FnMut(&Sample)) -> Result<So
     }
     let _ = driver.await;
     drop(child);
-    let judged: Vec<Sample> = samples
+    let judged: Vec<SoakSample> = samples
         .iter()
         .copied()
         .filter(|s| s.at > opts.warmup)
@@ -365,8 +369,8 @@ pub async fn print(opts: &SoakOptions) -> Result<bool, String> {
 mod tests {
     use super::*;
 
-    fn at(i: u64, rss_kib: u64, fds: u64) -> Sample {
-        Sample {
+    fn at(i: u64, rss_kib: u64, fds: u64) -> SoakSample {
+        SoakSample {
             at: Duration::from_secs(i * 10),
             rss_kib,
             fds,
@@ -377,10 +381,10 @@ mod tests {
 
     #[test]
     fn growth_is_the_last_third_against_the_first() {
-        let flat: Vec<Sample> = (0..9).map(|i| at(i, 8000 + (i % 2) * 300, 40)).collect();
+        let flat: Vec<SoakSample> = (0..9).map(|i| at(i, 8000 + (i % 2) * 300, 40)).collect();
         let v = judge(&flat).unwrap_or_else(|| panic!("judged"));
         assert!(v.pass, "{v:?}");
-        let leaking: Vec<Sample> = (0..9).map(|i| at(i, 8000 + i * 400, 40)).collect();
+        let leaking: Vec<SoakSample> = (0..9).map(|i| at(i, 8000 + i * 400, 40)).collect();
         let v = judge(&leaking).unwrap_or_else(|| panic!("judged"));
         assert!(!v.pass && v.rss_growth > 0.10, "{v:?}");
         // A burst of connections raises one sample's fds; the floor of the
@@ -388,7 +392,7 @@ mod tests {
         let mut burst = flat.clone();
         burst[7].fds = 300;
         assert!(judge(&burst).unwrap_or_else(|| panic!("judged")).pass);
-        let fds: Vec<Sample> = (0..6).map(|i| at(i, 8000, 40 + i * 8)).collect();
+        let fds: Vec<SoakSample> = (0..6).map(|i| at(i, 8000, 40 + i * 8)).collect();
         let v = judge(&fds).unwrap_or_else(|| panic!("judged"));
         assert!(!v.pass && v.fds_growth > 0.10, "{v:?}");
         assert_eq!(judge(&flat[..1]), None);

@@ -2,12 +2,12 @@
 //! upstream came back its clients were served again. Pure functions over the
 //! driver's records, so the report and the CI gates compute them one way.
 
-use super::driver::Record;
+use super::driver::RequestRecord;
 use std::time::Duration;
 
 /// The success share (0–100) of requests started in each whole second of the
 /// run; `None` for a second in which no request started.
-pub fn per_second(records: &[Record]) -> Vec<Option<f64>> {
+pub fn per_second(records: &[RequestRecord]) -> Vec<Option<f64>> {
     let Some(last) = records.iter().map(|r| r.start).max() else {
         return Vec::new();
     };
@@ -28,7 +28,7 @@ pub fn per_second(records: &[Record]) -> Vec<Option<f64>> {
 /// `back` of the first one-second window of request starts (slid in 50 ms
 /// steps, and lying wholly inside the run) in which at least `share` percent
 /// of the requests succeeded. `None` if no such window exists.
-pub fn to_success(records: &[Record], back: Duration, share: f64) -> Option<Duration> {
+pub fn to_success(records: &[RequestRecord], back: Duration, share: f64) -> Option<Duration> {
     const WINDOW: Duration = Duration::from_secs(1);
     const STEP: Duration = Duration::from_millis(50);
     let last = records.iter().map(|r| r.start).max()?;
@@ -48,7 +48,7 @@ pub fn to_success(records: &[Record], back: Duration, share: f64) -> Option<Dura
 
 /// How long after `back` the first successful response arrived (a request
 /// sent before `back` that succeeded after it counts too).
-pub fn first_success_after(records: &[Record], back: Duration) -> Option<Duration> {
+pub fn first_success_after(records: &[RequestRecord], back: Duration) -> Option<Duration> {
     records
         .iter()
         .filter(|r| r.ok)
@@ -68,11 +68,11 @@ mod tests {
     }
 
     /// One request every 10 ms for `secs` seconds, failing in `[down, up)`.
-    fn run(secs: u64, down: u64, up: u64) -> Vec<Record> {
+    fn run(secs: u64, down: u64, up: u64) -> Vec<RequestRecord> {
         (0..secs * 100)
             .map(|i| {
                 let start = ms(i * 10);
-                Record {
+                RequestRecord {
                     start,
                     latency: ms(2),
                     ok: !(start >= ms(down) && start < ms(up)),

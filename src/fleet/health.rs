@@ -75,17 +75,17 @@ struct Log {
 
 /// The backend's health as calls see it.
 #[derive(Debug)]
-pub(super) struct Health {
+pub(super) struct BackendHealth {
     origin: Instant,
     up: AtomicBool,
     timeouts: AtomicU32,
     log: Mutex<Log>,
 }
 
-impl Health {
+impl BackendHealth {
     pub(super) fn new() -> Self {
         let now = Instant::now();
-        Health {
+        BackendHealth {
             origin: now,
             up: AtomicBool::new(false),
             timeouts: AtomicU32::new(0),
@@ -225,7 +225,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn warnings_are_held_back_to_one_a_minute_per_op() {
-        let h = Health::new();
+        let h = BackendHealth::new();
         assert_eq!(h.error("lease", "timeout", true), Some(0));
         assert_eq!(h.error("lease", "timeout", true), None);
         assert_eq!(h.error("lease", "timeout", true), None);
@@ -245,7 +245,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_flapping_backend_logs_one_down_and_up_a_minute() {
-        let h = Health::new();
+        let h = BackendHealth::new();
         assert_eq!(h.went_down(), Some(0));
         assert!(h.came_up());
         for _ in 0..10 {
@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn three_timeouts_in_a_row_are_down() {
-        let h = Health::new();
+        let h = BackendHealth::new();
         assert!(!h.timed_out());
         assert!(!h.timed_out());
         h.answered();

@@ -25,7 +25,7 @@ pub use limiter::FleetBucket;
 use crate::config::{redact_url, StateConfig};
 use crate::metrics::state::StateMetrics;
 use arc_swap::ArcSwap;
-use health::Health;
+use health::BackendHealth;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::future::Future;
 use std::sync::{Arc, Weak};
@@ -70,10 +70,10 @@ pub enum StateError {
 /// A handle on the shared state; cheap to clone (one `Arc`).
 #[derive(Clone)]
 pub struct Fleet {
-    inner: Arc<Inner>,
+    inner: Arc<FleetShared>,
 }
 
-struct Inner {
+struct FleetShared {
     /// Replaced by the supervisor whenever a PING fails while the backend
     /// is down: a connection whose handshake read bytes that are not RESP
     /// stays failed inside the manager, which only reconnects by itself
@@ -86,7 +86,7 @@ struct Inner {
     instance: String,
     /// The URL without its password, for logs and `/readyz`.
     target: String,
-    health: Health,
+    health: BackendHealth,
     metrics: StateMetrics,
     wake: Arc<Notify>,
 }
@@ -117,7 +117,7 @@ impl Fleet {
         let conn = manager(&client)?;
         metrics.set_up(false);
         let wake = Arc::new(Notify::new());
-        let inner = Arc::new(Inner {
+        let inner = Arc::new(FleetShared {
             conn: ArcSwap::from_pointee(conn),
             client,
             prefix: cfg.key_prefix.clone(),
@@ -125,7 +125,7 @@ impl Fleet {
             refresh: cfg.refresh,
             instance: format!("{:016x}", crate::clock::fresh_seed()),
             target: redact_url(url),
-            health: Health::new(),
+            health: BackendHealth::new(),
             metrics,
             wake: Arc::clone(&wake),
         });
@@ -339,7 +339,7 @@ fn manager(client: &redis::Client) -> Result<ConnectionManager, StateError> {
 /// finds it down: PINGs with a backoff from [`MIN_BACKOFF`] doubling to
 /// `cap`; while up, one PING per [`HEARTBEAT`]. Ends when the last [`Fleet`]
 /// handle is dropped.
-async fn supervise(fleet: Weak<Inner>, wake: Arc<Notify>, cap: Duration) {
+async fn supervise(fleet: Weak<FleetShared>, wake: Arc<Notify>, cap: Duration) {
     let mut backoff = MIN_BACKOFF;
     loop {
         {

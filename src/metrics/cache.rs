@@ -12,13 +12,13 @@ const RESULTS: [CacheResult; 6] = CacheResult::ALL;
 
 /// The three families, registered once.
 #[derive(Debug, Clone)]
-pub struct Families {
+pub struct CacheFamilies {
     requests: IntCounterVec,
     bytes: IntGaugeVec,
     evictions: IntCounterVec,
 }
 
-impl Families {
+impl CacheFamilies {
     pub fn register(r: &Registry) -> Self {
         let requests = IntCounterVec::new(
             Opts::new(
@@ -50,7 +50,7 @@ impl Families {
         }
         r.register(Box::new(bytes.clone()))
             .expect("metric registered once");
-        Families {
+        CacheFamilies {
             requests,
             bytes,
             evictions,
@@ -58,8 +58,8 @@ impl Families {
     }
 
     /// One upstream's series, created at zero.
-    pub fn upstream(&self, name: &str) -> Series {
-        Series {
+    pub fn upstream(&self, name: &str) -> CacheSeries {
+        CacheSeries {
             requests: Follow::new(&self.requests, name, RESULTS.map(CacheResult::name)),
             evictions: Follow::of([self.evictions.with_label_values(&[name])]),
             bytes: self.bytes.with_label_values(&[name]),
@@ -75,13 +75,13 @@ impl Families {
 
 /// One upstream's series.
 #[derive(Debug)]
-pub struct Series {
+pub struct CacheSeries {
     requests: Follow<6>,
     evictions: Follow<1>,
     bytes: IntGauge,
 }
 
-impl Series {
+impl CacheSeries {
     /// Brings the series up to `stats`.
     pub fn show(&self, stats: &CacheStats) {
         self.requests.show(RESULTS.map(|r| stats.result(r)));

@@ -7,7 +7,7 @@ use prometheus::{
 
 /// The families, registered once.
 #[derive(Debug, Clone)]
-pub struct Families {
+pub struct EndpointFamilies {
     endpoints: IntGaugeVec,
     requests: IntCounterVec,
     failures: IntCounterVec,
@@ -47,7 +47,7 @@ fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> 
 
 const REASONS: [&str; 3] = ["consecutive_failures", "failure_share", "probe_failed"];
 
-impl Families {
+impl EndpointFamilies {
     pub fn register(r: &Registry) -> Self {
         let ig = |name: &str, help: &str, labels: &[&str]| {
             reg(
@@ -63,7 +63,7 @@ impl Families {
             )
         };
         let ue = &["upstream", "endpoint"];
-        Families {
+        EndpointFamilies {
             endpoints: ig("weir_endpoints", "An upstream's endpoints, by state: active or ejected.", &["upstream", "state"]),
             requests: ic("weir_endpoint_requests_total", "Attempts sent to an endpoint.", ue),
             failures: ic("weir_endpoint_failures_total", "Attempts to an endpoint that failed (connect failure, reset, timeout, a failure status).", ue),

@@ -34,12 +34,12 @@ fn counts(s: &IdempotencyStats) -> [u64; 7] {
 
 /// The two families, registered once.
 #[derive(Debug, Clone)]
-pub struct Families {
+pub struct IdempotencyFamilies {
     total: IntCounterVec,
     bytes: IntGaugeVec,
 }
 
-impl Families {
+impl IdempotencyFamilies {
     pub fn register(r: &Registry) -> Self {
         let total = IntCounterVec::new(
             Opts::new(
@@ -61,12 +61,12 @@ impl Families {
             .expect("metric registered once");
         r.register(Box::new(bytes.clone()))
             .expect("metric registered once");
-        Families { total, bytes }
+        IdempotencyFamilies { total, bytes }
     }
 
     /// One upstream's series, created at zero.
-    pub fn upstream(&self, name: &str) -> Series {
-        Series {
+    pub fn upstream(&self, name: &str) -> IdempotencySeries {
+        IdempotencySeries {
             total: Follow::new(&self.total, name, RESULTS),
             bytes: self.bytes.with_label_values(&[name]),
         }
@@ -80,12 +80,12 @@ impl Families {
 
 /// One upstream's series and the store counts they last showed.
 #[derive(Debug)]
-pub struct Series {
+pub struct IdempotencySeries {
     total: Follow<7>,
     bytes: IntGauge,
 }
 
-impl Series {
+impl IdempotencySeries {
     /// Brings the series up to `stats`. A store that started anew (its
     /// counts below those seen) adds from zero.
     pub fn show(&self, stats: &IdempotencyStats) {

@@ -7,7 +7,7 @@ use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
 /// The two families, registered once.
 #[derive(Debug, Clone)]
-pub struct Families {
+pub struct TraceFamilies {
     /// Spans the collector accepted.
     pub exported: IntCounter,
     dropped: IntCounterVec,
@@ -17,7 +17,7 @@ pub struct Families {
 /// away), or an export failed.
 pub const DROP_REASONS: [&str; 2] = ["queue_full", "export_failed"];
 
-impl Families {
+impl TraceFamilies {
     pub fn register(r: &Registry) -> Self {
         let exported = IntCounter::new(
             "weir_trace_spans_exported_total",
@@ -39,7 +39,7 @@ impl Families {
             .expect("metric registered once");
         r.register(Box::new(dropped.clone()))
             .expect("metric registered once");
-        Families { exported, dropped }
+        TraceFamilies { exported, dropped }
     }
 
     /// The series of one drop reason (one of [`DROP_REASONS`]).

@@ -33,9 +33,9 @@ pub struct UpstreamMetrics {
     /// `weir_upstream_body_errors_total`, by [`BODY_ERRORS`].
     pub(super) body_errors: [IntCounter; 2],
     /// `weir_idempotency_*`, brought up to the store's counts on a scrape.
-    pub idempotency: idempotency::Series,
+    pub idempotency: idempotency::IdempotencySeries,
     /// `weir_cache_*`, brought up to the cache's counts on a scrape.
-    pub cache: cache::Series,
+    pub cache: cache::CacheSeries,
     /// `weir_upstream_connections_open`, `weir_upstream_bytes_total`.
     pub wire: crate::upstream::meter::Meter,
 }

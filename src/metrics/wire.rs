@@ -8,13 +8,13 @@ use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 /// The families, registered once.
 #[derive(Debug, Clone)]
-pub(super) struct Families {
+pub(super) struct WireFamilies {
     clients: IntGauge,
     open: IntGaugeVec,
     bytes: IntCounterVec,
 }
 
-impl Families {
+impl WireFamilies {
     pub(super) fn register(r: &Registry) -> Self {
         let defined = "static metric definition";
         let clients = IntGauge::with_opts(Opts::new(
@@ -45,7 +45,7 @@ impl Families {
         ] {
             r.register(c).expect("metric registered once");
         }
-        Families {
+        WireFamilies {
             clients,
             open,
             bytes,

@@ -453,7 +453,8 @@ mod tests {
     use super::*;
     use std::time::UNIX_EPOCH;
 
-    type H<'a> = [(&'a [u8], &'a [u8])];
+    /// A header section as name and value pairs (the submodules' tests use it too).
+    pub(super) type HeaderPairs<'a> = [(&'a [u8], &'a [u8])];
 
     fn s(x: u64) -> Duration {
         Duration::from_secs(x)
@@ -781,7 +782,7 @@ mod tests {
         ];
         let e = entry(&h, &p);
         let d = date(300);
-        let nm: &H = &[
+        let nm: &HeaderPairs = &[
             (b"cache-control", b"max-age=60"),
             (b"ETag", b"W/\"v1\""),
             (b"date", d.as_bytes()),
@@ -820,10 +821,10 @@ mod tests {
         let got = on_not_modified(&e, &head, nm.iter().copied(), &p, s(400), wall(300));
         assert!(matches!(got, Refreshed::Updated(_)));
         // Another validator: it validated some other response.
-        let other: &H = &[(b"etag", b"\"v2\"")];
+        let other: &HeaderPairs = &[(b"etag", b"\"v2\"")];
         let got = on_not_modified(&e, &get(), other.iter().copied(), &p, s(400), wall(300));
         assert_eq!(got, Refreshed::Mismatch);
-        let lm: &H = &[(b"last-modified", b"Sat, 05 Nov 1994 08:49:37 GMT")];
+        let lm: &HeaderPairs = &[(b"last-modified", b"Sat, 05 Nov 1994 08:49:37 GMT")];
         let got = on_not_modified(&e, &get(), lm.iter().copied(), &p, s(400), wall(300));
         assert_eq!(got, Refreshed::Mismatch);
         // No validator in the 304, no Date: the entry's, received now.
@@ -836,7 +837,7 @@ mod tests {
             (s(10), s(0))
         );
         // Now no-store: served this once, not kept.
-        let ns: &H = &[(b"cache-control", b"no-store")];
+        let ns: &HeaderPairs = &[(b"cache-control", b"no-store")];
         let got = on_not_modified(&e, &get(), ns.iter().copied(), &p, s(400), wall(300));
         let Refreshed::NotStorable(r) = got else {
             panic!("{got:?}")

@@ -26,7 +26,7 @@ pub struct KeyedStats {
 const NIL: usize = usize::MAX;
 
 #[derive(Debug, Clone)]
-struct Node {
+struct KeyedEntry {
     key: Box<str>,
     limiter: Limiter,
     /// Towards the most recently used end.
@@ -46,7 +46,7 @@ pub struct KeyedLimiter {
     params: RateLimitParams,
     shared: Limiter,
     map: HashMap<Box<str>, usize>,
-    nodes: Vec<Node>,
+    nodes: Vec<KeyedEntry>,
     /// Most recently used.
     head: usize,
     /// Least recently used.
@@ -180,7 +180,7 @@ impl KeyedLimiter {
             self.nodes[t].limiter = limiter;
             t
         } else {
-            self.nodes.push(Node {
+            self.nodes.push(KeyedEntry {
                 key: key.into(),
                 limiter,
                 prev: NIL,

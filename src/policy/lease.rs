@@ -110,13 +110,13 @@ struct Lot {
 
 /// Admissions counted per second, for the batch size.
 #[derive(Debug, Clone, Copy, Default)]
-struct Meter {
+struct AdmissionRate {
     start: Now,
     this: u32,
     last: u32,
 }
 
-impl Meter {
+impl AdmissionRate {
     fn record(&mut self, now: Now) {
         let second = Duration::from_secs(1);
         if now >= self.start + second {
@@ -157,7 +157,7 @@ pub struct LeasedBucket {
     short_streak: u32,
     /// The last fetch failed: the shared state is away.
     failed: bool,
-    meter: Meter,
+    meter: AdmissionRate,
 }
 
 impl LeasedBucket {
@@ -173,7 +173,7 @@ impl LeasedBucket {
             exhausted: false,
             short_streak: 0,
             failed: false,
-            meter: Meter::default(),
+            meter: AdmissionRate::default(),
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 /// One request, as the access log reports it.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Entry<'a> {
+pub(crate) struct AccessEntry<'a> {
     /// The upstream's name, or `none` (`crate::metrics::NO_UPSTREAM`).
     pub(crate) upstream: &'a str,
     pub(crate) method: &'a str,
@@ -63,7 +63,7 @@ pub(crate) fn wanted(mode: AccessLog, status: u16, error: bool) -> bool {
 }
 
 /// Writes the line (target `weir::access`, level INFO), if `mode` wants it.
-pub(crate) fn write(mode: AccessLog, e: &Entry<'_>) {
+pub(crate) fn write(mode: AccessLog, e: &AccessEntry<'_>) {
     if !wanted(mode, e.status, e.error.is_some()) {
         return;
     }
@@ -111,7 +111,7 @@ pub(crate) struct Watched {
     bytes: u64,
 }
 
-/// An owned [`Entry`], waiting for its body's end.
+/// An owned [`AccessEntry`], waiting for its body's end.
 pub(crate) struct Line {
     pub(crate) mode: AccessLog,
     /// Whether the line is written however the body ends (`wanted` at the
@@ -139,7 +139,7 @@ impl Line {
         let bytes_in = self.bytes_in.as_ref();
         write(
             self.mode,
-            &Entry {
+            &AccessEntry {
                 upstream: &self.upstream,
                 method: &self.method,
                 path: &self.path,

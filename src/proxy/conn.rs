@@ -57,7 +57,7 @@ pub(super) fn builder(config: &Config) -> auto::Builder<TokioExecutor> {
 }
 
 /// One client connection's context, however its bytes arrive (plain or TLS).
-pub(super) struct Conn {
+pub(super) struct ClientConn {
     pub(super) peer: SocketAddr,
     pub(super) role: ListenerRole,
     pub(super) shared: Arc<ServeState>,
@@ -73,11 +73,11 @@ pub(super) struct Conn {
     pub(super) max_resets: u32,
 }
 
-pub(super) async fn serve_io<I>(io: I, conn: Conn)
+pub(super) async fn serve_io<I>(io: I, conn: ClientConn)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let Conn {
+    let ClientConn {
         peer,
         role,
         shared,
@@ -159,13 +159,13 @@ where
         }
         _ = stopped(&mut stop) => {}
         ending = activity.watch(idle_timeout, write_timeout) => {
-            if ending == Ending::Resets {
+            if ending == ActivityEnd::Resets {
                 // Requests opened and abandoned faster than anyone reads
                 // answers (HTTP/2 rapid reset, delayed or not).
                 tracing::debug!(%peer, max_resets, "too many abandoned requests; connection closed");
                 return;
             }
-            if ending == Ending::Stalled {
+            if ending == ActivityEnd::Stalled {
                 // A client that takes nothing of a response: let it go, and
                 // with it every slot its requests hold.
                 tracing::debug!(%peer, write_timeout = %crate::config::duration::format(write_timeout), "client stopped reading; connection closed");
@@ -198,7 +198,7 @@ where
                 return;
             }
             ending = activity.watch(idle_timeout, write_timeout) => {
-                if ending == Ending::Idle {
+                if ending == ActivityEnd::Idle {
                     conn.as_mut().graceful_shutdown();
                     let _ = tokio::time::timeout(head_timeout, conn).await;
                 }
@@ -239,7 +239,7 @@ struct Activity {
 
 /// Why [`Activity::watch`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ending {
+enum ActivityEnd {
     Idle,
     Stalled,
     Resets,
@@ -310,21 +310,21 @@ impl Activity {
 
     /// Resolves once the connection has had nothing in flight for `idle`,
     /// or a response has waited on the client for `write`.
-    async fn watch(&self, idle: Duration, write: Duration) -> Ending {
+    async fn watch(&self, idle: Duration, write: Duration) -> ActivityEnd {
         loop {
             if self.too_many_resets() {
-                return Ending::Resets;
+                return ActivityEnd::Resets;
             }
             let now = Instant::now();
             let next = if self.in_flight.load(Ordering::Acquire) == 0 {
                 let since = self.quiet_since.lock().map(|t| *t).unwrap_or(now);
                 if since + idle <= now {
-                    return Ending::Idle;
+                    return ActivityEnd::Idle;
                 }
                 since + idle
             } else {
                 match self.oldest_handoff() {
-                    Some(t) if t + write <= now => return Ending::Stalled,
+                    Some(t) if t + write <= now => return ActivityEnd::Stalled,
                     Some(t) => t + write,
                     None => now + write,
                 }

@@ -41,11 +41,11 @@ pub enum ProxyError {
     IdempotencyNotReplayable,
 }
 
-impl From<crate::state::gate::Refused> for ProxyError {
-    fn from(r: crate::state::gate::Refused) -> Self {
+impl From<crate::state::gate::GateRefusal> for ProxyError {
+    fn from(r: crate::state::gate::GateRefusal) -> Self {
         match r {
-            crate::state::gate::Refused::Full => ProxyError::Overloaded,
-            crate::state::gate::Refused::Deadline => ProxyError::DeadlineExceeded,
+            crate::state::gate::GateRefusal::Full => ProxyError::Overloaded,
+            crate::state::gate::GateRefusal::Deadline => ProxyError::DeadlineExceeded,
         }
     }
 }

@@ -10,7 +10,7 @@ use super::attempt::{self, Admitted, Annotations, Attempted, Attempts, Outbound}
 use super::body::{boxed, Body, IdleTimeout, UpstreamBody};
 use super::error::ProxyError;
 use super::headers;
-use super::idempotent::{self, Begun};
+use super::idempotent::{self, Begun, Forwarded};
 use super::order::{self, Codec};
 use super::replay::RequestBody;
 use super::request::Parsed;
@@ -56,10 +56,6 @@ pub(crate) async fn keyed(
 ) -> Result<(Response<Body>, Option<idempotent::Capture>), ProxyError> {
     exchange(up, conn, parts, body, start, is_grpc_request, Ok(parsed)).await
 }
-
-/// What one exchange gives: the response, and the keeping of its body for
-/// a keyed write's record.
-type Forwarded = Result<(Response<Body>, Option<idempotent::Capture>), ProxyError>;
 
 /// The exchange itself: the request made ready for the upstream (its
 /// target, its host, hop-by-hop hygiene), then served in the one order of

@@ -229,7 +229,7 @@ fn access_log(
     let took = start.elapsed();
     let mut trace_id = [0u8; 32];
     let trace_id = super::traced::id(asker.trace.as_ref(), &mut trace_id);
-    let entry = super::access::Entry {
+    let entry = super::access::AccessEntry {
         upstream,
         method: method.as_str(),
         path: uri.path(),
@@ -249,7 +249,7 @@ fn access_log(
     let watch = error.is_none() && upstream != NO_UPSTREAM && !resp.body().is_end_stream();
     if !watch {
         if wanted {
-            let entry = super::access::Entry {
+            let entry = super::access::AccessEntry {
                 bytes_out: resp.body().size_hint().exact().unwrap_or(0),
                 who: super::access::Who {
                     client: asker.client,

@@ -20,7 +20,7 @@ use super::h1;
 mod judge;
 pub use judge::Refusal;
 use judge::{find_head_end, judge, Judged};
-pub(crate) use judge::{Verdict, MARKER};
+pub(crate) use judge::{GuardVerdict, MARKER};
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::io;
@@ -32,7 +32,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+enum Following {
     /// Holding a request head until it is complete.
     Head,
     /// Skipping a fixed-length body.
@@ -63,7 +63,7 @@ pin_project! {
     pub struct FramingGuard<T> {
         #[pin]
         inner: T,
-        state: State,
+        state: Following,
         // Bytes read from the client and not yet handed to hyper:
         // `stash[released..ready]` may go now, `stash[ready..]` is a head
         // still being held.
@@ -83,7 +83,7 @@ pin_project! {
         // goodbye to it with a GOAWAY (`proxy::conn`).
         h2: Arc<AtomicBool>,
         // Heads counted and the one refused, for the service.
-        verdict: Arc<Verdict>,
+        verdict: Arc<GuardVerdict>,
     }
 }
 
@@ -91,7 +91,7 @@ impl<T> FramingGuard<T> {
     pub(crate) fn new(inner: T, max_head: usize, head_timeout: Duration) -> Self {
         FramingGuard {
             inner,
-            state: State::Head,
+            state: Following::Head,
             stash: Vec::new(),
             released: 0,
             ready: 0,
@@ -100,12 +100,12 @@ impl<T> FramingGuard<T> {
             timer: None,
             seen_request: false,
             h2: Arc::new(AtomicBool::new(false)),
-            verdict: Arc::new(Verdict::default()),
+            verdict: Arc::new(GuardVerdict::default()),
         }
     }
 
     /// What the guard refused, for the service that answers the marker.
-    pub(crate) fn verdict(&self) -> Arc<Verdict> {
+    pub(crate) fn verdict(&self) -> Arc<GuardVerdict> {
         Arc::clone(&self.verdict)
     }
 
@@ -117,34 +117,34 @@ impl<T> FramingGuard<T> {
 
 /// Follows body framing through `data`; returns how many bytes belong to the
 /// current body (all of them, unless the body ends inside `data`).
-fn advance_body(state: &mut State, data: &[u8]) -> usize {
+fn advance_body(state: &mut Following, data: &[u8]) -> usize {
     match state {
-        State::Fixed(n) => {
+        Following::Fixed(n) => {
             let take = (*n).min(data.len() as u64);
             *state = if take == *n {
-                State::Head
+                Following::Head
             } else {
-                State::Fixed(*n - take)
+                Following::Fixed(*n - take)
             };
             take as usize
         }
-        State::Chunked(c) => match c.feed(data) {
+        Following::Chunked(c) => match c.feed(data) {
             Ok(Some(end)) => {
-                *state = State::Head;
+                *state = Following::Head;
                 end
             }
             Ok(None) => data.len(),
             // Not valid chunked coding: nothing from here on reaches hyper.
             Err(_) => {
-                *state = State::Cut;
+                *state = Following::Cut;
                 0
             }
         },
-        State::Head
-        | State::H2Preface { .. }
-        | State::Passthrough
-        | State::Rejected
-        | State::Cut => 0,
+        Following::Head
+        | Following::H2Preface { .. }
+        | Following::Passthrough
+        | Following::Rejected
+        | Following::Cut => 0,
     }
 }
 
@@ -155,13 +155,13 @@ const H2_HANDSHAKE: usize = 24 + 9;
 /// Moves `ready` forward through the stash as far as framing allows, judging
 /// each complete head; replaces a refused head with [`MARKER`].
 fn process(
-    state: &mut State,
+    state: &mut Following,
     stash: &mut Vec<u8>,
     ready: &mut usize,
     max_head: usize,
-    seen: (&AtomicBool, &Verdict),
+    seen: (&AtomicBool, &GuardVerdict),
 ) {
-    if matches!(*state, State::Rejected | State::Cut) {
+    if matches!(*state, Following::Rejected | Following::Cut) {
         return;
     }
     match scan_slice(state, &stash[*ready..], max_head, seen) {
@@ -175,7 +175,7 @@ fn process(
             stash.truncate(*ready + h);
             stash.extend_from_slice(MARKER);
             *ready = stash.len();
-            *state = State::Rejected;
+            *state = Following::Rejected;
         }
     }
 }
@@ -190,17 +190,17 @@ enum Scan {
     /// everything after it) with the [`MARKER`].
     Reject(usize),
     /// A chunked body weir refuses goes wrong after this offset: nothing
-    /// from here reaches hyper ([`State::Cut`]).
+    /// from here reaches hyper ([`Following::Cut`]).
     Cut(usize),
 }
 
 /// Follows framing through `data` in place (also what [`process`] runs on
 /// the stash).
 fn scan_slice(
-    state: &mut State,
+    state: &mut Following,
     data: &[u8],
     max_head: usize,
-    (h2, verdict): (&AtomicBool, &Verdict),
+    (h2, verdict): (&AtomicBool, &GuardVerdict),
 ) -> Scan {
     scan_marked(state, data, max_head, &mut |m| match m {
         Mark::Head { .. } => {
@@ -242,7 +242,7 @@ pub enum Stop {
 }
 
 fn scan_marked(
-    state: &mut State,
+    state: &mut Following,
     data: &[u8],
     max_head: usize,
     mark: &mut impl FnMut(Mark),
@@ -250,18 +250,18 @@ fn scan_marked(
     let mut i = 0;
     loop {
         match *state {
-            State::Rejected | State::Passthrough => return Scan::All,
-            State::Cut => return Scan::Cut(i),
-            State::H2Preface { seen } => {
+            Following::Rejected | Following::Passthrough => return Scan::All,
+            Following::Cut => return Scan::Cut(i),
+            Following::H2Preface { seen } => {
                 let seen = seen + (data.len() - i);
                 *state = if seen >= H2_HANDSHAKE {
-                    State::Passthrough
+                    Following::Passthrough
                 } else {
-                    State::H2Preface { seen }
+                    Following::H2Preface { seen }
                 };
                 return Scan::All;
             }
-            State::Head => {
+            Following::Head => {
                 // Empty lines before a request line are skipped (RFC 9112
                 // §2.2), CRLF or a bare LF as httparse skips them; a lone CR
                 // is left for the parser, which refuses it.
@@ -282,7 +282,7 @@ fn scan_marked(
                 let head = &data[i..];
                 if head.starts_with(b"PRI * HTTP/2.0") {
                     mark(Mark::Stop(i, Stop::Http2));
-                    *state = State::H2Preface { seen: 0 };
+                    *state = Following::H2Preface { seen: 0 };
                     continue;
                 }
                 match find_head_end(head) {
@@ -304,7 +304,7 @@ fn scan_marked(
                         }
                         Judged::Stop(why) => {
                             mark(Mark::Stop(i, why));
-                            *state = State::Passthrough;
+                            *state = Following::Passthrough;
                             return Scan::All;
                         }
                         Judged::Next(next) => {
@@ -314,7 +314,7 @@ fn scan_marked(
                             });
                             *state = next;
                             i += end;
-                            if next == State::Head {
+                            if next == Following::Head {
                                 mark(Mark::End(i));
                             }
                         }
@@ -324,8 +324,8 @@ fn scan_marked(
             _ => {
                 i += advance_body(state, &data[i..]);
                 match *state {
-                    State::Head => mark(Mark::End(i)),
-                    State::Cut => {
+                    Following::Head => mark(Mark::End(i)),
+                    Following::Cut => {
                         mark(Mark::Stop(i, Stop::BadChunked));
                         return Scan::Cut(i);
                     }
@@ -343,7 +343,7 @@ fn scan_marked(
 /// sizes (the rest in one): every [`Mark`], offsets from the first byte.
 /// Used by the fuzz targets (`fuzz/`) and the framing tests.
 pub(crate) fn frame(bytes: &[u8], pieces: &[usize], max_head: usize) -> Vec<Mark> {
-    let mut state = State::Head;
+    let mut state = Following::Head;
     let mut stash = Vec::new();
     let mut ready = 0;
     let mut marks = Vec::new();
@@ -356,7 +356,7 @@ pub(crate) fn frame(bytes: &[u8], pieces: &[usize], max_head: usize) -> Vec<Mark
         })
         .chain(std::iter::once(bytes.len()));
     for end in ends {
-        if state == State::Rejected {
+        if state == Following::Rejected {
             break;
         }
         if end < at {
@@ -378,7 +378,7 @@ pub(crate) fn frame(bytes: &[u8], pieces: &[usize], max_head: usize) -> Vec<Mark
         match scan_marked(&mut state, &stash[ready..], max_head, &mut shift) {
             Scan::All => ready = stash.len(),
             Scan::Partial(h) => ready += h,
-            Scan::Reject(..) | Scan::Cut(_) => state = State::Rejected,
+            Scan::Reject(..) | Scan::Cut(_) => state = Following::Rejected,
         }
     }
     marks
@@ -405,19 +405,19 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
             }
             match *this.state {
                 // hyper answers the marker and closes; there is nothing more to read.
-                State::Rejected => return Poll::Pending,
-                State::Cut => {
+                Following::Rejected => return Poll::Pending,
+                Following::Cut => {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::InvalidData,
                         "invalid chunked request body",
                     )))
                 }
-                State::Passthrough if this.stash.is_empty() => {
+                Following::Passthrough if this.stash.is_empty() => {
                     return this.inner.poll_read(cx, buf)
                 }
                 // The common case, a keep-alive connection between requests:
                 // read straight into hyper's buffer and look at it there.
-                State::Head if this.stash.is_empty() && *this.seen_request => {
+                Following::Head if this.stash.is_empty() && *this.seen_request => {
                     let before = buf.filled().len();
                     ready!(this.inner.as_mut().poll_read(cx, buf))?;
                     let end = buf.filled().len();
@@ -449,7 +449,7 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                         }
                         Scan::Reject(h) => {
                             let marker = MARKER;
-                            *this.state = State::Rejected;
+                            *this.state = Following::Rejected;
                             let at = before + h;
                             if end - at >= marker.len() {
                                 buf.filled_mut()[at..at + marker.len()].copy_from_slice(marker);
@@ -466,14 +466,14 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                         }
                     }
                 }
-                State::Head | State::Passthrough | State::H2Preface { .. } => {}
+                Following::Head | Following::Passthrough | Following::H2Preface { .. } => {}
                 _ if this.stash.is_empty() => {
                     // Body bytes: straight into hyper's buffer.
                     let before = buf.filled().len();
                     ready!(this.inner.as_mut().poll_read(cx, buf))?;
                     let used = advance_body(this.state, &buf.filled()[before..]);
                     let end = buf.filled().len();
-                    if *this.state == State::Cut {
+                    if *this.state == Following::Cut {
                         buf.set_filled(before);
                         continue;
                     }
@@ -500,9 +500,9 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
             let mut tmp = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
             let mut rb = ReadBuf::uninit(&mut tmp);
             if this.inner.as_mut().poll_read(cx, &mut rb)?.is_pending() {
-                let waiting_for_head = (*this.state == State::Head
+                let waiting_for_head = (*this.state == Following::Head
                     && (*this.ready < this.stash.len() || !*this.seen_request))
-                    || matches!(*this.state, State::H2Preface { .. });
+                    || matches!(*this.state, Following::H2Preface { .. });
                 if !waiting_for_head {
                     return Poll::Pending;
                 }
@@ -522,7 +522,7 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                 // EOF: hand over whatever is held; hyper reports the cut.
                 if *this.ready < this.stash.len() {
                     *this.ready = this.stash.len();
-                    *this.state = State::Passthrough;
+                    *this.state = Following::Passthrough;
                     continue;
                 }
                 return Poll::Ready(Ok(()));
@@ -535,8 +535,8 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                 *this.max_head,
                 (this.h2, this.verdict),
             );
-            let handshaking = matches!(*this.state, State::H2Preface { .. });
-            if !handshaking && (*this.ready == this.stash.len() || *this.state != State::Head) {
+            let handshaking = matches!(*this.state, Following::H2Preface { .. });
+            if !handshaking && (*this.ready == this.stash.len() || *this.state != Following::Head) {
                 // Every held head is complete: stand the timer down.
                 *this.timer = None;
                 *this.seen_request = true;

@@ -127,7 +127,7 @@ enum Until {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+enum ChunkState {
     Start,
     Size,
     SizeLws,
@@ -149,7 +149,7 @@ enum State {
 /// The chunked transfer coding, followed byte by byte as it passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Chunked {
-    state: State,
+    state: ChunkState,
     size: u64,
     extensions: u64,
     trailers: usize,
@@ -180,7 +180,7 @@ impl Chunked {
 
     fn new(until: Until) -> Self {
         Chunked {
-            state: State::Start,
+            state: ChunkState::Start,
             size: 0,
             extensions: 0,
             trailers: 0,
@@ -192,7 +192,7 @@ impl Chunked {
     /// Consumes `bytes`. `Ok(Some(n))`: it ended after the first `n` of them;
     /// `Ok(None)`: more is to come; `Err`: not valid chunked coding.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Option<usize>, &'static str> {
-        use State::*;
+        use ChunkState::*;
         let mut i = 0;
         while i < bytes.len() {
             if self.state == Body {
@@ -273,7 +273,8 @@ impl Chunked {
 
     /// Whether the end has been reported.
     pub fn is_done(&self) -> bool {
-        self.state == State::End || (self.until == Until::LastChunk && self.state == State::EndCr)
+        self.state == ChunkState::End
+            || (self.until == Until::LastChunk && self.state == ChunkState::EndCr)
     }
 }
 

@@ -15,7 +15,7 @@
 mod detach;
 mod fleet;
 
-pub(crate) use detach::{detach, recorded};
+pub(crate) use detach::{detach, recorded, Forwarded};
 
 use super::error::ProxyError;
 use super::Upstream;

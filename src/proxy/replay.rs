@@ -162,7 +162,7 @@ impl RequestBody {
                 data: Some(data.clone()).filter(|d| !d.is_empty()),
                 trailers: trailers.clone(),
             }),
-            RequestBody::Streamed { slot, .. } => boxed(Take {
+            RequestBody::Streamed { slot, .. } => boxed(TakingBody {
                 slot: slot.clone(),
                 body: None,
             }),
@@ -280,12 +280,12 @@ impl HttpBody for Prefixed {
 
 /// Takes the streamed body out of its slot on first poll: from then on it is
 /// spent, and the decision core is told so.
-struct Take {
+struct TakingBody {
     slot: Arc<Mutex<Option<Body>>>,
     body: Option<Body>,
 }
 
-impl HttpBody for Take {
+impl HttpBody for TakingBody {
     type Data = Bytes;
     type Error = BoxError;
     fn poll_frame(

@@ -7,7 +7,7 @@ use crate::config::{Config, HostPattern, UpstreamConfig};
 use http::request::Parts;
 
 #[derive(Debug)]
-struct Entry {
+struct Route {
     pattern: HostPattern,
     prefix: String,
     /// Index into the snapshot's upstream list.
@@ -18,17 +18,17 @@ struct Entry {
 #[derive(Debug, Default)]
 pub struct RouteTable {
     /// Most specific first: host specificity, then prefix length.
-    entries: Vec<Entry>,
+    entries: Vec<Route>,
 }
 
 impl RouteTable {
     pub fn new(config: &Config) -> Self {
-        let mut entries: Vec<Entry> = config
+        let mut entries: Vec<Route> = config
             .upstreams
             .iter()
             .enumerate()
             .flat_map(|(i, u)| {
-                u.hosts.iter().map(move |h| Entry {
+                u.hosts.iter().map(move |h| Route {
                     pattern: h.clone(),
                     prefix: u.path_prefix.clone(),
                     upstream: i,

@@ -3,7 +3,7 @@
 //! bound addresses, publishes reloaded configs — binding listeners a reload
 //! adds and draining those it removes — and shuts everything down.
 
-use super::conn::{builder, serve_io, Conn, ServeState};
+use super::conn::{builder, serve_io, ClientConn, ServeState};
 use super::{ListenerRole, Snapshot};
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -396,17 +396,17 @@ async fn accept_loop(
 
 /// One client connection in `weir_client_connections_open`, from accept
 /// to its end on either path.
-struct Open(prometheus::IntGauge);
+struct OpenClient(prometheus::IntGauge);
 
-impl Open {
-    fn client(metrics: &crate::metrics::Metrics) -> Open {
+impl OpenClient {
+    fn client(metrics: &crate::metrics::Metrics) -> OpenClient {
         let open = metrics.client_connections().clone();
         open.inc();
-        Open(open)
+        OpenClient(open)
     }
 }
 
-impl Drop for Open {
+impl Drop for OpenClient {
     fn drop(&mut self) {
         self.0.dec();
     }
@@ -421,7 +421,7 @@ async fn serve_connection(
     pool: Arc<super::fast::Pool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let _open = Open::client(&shared.snapshot.load().metrics);
+    let _open = OpenClient::client(&shared.snapshot.load().metrics);
     let (builder, max_head, head_timeout, idle_timeout, write_timeout, max_resets, tls, fast_path) = {
         let snap = shared.snapshot.load();
         let s = &snap.config.server;
@@ -436,7 +436,7 @@ async fn serve_connection(
             s.fast_path,
         )
     };
-    let conn = Conn {
+    let conn = ClientConn {
         peer,
         role,
         shared,

@@ -3,10 +3,10 @@
 //! ended from the access log's entry, which says everything the span
 //! does. With `[tracing]` off this is one check per request.
 
-use super::access::Entry;
+use super::access::AccessEntry;
 use super::request::RequestHead;
 use super::{Snapshot, Upstream};
-use crate::trace::{Begin, Finish, Trace};
+use crate::trace::{Finish, SpanStart, Trace};
 use tokio::time::Instant;
 
 /// The trace of a routed request, when weir records it: the request's own
@@ -24,7 +24,7 @@ pub(crate) fn begin(
         return None;
     }
     let cfg = &up.config;
-    let b = || Begin {
+    let b = || SpanStart {
         method: h.method(),
         path: h.path(),
         upstream: &cfg.name,
@@ -36,7 +36,11 @@ pub(crate) fn begin(
 
 /// Ends `trace`'s server span as the access log's `e` tells it;
 /// `headers`: the response's, for the cache's result and a replay.
-pub(crate) fn finish(trace: Option<&Trace>, e: &Entry<'_>, headers: Option<&http::HeaderMap>) {
+pub(crate) fn finish(
+    trace: Option<&Trace>,
+    e: &AccessEntry<'_>,
+    headers: Option<&http::HeaderMap>,
+) {
     let Some(t) = trace else { return };
     let field = |name: &str| headers?.get(name)?.to_str().ok();
     t.finish(Finish {

@@ -50,20 +50,20 @@ impl Gate {
 
     /// A slot for one request, held until its response body ends: now,
     /// or after waiting in the queue (`max_queue`) until `deadline`.
-    pub async fn enter(&self, deadline: Instant) -> Result<Slot, Refused> {
+    pub async fn enter(&self, deadline: Instant) -> Result<Slot, GateRefusal> {
         if let Ok(p) = self.sem.clone().try_acquire_owned() {
             return Ok(self.slot(p));
         }
         let max_queue = self.max_queue.load(Ordering::Acquire);
         if self.queued.fetch_add(1, Ordering::AcqRel) >= max_queue {
             self.queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(Refused::Full);
+            return Err(GateRefusal::Full);
         }
         let _queued = Queued(&self.queued);
         match tokio::time::timeout_at(deadline, self.sem.clone().acquire_owned()).await {
             Ok(Ok(p)) => Ok(self.slot(p)),
-            Ok(Err(_)) => Err(Refused::Full),
-            Err(_) => Err(Refused::Deadline),
+            Ok(Err(_)) => Err(GateRefusal::Full),
+            Err(_) => Err(GateRefusal::Deadline),
         }
     }
 
@@ -113,7 +113,7 @@ impl Gate {
 /// Why the gate did not let a request in (weir answers 503 `overloaded` or
 /// 504 `deadline_exceeded`; see `ProxyError`'s `From`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
+pub enum GateRefusal {
     /// Every slot taken and the queue full (or closed).
     Full,
     /// The deadline passed while queued.

@@ -96,7 +96,7 @@ pub struct Memory {
 }
 
 #[derive(Debug)]
-struct Inner {
+struct StatusMemory {
     created: Duration,
     /// Grows to [`CAPACITY`] (allocated once), then `head` is overwritten.
     samples: Vec<Sample>,
@@ -110,14 +110,14 @@ struct Inner {
 /// breaker transition, or a status request — never by an ordinary request.
 #[derive(Debug)]
 pub struct Recent {
-    inner: Mutex<Inner>,
+    inner: Mutex<StatusMemory>,
 }
 
 impl Recent {
     /// Empty, for an upstream created at `now`.
     pub fn new(now: Duration) -> Self {
         Recent {
-            inner: Mutex::new(Inner {
+            inner: Mutex::new(StatusMemory {
                 created: now,
                 samples: Vec::with_capacity(CAPACITY),
                 head: 0,
@@ -127,7 +127,7 @@ impl Recent {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, StatusMemory> {
         // The data inside is plain numbers: a panic elsewhere cannot leave it
         // half-written in a way that matters to a status page.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)

@@ -59,7 +59,7 @@ pub(super) struct Pipeline {
 
 /// The counters the exporter keeps.
 #[derive(Debug, Clone)]
-pub(super) struct Counters {
+pub(super) struct ExportCounters {
     pub exported: IntCounter,
     pub queue_full: IntCounter,
     pub failed: IntCounter,
@@ -70,7 +70,10 @@ impl Pipeline {
     /// (on the current tokio runtime). `Err`: the exporter could not be
     /// built (the endpoint was checked with the config; this is the
     /// exporter's own word).
-    pub(super) fn start(settings: Settings, counters: Counters) -> Result<Arc<Pipeline>, String> {
+    pub(super) fn start(
+        settings: Settings,
+        counters: ExportCounters,
+    ) -> Result<Arc<Pipeline>, String> {
         let mut exporter = build(&settings)?;
         let resource = opentelemetry_sdk::Resource::builder_empty()
             .with_service_name(settings.service_name.clone())
@@ -155,7 +158,7 @@ fn build(s: &Settings) -> Result<opentelemetry_otlp::SpanExporter, String> {
 async fn drain(
     mut rx: mpsc::Receiver<SpanData>,
     exporter: opentelemetry_otlp::SpanExporter,
-    c: Counters,
+    c: ExportCounters,
 ) {
     let mut batch = Vec::with_capacity(BATCH_SPANS);
     // Whether the last export failed: a warning when exports start to

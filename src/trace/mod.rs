@@ -20,7 +20,7 @@ pub mod span;
 
 pub use context::Incoming;
 pub use export::{BATCH_DELAY, BATCH_SPANS, EXPORT_TIMEOUT, QUEUE_SPANS};
-pub use span::{Begin, Finish, Trace};
+pub use span::{Finish, SpanStart, Trace};
 
 use crate::config::TracingConfig;
 use std::sync::{Arc, Mutex};
@@ -55,7 +55,7 @@ impl Tracer {
         &self,
         fields: impl Fn() -> I,
         start: impl FnOnce() -> Instant,
-        b: impl FnOnce() -> Begin<'b>,
+        b: impl FnOnce() -> SpanStart<'b>,
     ) -> Option<Trace> {
         let pipeline = self.pipeline.as_ref()?;
         let incoming = context::read(fields());
@@ -88,7 +88,7 @@ impl Registry {
     pub fn sync(
         &self,
         config: &TracingConfig,
-        metrics: &crate::metrics::trace::Families,
+        metrics: &crate::metrics::trace::TraceFamilies,
     ) -> Result<Tracer, String> {
         let mut current = self.current.lock().expect("tracing registry lock poisoned");
         let Some(settings) = export::Settings::of(config) else {
@@ -98,7 +98,7 @@ impl Registry {
         let pipeline = match current.as_ref() {
             Some(p) if p.settings == settings => p.clone(),
             _ => {
-                let counters = export::Counters {
+                let counters = export::ExportCounters {
                     exported: metrics.exported.clone(),
                     queue_full: metrics.dropped("queue_full"),
                     failed: metrics.dropped("export_failed"),

@@ -20,10 +20,10 @@ use tokio::time::Instant;
 /// A traced request: cheap to clone (one `Arc`), shared by the request's
 /// path and its attempts (a keyed write's task included).
 #[derive(Debug, Clone)]
-pub struct Trace(Arc<Inner>);
+pub struct Trace(Arc<ServerSpan>);
 
 #[derive(Debug)]
-struct Inner {
+struct ServerSpan {
     pipeline: Arc<Pipeline>,
     trace_id: u128,
     span_id: u64,
@@ -34,11 +34,11 @@ struct Inner {
     /// whole tree reads one clock and follows tokio's.
     wall0: SystemTime,
     t0: Instant,
-    record: Mutex<Record>,
+    record: Mutex<SpanRecord>,
 }
 
 #[derive(Debug, Default)]
-struct Record {
+struct SpanRecord {
     name: String,
     attributes: Vec<KeyValue>,
     events: Vec<Event>,
@@ -78,7 +78,7 @@ pub struct Finish<'a> {
 
 /// What the server span knows when it starts.
 #[derive(Debug, Clone, Copy)]
-pub struct Begin<'a> {
+pub struct SpanStart<'a> {
     pub method: &'a str,
     pub path: &'a str,
     pub upstream: &'a str,
@@ -97,7 +97,7 @@ impl Trace {
         parent: Option<(u128, u64)>,
         trace_state: Option<&str>,
         start: Instant,
-        b: Begin<'_>,
+        b: SpanStart<'_>,
     ) -> Trace {
         let (trace_id, parent) = match parent {
             Some((t, s)) => (t, Some(s)),
@@ -114,7 +114,7 @@ impl Trace {
             KeyValue::new("weir.deadline_ms", b.deadline.as_millis() as i64),
             KeyValue::new("network.protocol.version", b.protocol),
         ];
-        Trace(Arc::new(Inner {
+        Trace(Arc::new(ServerSpan {
             wall0: pipeline.wall(),
             pipeline,
             trace_id,
@@ -122,15 +122,15 @@ impl Trace {
             parent,
             trace_state,
             t0: start,
-            record: Mutex::new(Record {
+            record: Mutex::new(SpanRecord {
                 name: b.method.to_string(),
                 attributes,
-                ..Record::default()
+                ..SpanRecord::default()
             }),
         }))
     }
 
-    fn record(&self) -> std::sync::MutexGuard<'_, Record> {
+    fn record(&self) -> std::sync::MutexGuard<'_, SpanRecord> {
         self.0.record.lock().expect("trace record lock poisoned")
     }
 
@@ -324,13 +324,13 @@ impl Trace {
     }
 }
 
-impl Inner {
+impl ServerSpan {
     fn wall(&self, at: Instant) -> SystemTime {
         self.wall0 + at.saturating_duration_since(self.t0)
     }
 
     /// Builds the spans and queues them; the queue never waits.
-    fn export(&self, r: &mut Record) {
+    fn export(&self, r: &mut SpanRecord) {
         r.done = true;
         let end = r.end.unwrap_or_else(Instant::now);
         let i = self;
@@ -386,7 +386,7 @@ impl Inner {
     }
 }
 
-impl Record {
+impl SpanRecord {
     fn attempt(&mut self, n: u32) -> Option<&mut Attempt> {
         self.attempts.iter_mut().rev().find(|a| a.n == n)
     }
@@ -399,7 +399,7 @@ fn status(error: Option<String>) -> Status {
     }
 }
 
-impl Drop for Inner {
+impl Drop for ServerSpan {
     /// A request that never finished (its client went away, or it was
     /// dropped on an error path): its spans go out with
     /// `weir.error = client_gone`.

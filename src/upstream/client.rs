@@ -40,7 +40,7 @@ pub struct ClientKey {
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
     pub key: ClientKey,
-    inner: Transport,
+    inner: ClientPool,
     /// What [`UpstreamClient::for_addr`] builds an endpoint's pool from: the
     /// client settings, and a connector whose TLS server name is fixed (the
     /// `url`'s host or `tls.server_name`), since an endpoint is dialled by
@@ -56,7 +56,7 @@ pub struct UpstreamClient {
 /// decides per connection), or weir's own HTTP/2 pool for an upstream that
 /// speaks HTTP/2 only ([`crate::upstream::h2pool`]).
 #[derive(Debug, Clone)]
-enum Transport {
+enum ClientPool {
     Legacy(Box<Client<Connector, Body>>),
     H2(crate::upstream::h2pool::H2Pool),
 }
@@ -117,14 +117,14 @@ struct PerEndpoint {
 }
 
 impl PerEndpoint {
-    fn build(&self, connector: Connector) -> Transport {
+    fn build(&self, connector: Connector) -> ClientPool {
         if self.h2_only {
-            Transport::H2(crate::upstream::h2pool::H2Pool::new(
+            ClientPool::H2(crate::upstream::h2pool::H2Pool::new(
                 connector,
                 self.idle_timeout,
             ))
         } else {
-            Transport::Legacy(Box::new(self.legacy.build(connector)))
+            ClientPool::Legacy(Box::new(self.legacy.build(connector)))
         }
     }
 }
@@ -276,8 +276,8 @@ impl UpstreamClient {
         req: http::Request<Body>,
     ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
         match &self.inner {
-            Transport::H2(pool) => pool.send(req).await,
-            Transport::Legacy(client) => client
+            ClientPool::H2(pool) => pool.send(req).await,
+            ClientPool::Legacy(client) => client
                 .request(req)
                 .await
                 .map_err(|e| classify_as(&e, e.is_connect())),

@@ -85,7 +85,7 @@ pub enum Availability {
 
 /// What a recorded outcome asks of the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum EjectAction {
     /// Nothing.
     Keep,
     /// Eject for this reason, if the cap allows (the share rule also needs
@@ -180,16 +180,16 @@ impl Health {
     /// Records an attempt's outcome (`probe`: it was this endpoint's
     /// probe). An outcome of a request sent before an ejection, arriving
     /// while ejected, changes nothing.
-    pub fn record(&mut self, failure: bool, probe: bool, p: &EjectParams, now: Now) -> Verdict {
+    pub fn record(&mut self, failure: bool, probe: bool, p: &EjectParams, now: Now) -> EjectAction {
         match self.status {
             Status::Probation { .. } if probe => {
                 if failure {
-                    Verdict::Eject(Why::ProbeFailed)
+                    EjectAction::Eject(Why::ProbeFailed)
                 } else {
                     self.status = Status::Active;
                     self.back_at = Some(now);
                     self.clear();
-                    Verdict::Restored
+                    EjectAction::Restored
                 }
             }
             Status::Active => {
@@ -198,21 +198,21 @@ impl Health {
                 self.len = (self.len + 1).min(WINDOW);
                 if !failure {
                     self.consecutive = 0;
-                    return Verdict::Keep;
+                    return EjectAction::Keep;
                 }
                 self.consecutive += 1;
                 if self.consecutive >= p.consecutive_failures {
-                    Verdict::Eject(Why::Consecutive)
+                    EjectAction::Eject(Why::Consecutive)
                 } else if self
                     .share(p.min_samples)
                     .is_some_and(|s| s >= p.failure_share_above)
                 {
-                    Verdict::Eject(Why::FailureShare)
+                    EjectAction::Eject(Why::FailureShare)
                 } else {
-                    Verdict::Keep
+                    EjectAction::Keep
                 }
             }
-            _ => Verdict::Keep,
+            _ => EjectAction::Keep,
         }
     }
 
@@ -279,15 +279,15 @@ mod tests {
         let p = params();
         let mut h = Health::new();
         for _ in 0..4 {
-            assert_eq!(h.record(true, false, &p, s(0)), Verdict::Keep);
+            assert_eq!(h.record(true, false, &p, s(0)), EjectAction::Keep);
         }
-        assert_eq!(h.record(false, false, &p, s(0)), Verdict::Keep);
+        assert_eq!(h.record(false, false, &p, s(0)), EjectAction::Keep);
         for _ in 0..4 {
-            assert_eq!(h.record(true, false, &p, s(0)), Verdict::Keep);
+            assert_eq!(h.record(true, false, &p, s(0)), EjectAction::Keep);
         }
         assert_eq!(
             h.record(true, false, &p, s(0)),
-            Verdict::Eject(Why::Consecutive)
+            EjectAction::Eject(Why::Consecutive)
         );
     }
 
@@ -300,9 +300,9 @@ mod tests {
             verdicts.push(h.record(i % 2 == 0, false, &p, s(0)));
         }
         // Alternating: never 5 in a row; a share of 0.5 once 20 are in.
-        let first = verdicts.iter().position(|v| *v != Verdict::Keep);
+        let first = verdicts.iter().position(|v| *v != EjectAction::Keep);
         assert_eq!(first, Some(20));
-        assert_eq!(verdicts[20], Verdict::Eject(Why::FailureShare));
+        assert_eq!(verdicts[20], EjectAction::Eject(Why::FailureShare));
         assert_eq!(h.share(20), Some(0.5));
     }
 
@@ -318,7 +318,7 @@ mod tests {
         assert_eq!(h.availability(s(5)), Availability::Closed);
         assert_eq!(
             h.record(true, true, &p, s(6)),
-            Verdict::Eject(Why::ProbeFailed)
+            EjectAction::Eject(Why::ProbeFailed)
         );
         assert_eq!(h.eject(Why::ProbeFailed, &p, s(6), mid), s(10));
         assert_eq!(h.eject(Why::ProbeFailed, &p, s(16), mid), s(20));
@@ -341,7 +341,7 @@ mod tests {
         h.eject(Why::Consecutive, &p, s(0), 0.5);
         h.eject(Why::ProbeFailed, &p, s(5), 0.5); // 10 s
         h.take_probe(s(15));
-        assert_eq!(h.record(false, true, &p, s(15)), Verdict::Restored);
+        assert_eq!(h.record(false, true, &p, s(15)), EjectAction::Restored);
         assert_eq!(h.availability(s(15)), Availability::Open);
         assert!(!h.is_out());
         // Soon again: longer (third in a row).
@@ -356,12 +356,12 @@ mod tests {
         let p = params();
         let mut h = Health::new();
         h.eject(Why::Consecutive, &p, s(0), 0.5);
-        assert_eq!(h.record(true, false, &p, s(1)), Verdict::Keep);
+        assert_eq!(h.record(true, false, &p, s(1)), EjectAction::Keep);
         h.take_probe(s(5));
         h.release_probe();
         assert_eq!(h.availability(s(5)), Availability::Probe);
         // A non-probe outcome in probation is not the probe's verdict.
-        assert_eq!(h.record(false, false, &p, s(5)), Verdict::Keep);
+        assert_eq!(h.record(false, false, &p, s(5)), EjectAction::Keep);
         assert!(h.is_out());
     }
 }

@@ -49,7 +49,7 @@ const MAX_TRIES: usize = 4;
 const MAX_DIAL_ROUNDS: usize = 4;
 
 /// The result one dial gives every request that waited for it.
-type Dialled = Result<Arc<Conn>, SendError>;
+type Dialled = Result<Arc<H2Conn>, SendError>;
 
 /// The HTTP/2 connections to one endpoint. Cheap to clone (shared).
 #[derive(Clone)]
@@ -71,19 +71,19 @@ struct Shared {
     learned_max: Arc<AtomicUsize>,
     builder: http2::Builder<TokioExecutor>,
     idle_timeout: Duration,
-    state: Mutex<State>,
+    state: Mutex<PoolState>,
 }
 
 #[derive(Default)]
-struct State {
-    conns: Vec<Arc<Conn>>,
+struct PoolState {
+    conns: Vec<Arc<H2Conn>>,
     /// The dial in progress, if any: every request that finds no room waits
     /// on it.
     dialing: Option<Arc<tokio::sync::OnceCell<Dialled>>>,
 }
 
 /// One HTTP/2 connection.
-struct Conn {
+struct H2Conn {
     send: http2::SendRequest<Body>,
     /// Requests sent on it whose response head has not arrived yet.
     in_flight: AtomicUsize,
@@ -97,7 +97,7 @@ struct Conn {
     epoch: Instant,
 }
 
-impl Conn {
+impl H2Conn {
     fn usable(&self, now: Instant, idle: Duration) -> bool {
         !self.retired.load(Ordering::Relaxed)
             && !self.send.is_closed()
@@ -123,7 +123,7 @@ impl Conn {
 }
 
 /// hyper's connection task, reporting the peer's stream limit as it changes.
-struct Driven<F> {
+struct ConnTask<F> {
     conn: F,
     /// Polls so far: the peer's limit is read on each of the first few
     /// (its SETTINGS come right after the handshake), then on every 64th
@@ -136,7 +136,7 @@ struct Driven<F> {
 /// What the pool's connector yields: a TCP (or TLS) connection.
 type Io = <Connector as Service<http::Uri>>::Response;
 
-impl Future for Driven<http2::Connection<Io, Body, TokioExecutor>> {
+impl Future for ConnTask<http2::Connection<Io, Body, TokioExecutor>> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
@@ -162,7 +162,7 @@ impl Future for Driven<http2::Connection<Io, Body, TokioExecutor>> {
 
 /// Counts a request in flight on a connection until its response head
 /// arrives or it fails (or the attempt is dropped).
-struct InFlight<'a>(&'a Conn);
+struct InFlight<'a>(&'a H2Conn);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
@@ -180,7 +180,7 @@ impl H2Pool {
                 learned_max: Arc::new(AtomicUsize::new(INITIAL_MAX_STREAMS)),
                 builder: builder(),
                 idle_timeout,
-                state: Mutex::new(State::default()),
+                state: Mutex::new(PoolState::default()),
             }),
         }
     }
@@ -224,7 +224,7 @@ impl H2Pool {
     /// A usable connection with room for one more stream, or a new one,
     /// with that stream counted in flight on it (under the lock, so a burst
     /// does not all see the same room).
-    async fn checkout(&self) -> Result<Arc<Conn>, SendError> {
+    async fn checkout(&self) -> Result<Arc<H2Conn>, SendError> {
         let mut dialled = None;
         for _ in 0..MAX_DIAL_ROUNDS {
             let cell = {
@@ -311,14 +311,14 @@ impl Shared {
             )
         })?;
         let max_streams = Arc::new(AtomicUsize::new(assumed));
-        tokio::spawn(Driven {
+        tokio::spawn(ConnTask {
             conn,
             polls: 0,
             max_streams: max_streams.clone(),
             learned: self.learned_max.clone(),
         });
         let epoch = Instant::now();
-        Ok(Arc::new(Conn {
+        Ok(Arc::new(H2Conn {
             send,
             in_flight: AtomicUsize::new(0),
             max_streams,

@@ -24,13 +24,13 @@ pub use dial::Served;
 pub(crate) use dial::{dial, report};
 
 use crate::clock::Clock;
-use crate::metrics::endpoints::{EndpointMetrics, Families};
+use crate::metrics::endpoints::{EndpointFamilies, EndpointMetrics};
 use crate::policy::Now;
 use crate::upstream::client::UpstreamClient;
 use arc_swap::ArcSwap;
 pub use balance::Params;
 use balance::{Balance, PeakEwma};
-use eject::{Availability, Health, Verdict, Why};
+use eject::{Availability, EjectAction, Health, Why};
 use prometheus::IntGauge;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -148,7 +148,7 @@ pub struct Endpoints {
     params: ArcSwap<Params>,
     /// What new endpoints' pools are made from.
     client: ArcSwap<UpstreamClient>,
-    families: Families,
+    families: EndpointFamilies,
     counts: [IntGauge; 2],
     /// Endpoints ejected or on probation now: a count the balancer reads
     /// without a lock, recounted from the set (never adjusted by ±1) under
@@ -234,8 +234,8 @@ impl Picked {
             s.health.record(failure, self.probe, &params.ejection, now)
         };
         match verdict {
-            Verdict::Keep => {}
-            Verdict::Restored => {
+            EjectAction::Keep => {}
+            EjectAction::Restored => {
                 let _changes = owner
                     .changes
                     .lock()
@@ -243,7 +243,7 @@ impl Picked {
                 owner.recount(&owner.set.load());
                 tracing::info!(upstream = %owner.upstream, endpoint = %ep.addr, "endpoint serves again: its probe succeeded");
             }
-            Verdict::Eject(why) => owner.eject(ep, why, &params, now),
+            EjectAction::Eject(why) => owner.eject(ep, why, &params, now),
         }
     }
 }
@@ -255,7 +255,7 @@ impl Endpoints {
         clock: Clock,
         params: Params,
         client: UpstreamClient,
-        families: Families,
+        families: EndpointFamilies,
     ) -> Arc<Self> {
         let counts = families.counts(upstream);
         Arc::new(Endpoints {

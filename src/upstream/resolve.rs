@@ -38,10 +38,10 @@ impl DnsMetrics {
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One source of endpoints: a host (IP literal or name) and a port.
-pub type Entry = (String, u16);
+pub type HostPort = (String, u16);
 
 /// The literal address of an entry whose host is an IP.
-pub fn literal((host, port): &Entry) -> Option<SocketAddr> {
+pub fn literal((host, port): &HostPort) -> Option<SocketAddr> {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     bare.parse::<std::net::IpAddr>()
         .ok()
@@ -52,7 +52,7 @@ pub fn literal((host, port): &Entry) -> Option<SocketAddr> {
 /// the resolving task.
 #[derive(Debug)]
 pub struct Resolver {
-    entries: Vec<Entry>,
+    entries: Vec<HostPort>,
     /// Set while resolution fails, so the failure is logged once.
     failing: AtomicBool,
     /// Set when a reload replaced it: a resolution still in flight must
@@ -65,7 +65,7 @@ impl Resolver {
     /// resolving them every `every` on the current runtime.
     pub fn start(
         upstream: &str,
-        entries: Vec<Entry>,
+        entries: Vec<HostPort>,
         every: Duration,
         endpoints: &Arc<Endpoints>,
         dns: Option<DnsMetrics>,

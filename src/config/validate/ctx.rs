@@ -6,7 +6,8 @@ use super::super::error::{ConfigError, SpanIndex};
 use crate::policy::PolicyError;
 use std::path::Path;
 
-pub(in crate::config) struct Ctx<'a> {
+/// Stage two's errors, each located in the file as it is added.
+pub(in crate::config) struct ErrorSink<'a> {
     file: &'a Path,
     idx: &'a SpanIndex,
     /// What stage one rejected or took an unknown field to mean
@@ -39,9 +40,9 @@ const JUDGED_WITH: &[(&str, &[&str])] = &[
     ),
 ];
 
-impl<'a> Ctx<'a> {
+impl<'a> ErrorSink<'a> {
     pub(super) fn new(file: &'a Path, idx: &'a SpanIndex, removed: &'a [String]) -> Self {
-        Ctx {
+        ErrorSink {
             file,
             idx,
             removed,

@@ -2,7 +2,7 @@
 //! (docs/reference/endpoints.md).
 
 use super::super::raw::{RawEjection, RawUpstream, DEFAULT_BALANCE, DEFAULT_MAX_ENDPOINTS};
-use super::{quote, Ctx};
+use super::{quote, ErrorSink};
 use crate::config::EndpointsConfig;
 use crate::upstream::balance::Balance;
 use crate::upstream::balance::Params;
@@ -31,7 +31,7 @@ fn entry(s: &str) -> Result<(String, u16), String> {
 }
 
 pub(super) fn endpoints(
-    cx: &mut Ctx,
+    cx: &mut ErrorSink,
     name: &str,
     up: &RawUpstream,
     url: Option<&crate::config::UpstreamUrl>,

@@ -5,24 +5,24 @@
 //! field that names it.
 
 use super::super::files::{self, FileErrors};
-use super::Ctx;
+use super::ErrorSink;
 use crate::config::{ListenerTls, UpstreamTls};
 
-fn report(cx: &mut Ctx, table: &str, errors: FileErrors) {
+fn report(cx: &mut ErrorSink, table: &str, errors: FileErrors) {
     for e in errors.0 {
         cx.err(format!("{table}.{}", e.field), e.message);
     }
 }
 
 /// `[server] tls` or an upstream's `listen_tls`, at `table`.
-pub(super) fn listener(cx: &mut Ctx, table: &str, t: &ListenerTls) {
+pub(super) fn listener(cx: &mut ErrorSink, table: &str, t: &ListenerTls) {
     if let Err(e) = files::server_config(t) {
         report(cx, table, e);
     }
 }
 
 /// An upstream's `tls` table, at `table`.
-pub(super) fn upstream(cx: &mut Ctx, table: &str, t: &UpstreamTls) {
+pub(super) fn upstream(cx: &mut ErrorSink, table: &str, t: &UpstreamTls) {
     if let Some(n) = &t.server_name {
         if rustls::pki_types::ServerName::try_from(n.as_str()).is_err() {
             cx.err(

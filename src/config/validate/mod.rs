@@ -17,7 +17,7 @@ mod tracing;
 /// `resolve_every`'s default: Kubernetes Services and headless Services
 /// change, and a sidecar should follow within seconds.
 const DEFAULT_RESOLVE_EVERY: Duration = Duration::from_secs(5);
-pub(super) use ctx::{quote, Ctx};
+pub(super) use ctx::{quote, ErrorSink};
 use policy::{breaker, cache, hedge, idempotency, merged, rate_limit, retry_policy};
 
 /// Validates `raw`. `removed` are the fields stage one rejected
@@ -29,7 +29,7 @@ pub(super) fn validate(
     idx: &SpanIndex,
     removed: &[String],
 ) -> Result<Config, ConfigErrors> {
-    let mut cx = Ctx::new(file, idx, removed);
+    let mut cx = ErrorSink::new(file, idx, removed);
     let server_raw = raw.server.clone().merge(RawServer::builtin());
     let server = server(&mut cx, &server_raw);
     let state_raw = raw.state.clone().merge(super::raw::RawState::builtin());
@@ -95,7 +95,7 @@ pub(super) fn validate(
     })
 }
 
-fn addr(cx: &mut Ctx, field: &str, s: &str) -> Option<SocketAddr> {
+fn addr(cx: &mut ErrorSink, field: &str, s: &str) -> Option<SocketAddr> {
     match s.parse::<SocketAddr>() {
         Ok(a) => Some(a),
         Err(_) => {
@@ -108,7 +108,7 @@ fn addr(cx: &mut Ctx, field: &str, s: &str) -> Option<SocketAddr> {
     }
 }
 
-fn server(cx: &mut Ctx, s: &RawServer) -> Option<ServerConfig> {
+fn server(cx: &mut ErrorSink, s: &RawServer) -> Option<ServerConfig> {
     let listen = addr(cx, "server.listen", s.listen.as_deref().unwrap_or_default());
     let admin = addr(cx, "server.admin", s.admin.as_deref().unwrap_or_default());
     let max_connections = s.max_connections.unwrap_or_default();
@@ -175,7 +175,7 @@ fn server(cx: &mut Ctx, s: &RawServer) -> Option<ServerConfig> {
     })
 }
 
-fn url(cx: &mut Ctx, name: &str, s: Option<&str>) -> Option<UpstreamUrl> {
+fn url(cx: &mut ErrorSink, name: &str, s: Option<&str>) -> Option<UpstreamUrl> {
     let field = format!("upstreams.{}.url", quote(name));
     let Some(s) = s else {
         cx.err(
@@ -244,7 +244,12 @@ fn url(cx: &mut Ctx, name: &str, s: Option<&str>) -> Option<UpstreamUrl> {
     })
 }
 
-fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option<UpstreamConfig> {
+fn upstream(
+    cx: &mut ErrorSink,
+    name: &str,
+    up: &RawUpstream,
+    p: &RawPolicy,
+) -> Option<UpstreamConfig> {
     let q = quote(name);
     let n_errors = cx.errors.len();
     if name.is_empty()
@@ -442,7 +447,7 @@ fn upstream(cx: &mut Ctx, name: &str, up: &RawUpstream, p: &RawPolicy) -> Option
 }
 
 /// Checks across upstreams: unique listen addresses and unique (host, prefix) routes.
-fn cross_checks(cx: &mut Ctx, server: Option<&ServerConfig>, ups: &[Arc<UpstreamConfig>]) {
+fn cross_checks(cx: &mut ErrorSink, server: Option<&ServerConfig>, ups: &[Arc<UpstreamConfig>]) {
     // Each address taken: by whom, and the field that sets it.
     let mut listens: BTreeMap<SocketAddr, (String, String)> = BTreeMap::new();
     if let Some(s) = server {

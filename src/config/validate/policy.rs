@@ -6,7 +6,7 @@
 
 use super::super::duration;
 use super::super::raw::{RawJitter, RawPolicy};
-use super::Ctx;
+use super::ErrorSink;
 use crate::policy::{
     BackoffPolicy, BreakerParams, BudgetParams, CacheParams, Growth, HedgeParams,
     IdempotencyParams, Jitter, RateLimitParams, RetryOn, RetryPolicy, Scope,
@@ -50,7 +50,7 @@ pub(super) fn merged(own: RawPolicy, raw_defaults: &RawPolicy, defaults: RawPoli
     merged
 }
 
-pub(super) fn retry_policy(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<RetryPolicy> {
+pub(super) fn retry_policy(cx: &mut ErrorSink, name: &str, p: &RawPolicy) -> Option<RetryPolicy> {
     let r = p.retry.clone().unwrap_or_default();
     let b = r.backoff.clone().unwrap_or_default();
     let bu = r.budget.clone().unwrap_or_default();
@@ -157,7 +157,7 @@ fn object_within_max_bytes(p: &mut RawPolicy) {
     }
 }
 
-pub(super) fn breaker(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<BreakerParams> {
+pub(super) fn breaker(cx: &mut ErrorSink, name: &str, p: &RawPolicy) -> Option<BreakerParams> {
     let b = p.breaker.clone().unwrap_or_default();
     BreakerParams::try_new(
         b.enabled.unwrap_or(true),
@@ -179,7 +179,7 @@ pub(super) fn breaker(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<Breaker
     .ok()
 }
 
-pub(super) fn rate_limit(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<RateLimitParams> {
+pub(super) fn rate_limit(cx: &mut ErrorSink, name: &str, p: &RawPolicy) -> Option<RateLimitParams> {
     let r = p.rate_limit.as_ref()?;
     let bucket = match (r.rps, r.burst) {
         (Some(rps), burst) => Some((rps, burst.unwrap_or_else(|| rps.ceil().max(1.0) as u32))),
@@ -210,7 +210,11 @@ pub(super) fn rate_limit(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<Rate
 /// The idempotency store's parameters; `None` when `enabled = false` (or on
 /// an error, which is recorded). The fields are checked either way, so that
 /// turning the store on later cannot reveal an old mistake.
-pub(super) fn idempotency(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<IdempotencyParams> {
+pub(super) fn idempotency(
+    cx: &mut ErrorSink,
+    name: &str,
+    p: &RawPolicy,
+) -> Option<IdempotencyParams> {
     let i = p.idempotency.clone().unwrap_or_default();
     IdempotencyParams::try_new(
         i.ttl.map(|d| d.0).unwrap_or_default(),
@@ -228,7 +232,7 @@ pub(super) fn idempotency(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<Ide
 /// default) or on an error, which is recorded. `max_object_bytes` ≤
 /// `max_bytes` is checked either way, so that turning the cache on later
 /// cannot reveal an old mistake; `max_bytes` ≥ 1 only when it is on.
-pub(super) fn cache(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<CacheParams> {
+pub(super) fn cache(cx: &mut ErrorSink, name: &str, p: &RawPolicy) -> Option<CacheParams> {
     let c = p.cache.clone().unwrap_or_default();
     let enabled = c.enabled.unwrap_or(false);
     let dur = |d: Option<duration::Dur>| d.map(|d| d.0).unwrap_or_default();
@@ -254,7 +258,7 @@ pub(super) fn cache(cx: &mut Ctx, name: &str, p: &RawPolicy) -> Option<CachePara
 /// `enabled = false`, or on an error (recorded). Hedging needs retries: a
 /// hedge is an extra attempt, replayed under the retry rules.
 pub(super) fn hedge(
-    cx: &mut Ctx,
+    cx: &mut ErrorSink,
     name: &str,
     p: &RawPolicy,
     retry: Option<&RetryPolicy>,

@@ -5,7 +5,7 @@
 
 use super::super::raw::RawState;
 use super::super::{redact_url, StateBackend, StateConfig};
-use super::Ctx;
+use super::ErrorSink;
 use std::time::Duration;
 
 /// The longest `timeout`: a call slower than this would hold requests up
@@ -17,7 +17,7 @@ const MAX_REFRESH: Duration = Duration::from_secs(60);
 /// The longest `key_prefix`, in bytes.
 const MAX_PREFIX: usize = 64;
 
-pub(super) fn state(cx: &mut Ctx, s: &RawState) -> Option<StateConfig> {
+pub(super) fn state(cx: &mut ErrorSink, s: &RawState) -> Option<StateConfig> {
     let n_errors = cx.errors.len();
     let backend = s.backend.unwrap_or_default();
     match (&s.url, backend) {
@@ -75,7 +75,7 @@ pub(super) fn effective(mut s: RawState) -> RawState {
     s
 }
 
-fn url(cx: &mut Ctx, s: &str) {
+fn url(cx: &mut ErrorSink, s: &str) {
     let field = "state.url";
     let bad = |why: &str| format!("invalid url {s:?}: {why}");
     let uri: http::Uri = match s.parse() {

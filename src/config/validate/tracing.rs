@@ -4,12 +4,12 @@
 
 use super::super::raw::RawTracing;
 use super::super::{TraceProtocol, TracingConfig};
-use super::Ctx;
+use super::ErrorSink;
 
 /// The longest `service_name`, in bytes.
 const MAX_SERVICE_NAME: usize = 255;
 
-pub(super) fn tracing(cx: &mut Ctx, t: &RawTracing) -> Option<TracingConfig> {
+pub(super) fn tracing(cx: &mut ErrorSink, t: &RawTracing) -> Option<TracingConfig> {
     let n_errors = cx.errors.len();
     let protocol = t.protocol.unwrap_or_default();
     let endpoint = t
@@ -67,7 +67,7 @@ pub(super) fn effective(mut t: RawTracing) -> RawTracing {
 
 /// The collector's URL: `http://host:port`, a path only with
 /// `http/protobuf` (which otherwise gets `/v1/traces`).
-fn endpoint(cx: &mut Ctx, s: &str, protocol: TraceProtocol) -> Option<String> {
+fn endpoint(cx: &mut ErrorSink, s: &str, protocol: TraceProtocol) -> Option<String> {
     let field = "tracing.endpoint";
     let bad = |why: &str| format!("invalid endpoint {s:?}: {why}");
     let uri: http::Uri = match s.parse() {

@@ -289,9 +289,9 @@ impl ResponseFacts {
 mod tests {
     use super::*;
 
-    type H<'a> = [(&'a [u8], &'a [u8])];
+    use crate::policy::cache::tests::HeaderPairs;
 
-    fn req(method: &str, h: &H) -> Result<CacheRequest, Bypass> {
+    fn req(method: &str, h: &HeaderPairs) -> Result<CacheRequest, Bypass> {
         CacheRequest::parse(method, h.iter().copied())
     }
 
@@ -376,7 +376,7 @@ mod tests {
 
     #[test]
     fn response_facts() {
-        let h: &H = &[
+        let h: &HeaderPairs = &[
             (b"Cache-Control", b"public, max-age=60, s-maxage=5"),
             (
                 b"cache-control",
@@ -400,7 +400,7 @@ mod tests {
         assert!(r.public && r.etag && r.last_modified && r.vary && !r.vary_star);
         assert!(!r.no_store && !r.no_cache && !r.must_revalidate && !r.set_cookie);
 
-        let h: &H = &[
+        let h: &HeaderPairs = &[
             (
                 b"cache-control",
                 b"no-cache=\"set-cookie\", proxy-revalidate, max-age=x",

@@ -395,13 +395,13 @@ where
 mod tests {
     use super::*;
 
-    type H<'a> = [(&'a [u8], &'a [u8])];
+    use crate::policy::cache::tests::HeaderPairs;
 
     fn s(x: u64) -> Duration {
         Duration::from_secs(x)
     }
 
-    fn response(fields: &H, body: &[&[u8]]) -> CachedResponse {
+    fn response(fields: &HeaderPairs, body: &[&[u8]]) -> CachedResponse {
         CachedResponse::new(
             200,
             fields.iter().copied(),
@@ -479,7 +479,7 @@ mod tests {
             ],
             &[],
         );
-        let req: &H = &[
+        let req: &HeaderPairs = &[
             (b"accept-encoding", b" gzip "),
             (b"Accept-Encoding", b"br"),
             (b"x-tenant", b""),
@@ -491,9 +491,9 @@ mod tests {
         );
         assert!(vary_matches(&key, req.iter().copied()));
         // Absent is not empty; order and count of lines matter as joined.
-        let other: &H = &[(b"accept-encoding", b"gzip, br"), (b"x-tenant", b"")];
+        let other: &HeaderPairs = &[(b"accept-encoding", b"gzip, br"), (b"x-tenant", b"")];
         assert!(vary_matches(&key, other.iter().copied()));
-        let cases: [&H; 5] = [
+        let cases: [&HeaderPairs; 5] = [
             &[(b"accept-encoding", b"gzip"), (b"x-tenant", b"")],
             &[(b"accept-encoding", b"gzip, br")],
             &[(b"accept-encoding", b"gzip, br"), (b"x-tenant", b"a")],
@@ -512,7 +512,7 @@ mod tests {
         let key = plain.secondary_key(req.iter().copied()).unwrap();
         assert!(key.is_empty() && vary_matches(&key, req.iter().copied()));
         // A control byte could forge a separator: not stored.
-        let bad: &H = &[(b"accept-encoding", b"a\x01b")];
+        let bad: &HeaderPairs = &[(b"accept-encoding", b"a\x01b")];
         assert_eq!(r.secondary_key(bad.iter().copied()), None);
         assert!(!vary_matches(b"garbage\n", req.iter().copied()));
     }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 const NIL: usize = usize::MAX;
 
 #[derive(Debug)]
-struct Node {
+struct StoredVariant {
     /// Shared by the map and every variant of the key.
     key: Arc<str>,
     /// The secondary key (empty without `Vary`).
@@ -61,7 +61,7 @@ impl Lookup {
 pub struct CacheStore {
     params: CacheParams,
     map: HashMap<Arc<str>, usize>,
-    slots: Vec<Option<Node>>,
+    slots: Vec<Option<StoredVariant>>,
     free: Vec<usize>,
     newest: usize,
     oldest: usize,
@@ -98,11 +98,11 @@ impl CacheStore {
         ENTRY_OVERHEAD + key.len() + vary.len() + response.object_bytes()
     }
 
-    fn node(&self, i: usize) -> &Node {
+    fn node(&self, i: usize) -> &StoredVariant {
         self.slots[i].as_ref().expect("a linked slot holds a node")
     }
 
-    fn node_mut(&mut self, i: usize) -> &mut Node {
+    fn node_mut(&mut self, i: usize) -> &mut StoredVariant {
         self.slots[i].as_mut().expect("a linked slot holds a node")
     }
 
@@ -178,7 +178,7 @@ impl CacheStore {
             Some((k, &head)) => (Arc::clone(k), head),
             None => (Arc::from(key), NIL),
         };
-        let node = Some(Node {
+        let node = Some(StoredVariant {
             key: Arc::clone(&key),
             vary,
             response: Arc::new(response),
@@ -343,7 +343,7 @@ mod tests {
     use super::*;
     use std::time::{Duration, SystemTime};
 
-    type H<'a> = [(&'a [u8], &'a [u8])];
+    use crate::policy::cache::tests::HeaderPairs;
 
     fn s(x: u64) -> Duration {
         Duration::from_secs(x)
@@ -373,7 +373,7 @@ mod tests {
         CachedResponse::new(200, [], &[vec![b'x'; n]], fresh(60), s(at))
     }
 
-    fn get(st: &mut CacheStore, key: &str, h: &H, at: u64) -> &'static str {
+    fn get(st: &mut CacheStore, key: &str, h: &HeaderPairs, at: u64) -> &'static str {
         let req = CacheRequest::default();
         st.lookup(key, &req, h.iter().copied(), s(at))
             .decision
@@ -391,7 +391,7 @@ mod tests {
         // minimum chunk: the key, the response, its field block and body
         // and their two shared headers, the secondary key.
         let chunk = |n: usize| (n + 8).next_multiple_of(16).max(32);
-        let fixed = std::mem::size_of::<Option<Node>>()
+        let fixed = std::mem::size_of::<Option<StoredVariant>>()
             + std::mem::size_of::<(Arc<str>, usize)>()
             + 1
             + chunk(16 + std::mem::size_of::<CachedResponse>())
@@ -399,7 +399,7 @@ mod tests {
             + 5 * 32;
         assert!(ENTRY_OVERHEAD >= fixed, "{fixed}");
         // The slab and the map have up to 2× spare capacity.
-        let spare = std::mem::size_of::<Option<Node>>()
+        let spare = std::mem::size_of::<Option<StoredVariant>>()
             + 2 * (std::mem::size_of::<(Arc<str>, usize)>() + 1);
         assert!(ENTRY_OVERHEAD >= fixed + spare / 2, "{}", fixed + spare / 2);
     }
@@ -483,7 +483,7 @@ mod tests {
     fn variants_are_kept_by_vary_and_bounded() {
         let mut st = CacheStore::new(params(1 << 20, 1 << 16));
         let vary = |tag: u8| {
-            let f: &H = &[(b"vary", b"x-tenant")];
+            let f: &HeaderPairs = &[(b"vary", b"x-tenant")];
             CachedResponse::new(200, f.iter().copied(), &[[tag]], fresh(60), s(0))
         };
         let tenant = |t: &'static str| [(&b"x-tenant"[..], t.as_bytes())];
@@ -543,7 +543,7 @@ mod tests {
     #[test]
     fn vary_star_and_uncacheable_requests_never_reach_the_store() {
         let p = params(1 << 20, 1 << 16);
-        let h: &H = &[(b"cache-control", b"max-age=60"), (b"vary", b"*")];
+        let h: &HeaderPairs = &[(b"cache-control", b"max-age=60"), (b"vary", b"*")];
         let f = ResponseFacts::parse(200, h.iter().copied());
         let req = CacheRequest::default();
         assert_eq!(storable(&req, &f, &p, SystemTime::UNIX_EPOCH), None);

@@ -15,14 +15,14 @@ use std::hash::{BuildHasher, RandomState};
 const NIL: usize = usize::MAX;
 
 #[derive(Debug, Clone, Copy)]
-struct Link {
+struct ListLink {
     /// Towards the newest end.
     prev: usize,
     /// Towards the oldest end.
     next: usize,
 }
 
-const UNLINKED: Link = Link {
+const UNLINKED: ListLink = ListLink {
     prev: NIL,
     next: NIL,
 };
@@ -76,13 +76,13 @@ impl Key {
 
 /// A record's place: its links in the lists, and the record.
 #[derive(Debug)]
-struct Slot {
-    links: [Link; 2],
-    node: Option<Node>,
+struct RecordSlot {
+    links: [ListLink; 2],
+    node: Option<StoredRecord>,
 }
 
 #[derive(Debug)]
-struct Node {
+struct StoredRecord {
     key: Key,
     /// `key`'s hash: an eviction finds the record's place in the table by it
     /// without hashing or reading the key again.
@@ -117,7 +117,7 @@ pub struct MemoryStore {
     serial: u64,
     /// Each record's links and node side by side: an eviction reads both,
     /// from one place, in a store too large for the CPU's caches.
-    slots: Vec<Slot>,
+    slots: Vec<RecordSlot>,
     free: Vec<usize>,
     lists: [List; 3],
     stats: IdempotencyStats,
@@ -175,14 +175,14 @@ impl MemoryStore {
         found.copied()
     }
 
-    fn node(&self, i: usize) -> &Node {
+    fn node(&self, i: usize) -> &StoredRecord {
         self.slots[i]
             .node
             .as_ref()
             .expect("a mapped slot holds a node")
     }
 
-    fn node_mut(&mut self, i: usize) -> &mut Node {
+    fn node_mut(&mut self, i: usize) -> &mut StoredRecord {
         self.slots[i]
             .node
             .as_mut()
@@ -201,7 +201,7 @@ impl MemoryStore {
     fn push_newest(&mut self, l: usize, i: usize) {
         let s = usize::from(l == EXPIRY);
         let old = self.lists[l].newest;
-        self.slots[i].links[s] = Link {
+        self.slots[i].links[s] = ListLink {
             prev: NIL,
             next: old,
         };
@@ -214,7 +214,7 @@ impl MemoryStore {
 
     fn unlink(&mut self, l: usize, i: usize) {
         let s = usize::from(l == EXPIRY);
-        let Link { prev, next } = self.slots[i].links[s];
+        let ListLink { prev, next } = self.slots[i].links[s];
         match prev {
             NIL => self.lists[l].newest = next,
             p => self.slots[p].links[s].next = next,
@@ -244,7 +244,7 @@ impl MemoryStore {
         let bytes = entry.bytes(key.len());
         let serial = self.serial;
         self.serial = self.serial.wrapping_add(1);
-        let node = Some(Node {
+        let node = Some(StoredRecord {
             key: Key::new(key),
             hash,
             serial,
@@ -253,14 +253,14 @@ impl MemoryStore {
         });
         let i = match self.free.pop() {
             Some(i) => {
-                self.slots[i] = Slot {
+                self.slots[i] = RecordSlot {
                     links: [UNLINKED; 2],
                     node,
                 };
                 i
             }
             None => {
-                self.slots.push(Slot {
+                self.slots.push(RecordSlot {
                     links: [UNLINKED; 2],
                     node,
                 });
@@ -541,7 +541,7 @@ mod tests {
 
     #[test]
     fn overhead_covers_a_records_fixed_cost() {
-        let fixed = std::mem::size_of::<Slot>() + std::mem::size_of::<usize>() + 1;
+        let fixed = std::mem::size_of::<RecordSlot>() + std::mem::size_of::<usize>() + 1;
         assert!(ENTRY_OVERHEAD >= fixed, "{fixed}");
     }
 

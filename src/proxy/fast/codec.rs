@@ -5,7 +5,7 @@
 
 use super::head::{self, Annotations, Planned};
 use super::transport::{ClientWatch, FastTransport};
-use super::{fill, Answer, CacheResult, Ctx, Kept, OwnError};
+use super::{fill, CacheResult, Ctx, Kept, OwnError, UpstreamAnswer};
 use crate::policy::idempotency::StoredResponse;
 use crate::policy::RequestFacts;
 use crate::proxy::access;
@@ -41,7 +41,7 @@ impl FastRequest<'_, '_> {
 impl Codec for FastRequest<'_, '_> {
     /// Whether the client connection stays open for the next request.
     type Out = bool;
-    type Response = Answer;
+    type Response = UpstreamAnswer;
 
     fn asked(&self) -> [Option<Duration>; 2] {
         [self.p.asked.lowered, None]
@@ -103,7 +103,7 @@ impl Codec for FastRequest<'_, '_> {
         attempts: &mut Attempts<'_>,
         t0: Instant,
         detached: bool,
-    ) -> Option<Attempted<Answer>> {
+    ) -> Option<Attempted<UpstreamAnswer>> {
         let p = self.p;
         attempts.set_keyed_write(p.keyed_write);
         attempts.trace = p.trace.clone();
@@ -138,7 +138,7 @@ impl Codec for FastRequest<'_, '_> {
         };
         let driven = attempt::drive(attempts, &mut t, Some(t0)).await?;
         Some(Attempted {
-            result: driven.result.map(Answer::H1),
+            result: driven.result.map(UpstreamAnswer::H1),
             stop: driven.stop,
             ended: driven.ended,
             // A failed attempt's endpoint is the last one it avoids.
@@ -172,7 +172,7 @@ impl Codec for FastRequest<'_, '_> {
     async fn answer(
         &mut self,
         up: &Upstream,
-        attempted: Attempted<Answer>,
+        attempted: Attempted<UpstreamAnswer>,
         spent: Annotations,
         recorder: Option<Recorder>,
         _slot: Slot,
@@ -201,19 +201,19 @@ impl Codec for FastRequest<'_, '_> {
         // The cache takes part in an HTTP/1.1 upstream's answers (a cached
         // HTTP/2 upstream's requests are the general path's).
         let (x, cache) = match x {
-            Answer::H1(mut x) => {
+            UpstreamAnswer::H1(mut x) => {
                 let cached = match p.cache {
-                    head::cache::Cached::Off => Ok(fill::Step::Relay(None)),
+                    head::cache::Cached::Off => Ok(fill::FillStep::Relay(None)),
                     _ => Box::pin(ctx.cache_response(up, p, &mut x)).await,
                 };
                 match cached {
-                    Ok(fill::Step::Relay(mark)) => (Answer::H1(x), mark),
-                    Ok(fill::Step::Answer(e, result)) => {
+                    Ok(fill::FillStep::Relay(mark)) => (UpstreamAnswer::H1(x), mark),
+                    Ok(fill::FillStep::Answer(e, result)) => {
                         x.let_go(ctx.pool, &ctx.bufs.upstream);
                         let spent = Some(spent);
                         return (ctx.cache_answer(up, start, p, &e, result, spent)).await;
                     }
-                    Ok(fill::Step::HandOver) => {
+                    Ok(fill::FillStep::HandOver) => {
                         x.let_go(ctx.pool, &ctx.bufs.upstream);
                         ctx.hand_over = true;
                         return false;
@@ -239,13 +239,13 @@ impl Codec for FastRequest<'_, '_> {
             cache: cache.filter(|_: &CacheResult| cfg.annotate),
         };
         let relayed = match x {
-            Answer::H1(x) => ctx.relay(up, x.addr, x, kept, p, ended).await,
-            Answer::H2(r) => ctx.relay_h2(up, r, kept, p).await,
+            UpstreamAnswer::H1(x) => ctx.relay(up, x.addr, x, kept, p, ended).await,
+            UpstreamAnswer::H2(r) => ctx.relay_h2(up, r, kept, p).await,
         };
         if let Some(code) = relayed.error {
             up.state.metrics.body_error(code);
         }
-        let entry = access::Entry {
+        let entry = access::AccessEntry {
             upstream: &cfg.name,
             method: "",
             path: "",

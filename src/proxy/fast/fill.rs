@@ -104,7 +104,7 @@ impl Ctx<'_> {
         up: &Upstream,
         p: &Planned,
         x: &mut Exchange,
-    ) -> Result<Step, ProxyError> {
+    ) -> Result<FillStep, ProxyError> {
         let f = match &p.cache {
             Cached::Fill(f) => f,
             Cached::Invalidates(w) => {
@@ -113,9 +113,9 @@ impl Ctx<'_> {
                         c.invalidate(&w.key);
                     }
                 }
-                return Ok(Step::Relay(None));
+                return Ok(FillStep::Relay(None));
             }
-            Cached::Off | Cached::Hit(_) | Cached::Stale(..) => return Ok(Step::Relay(None)),
+            Cached::Off | Cached::Hit(_) | Cached::Stale(..) => return Ok(FillStep::Relay(None)),
         };
         if let Some(e) = &f.entry {
             let now = up.state.now();
@@ -124,14 +124,14 @@ impl Ctx<'_> {
             }
             if x.status >= 500 && crate::policy::cache::on_error(e, now) {
                 count(up, CacheResult::StaleIfError);
-                return Ok(Step::Answer(e.clone(), CacheResult::StaleIfError));
+                return Ok(FillStep::Answer(e.clone(), CacheResult::StaleIfError));
             }
         }
         if !f.req.head && x.status < 500 {
             self.store(up, p, f, x).await?;
         }
         count(up, CacheResult::Miss);
-        Ok(Step::Relay(Some(CacheResult::Miss)))
+        Ok(FillStep::Relay(Some(CacheResult::Miss)))
     }
 
     /// A 304 to a revalidation (RFC 9111 §4.3.4): the entry, refreshed,
@@ -144,9 +144,9 @@ impl Ctx<'_> {
         f: &Filling,
         e: &CachedResponse,
         now: std::time::Duration,
-    ) -> Step {
+    ) -> FillStep {
         let Some(params) = up.state.cache().as_ref().map(|c| c.params().clone()) else {
-            return Step::Relay(None);
+            return FillStep::Relay(None);
         };
         let received = up.state.clock.wall();
         let fields = response_fields(&self.bufs.out);
@@ -156,22 +156,22 @@ impl Ctx<'_> {
             let req_fields = r.iter().map(|h| (h.name.as_bytes(), h.value));
             let mut cache = up.state.cache();
             let Some(c) = cache.as_mut() else {
-                return Step::HandOver;
+                return FillStep::HandOver;
             };
             match fresh {
                 Refreshed::Updated(r) => {
                     c.insert(&f.key, req_fields, r.clone());
                     c.count(CacheResult::Revalidated);
-                    Step::Answer(Arc::new(r), CacheResult::Revalidated)
+                    FillStep::Answer(Arc::new(r), CacheResult::Revalidated)
                 }
                 Refreshed::NotStorable(r) => {
                     c.remove(&f.key, req_fields);
                     c.count(CacheResult::Revalidated);
-                    Step::Answer(Arc::new(r), CacheResult::Revalidated)
+                    FillStep::Answer(Arc::new(r), CacheResult::Revalidated)
                 }
                 Refreshed::Mismatch => {
                     c.remove(&f.key, req_fields);
-                    Step::HandOver
+                    FillStep::HandOver
                 }
             }
         })
@@ -275,7 +275,7 @@ impl Ctx<'_> {
 }
 
 /// What becomes of an upstream's response to a request the cache took up.
-pub(super) enum Step {
+pub(super) enum FillStep {
     /// Relayed, with the cache's mark.
     Relay(Option<CacheResult>),
     /// Not relayed: the entry answers instead.

@@ -7,7 +7,7 @@
 //! HTTP/1.1 by [`super::h2relay`].
 
 use super::transport::ClientWatch;
-use super::{client_gone, Answer, Ctx, Planned};
+use super::{client_gone, Ctx, Planned, UpstreamAnswer};
 use crate::policy::Outcome;
 use crate::proxy::attempt::Attempted;
 use crate::proxy::attempt::{self, Attempts, HyperTransport, Outbound};
@@ -104,7 +104,7 @@ impl Ctx<'_> {
         attempts: &mut Attempts<'_>,
         t0: Instant,
         detached: bool,
-    ) -> Option<Attempted<Answer>> {
+    ) -> Option<Attempted<UpstreamAnswer>> {
         let deadline = attempts.deadline();
         let need = p.head_len + p.body_len;
         let body = self.bufs.client.get(p.head_len..need).unwrap_or_default();
@@ -141,7 +141,7 @@ impl Ctx<'_> {
         };
         let driven = attempt::drive(attempts, &mut t, Some(t0)).await?;
         Some(Attempted {
-            result: driven.result.map(Answer::H2),
+            result: driven.result.map(UpstreamAnswer::H2),
             stop: driven.stop,
             ended: driven.ended,
             last_failed: t.inner.last_failed(),

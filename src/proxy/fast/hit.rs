@@ -47,7 +47,7 @@ impl Ctx<'_> {
         let status = parts.status.as_u16();
         let took = start.elapsed();
         up.state.metrics.status(status, took);
-        let entry = access::Entry {
+        let entry = access::AccessEntry {
             upstream: &up.config.name,
             method: "",
             path: "",

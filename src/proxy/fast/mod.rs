@@ -43,7 +43,7 @@ mod transport;
 
 use super::access;
 use super::attempt;
-use super::conn::{serve_io, Conn};
+use super::conn::{serve_io, ClientConn};
 use super::error::ProxyError;
 use super::idempotent::{self, Recorder};
 use super::order;
@@ -61,7 +61,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Serves a client connection that arrived in cleartext.
-pub(super) async fn serve(mut stream: TcpStream, conn: Conn, pool: Arc<Pool>) {
+pub(super) async fn serve(mut stream: TcpStream, conn: ClientConn, pool: Arc<Pool>) {
     let mut bufs = Bufs::new();
     let mut waiting = Instant::now();
     // Whether a request was served here: from then on a quiet connection
@@ -184,7 +184,7 @@ struct Ctx<'c> {
     /// The client's address, for the access log.
     peer: std::net::SocketAddr,
     /// The request is to be served again from the start on hyper's path
-    /// (`fill::Step::HandOver`): nothing of it has been answered.
+    /// (`fill::FillStep::HandOver`): nothing of it has been answered.
     hand_over: bool,
 }
 
@@ -193,7 +193,7 @@ impl Ctx<'_> {
     /// buffer (docs/reference/logs.md#logs); the request line is read only when
     /// a line is written.
     /// `e`'s method and path are filled in here.
-    fn access_log(&self, p: &Planned, e: access::Entry<'_>) {
+    fn access_log(&self, p: &Planned, e: access::AccessEntry<'_>) {
         crate::proxy::traced::finish(p.trace.as_ref(), &e, None);
         if !access::wanted(self.access, e.status, e.error.is_some()) {
             return;
@@ -211,7 +211,7 @@ impl Ctx<'_> {
         };
         access::write(
             self.access,
-            &access::Entry {
+            &access::AccessEntry {
                 method,
                 path,
                 who,
@@ -335,7 +335,7 @@ impl Ctx<'_> {
             Some(a) => (Some(a.attempts), a.stop.map(|s| s.as_str()), a.hedge),
             None => (None, None, None),
         };
-        let entry = access::Entry {
+        let entry = access::AccessEntry {
             upstream: &up.config.name,
             method: "",
             path: "",
@@ -379,24 +379,24 @@ struct Kept {
 
 /// An upstream's answer: an HTTP/1.1 response head in the connection's
 /// buffers, or an HTTP/2 response from hyper's client.
-enum Answer {
+enum UpstreamAnswer {
     H1(transport::Exchange),
     H2(http::Response<crate::proxy::body::UpstreamBody>),
 }
 
-impl Answer {
+impl UpstreamAnswer {
     fn status(&self) -> u16 {
         match self {
-            Answer::H1(x) => x.status,
-            Answer::H2(r) => r.status().as_u16(),
+            UpstreamAnswer::H1(x) => x.status,
+            UpstreamAnswer::H2(r) => r.status().as_u16(),
         }
     }
 
     /// The endpoint it came from.
     fn addr(&self) -> Option<std::net::SocketAddr> {
         match self {
-            Answer::H1(x) => Some(x.addr),
-            Answer::H2(r) => r.extensions().get::<crate::upstream::Served>().map(|s| s.0),
+            UpstreamAnswer::H1(x) => Some(x.addr),
+            UpstreamAnswer::H2(r) => r.extensions().get::<crate::upstream::Served>().map(|s| s.0),
         }
     }
 }

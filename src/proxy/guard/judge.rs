@@ -1,7 +1,7 @@
 //! How the guard judges a complete request head, and what it tells the
 //! connection's service about a head it refused.
 
-use super::{State, Stop};
+use super::{Following, Stop};
 use crate::proxy::h1;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 /// a request that goes through hyper, so that weir's answer keeps its place
 /// behind responses to requests pipelined before it. The request line says
 /// nothing: which request it is, and why it was refused, travel out of band
-/// ([`Verdict`]), so a client that sends the same bytes gets no refusal.
+/// ([`GuardVerdict`]), so a client that sends the same bytes gets no refusal.
 pub(crate) const MARKER: &[u8] = b"GET / HTTP/1.1\r\n\r\n";
 
 /// Why the guard answers a head itself, with 400 or 431 and
@@ -31,7 +31,7 @@ pub enum Refusal {
 /// number on the connection, from 1) is the marker, and why. At most one
 /// head per connection is refused: nothing is read after it.
 #[derive(Debug, Default)]
-pub(crate) struct Verdict {
+pub(crate) struct GuardVerdict {
     /// Heads the guard let through to hyper.
     pub(super) heads: AtomicU64,
     /// The number of the refused request (0: none), and why.
@@ -39,7 +39,7 @@ pub(crate) struct Verdict {
     why: AtomicU8,
 }
 
-impl Verdict {
+impl GuardVerdict {
     pub(super) fn refuse(&self, why: Refusal) {
         self.why.store(why as u8, Ordering::Relaxed);
         let at = self.heads.load(Ordering::Relaxed) + 1;
@@ -83,7 +83,7 @@ pub(super) enum Judged {
     /// No longer followed (hyper decides, or it is not HTTP/1 any more).
     Stop(Stop),
     /// Followed: the body's framing.
-    Next(State),
+    Next(Following),
 }
 
 /// Decides a complete request head: conflict, or how its body is framed
@@ -136,9 +136,9 @@ pub(super) fn judge(head: &[u8]) -> Judged {
     }
     match framing {
         h1::RequestFraming::Conflict => Judged::Reject(Refusal::FramingConflict),
-        h1::RequestFraming::Length(0) => Judged::Next(State::Head),
-        h1::RequestFraming::Length(n) => Judged::Next(State::Fixed(n)),
-        h1::RequestFraming::Chunked => Judged::Next(State::Chunked(h1::Chunked::whole())),
+        h1::RequestFraming::Length(0) => Judged::Next(Following::Head),
+        h1::RequestFraming::Length(n) => Judged::Next(Following::Fixed(n)),
+        h1::RequestFraming::Chunked => Judged::Next(Following::Chunked(h1::Chunked::whole())),
         // hyper would answer a bare 400: weir answers it, with its reason.
         h1::RequestFraming::Invalid(_) => Judged::Reject(Refusal::InvalidFraming),
     }

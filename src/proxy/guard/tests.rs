@@ -3,17 +3,17 @@
 use super::*;
 
 /// Feeds reads through `process`; returns the final state and the bytes hyper would see.
-fn run(chunks: &[&[u8]]) -> (State, Vec<u8>) {
+fn run(chunks: &[&[u8]]) -> (Following, Vec<u8>) {
     let (st, out, _) = run_judged(chunks);
     (st, out)
 }
 
 /// [`run`], and what the guard told the service.
-fn run_judged(chunks: &[&[u8]]) -> (State, Vec<u8>, Verdict) {
-    let mut st = State::Head;
+fn run_judged(chunks: &[&[u8]]) -> (Following, Vec<u8>, GuardVerdict) {
+    let mut st = Following::Head;
     let mut stash = Vec::new();
     let mut ready = 0;
-    let verdict = Verdict::default();
+    let verdict = GuardVerdict::default();
     for c in chunks {
         stash.extend_from_slice(c);
         let seen = (&AtomicBool::new(false), &verdict);
@@ -23,9 +23,9 @@ fn run_judged(chunks: &[&[u8]]) -> (State, Vec<u8>, Verdict) {
     (st, stash, verdict)
 }
 
-fn nothing_seen() -> (&'static AtomicBool, &'static Verdict) {
+fn nothing_seen() -> (&'static AtomicBool, &'static GuardVerdict) {
     static H2: AtomicBool = AtomicBool::new(false);
-    static V: std::sync::LazyLock<Verdict> = std::sync::LazyLock::new(Verdict::default);
+    static V: std::sync::LazyLock<GuardVerdict> = std::sync::LazyLock::new(GuardVerdict::default);
     (&H2, &V)
 }
 
@@ -34,15 +34,15 @@ fn follows_fixed_and_chunked_bodies_across_reads() {
     let a = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhel";
     let b = b"loGET / HTTP/1.1\r\nHost: x\r\n\r\n";
     let (st, out) = run(&[a, b]);
-    assert_eq!(st, State::Head);
+    assert_eq!(st, Following::Head);
     assert_eq!(out, [&a[..], &b[..]].concat());
     let c = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n0\r\nx-t: 1\r\n\r\n";
-    assert_eq!(run(&[c]).0, State::Head);
+    assert_eq!(run(&[c]).0, Following::Head);
     // Split at every byte.
     let whole = [&c[..], &b"GET / HTTP/1.1\r\n\r\n"[..]].concat();
     let bytes: Vec<&[u8]> = whole.chunks(1).collect();
     let (st, out) = run(&bytes);
-    assert_eq!(st, State::Head);
+    assert_eq!(st, Following::Head);
     assert_eq!(out, whole);
 }
 
@@ -57,7 +57,7 @@ fn heads_end_at_an_empty_line_however_lines_end() {
 #[test]
 fn a_partial_head_is_held_back() {
     let (st, out) = run(&[b"GET / HTTP/1.1\r\nHost: x\r\n"]);
-    assert_eq!(st, State::Head);
+    assert_eq!(st, Following::Head);
     assert!(out.is_empty());
 }
 
@@ -68,13 +68,13 @@ fn conflicting_head_is_replaced_by_the_marker() {
         b"POST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
     let joined = [&ok[..], &bad[..]].concat();
     let (st, out, verdict) = run_judged(&[&joined]);
-    assert_eq!(st, State::Rejected);
+    assert_eq!(st, Following::Rejected);
     assert_eq!(out, [&ok[..], MARKER].concat());
     // The service hears that its second request is the refused one.
     assert_eq!(verdict.refusal(1), None);
     assert_eq!(verdict.refusal(2), Some(Refusal::FramingConflict));
     let (st, out, verdict) = run_judged(&[&bad[..10], &bad[10..]]);
-    assert_eq!(st, State::Rejected);
+    assert_eq!(st, Following::Rejected);
     assert_eq!(out, MARKER);
     assert_eq!(verdict.refusal(1), Some(Refusal::FramingConflict));
 }
@@ -85,15 +85,18 @@ fn h2_and_upgrades_pass_through() {
     // header after it the connection is HTTP/2's.
     assert_eq!(
         run(&[b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"]).0,
-        State::H2Preface { seen: 24 }
+        Following::H2Preface { seen: 24 }
     );
     assert_eq!(
         run(&[b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", b"\0\0\0\x04\0\0\0\0\0"]).0,
-        State::Passthrough
+        Following::Passthrough
     );
-    assert_eq!(run(&[b"PRI * HTTP/2.0"]).0, State::H2Preface { seen: 14 });
+    assert_eq!(
+        run(&[b"PRI * HTTP/2.0"]).0,
+        Following::H2Preface { seen: 14 }
+    );
     let up = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n";
-    assert_eq!(run(&[up]).0, State::Passthrough);
+    assert_eq!(run(&[up]).0, Following::Passthrough);
 }
 
 /// Regression: hyper answered an oversized head with a bare 431 (no body,
@@ -104,11 +107,11 @@ fn oversized_heads_become_the_too_large_marker() {
     let first = b"GET /a HTTP/1.1\r\n\r\n";
     let big = vec![b'a'; 70_000];
     let (st, out, verdict) = run_judged(&[first, b"GET / HTTP/1.1\r\nx: ", &big]);
-    assert_eq!(st, State::Rejected);
+    assert_eq!(st, Following::Rejected);
     assert_eq!(out, [&first[..], MARKER].concat());
     assert_eq!(verdict.refusal(2), Some(Refusal::HeadTooLarge));
     let whole = [&b"GET / HTTP/1.1\r\nx: "[..], &big, b"\r\n\r\n"].concat();
-    let mut st = State::Head;
+    let mut st = Following::Head;
     assert!(matches!(
         scan_slice(&mut st, &whole, 65536, nothing_seen()),
         Scan::Reject(0)
@@ -118,23 +121,23 @@ fn oversized_heads_become_the_too_large_marker() {
 #[test]
 fn the_in_place_scan_agrees_with_the_stash() {
     let ok = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nPOST /b HTTP/1.1\r\nContent-Length: 3\r\n\r\nabcGET /c HTTP/1.1\r\n";
-    let mut st = State::Head;
+    let mut st = Following::Head;
     let last = ok.windows(6).position(|w| w == b"GET /c").unwrap_or(0);
     assert!(
         matches!(scan_slice(&mut st, ok, 65536, nothing_seen()), Scan::Partial(p) if p == last)
     );
     let bad = b"GET / HTTP/1.1\r\n\r\nPOST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n";
-    let mut st = State::Head;
+    let mut st = Following::Head;
     assert!(matches!(
         scan_slice(&mut st, bad, 65536, nothing_seen()),
         Scan::Reject(18)
     ));
-    let mut st = State::Head;
+    let mut st = Following::Head;
     assert!(matches!(
         scan_slice(&mut st, b"GET / HTTP/1.1\r\n\r\n", 65536, nothing_seen()),
         Scan::All
     ));
-    assert_eq!(st, State::Head);
+    assert_eq!(st, Following::Head);
 }
 
 #[test]

@@ -15,8 +15,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-/// What a keyed write's exchange gives: the response, and the keeping of
-/// its body when it is to be recorded.
+/// What an exchange gives (`proxy::exchange`, a keyed write's or any
+/// other): the response, and the keeping of its body when it is to be
+/// recorded.
 pub(crate) type Forwarded = Result<(http::Response<Body>, Option<Capture>), ProxyError>;
 
 /// Runs a keyed write's exchange in the caller's future; see [`Detach`].
@@ -66,7 +67,7 @@ impl<F: Future<Output = Forwarded> + Send + 'static> Drop for Detach<F> {
 /// The response of a keyed write, kept as it is relayed.
 pub(crate) fn recorded(resp: http::Response<Body>, capture: Capture) -> http::Response<Body> {
     let (head, body) = resp.into_parts();
-    let kept = Recorded {
+    let kept = RecordingBody {
         body,
         capture: Some(capture),
     };
@@ -75,13 +76,13 @@ pub(crate) fn recorded(resp: http::Response<Body>, capture: Capture) -> http::Re
 
 /// A response body that keeps what passes ([`Capture`]) and, dropped before
 /// its end, is read on to the end in a task.
-struct Recorded {
+struct RecordingBody {
     body: Body,
     /// `None` once the body has ended or broken off.
     capture: Option<Capture>,
 }
 
-impl Recorded {
+impl RecordingBody {
     /// The body ended whole: the keeping is done.
     fn ended(&mut self) {
         if let Some(c) = self.capture.take() {
@@ -90,7 +91,7 @@ impl Recorded {
     }
 }
 
-impl http_body::Body for Recorded {
+impl http_body::Body for RecordingBody {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -132,7 +133,7 @@ impl http_body::Body for Recorded {
     }
 }
 
-impl Drop for Recorded {
+impl Drop for RecordingBody {
     fn drop(&mut self) {
         let Some(capture) = self.capture.take() else {
             return;

@@ -66,7 +66,7 @@ impl Cached {
 }
 
 /// The request's target, as the cache and the fast path read it.
-pub(super) struct Target<'r> {
+pub(super) struct RequestTarget<'r> {
     pub method: &'r str,
     pub authority: Option<&'r str>,
     pub host: Option<&'r str>,
@@ -77,7 +77,7 @@ pub(super) struct Target<'r> {
 /// path's (an entry to revalidate or to serve stale).
 pub(super) fn visit(
     up: &Upstream,
-    t: &Target<'_>,
+    t: &RequestTarget<'_>,
     keyed: bool,
     fields: &[httparse::Header<'_>],
 ) -> Result<Cached, &'static str> {

@@ -247,7 +247,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     let cache = match up.config.cache {
         None => cache::Cached::Off,
         Some(_) => {
-            let target = cache::Target {
+            let target = cache::RequestTarget {
                 method: req.method,
                 authority: req.authority,
                 host: req.host,
