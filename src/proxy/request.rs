@@ -344,7 +344,7 @@ pub(crate) fn dropped(name: &str) -> bool {
     };
     listed
         || (name.len() >= 7 && name.as_bytes()[..7].eq_ignore_ascii_case(b"x-weir-"))
-        || (name.len() >= 4 && name.len() <= 17 && is_lookalike(name))
+        || is_lookalike(name)
 }
 
 /// Fields never forwarded as they came, in either direction (besides those
@@ -369,7 +369,10 @@ const HOP_BY_HOP: [&str; 7] = [
 /// that may frame or route by it (nginx drops such names too). Both paths
 /// drop them.
 fn is_lookalike(name: &str) -> bool {
-    name.contains('_')
+    // By length first (every field passes here): only these lengths can
+    // match, and looking for `_` in every other name costs a search.
+    matches!(name.len(), 4 | 14 | 17)
+        && name.as_bytes().contains(&b'_')
         && ["content-length", "transfer-encoding", "host"]
             .iter()
             .any(|f| {

@@ -198,49 +198,56 @@ impl Codec for FastRequest<'_, '_> {
                 return ctx.fail(up, start, p, f).await;
             }
         };
-        // The cache takes part in an HTTP/1.1 upstream's answers (a cached
-        // HTTP/2 upstream's requests are the general path's).
-        let (x, cache) = match x {
+        // Each kind relayed where it is matched: moved once, into its relay.
+        let (status, addr, relayed) = match x {
             UpstreamAnswer::H1(mut x) => {
-                let cached = match p.cache {
-                    head::cache::Cached::Off => Ok(fill::FillStep::Relay(None)),
-                    _ => Box::pin(ctx.cache_response(up, p, &mut x)).await,
-                };
-                match cached {
-                    Ok(fill::FillStep::Relay(mark)) => (UpstreamAnswer::H1(x), mark),
-                    Ok(fill::FillStep::Answer(e, result)) => {
-                        x.let_go(ctx.pool, &ctx.bufs.upstream);
-                        let spent = Some(spent);
-                        return (ctx.cache_answer(up, start, p, &e, result, spent)).await;
-                    }
-                    Ok(fill::FillStep::HandOver) => {
-                        x.let_go(ctx.pool, &ctx.bufs.upstream);
-                        ctx.hand_over = true;
-                        return false;
-                    }
-                    Err(error) => {
-                        let f = OwnError {
-                            error,
-                            attempts: None,
-                            endpoint: Some(x.addr),
-                        };
-                        return ctx.fail(up, start, p, f).await;
+                // The cache takes part in an HTTP/1.1 upstream's answers (a
+                // cached HTTP/2 upstream's requests are the general path's).
+                let mut cache = None;
+                if !matches!(p.cache, head::cache::Cached::Off) {
+                    match Box::pin(ctx.cache_response(up, p, &mut x)).await {
+                        Ok(fill::FillStep::Relay(mark)) => cache = mark,
+                        Ok(fill::FillStep::Answer(e, result)) => {
+                            x.let_go(ctx.pool, &ctx.bufs.upstream);
+                            let spent = Some(spent);
+                            return (ctx.cache_answer(up, start, p, &e, result, spent)).await;
+                        }
+                        Ok(fill::FillStep::HandOver) => {
+                            x.let_go(ctx.pool, &ctx.bufs.upstream);
+                            ctx.hand_over = true;
+                            return false;
+                        }
+                        Err(error) => {
+                            let f = OwnError {
+                                error,
+                                attempts: None,
+                                endpoint: Some(x.addr),
+                            };
+                            return ctx.fail(up, start, p, f).await;
+                        }
                     }
                 }
+                let (status, addr) = (x.status, x.addr);
+                up.state.metrics.status(status, took);
+                let kept = Kept {
+                    annotations,
+                    recorder,
+                    cache: cache.filter(|_: &CacheResult| cfg.annotate),
+                };
+                let relayed = ctx.relay(up, addr, x, kept, p, ended).await;
+                (status, Some(addr), relayed)
             }
-            h2 => (h2, None),
-        };
-        let status = x.status();
-        up.state.metrics.status(status, took);
-        let addr = x.addr();
-        let kept = Kept {
-            annotations,
-            recorder,
-            cache: cache.filter(|_: &CacheResult| cfg.annotate),
-        };
-        let relayed = match x {
-            UpstreamAnswer::H1(x) => ctx.relay(up, x.addr, x, kept, p, ended).await,
-            UpstreamAnswer::H2(r) => ctx.relay_h2(up, r, kept, p).await,
+            UpstreamAnswer::H2(r) => {
+                let status = r.status().as_u16();
+                let addr = r.extensions().get::<crate::upstream::Served>().map(|s| s.0);
+                up.state.metrics.status(status, took);
+                let kept = Kept {
+                    annotations,
+                    recorder,
+                    cache: None,
+                };
+                (status, addr, ctx.relay_h2(up, r, kept, p).await)
+            }
         };
         if let Some(code) = relayed.error {
             up.state.metrics.body_error(code);

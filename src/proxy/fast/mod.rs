@@ -384,23 +384,6 @@ enum UpstreamAnswer {
     H2(http::Response<crate::proxy::body::UpstreamBody>),
 }
 
-impl UpstreamAnswer {
-    fn status(&self) -> u16 {
-        match self {
-            UpstreamAnswer::H1(x) => x.status,
-            UpstreamAnswer::H2(r) => r.status().as_u16(),
-        }
-    }
-
-    /// The endpoint it came from.
-    fn addr(&self) -> Option<std::net::SocketAddr> {
-        match self {
-            UpstreamAnswer::H1(x) => Some(x.addr),
-            UpstreamAnswer::H2(r) => r.extensions().get::<crate::upstream::Served>().map(|s| s.0),
-        }
-    }
-}
-
 /// weir's error for the client, with what the attempts added.
 struct OwnError {
     error: ProxyError,
