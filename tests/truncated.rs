@@ -173,18 +173,7 @@ async fn the_access_log_says_the_body_broke_off(path: DataPath) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // One capture for the whole binary, whatever thread weir's tasks run
     // on; this request's line is the one with its client's address.
-    static LOGS: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
-    let logs = LOGS.get_or_init(|| {
-        let logs = Captured::default();
-        let sink = logs.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || sink.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .finish();
-        let _ = tracing::subscriber::set_global_default(subscriber);
-        logs
-    });
+    let logs = Captured::global();
     let (up, _) = truncating(0).await;
     // The default mode, `errors`: a 200 whose body broke off is one.
     let weir = Weir::single_on(path, &up.url(), NO_RETRY).await;

@@ -448,6 +448,28 @@ impl Captured {
         tracing::subscriber::set_default(subscriber)
     }
 
+    /// One capture for the whole test binary, as its global subscriber:
+    /// it sees events whatever thread they come from. A thread's own
+    /// ([`Captured::install`]) can miss them when other tests run beside it
+    /// (tracing caches a call site's interest across threads), so a test
+    /// whose lines come from weir's tasks uses this one and picks its own
+    /// lines out (by client address, or a path only it requests).
+    #[allow(dead_code)] // not every suite reads the logs
+    pub fn global() -> &'static Captured {
+        static LOGS: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+        LOGS.get_or_init(|| {
+            let logs = Captured::default();
+            let sink = logs.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(move || sink.clone())
+                .with_ansi(false)
+                .with_max_level(tracing::Level::INFO)
+                .finish();
+            let _ = tracing::subscriber::set_global_default(subscriber);
+            logs
+        })
+    }
+
     /// The lines of `target` (`weir::access`, `weir::fleet`).
     pub fn lines_of(&self, target: &str) -> Vec<String> {
         let bytes = self.0.lock().unwrap().clone();
