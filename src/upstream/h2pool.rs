@@ -255,7 +255,10 @@ impl H2Pool {
             let shared = self.shared.clone();
             let conn = cell
                 .get_or_init(|| async move {
-                    let r = shared.dial().await;
+                    // Boxed: a dial (connect, handshake) is most of this
+                    // future's size, and every attempt's future, on both
+                    // paths, would carry it and copy it layer by layer.
+                    let r = Box::pin(shared.dial()).await;
                     if let Ok(state) = &mut shared.state.lock() {
                         state.dialing = None;
                         if let Ok(c) = &r {

@@ -108,10 +108,8 @@ impl Codec for FastRequest<'_, '_> {
         attempts.set_keyed_write(p.keyed_write);
         attempts.trace = p.trace.clone();
         if let Some(parts) = self.h2_parts.take() {
-            // Boxed: an HTTP/2 attempt's future is four times an HTTP/1.1
-            // one's, and every request's future would be as large.
             let h2 = self.ctx.attempt_h2(up, p, *parts, attempts, t0, detached);
-            return Box::pin(h2).await;
+            return h2.await;
         }
         if !up.own_h1 {
             return None;
