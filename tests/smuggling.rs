@@ -109,6 +109,10 @@ async fn an_upgrade_that_does_not_happen_ends_the_connection(path: DataPath) {
     for first in [
         "GET /a HTTP/1.0\r\nHost: svc\r\nConnection: keep-alive, upgrade\r\nUpgrade: x\r\n\r\n",
         "GET /a HTTP/1.1\r\nHost: svc\r\nConnection: upgrade\r\nUpgrade: x\r\n\r\n",
+        // Found by the framing_differential fuzzer: a `Connection` value
+        // that is not text names `upgrade` to a reader of bytes only; weir
+        // does not upgrade it, and must not stop judging after it.
+        "GET /a HTTP/1.1\r\nHost: svc\r\nConnection: \u{e9}, upgrade\r\nUpgrade: x\r\n\r\n",
     ] {
         seen.lock().unwrap().clear();
         let out = send_all(&weir, format!("{first}{CONFLICT}").as_bytes()).await;

@@ -100,17 +100,30 @@ pub(super) fn judge(head: &[u8]) -> Judged {
     // upgrade`, as `proxy::upgrade` asks; or CONNECT) may turn the
     // connection into something that is not HTTP: stop following then. A
     // bare `Upgrade` is an ordinary request, and what follows it is judged.
-    let names_upgrade = req.headers.iter().any(|h| {
-        h.name.eq_ignore_ascii_case("connection")
-            && std::str::from_utf8(h.value).is_ok_and(|v| {
-                v.split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-            })
-    });
+    // weir (and hyper) read a `Connection` value only when it is text
+    // (visible ASCII and tabs, `HeaderValue::to_str`); `text_only: false`
+    // asks the bytes, as a peer reading RFC 9112's token list would.
+    let names_upgrade = |text_only: bool| {
+        req.headers.iter().any(|h| {
+            h.name.eq_ignore_ascii_case("connection")
+                && (!text_only || is_text(h.value))
+                && h.value
+                    .split(|b| *b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"upgrade"))
+        })
+    };
     let has_upgrade = req
         .headers
         .iter()
         .any(|h| h.name.eq_ignore_ascii_case("upgrade"));
+    // An upgrade only the bytes ask for (`Connection: \xb3, upgrade`): weir
+    // would not upgrade, a peer that reads bytes would, and the two would
+    // disagree about whether what follows is HTTP. Refused.
+    let names_upgrade_text = names_upgrade(true);
+    if has_upgrade && !names_upgrade_text && names_upgrade(false) {
+        return Judged::Reject(Refusal::InvalidFraming);
+    }
+    let names_upgrade = names_upgrade_text;
     // Two Host fields: which one routes is anyone's guess (RFC 9112 §3.2: 400).
     let hosts = req
         .headers
@@ -142,4 +155,10 @@ pub(super) fn judge(head: &[u8]) -> Judged {
         // hyper would answer a bare 400: weir answers it, with its reason.
         h1::RequestFraming::Invalid(_) => Judged::Reject(Refusal::InvalidFraming),
     }
+}
+
+/// Whether a field value is text weir reads (`http::HeaderValue::to_str`):
+/// visible ASCII, spaces and tabs.
+fn is_text(v: &[u8]) -> bool {
+    v.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
 }

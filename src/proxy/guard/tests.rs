@@ -79,6 +79,34 @@ fn conflicting_head_is_replaced_by_the_marker() {
     assert_eq!(verdict.refusal(1), Some(Refusal::FramingConflict));
 }
 
+/// An upgrade weir would not make (its `Connection` value is not text,
+/// so weir and hyper read no `upgrade` in it) but whose bytes name one: a
+/// peer reading bytes would take what follows for a tunnel. Refused, with
+/// nothing after it reaching hyper; a text value is followed as before.
+#[test]
+fn an_upgrade_only_the_bytes_ask_for_is_refused() {
+    for conn in [&b"\xb3, upgrade"[..], "\u{e9}, upgrade".as_bytes()] {
+        let head = [
+            &b"GET /ws HTTP/1.1\r\nUpgrade: wocket\r\nConnection: "[..],
+            conn,
+            b"\r\n\r\nGET /next HTTP/1.1\r\n\r\n",
+        ]
+        .concat();
+        let (st, out, verdict) = run_judged(&[&head]);
+        assert_eq!(
+            st,
+            Following::Rejected,
+            "{:?}",
+            String::from_utf8_lossy(conn)
+        );
+        assert_eq!(out, MARKER);
+        assert_eq!(verdict.refusal(1), Some(Refusal::InvalidFraming));
+    }
+    // Not text, and no `upgrade` in it either: an ordinary request.
+    let plain = b"GET / HTTP/1.1\r\nUpgrade: wocket\r\nConnection: \xb3\r\n\r\n";
+    assert_eq!(run(&[plain]).0, Following::Head);
+}
+
 #[test]
 fn h2_and_upgrades_pass_through() {
     // The preface alone is still a handshake (timed); with a frame
