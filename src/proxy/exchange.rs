@@ -6,7 +6,7 @@
 //! the plain request path (`proxy::general`) and the response cache
 //! (`proxy::cached`) go upstream through [`with_upstream`].
 
-use super::attempt::{self, Admitted, Annotations, Attempted, Attempts, Outbound};
+use super::attempt::{self, Annotations, Attempted, Attempts, Outbound};
 use super::body::{boxed, Body, IdleTimeout, UpstreamBody};
 use super::error::ProxyError;
 use super::headers;
@@ -203,16 +203,6 @@ impl Codec for HyperRequest<'_> {
         let begun = idempotent::begin_body(up, &k, method, &target, &held, deadline).await;
         self.held = Some(held);
         Ok(Some(begun))
-    }
-
-    async fn admit(
-        &mut self,
-        up: &Upstream,
-        key: Option<&str>,
-        start: Instant,
-        deadline: Instant,
-    ) -> Option<Result<Admitted, ProxyError>> {
-        attempt::admit(up, key, start, deadline, &mut attempt::Dropped).await
     }
 
     async fn body(&mut self, up: &Upstream, deadline: Instant) -> Result<bool, Forwarded> {

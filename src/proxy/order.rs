@@ -44,14 +44,18 @@ pub(crate) trait Codec {
     ) -> Result<Option<Begun>, Self::Out>;
 
     /// Admission up to the body ([`attempt::admit`]), watching the client
-    /// while it waits; `None` when the client went away meanwhile.
+    /// while it waits; `None` when the client went away meanwhile. By
+    /// default hyper watches the client (it drops the request's future when
+    /// the client goes), so nothing is raced.
     async fn admit(
         &mut self,
         up: &Upstream,
         key: Option<&str>,
         start: Instant,
         deadline: Instant,
-    ) -> Option<Result<Admitted, ProxyError>>;
+    ) -> Option<Result<Admitted, ProxyError>> {
+        attempt::admit(up, key, start, deadline, &mut attempt::Dropped).await
+    }
 
     /// The request body, ready for the attempts (whole when it is kept for a
     /// replay). `Ok(true)` when it had to be waited for.

@@ -15,7 +15,7 @@
 //!
 //! Any other `CONNECT` gets 405 `connect_not_allowed`.
 
-use super::attempt::{self, Admitted, Annotations, Attempted, Attempts};
+use super::attempt::{self, Annotations, Attempted, Attempts};
 use super::body::{empty, Body};
 use super::error::ProxyError;
 use super::idempotent::{Begun, Recorder};
@@ -81,16 +81,6 @@ impl Codec for Tunnel {
 
     async fn begin_keyed(&mut self, _: &Upstream, _: Instant) -> Result<Option<Begun>, Opened> {
         Ok(None)
-    }
-
-    async fn admit(
-        &mut self,
-        up: &Upstream,
-        key: Option<&str>,
-        start: Instant,
-        deadline: Instant,
-    ) -> Option<Result<Admitted, ProxyError>> {
-        attempt::admit(up, key, start, deadline, &mut attempt::Dropped).await
     }
 
     async fn body(&mut self, _: &Upstream, _: Instant) -> Result<bool, Opened> {
