@@ -167,4 +167,87 @@ where
     fn is_end_stream(&self) -> bool {
         self.frames.is_empty() && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
     }
+
+    fn size_hint(&self) -> SizeHint {
+        let rest = self.rest.as_ref().map(|r| r.size_hint());
+        ahead_and_rest(&self.frames, rest)
+    }
+}
+
+/// The size of a body of which `ahead` was read and `rest` is still to
+/// come: exact when the rest's is (and no trailers were read, which an
+/// HTTP/1.1 peer can only take chunked), so a length the peer declared is
+/// kept across the read-ahead.
+pub(crate) fn ahead_and_rest<'a>(
+    ahead: impl IntoIterator<Item = &'a Frame<Bytes>>,
+    rest: Option<SizeHint>,
+) -> SizeHint {
+    let mut bytes = 0u64;
+    let mut trailers = false;
+    for f in ahead {
+        match f.data_ref() {
+            Some(d) => bytes += d.len() as u64,
+            None => trailers |= f.is_trailers(),
+        }
+    }
+    let rest = rest.unwrap_or_else(|| SizeHint::with_exact(0));
+    let mut hint = SizeHint::new();
+    hint.set_lower(bytes.saturating_add(rest.lower()));
+    if let Some(upper) = rest.upper() {
+        hint.set_upper(bytes.saturating_add(upper));
+    }
+    if trailers {
+        // Keep the lower bound only: an exact length would mean no trailers.
+        let mut open = SizeHint::new();
+        open.set_lower(hint.lower());
+        return open;
+    }
+    hint
+}
+
+pin_project! {
+    /// The client's request body, its bytes counted for the access log as
+    /// they pass. Unlike a `map_frame`, it keeps the body's size hint: a
+    /// body whose length the client declared goes upstream with that
+    /// `Content-Length` rather than chunked.
+    pub struct Counted<B> {
+        #[pin]
+        inner: B,
+        seen: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    }
+}
+
+impl<B> Counted<B> {
+    pub(crate) fn new(inner: B, seen: std::sync::Arc<std::sync::atomic::AtomicU64>) -> Self {
+        Counted { inner, seen }
+    }
+}
+
+impl<B> HttpBody for Counted<B>
+where
+    B: HttpBody<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        let polled = this.inner.poll_frame(cx);
+        if let Poll::Ready(Some(Ok(f))) = &polled {
+            let n = f.data_ref().map_or(0, |d| d.len() as u64);
+            this.seen.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }

@@ -127,12 +127,9 @@ async fn serve(
     if let Some(t) = &asker.trace {
         parts.extensions.insert(t.clone());
     }
-    let counted = asker.bytes_in.clone();
-    let body = super::body::boxed(http_body_util::BodyExt::map_frame(body, move |f| {
-        let n = f.data_ref().map_or(0, |d| d.len() as u64);
-        counted.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-        f
-    }));
+    // Counted as it passes; its length, when known, stays known, so the
+    // upstream gets the client's `Content-Length` (docs/reference/protocols.md#framing).
+    let body = super::body::boxed(super::body::Counted::new(body, asker.bytes_in.clone()));
     let cached = cfg.cache.is_some() && matches!(method, http::Method::GET | http::Method::HEAD);
     // Whether the cache takes it up (not a Range, the client's own
     // conditional…): its answer, weir's errors included, says how.

@@ -276,6 +276,13 @@ impl HttpBody for Prefixed {
             None => Poll::Ready(None),
         }
     }
+    fn is_end_stream(&self) -> bool {
+        self.prefix.is_empty() && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
+    }
+    fn size_hint(&self) -> SizeHint {
+        let rest = self.rest.as_ref().map(|r| r.size_hint());
+        super::body::ahead_and_rest(&self.prefix, rest)
+    }
 }
 
 /// Takes the streamed body out of its slot on first poll: from then on it is

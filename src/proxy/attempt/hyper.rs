@@ -248,10 +248,15 @@ fn build(plan: &mut Outbound) -> Request<crate::proxy::body::Body> {
     // A body of unknown length goes chunked, whatever the method: hyper
     // would send a GET's or HEAD's as no body at all, and a body is never
     // dropped silently. (HTTP/2 frames it itself; hyper drops the field.)
+    // A length the client declared is kept: hyper frames by the field, and
+    // servers that read only `Content-Length` get the body
+    // (docs/reference/protocols.md#framing).
     let unknown = {
         use http_body::Body as _;
         let b = req.body();
-        b.size_hint().exact().is_none() && !b.is_end_stream()
+        b.size_hint().exact().is_none()
+            && !b.is_end_stream()
+            && !req.headers().contains_key(http::header::CONTENT_LENGTH)
     };
     if unknown {
         req.headers_mut().insert(
