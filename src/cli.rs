@@ -165,6 +165,9 @@ fn check(path: &std::path::Path) -> ExitCode {
     match Config::load(path) {
         Ok(c) => {
             print!("{}", c.effective_toml());
+            for note in c.notes() {
+                eprintln!("{note}");
+            }
             eprintln!("{}: ok ({} upstreams)", path.display(), c.upstreams.len());
             ExitCode::SUCCESS
         }

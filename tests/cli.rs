@@ -273,3 +273,64 @@ fn health_asks_a_running_weir_and_exits_by_its_answer() {
         "{err}"
     );
 }
+
+/// `weir check` on a config written to a temporary file: (exit code,
+/// stdout, stderr).
+fn check(toml: &str) -> (i32, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("w.toml");
+    std::fs::write(&p, toml).unwrap();
+    weir(&["check", "--config", p.to_str().unwrap()], None)
+}
+
+/// Issue 41, item 1: an idempotency store whose scope names no credential
+/// lets any caller replay another's write (or squat its key): `weir check`
+/// warns. And it says that the default scope now includes `cookie`, since
+/// that changes what a config that never set `scope` does.
+#[test]
+fn check_warns_when_an_idempotency_scope_names_no_credential() {
+    let head = "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n";
+    let up = |name: &str, scope: &str| {
+        format!("[upstreams.{name}]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"{name}\"]\n{scope}\n")
+    };
+    let shared = up(
+        "shared",
+        "[upstreams.shared.idempotency]\nscope = [\"none\"]",
+    );
+    let by_host = up(
+        "byhost",
+        "[upstreams.byhost.idempotency]\nscope = [\"host\"]",
+    );
+    let by_key = up(
+        "bykey",
+        "[upstreams.bykey.idempotency]\nscope = [\"host\", \"header:x-api-key\"]",
+    );
+    let plain = up("plain", "");
+    let (code, _, err) = check(&format!("{head}{shared}{by_host}{by_key}{plain}"));
+    assert_eq!(code, 0, "{err}");
+    for name in ["shared", "byhost"] {
+        assert!(
+            err.contains(&format!(
+                "warning: upstream `{name}`: its idempotency `scope` names no credential"
+            )),
+            "{err}"
+        );
+    }
+    assert!(!err.contains("upstream `bykey`"), "{err}");
+    assert!(!err.contains("upstream `plain`"), "{err}");
+    assert!(
+        err.contains(
+            "note: idempotency `scope` defaults to [\"authorization\", \"cookie\", \"host\"]"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("on `plain`"), "{err}");
+    // Without a store nothing is said.
+    let off = up(
+        "off",
+        "[upstreams.off.idempotency]\nenabled = false\nscope = [\"none\"]",
+    );
+    let (code, _, err) = check(&format!("{head}{off}"));
+    assert_eq!(code, 0);
+    assert!(!err.contains("warning") && !err.contains("note"), "{err}");
+}

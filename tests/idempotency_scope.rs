@@ -259,3 +259,136 @@ async fn with_the_store_on_redis_alice_and_bob_are_kept_apart(path: DataPath) {
     assert_eq!(keys.matches("k-shared-1~").count(), 3, "{keys}");
     assert!(!keys.contains("ALICE") && !keys.contains("BOB"), "{keys}");
 }
+
+/// An upstream that logs a caller in: every answer is `201 session N` with
+/// `Set-Cookie: session=rotated-N`, N counting them.
+async fn logins() -> TestUpstream {
+    let n = Arc::new(AtomicUsize::new(0));
+    TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        let n = n.clone();
+        async move {
+            let _ = req.into_body().collect().await;
+            let i = n.fetch_add(1, Ordering::SeqCst) + 1;
+            Response::builder()
+                .status(201)
+                .header("set-cookie", format!("session=rotated-{i}; HttpOnly"))
+                .body(body(format!("session {i}")))
+                .unwrap()
+        }
+    })
+    .await
+}
+
+/// `POST /login` with `fields`, `key` and `body`, as raw bytes: the whole
+/// answer.
+async fn login(weir: &Weir, fields: &[&str], key: &str, body: &str) -> String {
+    let mut req = String::from("POST /login HTTP/1.1\r\nHost: pay\r\n");
+    for f in fields {
+        req.push_str(f);
+        req.push_str("\r\n");
+    }
+    req.push_str(&format!(
+        "Idempotency-Key: {key}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    ));
+    exchange_raw(weir.addr, req.as_bytes()).await
+}
+
+// Issue 41, item 1: an application that authenticates by cookie. Bob
+// repeating Alice's key used to get Alice's recorded response, her rotated
+// session cookie included; Mallory sending a key first used to make
+// Alice's own write with it fail with 422.
+both_paths!(
+    #[tokio::test]
+    a_key_from_another_cookie_is_a_new_request_and_never_a_422
+);
+async fn a_key_from_another_cookie_is_a_new_request_and_never_a_422(path: DataPath) {
+    let up = orders().await;
+    let weir = Weir::start_on(path, &svc(&up.url(), "")).await;
+    let alice = ["Host: pay", "Cookie: session=alice"];
+    let bob = ["Host: pay", "Cookie: session=bob"];
+    assert_eq!(charge(&weir, &alice).await.2, "order 1");
+    let (s, replayed, b) = charge(&weir, &bob).await;
+    assert_eq!(
+        (s.as_str(), replayed, b.as_str()),
+        ("HTTP/1.1 201 Created", false, "order 2")
+    );
+    // Alice's repeat is still hers.
+    assert_eq!(
+        charge(&weir, &alice).await,
+        (s.clone(), true, "order 1".into())
+    );
+    assert_eq!(up.requests(), 2);
+
+    // Squatting: Mallory sends the key Alice will use, with another body.
+    let mallory = ["Cookie: session=mallory"];
+    let out = login(&weir, &mallory, "k-alice-next", "amount=1").await;
+    assert!(out.starts_with("HTTP/1.1 201"), "{out}");
+    let out = login(
+        &weir,
+        &["Cookie: session=alice"],
+        "k-alice-next",
+        "amount=100",
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 201"), "Alice's own write: {out}");
+    assert!(!out.contains("idempotency_key_reused"), "{out}");
+    assert_eq!(up.requests(), 4);
+}
+
+// Issue 41, item 1: a recorded `Set-Cookie` is never replayed, whoever
+// asks: the write's record is completed but not replayable (409), with
+// the default scope and with keys shared by every caller.
+both_paths!(
+    #[tokio::test]
+    a_response_that_sets_a_cookie_is_never_replayed
+);
+async fn a_response_that_sets_a_cookie_is_never_replayed(path: DataPath) {
+    for scope in ["", "[upstreams.pay.idempotency]\nscope = [\"none\"]\n"] {
+        let up = logins().await;
+        let weir = Weir::start_on(path, &svc(&up.url(), scope)).await;
+        let alice = ["Cookie: session=alice"];
+        let first = login(&weir, &alice, "k-login-1", "user=alice").await;
+        assert!(first.starts_with("HTTP/1.1 201"), "{first}");
+        assert!(first.contains("session=rotated-1"), "{first}");
+        for who in [&alice[..], &["Cookie: session=bob"][..]] {
+            let again = login(&weir, who, "k-login-1", "user=alice").await;
+            assert!(!again.contains("rotated-1"), "{scope} {who:?}: {again}");
+            assert!(!again.contains("idempotent-replayed"), "{scope}: {again}");
+        }
+        // Alice's repeat is the write's own key: done once, not delivered
+        // again, and not replayed.
+        let again = login(&weir, &alice, "k-login-1", "user=alice").await;
+        assert!(again.starts_with("HTTP/1.1 409"), "{scope}: {again}");
+        assert!(again.contains("idempotency_not_replayable"), "{again}");
+        let expected = if scope.is_empty() { 2 } else { 1 };
+        assert_eq!(up.requests(), expected, "{scope}");
+    }
+}
+
+/// Over HTTP/2 (the general path): Bob's cookie is another caller, the
+/// `Set-Cookie` is not replayed, and Alice's cookie split into two fields
+/// (RFC 9113 §8.2.3) is still Alice.
+#[tokio::test]
+async fn over_http2_a_cookie_is_a_principal_and_set_cookie_is_not_replayed() {
+    let up = logins().await;
+    let weir = Weir::start_on(DataPath::General, &svc(&up.url(), "")).await;
+    let send = |cookies: &'static [&'static str], key: &'static str| {
+        let mut req = Request::post("http://pay/login").header("idempotency-key", key);
+        for c in cookies {
+            req = req.header("cookie", *c);
+        }
+        h2_request(weir.addr, req.body(body("user=alice")).unwrap())
+    };
+    let (p, b) = read_body(send(&["session=alice; theme=dark"], "k-h2-1").await).await;
+    assert_eq!((p.status.as_u16(), &b[..]), (201, &b"session 1"[..]));
+    let (p, b) = read_body(send(&["session=bob; theme=dark"], "k-h2-1").await).await;
+    assert_eq!(
+        (header(&p, "set-cookie"), &b[..]),
+        ("session=rotated-2; HttpOnly".into(), &b"session 2"[..])
+    );
+    let (p, _) = read_body(send(&["session=alice", "theme=dark"], "k-h2-1").await).await;
+    assert_eq!(p.status.as_u16(), 409, "Alice, her cookie in two crumbs");
+    assert_eq!(header(&p, "set-cookie"), "");
+    assert_eq!(up.requests(), 2);
+}

@@ -12,6 +12,7 @@
 pub mod duration;
 pub mod error;
 pub mod files;
+mod notes;
 pub mod raw;
 mod schema;
 mod validate;

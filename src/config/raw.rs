@@ -264,7 +264,11 @@ impl RawPolicy {
                 // Every method that is not idempotent by itself.
                 methods: Some(["POST", "PATCH"].map(String::from).to_vec()),
                 // A key is one caller's (docs/reference/idempotency.md#idempotency-keys).
-                scope: Some(["authorization", "host"].map(String::from).to_vec()),
+                scope: Some(
+                    crate::policy::idempotency::DEFAULT_SCOPE
+                        .map(String::from)
+                        .to_vec(),
+                ),
             }),
             // Off: a cache changes what the application sees.
             cache: Some(RawCache {

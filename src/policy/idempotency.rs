@@ -51,7 +51,7 @@ mod memory;
 mod scope;
 
 pub use memory::{MemoryStore, Ticket};
-pub use scope::{default_scope, parse_scope, principal, scoped_key, ScopePart};
+pub use scope::{default_scope, parse_scope, principal, scoped_key, ScopePart, DEFAULT_SCOPE};
 
 /// The longest idempotency key, in bytes; a longer (or empty) one is a 400.
 pub const MAX_KEY_BYTES: usize = 255;

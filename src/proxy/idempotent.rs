@@ -181,9 +181,14 @@ impl Recorder {
     /// and the framing left out). The body is appended to the same buffer,
     /// so a kept response is one allocation; `body_hint` is room to make
     /// for it at once (its length, when the head says).
+    ///
+    /// A response that sets a cookie is kept as not replayable
+    /// (docs/reference/idempotency.md#idempotency-keys): a replay of it would
+    /// either hand a session to whoever repeats the key or, without the
+    /// `Set-Cookie`, not be the response the write got.
     pub(crate) fn capture(self, status: u16, mut fields: Vec<u8>, body_hint: u64) -> Capture {
         let fields_len = fields.len();
-        let over = fields_len > self.limit;
+        let over = fields_len > self.limit || sets_cookie(&fields);
         if !over {
             let room = usize::try_from(body_hint).unwrap_or(usize::MAX);
             fields.reserve_exact(room.min(self.limit - fields_len));
@@ -204,6 +209,13 @@ impl Drop for Recorder {
             self.write(Record::Uncertain, None);
         }
     }
+}
+
+/// Whether a block of `name: value\r\n` lines has a `Set-Cookie`.
+fn sets_cookie(fields: &[u8]) -> bool {
+    fields
+        .split(|b| *b == b'\n')
+        .any(|line| line.len() > 11 && line[..11].eq_ignore_ascii_case(b"set-cookie:"))
 }
 
 /// Whether a response field is kept with a stored response: not the

@@ -310,6 +310,7 @@ pub(crate) fn principal(cfg: &UpstreamConfig, h: &impl RequestHead) -> Option<St
     let all = |name: &str| -> Vec<&[u8]> { values(h, name).collect() };
     crate::policy::idempotency::principal(scope, |part| match part {
         ScopePart::Authorization => all("authorization"),
+        ScopePart::Cookie => all("cookie"),
         ScopePart::Host => match h.authority() {
             Some(a) => vec![a.as_bytes()],
             None => all("host"),

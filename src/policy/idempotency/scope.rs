@@ -1,9 +1,11 @@
 //! Who asked (docs/reference/idempotency.md#idempotency-keys, "Keys are per
 //! principal"): an idempotency key names a write *of one caller*, so a
 //! record is kept under the client's key qualified by the request's
-//! principal — by default its `Authorization` and the host it named — and
-//! the same key sent by another principal is a new request, never a
-//! replay of someone else's response. The principal is hashed (SHA-256,
+//! principal — by default its `Authorization`, its `Cookie` and the host
+//! it named: every credential-bearing field a request carries — and the
+//! same key sent by another principal is a new request, never a replay of
+//! someone else's response (nor a 422 for its real owner: a key another
+//! principal sent first is another record). The principal is hashed (SHA-256,
 //! the first 16 bytes as hex): neither the memory store nor Redis holds a
 //! credential in clear.
 
@@ -15,6 +17,10 @@ use sha2::{Digest, Sha256};
 pub enum ScopePart {
     /// The `Authorization` field, byte for byte.
     Authorization,
+    /// The `Cookie` field: its fields joined with `; `, as RFC 9113 §8.2.3
+    /// joins HTTP/2's split crumbs, so one session is one principal over
+    /// either protocol.
+    Cookie,
     /// The host the client named: the absolute-form target's authority,
     /// HTTP/2's `:authority`, or else `Host`; compared without case.
     Host,
@@ -23,14 +29,29 @@ pub enum ScopePart {
     Header(String),
 }
 
-/// The default scope: `["authorization", "host"]`.
+/// The default scope: `["authorization", "cookie", "host"]`, the
+/// credential-bearing fields a request carries and the host it named. An
+/// application that authenticates by an API-key field adds it as
+/// `header:NAME`.
 pub fn default_scope() -> Vec<ScopePart> {
-    vec![ScopePart::Authorization, ScopePart::Host]
+    vec![ScopePart::Authorization, ScopePart::Cookie, ScopePart::Host]
+}
+
+/// The default scope as written in a config (`scope`'s default).
+pub const DEFAULT_SCOPE: [&str; 3] = ["authorization", "cookie", "host"];
+
+impl ScopePart {
+    /// Whether this part names who is calling (a credential), rather than
+    /// only where: `host` alone lets any caller of a host replay another's
+    /// write.
+    pub fn is_credential(&self) -> bool {
+        !matches!(self, ScopePart::Host)
+    }
 }
 
 /// Parses `scope`: `"none"` alone (keys shared by every caller, as before
-/// scoping), or any of `"authorization"`, `"host"`, `"header:NAME"`, each
-/// once.
+/// scoping), or any of `"authorization"`, `"cookie"`, `"host"`,
+/// `"header:NAME"`, each once.
 pub fn parse_scope(items: &[String]) -> Result<Vec<ScopePart>, PolicyError> {
     let err = |m: String| PolicyError::new("scope", m);
     if items.iter().any(|i| i == "none") {
@@ -41,13 +62,14 @@ pub fn parse_scope(items: &[String]) -> Result<Vec<ScopePart>, PolicyError> {
     }
     if items.is_empty() {
         return Err(err(
-            "list what qualifies a key (\"authorization\", \"host\", \"header:NAME\"), or [\"none\"] to share keys between callers".into(),
+            "list what qualifies a key (\"authorization\", \"cookie\", \"host\", \"header:NAME\"), or [\"none\"] to share keys between callers".into(),
         ));
     }
     let mut out = Vec::with_capacity(items.len());
     for item in items {
         let part = match item.as_str() {
             "authorization" => ScopePart::Authorization,
+            "cookie" => ScopePart::Cookie,
             "host" => ScopePart::Host,
             other => match other.strip_prefix("header:") {
                 Some(name) if valid_name(name) => ScopePart::Header(name.to_ascii_lowercase()),
@@ -56,7 +78,7 @@ pub fn parse_scope(items: &[String]) -> Result<Vec<ScopePart>, PolicyError> {
                 }
                 None => {
                     return Err(err(format!(
-                        "unknown part {other:?}: expected \"authorization\", \"host\", \"header:NAME\" or \"none\""
+                        "unknown part {other:?}: expected \"authorization\", \"cookie\", \"host\", \"header:NAME\" or \"none\""
                     )))
                 }
             },
@@ -105,6 +127,14 @@ pub fn principal<'a>(
     let mut h = Sha256::new();
     for part in scope {
         let vs = values(part);
+        if *part == ScopePart::Cookie && vs.len() > 1 {
+            // One `Cookie` however it was split (RFC 9113 §8.2.3).
+            let joined = vs.join(&b"; "[..]);
+            h.update(1u64.to_be_bytes());
+            h.update((joined.len() as u64).to_be_bytes());
+            h.update(&joined);
+            continue;
+        }
         h.update((vs.len() as u64).to_be_bytes());
         for v in vs {
             h.update((v.len() as u64).to_be_bytes());
@@ -135,9 +165,16 @@ mod tests {
     #[test]
     fn parses_the_parts_and_refuses_what_is_not_one() {
         assert_eq!(
-            parse_scope(&s(&["authorization", "host", "header:X-Tenant-Id"])).unwrap(),
+            parse_scope(&s(&[
+                "authorization",
+                "cookie",
+                "host",
+                "header:X-Tenant-Id"
+            ]))
+            .unwrap(),
             vec![
                 ScopePart::Authorization,
+                ScopePart::Cookie,
                 ScopePart::Host,
                 ScopePart::Header("x-tenant-id".into())
             ]
@@ -163,7 +200,7 @@ mod tests {
             scoped_key("k-1", &scope, |p| match p {
                 ScopePart::Authorization => auth.map(str::as_bytes).into_iter().collect(),
                 ScopePart::Host => host.map(str::as_bytes).into_iter().collect(),
-                ScopePart::Header(_) => vec![],
+                ScopePart::Cookie | ScopePart::Header(_) => vec![],
             })
         };
         let alice = key(Some("Bearer ALICE"), Some("pay"));
@@ -189,5 +226,24 @@ mod tests {
             _ => vec![&b"pay"[..]],
         });
         assert_ne!(alice, two);
+    }
+
+    #[test]
+    fn a_cookie_is_one_principal_however_it_was_split() {
+        assert_eq!(parse_scope(&s(&DEFAULT_SCOPE)).unwrap(), default_scope());
+        let key = |cookies: Vec<&'static [u8]>| {
+            scoped_key("k-1", &default_scope(), |p| match p {
+                ScopePart::Cookie => cookies.clone(),
+                _ => vec![&b"pay"[..]],
+            })
+        };
+        let alice = key(vec![b"session=alice; theme=dark"]);
+        assert_eq!(alice, key(vec![b"session=alice", b"theme=dark"]));
+        assert_ne!(alice, key(vec![b"session=bob; theme=dark"]));
+        assert_ne!(key(vec![]), key(vec![b""]));
+        assert!(!alice.contains("alice"));
+        assert!(!ScopePart::Host.is_credential());
+        assert!(ScopePart::Cookie.is_credential());
+        assert!(ScopePart::Header("x-api-key".into()).is_credential());
     }
 }
