@@ -1433,3 +1433,68 @@ fn hedge_errors_name_their_field() {
         }
     }
 }
+
+#[test]
+fn every_bad_field_of_one_policy_table_is_reported_in_one_run() {
+    // Hedging used to name only `after`; the breaker only its first field.
+    let src = format!("{UP}[upstreams.api.hedge]\nafter = \"p101\"\nmax_extra = 1.5\n");
+    let fields: Vec<String> = errors(&src).into_iter().map(|e| e.field).collect();
+    assert_eq!(
+        fields,
+        ["upstreams.api.hedge.after", "upstreams.api.hedge.max_extra"]
+    );
+    let src = format!(
+        "{UP}[upstreams.api.breaker]\nwindow = 0\nopen_jitter = 1.5\nhalf_open_probes = 0\n"
+    );
+    let fields: Vec<String> = errors(&src).into_iter().map(|e| e.field).collect();
+    assert_eq!(
+        fields,
+        [
+            "upstreams.api.breaker.window",
+            "upstreams.api.breaker.open_jitter",
+            "upstreams.api.breaker.half_open_probes"
+        ]
+    );
+}
+
+#[test]
+fn weir_check_notes_a_trip_rule_that_failing_for_holds_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("weir.toml");
+    let held = format!(
+        "{UP}timeout = \"5s\"\nper_try_timeout = \"20s\"\n[upstreams.api.breaker]\nconsecutive_failures = 3\n"
+    );
+    std::fs::write(&path, &held).unwrap();
+    let (code, _, err) = check(&path);
+    assert_eq!(code, Some(0), "{err}");
+    let note = err
+        .lines()
+        .find(|l| l.contains("breaker.consecutive_failures"))
+        .unwrap_or_else(|| panic!("no breaker note:\n{err}"));
+    assert!(note.starts_with("note: "), "{note}");
+    assert!(note.contains(":7:"), "located at its line: {note}");
+    assert!(
+        note.contains("3 failures in a row") && note.contains("1s"),
+        "{note}"
+    );
+    assert!(note.contains("failing_for = \"0s\""), "{note}");
+    // A per-try timeout longer than the deadline passes, with a note.
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("note: ") && l.contains("per_try_timeout") && l.contains("20s")),
+        "{err}"
+    );
+
+    // Said once `failing_for` is the user's own choice: no note.
+    let chosen =
+        format!("{UP}[upstreams.api.breaker]\nconsecutive_failures = 3\nfailing_for = \"0s\"\n");
+    std::fs::write(&path, &chosen).unwrap();
+    let (code, _, err) = check(&path);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("breaker."), "{err}");
+
+    // The default trip rule is not the user's: no note either.
+    std::fs::write(&path, UP).unwrap();
+    let (_, _, err) = check(&path);
+    assert!(!err.contains("breaker."), "{err}");
+}

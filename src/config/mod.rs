@@ -41,6 +41,10 @@ pub struct Config {
     pub upstreams: Vec<Arc<UpstreamConfig>>,
     /// The effective, merged config in its raw form, for `weir check` and `/config`.
     pub effective: raw::RawConfig,
+    /// What this valid config does that its author may not expect, located
+    /// like errors, found while validating: [`Config::notes`] prints each
+    /// as a `note:`.
+    pub field_notes: Vec<ConfigError>,
 }
 
 /// Which requests get an access-log line (docs/reference/logs.md#logs).

@@ -8,7 +8,7 @@
 //! *returned* so the data plane logs and counts them.
 
 use super::random::Random;
-use super::{Now, PolicyError, Scope};
+use super::{Now, PolicyErrors, Scope};
 use std::collections::VecDeque;
 use std::time::Duration;
 
@@ -77,56 +77,42 @@ impl BreakerParams {
         max_open: Duration,
         open_jitter: f64,
         half_open_probes: u32,
-    ) -> Result<Self, PolicyError> {
-        if consecutive_failures == 0 {
-            return Err(PolicyError::new(
-                "consecutive_failures",
-                "must be at least 1",
-            ));
-        }
-        if window == 0 || window > 10_000 {
-            return Err(PolicyError::new(
-                "window",
-                format!("must be between 1 and 10000, got {window}"),
-            ));
-        }
-        if min_samples == 0 || min_samples > window {
-            return Err(PolicyError::new(
-                "min_samples",
-                format!("must be between 1 and window ({window}), got {min_samples}"),
-            ));
-        }
-        if !(failure_rate > 0.0 && failure_rate <= 1.0) {
-            return Err(PolicyError::new(
-                "failure_rate",
-                format!("must be in (0, 1], got {failure_rate}"),
-            ));
-        }
+    ) -> Result<Self, PolicyErrors> {
+        let mut e = PolicyErrors::default();
+        e.check(consecutive_failures != 0, "consecutive_failures", || {
+            "must be at least 1".into()
+        });
+        e.check((1..=10_000).contains(&window), "window", || {
+            format!("must be between 1 and 10000, got {window}")
+        });
+        // Judged against a valid window only: a bad window has its own error.
+        let window_ok = (1..=10_000).contains(&window);
+        e.check(
+            min_samples != 0 && (!window_ok || min_samples <= window),
+            "min_samples",
+            || format!("must be between 1 and window ({window}), got {min_samples}"),
+        );
+        e.check(
+            failure_rate > 0.0 && failure_rate <= 1.0,
+            "failure_rate",
+            || format!("must be in (0, 1], got {failure_rate}"),
+        );
         if let Some(s) = failure_statuses.iter().find(|s| !(100..=599).contains(*s)) {
-            return Err(PolicyError::new(
-                "failure_statuses",
-                format!("{s} is not an HTTP status code (100–599)"),
-            ));
+            e.check(false, "failure_statuses", || {
+                format!("{s} is not an HTTP status code (100–599)")
+            });
         }
-        if open.is_zero() {
-            return Err(PolicyError::new("open", "must be greater than 0"));
-        }
-        if max_open < open {
-            return Err(PolicyError::new(
-                "max_open",
-                format!("must be ≥ open ({open:?}), got {max_open:?}"),
-            ));
-        }
-        if !(0.0..1.0).contains(&open_jitter) {
-            return Err(PolicyError::new(
-                "open_jitter",
-                format!("must be in [0, 1), got {open_jitter}"),
-            ));
-        }
-        if half_open_probes == 0 {
-            return Err(PolicyError::new("half_open_probes", "must be at least 1"));
-        }
-        Ok(BreakerParams {
+        e.check(!open.is_zero(), "open", || "must be greater than 0".into());
+        e.check(max_open >= open, "max_open", || {
+            format!("must be ≥ open ({open:?}), got {max_open:?}")
+        });
+        e.check((0.0..1.0).contains(&open_jitter), "open_jitter", || {
+            format!("must be in [0, 1), got {open_jitter}")
+        });
+        e.check(half_open_probes != 0, "half_open_probes", || {
+            "must be at least 1".into()
+        });
+        e.or_ok(|| BreakerParams {
             enabled,
             consecutive_failures,
             window,

@@ -14,7 +14,7 @@
 //!
 //! Pure: the caller passes `now` and every latency.
 
-use super::PolicyError;
+use super::PolicyErrors;
 use std::time::Duration;
 
 /// When a hedge is due.
@@ -47,40 +47,41 @@ impl HedgeParams {
         max_extra: f64,
         max_hedges: u32,
         keyed_writes: bool,
-    ) -> Result<Self, PolicyError> {
+    ) -> Result<Self, PolicyErrors> {
+        let mut errors = PolicyErrors::default();
         let after = match (parse_percentile(after), fixed) {
-            (Some(q), _) => HedgeAfter::Percentile(q),
-            (None, Some(d)) if !d.is_zero() => HedgeAfter::Fixed(d),
+            (Some(q), _) => Some(HedgeAfter::Percentile(q)),
+            (None, Some(d)) if !d.is_zero() => Some(HedgeAfter::Fixed(d)),
             (None, Some(_)) => {
-                return Err(PolicyError::new("after", "must be more than 0 (a hedge sent at once doubles every request)"))
+                errors.check(false, "after", || {
+                    "must be more than 0 (a hedge sent at once doubles every request)".into()
+                });
+                None
             }
             (None, None) => {
-                return Err(PolicyError::new(
-                    "after",
-                    format!("{after:?} is neither a duration (\"20ms\") nor a percentile from \"p50\" to \"p99.9\""),
-                ))
+                errors.check(false, "after", || {
+                    format!("{after:?} is neither a duration (\"20ms\") nor a percentile from \"p50\" to \"p99.9\"")
+                });
+                None
             }
         };
-        if !(0.0..=1.0).contains(&max_extra) || max_extra.is_nan() {
-            return Err(PolicyError::new(
-                "max_extra",
-                format!("must be from 0 to 1 (a share of requests), not {max_extra}"),
-            ));
+        errors.check(
+            (0.0..=1.0).contains(&max_extra) && !max_extra.is_nan(),
+            "max_extra",
+            || format!("must be from 0 to 1 (a share of requests), not {max_extra}"),
+        );
+        errors.check(max_hedges == 1, "max_hedges", || {
+            format!("only 1 is supported (one hedge beside the first attempt), not {max_hedges}")
+        });
+        match after {
+            Some(after) => errors.or_ok(|| HedgeParams {
+                after,
+                max_extra,
+                max_hedges,
+                keyed_writes,
+            }),
+            None => Err(errors),
         }
-        if max_hedges != 1 {
-            return Err(PolicyError::new(
-                "max_hedges",
-                format!(
-                    "only 1 is supported (one hedge beside the first attempt), not {max_hedges}"
-                ),
-            ));
-        }
-        Ok(HedgeParams {
-            after,
-            max_extra,
-            max_hedges,
-            keyed_writes,
-        })
     }
 }
 
@@ -293,13 +294,17 @@ mod tests {
     #[test]
     fn bad_params_name_their_field() {
         let e = HedgeParams::try_new("soon", None, 0.05, 1, false).unwrap_err();
-        assert_eq!(e.field, "after");
+        assert_eq!(e.first_field(), Some("after"));
         let e = HedgeParams::try_new("p95", None, 1.5, 1, false).unwrap_err();
-        assert_eq!(e.field, "max_extra");
+        assert_eq!(e.first_field(), Some("max_extra"));
         let e = HedgeParams::try_new("p95", None, 0.05, 0, false).unwrap_err();
-        assert_eq!(e.field, "max_hedges");
+        assert_eq!(e.first_field(), Some("max_hedges"));
         let e = HedgeParams::try_new("0ms", Some(Duration::ZERO), 0.05, 1, false).unwrap_err();
-        assert_eq!(e.field, "after");
+        assert_eq!(e.first_field(), Some("after"));
+        // Every bad field at once, not one per run.
+        let e = HedgeParams::try_new("p101", None, 1.5, 2, false).unwrap_err();
+        let fields: Vec<_> = e.0.iter().map(|e| e.field).collect();
+        assert_eq!(fields, ["after", "max_extra", "max_hedges"]);
         let p = HedgeParams::try_new("20ms", Some(20 * MS), 0.05, 1, false).unwrap();
         assert_eq!(p.after, HedgeAfter::Fixed(20 * MS));
     }

@@ -93,6 +93,53 @@ impl PolicyError {
     }
 }
 
+/// Every invalid field of one policy table, in the order of its fields: so
+/// one run of `weir check` names them all rather than one per round.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PolicyErrors(pub Vec<PolicyError>);
+
+impl PolicyErrors {
+    /// Records `field`'s error unless `ok`.
+    pub(crate) fn check(
+        &mut self,
+        ok: bool,
+        field: &'static str,
+        message: impl FnOnce() -> String,
+    ) {
+        if !ok {
+            self.0.push(PolicyError::new(field, message()));
+        }
+    }
+
+    /// `value()` when nothing was recorded.
+    pub(crate) fn or_ok<T>(self, value: impl FnOnce() -> T) -> Result<T, PolicyErrors> {
+        if self.0.is_empty() {
+            Ok(value())
+        } else {
+            Err(self)
+        }
+    }
+
+    /// The first error's field (tests and the decision contract name one).
+    pub fn first_field(&self) -> Option<&'static str> {
+        self.0.first().map(|e| e.field)
+    }
+}
+
+impl std::fmt::Display for PolicyErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{}: {}", e.field, e.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PolicyErrors {}
+
 /// Whose a piece of policy state is (`breaker.scope`, `rate_limit.scope`;
 /// docs/reference/fleet.md#fleet-state): this instance's alone, or shared by every
 /// instance through the `[state]` backend. With `backend = "memory"` every

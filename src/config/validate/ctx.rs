@@ -3,7 +3,7 @@
 //! (docs/reference/configuration.md#configuration-and-defaults).
 
 use super::super::error::{ConfigError, SpanIndex};
-use crate::policy::PolicyError;
+use crate::policy::{PolicyError, PolicyErrors};
 use std::path::Path;
 
 /// Stage two's errors, each located in the file as it is added.
@@ -14,6 +14,9 @@ pub(in crate::config) struct ErrorSink<'a> {
     /// (`schema::Read::removed`): stage two saw a default in its place.
     removed: &'a [String],
     pub(super) errors: Vec<ConfigError>,
+    /// What a valid config does that its author may not expect: `weir
+    /// check` prints each as a `note:` (docs/reference/cli.md#weir-check).
+    pub(super) notes: Vec<ConfigError>,
 }
 
 /// `path` is `table` or a field under it (`a.b`, `a.b.c`, `a.b[0]`).
@@ -47,6 +50,7 @@ impl<'a> ErrorSink<'a> {
             idx,
             removed,
             errors: Vec::new(),
+            notes: Vec::new(),
         }
     }
 
@@ -56,7 +60,7 @@ impl<'a> ErrorSink<'a> {
     }
 
     /// Whether the document sets this field and stage one kept it.
-    fn has(&self, field: &str) -> bool {
+    pub(super) fn has(&self, field: &str) -> bool {
         self.idx.has(field) && !self.is_removed(field)
     }
 
@@ -84,6 +88,19 @@ impl<'a> ErrorSink<'a> {
         }
         self.errors
             .push(self.idx.error_at_path(self.file, &field, message.into()));
+    }
+
+    /// A note at `field`, located like an error.
+    pub(super) fn note(&mut self, field: &str, message: impl Into<String>) {
+        self.notes
+            .push(self.idx.error_at_path(self.file, field, message.into()));
+    }
+
+    /// Whether the user wrote an upstream's policy field, in its table or
+    /// in `[defaults]`.
+    pub(super) fn policy_set(&self, upstream: &str, rel: &str) -> bool {
+        self.has(&format!("upstreams.{}.{rel}", quote(upstream)))
+            || self.has(&format!("defaults.{rel}"))
     }
 
     /// The path of an upstream's policy field as the user wrote it: in the
@@ -126,6 +143,13 @@ impl<'a> ErrorSink<'a> {
             given.push(format!("defaults.{rel}"));
         }
         self.err_given(path, &given, message);
+    }
+
+    /// Each of a table's errors, as [`ErrorSink::policy_err`] does one.
+    pub(super) fn policy_errs(&mut self, upstream: &str, table: &str, e: PolicyErrors) {
+        for one in e.0 {
+            self.policy_err(upstream, table, one);
+        }
     }
 
     pub(super) fn policy_err(&mut self, upstream: &str, table: &str, e: PolicyError) {

@@ -92,6 +92,10 @@ pub(super) fn validate(
             defaults,
             upstreams: effective_upstreams,
         },
+        field_notes: {
+            cx.notes.sort_by_key(|e| (e.line, e.column));
+            cx.notes
+        },
     })
 }
 
@@ -370,6 +374,18 @@ fn upstream(
         cx.err(f, "must be greater than 0");
     }
     let per_try_timeout = p.per_try_timeout.map(|d| d.0);
+    if let Some(t) = per_try_timeout.filter(|t| !timeout.is_zero() && *t > timeout) {
+        let f = cx.policy_path(name, "per_try_timeout");
+        cx.note(
+            &f,
+            format!(
+                "{} is longer than `timeout` ({}): every attempt ends at the request's \
+                 deadline first, so only one attempt ever runs its full length",
+                duration::format(t),
+                duration::format(timeout),
+            ),
+        );
+    }
     if per_try_timeout.is_some_and(|d| d.is_zero()) {
         let f = cx.policy_path(name, "per_try_timeout");
         cx.err(

@@ -175,8 +175,43 @@ pub(super) fn breaker(cx: &mut ErrorSink, name: &str, p: &RawPolicy) -> Option<B
         p.with_scope(b.scope.unwrap_or(Scope::Fleet))
             .with_failing_for(b.failing_for.map(|d| d.0).unwrap_or_default())
     })
-    .map_err(|e| cx.policy_err(name, "breaker", e))
+    .map_err(|e| cx.policy_errs(name, "breaker", e))
     .ok()
+    .inspect(|p| held_back_note(cx, name, p))
+}
+
+/// A trip rule the user set that `failing_for` holds back: said by `weir
+/// check`, so `consecutive_failures = 3` that does not open after three
+/// quick failures is no surprise (docs/reference/breaker.md#trip-rules).
+fn held_back_note(cx: &mut ErrorSink, name: &str, p: &BreakerParams) {
+    if !p.enabled || p.failing_for.is_zero() || cx.policy_set(name, "breaker.failing_for") {
+        return;
+    }
+    let wait = super::super::duration::format(p.failing_for);
+    let rule = if cx.policy_set(name, "breaker.consecutive_failures") {
+        Some((
+            "breaker.consecutive_failures",
+            format!("{} failures in a row", p.consecutive_failures),
+        ))
+    } else if cx.policy_set(name, "breaker.failure_rate") {
+        Some((
+            "breaker.failure_rate",
+            format!("a failure share of {}", p.failure_rate),
+        ))
+    } else {
+        None
+    };
+    if let Some((field, what)) = rule {
+        let at = cx.policy_path(name, field);
+        cx.note(
+            &at,
+            format!(
+                "{what} opens the breaker only once no attempt has succeeded for \
+                 `breaker.failing_for` ({wait}, the default): failures that come faster \
+                 wait for it. Set `failing_for = \"0s\"` to open as soon as the rule holds"
+            ),
+        );
+    }
 }
 
 pub(super) fn rate_limit(cx: &mut ErrorSink, name: &str, p: &RawPolicy) -> Option<RateLimitParams> {
@@ -279,7 +314,7 @@ pub(super) fn hedge(
     let params = match params {
         Ok(params) => params,
         Err(e) => {
-            cx.policy_err(name, "hedge", e);
+            cx.policy_errs(name, "hedge", e);
             return None;
         }
     };
