@@ -4,6 +4,7 @@
 # alternating rounds, medians):
 #
 #   post64k  a 64 KiB POST                        (wrk -s bench/shapes/post64k.lua)
+#   post1m   a 1 MiB POST with Content-Length      (streamed by weir, its length kept)
 #   post1k, post1k-keyed                          a 1 KiB POST, without and with a new
 #            Idempotency-Key on each (weir records it; the peers pass the header on)
 #   big      a 1 MiB response
@@ -28,7 +29,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5}
 CONNS=${CONNS:-32}
-SHAPES=${SHAPES:-"post64k big chunked tls h2c grpc h2-in h2-streams"}
+SHAPES=${SHAPES:-"post64k post1m big chunked tls h2c grpc h2-in h2-streams"}
 UP_PORT=18080 UP_TLS_PORT=18443 UP_H2C_PORT=18081
 WEIR_PORT=18001 WEIR_ADMIN=18000 NGINX_PORT=18002 HAPROXY_PORT=18003 ENVOY_PORT=18004
 ENVOY=${ENVOY:-$(command -v envoy || true)}
@@ -41,8 +42,9 @@ pin_proxy="taskset -c 1"
 if [ "$(nproc)" -lt 2 ] || ! command -v taskset >/dev/null; then
     pin_load=""; pin_proxy=""
 fi
-cargo build --release --locked -q
-WEIR=target/release/weir
+# WEIR_BIN=path measures another build (an older commit's) in the same run's way.
+if [ -z "${WEIR_BIN:-}" ]; then cargo build --release --locked -q; fi
+WEIR=${WEIR_BIN:-target/release/weir}
 source bench/lib.sh
 
 # ---- the upstream: nginx on three ports (HTTP/1.1, TLS, h2c) ---------------
@@ -233,6 +235,7 @@ stop_proxies() {
 wrk_args() { # shape → wrk's script and path
     case $1 in
         post64k) echo "-s bench/shapes/post64k.lua" ;;
+        post1m) echo "-s bench/shapes/post1m.lua" ;;
         post1k) echo "-s bench/shapes/post1k.lua" ;;
         post1k-keyed) echo "-s bench/shapes/post1k-keyed.lua" ;;
         chunked) echo "-s bench/shapes/chunked.lua" ;;
