@@ -126,7 +126,11 @@ impl Reloader {
         self.reload(why).await
     }
 
+    /// A rejected reload: logged and answered with the credentials of any
+    /// URL it quotes masked (every message that comes here says why a
+    /// config was refused, and may quote it).
     fn failed(&self, why: &str, e: String) -> Result<(), String> {
+        let e = crate::config::error::redact_credentials(&e).into_owned();
         self.metrics.reload(false);
         tracing::error!(trigger = why, error = %e, "config reload rejected; the running config stays");
         Err(e)

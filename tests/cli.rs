@@ -334,3 +334,28 @@ fn check_warns_when_an_idempotency_scope_names_no_credential() {
     assert_eq!(code, 0);
     assert!(!err.contains("warning") && !err.contains("note"), "{err}");
 }
+
+/// Issue 41, item 4: an invalid `state.url`, upstream `url` or
+/// `tracing.endpoint` carrying a password (or a token as the user part, or
+/// a query) is reported by `weir check` with the credential as `***`, as
+/// `/config` shows it, never echoed.
+#[test]
+fn check_never_echoes_a_credential_from_a_url() {
+    let head = "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n";
+    let up = |url: &str| format!("[upstreams.a]\nurl = \"{url}\"\nhosts = [\"a\"]\n");
+    let ok = up("http://127.0.0.1:1");
+    for toml in [
+        format!("{head}[state]\nbackend = \"redis\"\nurl = \"redis://weir:hunter2@cache:6379/x\"\n{ok}"),
+        format!("{head}[state]\nbackend = \"redis\"\nurl = \"redis://:hunter2@cache:6379/0?tls=no\"\n{ok}"),
+        format!("{head}{}", up("https://admin:hunter2@api.example")),
+        format!("{head}{}", up("https://hunter2@api.example")),
+        format!("{head}{}", up("http://api.example/v1?api_key=hunter2")),
+        format!("{head}[tracing]\nendpoint = \"http://otel:hunter2@collector:4317\"\n{ok}"),
+        format!("{head}[tracing]\nendpoint = \"http://collector:4318/v1/traces?token=hunter2\"\nprotocol = \"http/protobuf\"\n{ok}"),
+    ] {
+        let (code, _, err) = check(&toml);
+        assert_eq!(code, 1, "{toml}\n{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+        assert!(err.contains("***"), "{err}");
+    }
+}

@@ -353,6 +353,29 @@ async fn admin_endpoints_and_the_loopback_guard() {
     assert_eq!(val(&m, "weir_config_reloads_total{result=error}"), 1.0);
     assert_eq!(val(&m, "weir_config_last_reload_success{}"), 0.0);
 
+    // Issue 41, item 4: a rejected reload quoting a URL with a password
+    // shows it as `***` in the 422 body and in the log line, as /config
+    // does; it used to echo it whole.
+    let logs = Captured::global();
+    let secret = "[state]\nbackend = \"redis\"\nurl = \"redis://weir:hunter2@cache:6379/x\"\n";
+    std::fs::write(&path, format!("{toml}{secret}")).unwrap();
+    let (s, msg) = admin(&rt, "POST", "/reload").await;
+    assert_eq!(s, 422);
+    assert!(
+        msg.contains("redis://weir:***@cache:6379/x") && !msg.contains("hunter2"),
+        "{msg}"
+    );
+    let rejected = logs.lines_of("config reload rejected");
+    assert!(
+        rejected.iter().any(|l| l.contains("weir:***@cache")),
+        "{rejected:?}"
+    );
+    assert!(
+        rejected.iter().all(|l| !l.contains("hunter2")),
+        "{rejected:?}"
+    );
+    std::fs::write(&path, &toml).unwrap();
+
     // The guard itself, with a peer that is not loopback.
     let outsider: std::net::SocketAddr = "10.1.2.3:40000".parse().unwrap();
     let insider: std::net::SocketAddr = "127.0.0.1:40000".parse().unwrap();

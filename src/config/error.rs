@@ -29,8 +29,54 @@ impl fmt::Display for ConfigError {
         if !self.field.is_empty() {
             write!(f, ": `{}`", self.field)?;
         }
-        write!(f, ": {}", self.message)
+        write!(f, ": {}", redact_credentials(&self.message))
     }
+}
+
+/// `text` with the credentials of every URL in it shown as `***`, as
+/// `/config` shows them (docs/reference/configuration.md#configuration-and-defaults):
+/// a URL's userinfo (`user:***@`, or `***@` for a lone user part, which is
+/// often a token) and its query (`?***`). For messages that quote what a
+/// config says — `weir check`, a rejected reload's log line and `POST
+/// /reload` body — even when the URL is too broken to parse: a URL ends at
+/// white space, a quote, a backtick, a backslash or an angle bracket, and
+/// its userinfo at the last `@` before that, so a password with a stray `/`,
+/// `#` or `?` in it is masked too.
+pub fn redact_credentials(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains("://") {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c.is_whitespace() || "\"'`\\<>".contains(c))
+            .unwrap_or(tail.len());
+        let (url, after) = tail.split_at(end);
+        let host_part = match url.rfind('@') {
+            Some(at) => {
+                if let Some((user, _)) = url[..at].split_once(':') {
+                    out.push_str(user);
+                    out.push(':');
+                }
+                out.push_str("***@");
+                &url[at + 1..]
+            }
+            None => url,
+        };
+        match host_part.split_once('?') {
+            Some((before, _)) => {
+                out.push_str(before);
+                out.push_str("?***");
+            }
+            None => out.push_str(host_part),
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
 }
 
 /// Every error found in one config file (at least one).
@@ -245,5 +291,40 @@ pub fn from_toml(file: &Path, src: &str, idx: &SpanIndex, e: &toml::de::Error) -
         column,
         field,
         message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_credentials as r;
+
+    #[test]
+    fn credentials_in_quoted_urls_are_masked() {
+        for (text, want) in [
+            (
+                "invalid url \"redis://weir:hunter2@cache:6379/x\": the path",
+                "invalid url \"redis://weir:***@cache:6379/x\": the path",
+            ),
+            (
+                "\"https://tok3n@api.example\"",
+                "\"https://***@api.example\"",
+            ),
+            ("http://u:p/ss#w@h:1/a x", "http://u:***@h:1/a x"),
+            (
+                "http://c:4318/v1?key=s3cret and",
+                "http://c:4318/v1?*** and",
+            ),
+            (
+                "e.g. \"http://127.0.0.1:4317\"",
+                "e.g. \"http://127.0.0.1:4317\"",
+            ),
+            ("a:b@c, no url", "a:b@c, no url"),
+            (
+                "two: redis://:pw@a/0 and http://x:y@b",
+                "two: redis://:***@a/0 and http://x:***@b",
+            ),
+        ] {
+            assert_eq!(r(text), want, "{text}");
+        }
     }
 }
