@@ -268,3 +268,81 @@ async fn streaming_past_the_timeout_is_not_cut(path: DataPath) {
     assert_eq!(b, "0;1;2;3;4;5;6;7;8;9;");
     assert!(start.elapsed() >= Duration::from_secs(2));
 }
+
+/// An upstream that answers each request with `n` interim responses
+/// (`100 Continue`, written in batches), `every` apart (zero: as fast as it
+/// can), and then closes without a final one.
+async fn interims(n: usize, every: Duration) -> RawUpstream {
+    RawUpstream::start(move |_, mut s| async move {
+        use tokio::io::AsyncWriteExt;
+        if !read_head(&mut s).await {
+            return;
+        }
+        let batch = if every.is_zero() { 50 } else { 1 };
+        let bytes = b"HTTP/1.1 100 Continue\r\n\r\n".repeat(batch);
+        for _ in 0..n / batch {
+            if s.write_all(&bytes).await.is_err() {
+                return;
+            }
+            if !every.is_zero() {
+                tokio::time::sleep(every).await;
+            }
+        }
+    })
+    .await
+}
+
+// Issue 41, item 2: a flood of `100 Continue` used to be read for as long
+// as it lasted (the fast path's deadline timer, polled after the read,
+// never got a turn; hyper's path burned a core until the deadline), and
+// then retried as a reset. Past 100 interim responses it is now a 502
+// `bad_response`, not retried.
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_flood_of_interim_responses_is_a_bad_response
+);
+async fn a_flood_of_interim_responses_is_a_bad_response(path: DataPath) {
+    let up = interims(5000, Duration::ZERO).await;
+    let weir = Weir::single_on(path, &up.url(), "timeout = \"8s\"\n").await;
+    let req = "GET /flood HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n";
+    let out = exchange_raw(weir.addr, req.as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 502"), "{out}");
+    assert!(out.contains("x-weir-error: bad_response"), "{out}");
+    assert!(out.contains("x-weir-attempts: 1\r\n"), "{out}");
+    assert!(out.contains("interim (1xx)"), "{out}");
+    assert_eq!(up.connections(), 1);
+}
+
+/// The same flood for a client on HTTP/2 (hyper's path).
+#[tokio::test(start_paused = true)]
+async fn over_http2_a_flood_of_interim_responses_is_a_bad_response() {
+    let up = interims(5000, Duration::ZERO).await;
+    let weir = Weir::single_on(DataPath::General, &up.url(), "timeout = \"8s\"\n").await;
+    let req = Request::get("http://svc/flood").body(body("")).unwrap();
+    let (p, b) = read_body(h2_request(weir.addr, req).await).await;
+    assert_eq!(p.status.as_u16(), 502, "{b:?}");
+    assert_eq!(header(&p, "x-weir-error"), "bad_response");
+    assert_eq!(up.connections(), 1);
+}
+
+// Interim responses count against the deadline: fifty of them 100 ms apart
+// (below the cap) end in 504 at the deadline, not when they stop.
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    interim_responses_count_against_the_deadline
+);
+async fn interim_responses_count_against_the_deadline(path: DataPath) {
+    let up = interims(50, Duration::from_millis(100)).await;
+    let extra = "timeout = \"1s\"\n[upstreams.svc.retry]\nmax_attempts = 1\n";
+    let weir = Weir::single_on(path, &up.url(), extra).await;
+    let t0 = Instant::now();
+    let req = "GET /trickle HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n";
+    let out = exchange_raw(weir.addr, req.as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 504"), "{out}");
+    assert!(out.contains("x-weir-error: deadline_exceeded"), "{out}");
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(2),
+        "{took:?}"
+    );
+}

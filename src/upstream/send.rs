@@ -8,6 +8,17 @@ use http_body_util::combinators::BoxBody;
 /// The largest response head weir reads from an upstream.
 pub const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 
+/// The most interim (1xx) responses weir reads before one attempt's final
+/// response (docs/reference/deadlines.md#deadlines-and-timeouts): one more is
+/// a flood, answered `502 bad_response` and never retried. A `100
+/// Continue`, a few `103 Early Hints` and a `102 Processing` a second for a
+/// long operation stay far below it.
+pub const MAX_INTERIM_RESPONSES: u32 = 100;
+
+/// [`MAX_INTERIM_RESPONSES`] exceeded, as both paths say it.
+pub const INTERIM_FLOOD: &str =
+    "the upstream sent more than 100 interim (1xx) responses before a final one";
+
 /// A body's error, on either side of the proxy.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -237,14 +237,19 @@ fn build(plan: &mut Outbound) -> Request<crate::proxy::body::Body> {
     } else {
         (plan.parts.headers.clone(), plan.parts.extensions.clone())
     };
-    if let Some(gate) = &plan.continue_gate {
-        let gate = gate.clone();
-        hyper::ext::on_informational(&mut req, move |r| {
-            if r.status() == http::StatusCode::CONTINUE {
+    // Interim responses counted (a flood ends the attempt, see [`send`]),
+    // and a `100 Continue` opens the body's gate.
+    let interims = Interims::default();
+    let (gate, count) = (plan.continue_gate.clone(), interims.clone());
+    hyper::ext::on_informational(&mut req, move |r| {
+        count.seen();
+        if r.status() == http::StatusCode::CONTINUE {
+            if let Some(gate) = &gate {
                 gate.open();
             }
-        });
-    }
+        }
+    });
+    req.extensions_mut().insert(interims);
     // A body of unknown length goes chunked, whatever the method: hyper
     // would send a GET's or HEAD's as no body at all, and a body is never
     // dropped silently. (HTTP/2 frames it itself; hyper drops the field.)
@@ -287,7 +292,21 @@ async fn send(
 ) -> (Outcome, Result<Response<UpstreamBody>, ProxyError>) {
     let started = Instant::now();
     let mut picked = None;
+    let mut req = req;
+    let interims = req.extensions_mut().remove::<Interims>();
     let sending = dispatch(up, conn, req, avoid, &mut picked, seen);
+    let sending = async {
+        let Some(interims) = interims else {
+            return sending.await;
+        };
+        tokio::select! {
+            r = sending => r,
+            () = interims.flood() => Err(crate::upstream::client::SendError::new(
+                crate::upstream::client::Failure::BadResponse,
+                crate::upstream::send::INTERIM_FLOOD,
+            )),
+        }
+    };
     let sent = tokio::time::timeout_at(try_deadline, sending).await;
     let (outcome, mut result) = judge(up, (grpc_trailers, deadline), try_deadline, sent).await;
     if let (Ok(r), Some(p)) = (&mut result, &picked) {
@@ -295,6 +314,26 @@ async fn send(
     }
     crate::upstream::report(picked, &outcome, &up.config.breaker, started, avoid);
     (outcome, result)
+}
+
+/// The interim (1xx) responses hyper has read for one attempt (its
+/// `on_informational` callback counts them); past
+/// [`crate::upstream::send::MAX_INTERIM_RESPONSES`], [`Interims::flood`]
+/// completes and [`send`] drops the attempt, its connection with it.
+#[derive(Clone, Default)]
+struct Interims(std::sync::Arc<(std::sync::atomic::AtomicU32, tokio::sync::Notify)>);
+
+impl Interims {
+    fn seen(&self) {
+        let n = self.0 .0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if n > crate::upstream::send::MAX_INTERIM_RESPONSES {
+            self.0 .1.notify_one();
+        }
+    }
+
+    async fn flood(&self) {
+        self.0 .1.notified().await;
+    }
 }
 
 /// The outcome of a sent attempt, and what the client would get.

@@ -380,6 +380,7 @@ async fn read_head(
     (out, kept): (&mut Vec<u8>, &mut Option<(usize, usize)>),
     is_head_request: bool,
 ) -> Result<Exchange, Failed> {
+    let mut interims = 0;
     loop {
         match read_more(&mut s, buf).await {
             Ok(0) if written == 0 => {
@@ -409,7 +410,17 @@ async fn read_head(
                 }
                 Ok(None) => break,
                 Ok(Some(Head::Interim(n))) => {
+                    // Dropped, counted, and a turn given up: a flood of
+                    // them is always ready to read, and would otherwise
+                    // hold the task (and the deadline's timer, polled
+                    // after it) for as long as it lasts.
+                    interims += 1;
+                    if interims > crate::upstream::send::MAX_INTERIM_RESPONSES {
+                        let why = crate::upstream::send::INTERIM_FLOOD;
+                        return Err(SendError::new(Failure::BadResponse, why));
+                    }
                     buf.drain(..n);
+                    tokio::task::yield_now().await;
                 }
                 Ok(Some(Head::Final(r))) => {
                     *kept = r.kept;
