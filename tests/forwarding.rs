@@ -361,3 +361,100 @@ async fn client_connections_beyond_the_held_cap_share_the_pool(path: DataPath) {
     }
     assert_eq!(up.requests(), 140);
 }
+
+/// Answers with every `x-request-id` field it received, joined by `|`, in
+/// `x-seen-ids` (and how many in `x-seen-id-count`).
+async fn ids() -> TestUpstream {
+    TestUpstream::start(|req: Request<hyper::body::Incoming>| async move {
+        let all: Vec<String> = req
+            .headers()
+            .get_all("x-request-id")
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect();
+        Response::builder()
+            .header("x-seen-id-count", all.len().to_string())
+            .header("x-seen-ids", all.join("|"))
+            .body(body(""))
+            .unwrap()
+    })
+    .await
+}
+
+fn made(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+// Issue 41, item 6: a client's `x-request-id` is kept only when it is one
+// field of 1 to 128 bytes of visible ASCII; anything else (empty, 60,000
+// bytes, a space or a non-ASCII byte, two fields) is replaced by weir's own,
+// one field, on both paths. It used to be forwarded as it came: a 60 KB id
+// whole, two ids both (the log said the first, a Python app read the
+// second), an empty one empty.
+both_paths!(
+    #[tokio::test]
+    a_request_id_is_one_visible_ascii_field_of_at_most_128_bytes
+);
+async fn a_request_id_is_one_visible_ascii_field_of_at_most_128_bytes(path: DataPath) {
+    let up = ids().await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
+    let send = |fields: String| {
+        let req = format!("GET /id HTTP/1.1\r\nHost: svc\r\n{fields}Connection: close\r\n\r\n");
+        let addr = weir.addr;
+        async move {
+            let out = exchange_raw(addr, req.as_bytes()).await;
+            let get = |name: &str| {
+                out.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+            (get("x-seen-id-count"), get("x-seen-ids"))
+        }
+    };
+    let kept = "0f8fad5b-d9cb-469f-a165-70867728950e";
+    assert_eq!(
+        send(format!("X-Request-Id: {kept}\r\n")).await,
+        ("1".into(), kept.to_string())
+    );
+    let longest = "a".repeat(128);
+    assert_eq!(
+        send(format!("x-request-id: {longest}\r\n")).await,
+        ("1".into(), longest)
+    );
+    for bad in [
+        "x-request-id: \r\n".to_string(),
+        format!("x-request-id: {}\r\n", "a".repeat(129)),
+        format!("x-request-id: {}\r\n", "a".repeat(60_000)),
+        "x-request-id: two words\r\n".to_string(),
+        "x-request-id: caf\u{e9}\r\n".to_string(),
+        "x-request-id: first\r\nx-request-id: second\r\n".to_string(),
+    ] {
+        let (count, id) = send(bad.clone()).await;
+        assert_eq!(count, "1", "{bad:.60}");
+        assert!(made(&id), "{bad:.60}: {id:.80}");
+    }
+}
+
+/// The same over HTTP/2 (hyper's path).
+#[tokio::test]
+async fn over_http2_a_request_id_is_kept_or_replaced_alike() {
+    let up = ids().await;
+    let weir = Weir::single_on(DataPath::General, &up.url(), "").await;
+    let send = |values: &[&str]| {
+        let mut req = Request::get("http://svc/id");
+        for v in values {
+            req = req.header("x-request-id", *v);
+        }
+        h2_request(weir.addr, req.body(body("")).unwrap())
+    };
+    let (p, _) = read_body(send(&["order-42"]).await).await;
+    assert_eq!(header(&p, "x-seen-ids"), "order-42");
+    let long = "a".repeat(60_000);
+    for bad in [&[""][..], &[long.as_str()], &["first", "second"]] {
+        let (p, _) = read_body(send(bad).await).await;
+        assert_eq!(header(&p, "x-seen-id-count"), "1");
+        assert!(made(&header(&p, "x-seen-ids")), "{:.40?}", bad);
+    }
+}

@@ -193,7 +193,15 @@ impl Asker {
                 .get::<super::access::ClientAddr>()
                 .map(|c| c.0),
             request_id: text(request::REQUEST_ID_FIELD)
-                .filter(|v| (1..=request::MAX_REQUEST_ID).contains(&v.len())),
+                .filter(|v| request::given_request_id(v.as_bytes()).is_some())
+                .filter(|_| {
+                    parts
+                        .headers
+                        .get_all(request::REQUEST_ID_FIELD)
+                        .iter()
+                        .count()
+                        == 1
+                }),
             user_agent: text("user-agent"),
             bytes_in: Default::default(),
             trace: None,

@@ -105,14 +105,15 @@ pub(crate) fn read(cfg: &UpstreamConfig, h: &impl RequestHead) -> Result<Parsed,
     let rate_name = rate_key_field(cfg);
     let key_name = cfg.idempotency_header.as_str();
     let (mut timeout, mut rate, mut key, mut keys) = (None, None, None, 0);
-    let mut id = None;
+    let (mut id, mut ids) = (None, 0);
     for (n, v) in h.fields() {
         if timeout.is_none() && n.eq_ignore_ascii_case(TIMEOUT_FIELD) {
             timeout = Some(v);
         } else if rate.is_none() && rate_name.is_some_and(|r| n.eq_ignore_ascii_case(r)) {
             rate = Some(v);
-        } else if id.is_none() && n.eq_ignore_ascii_case(REQUEST_ID_FIELD) {
-            id = Some(v);
+        } else if n.eq_ignore_ascii_case(REQUEST_ID_FIELD) {
+            ids += 1;
+            id = id.or(Some(v));
         }
         if n.eq_ignore_ascii_case(key_name) {
             keys += 1;
@@ -129,13 +130,10 @@ pub(crate) fn read(cfg: &UpstreamConfig, h: &impl RequestHead) -> Result<Parsed,
         Some(k) => Some(scoped(key_text(cfg, k)?, principal(cfg, h).as_deref())),
         None => None,
     };
-    let request_id = match id {
-        // The client's, forwarded as it came; logged when it is short text.
-        Some(v) => RequestId::Given(
-            visible(v)
-                .filter(|t| (1..=MAX_REQUEST_ID).contains(&t.len()))
-                .map(str::to_owned),
-        ),
+    // The client's, when it sent one it can be known by; else weir's own,
+    // forwarded in place of whatever it sent.
+    let request_id = match id.filter(|_| ids == 1).and_then(given_request_id) {
+        Some(given) => RequestId::Given(given.to_owned()),
         None => RequestId::made(),
     };
     Ok(Parsed {
@@ -150,15 +148,26 @@ pub(crate) fn read(cfg: &UpstreamConfig, h: &impl RequestHead) -> Result<Parsed,
 /// The field that names a request across services.
 pub(crate) const REQUEST_ID_FIELD: &str = "x-request-id";
 
-/// The longest client request id weir logs.
-pub(crate) const MAX_REQUEST_ID: usize = 200;
+/// The longest client request id weir keeps (Envoy-like: a UUID is 36
+/// bytes, a W3C trace id 32).
+pub(crate) const MAX_REQUEST_ID: usize = 128;
+
+/// A client's `x-request-id` value weir keeps and forwards as it came: 1 to
+/// [`MAX_REQUEST_ID`] bytes of visible ASCII (docs/reference/logs.md#logs).
+/// Any other — empty, longer, with a space, a control or a non-ASCII byte —
+/// is replaced by weir's own, as is a request with two of them.
+pub(crate) fn given_request_id(v: &[u8]) -> Option<&str> {
+    if v.is_empty() || v.len() > MAX_REQUEST_ID || !v.iter().all(u8::is_ascii_graphic) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()
+}
 
 /// A request's id (`x-request-id`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RequestId {
-    /// The client's, forwarded as it came; `None` when it is not short
-    /// text (then it is not logged).
-    Given(Option<String>),
+    /// The client's one [`given_request_id`], forwarded as it came.
+    Given(String),
     /// One weir made, by its count in this process: forwarded to the
     /// upstream as `x-request-id`, 32 hex digits, this process's random
     /// half and the count ([`RequestId::made_text`]).
@@ -210,7 +219,7 @@ impl RequestId {
     /// The id as the access log prints it.
     pub fn text<'b>(&'b self, buf: &'b mut [u8; 32]) -> Option<&'b str> {
         match self {
-            RequestId::Given(given) => given.as_deref(),
+            RequestId::Given(given) => Some(given),
             RequestId::Made(_) => self.made_text(buf),
         }
     }
@@ -468,7 +477,19 @@ mod tests {
         let mut z = [0u8; 16];
         hex(0x0123_4567_89ab_cdef, &mut z);
         assert_eq!(&z, b"0123456789abcdef");
-        assert_eq!(RequestId::Given(None).made_text(&mut x), None);
+        assert_eq!(RequestId::Given("r-1".into()).made_text(&mut x), None);
+    }
+
+    #[test]
+    fn a_given_request_id_is_1_to_128_bytes_of_visible_ascii() {
+        let longest = "a".repeat(128);
+        for ok in ["r-1", "0f8fad5b-d9cb-469f-a165-70867728950e", &longest] {
+            assert_eq!(given_request_id(ok.as_bytes()), Some(ok));
+        }
+        let long = "a".repeat(129);
+        for bad in ["", &long, "two words", "tab\there", "caf\u{e9}", "\u{202e}x"] {
+            assert_eq!(given_request_id(bad.as_bytes()), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -494,6 +494,8 @@ fn write(
             || request::dropped(n)
             || req.connection.names(n)
             || (trace.is_some() && crate::proxy::traced::replaced(n))
+            || (matches!(asked.request_id, request::RequestId::Made(_))
+                && eq(n, request::REQUEST_ID_FIELD))
         {
             continue;
         }
@@ -517,7 +519,8 @@ fn write(
     if req.te_trailers {
         out.extend_from_slice(b"te: trailers\r\n");
     }
-    // The id weir made when the client sent none (docs/reference/logs.md#logs).
+    // The id weir made when the client sent none it can be known by, in
+    // place of what it sent (docs/reference/logs.md#logs).
     if let Some(id) = asked.request_id.made_bytes(&mut [0u8; 32]) {
         header(out, request::REQUEST_ID_FIELD.as_bytes(), id);
     }
