@@ -487,7 +487,14 @@ mod tests {
             assert_eq!(given_request_id(ok.as_bytes()), Some(ok));
         }
         let long = "a".repeat(129);
-        for bad in ["", &long, "two words", "tab\there", "caf\u{e9}", "\u{202e}x"] {
+        for bad in [
+            "",
+            &long,
+            "two words",
+            "tab\there",
+            "caf\u{e9}",
+            "\u{202e}x",
+        ] {
             assert_eq!(given_request_id(bad.as_bytes()), None, "{bad:?}");
         }
     }
