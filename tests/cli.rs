@@ -359,3 +359,22 @@ fn check_never_echoes_a_credential_from_a_url() {
         assert!(err.contains("***"), "{err}");
     }
 }
+
+/// Issue 41, item 7: `[tracing] headers` values are visible ASCII (and
+/// spaces), as the docs say; a non-ASCII one used to be accepted.
+#[test]
+fn check_refuses_a_tracing_header_value_that_is_not_visible_ascii() {
+    let head = "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n[upstreams.a]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"a\"]\n";
+    let tracing = |v: &str| {
+        format!("{head}[tracing]\nendpoint = \"http://127.0.0.1:4317\"\nheaders = {{ \"x-api-key\" = \"{v}\" }}\n")
+    };
+    let (code, _, err) = check(&tracing("caf\u{e9}"));
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("`tracing.headers.x-api-key`: the value must be visible ASCII text"),
+        "{err}"
+    );
+    assert!(!err.contains("caf"), "{err}");
+    let (code, _, err) = check(&tracing("Bearer abc-123"));
+    assert_eq!(code, 0, "{err}");
+}

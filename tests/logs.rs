@@ -326,3 +326,26 @@ async fn the_default_logs_errors_in_text_and_a_reload_names_its_changes() {
         assert!(!l.contains('\u{1b}'), "colour codes: {l}");
     }
 }
+
+/// Issue 41, item 7: the JSON access log escapes what the text log
+/// escapes. A request target with U+202E (a bidi override: what follows
+/// reads backwards in a terminal or viewer) used to be written raw in
+/// JSON, as was a zero-width space; both are `\u{…}` now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_json_access_log_writes_bidi_and_control_characters_escaped() {
+    let up = upstream().await;
+    let (mut weir, listen, _dir) = logging_all(up.addr.port(), "").await;
+    let req =
+        "GET /ok/evil\u{202e}gpj.exe\u{200b} HTTP/1.1\r\nHost: fast\r\nConnection: close\r\n\r\n";
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{listen}").parse().unwrap();
+    let out = exchange_raw(addr, req.as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    weir.wait_for("gpj.exe");
+    let lines = weir.access_lines();
+    let line = lines
+        .iter()
+        .find(|l| l["path"].as_str().is_some_and(|u| u.contains("gpj")))
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert_eq!(line["path"], "/ok/evil\\u{202e}gpj.exe\\u{200b}", "{line}");
+    assert!(!weir.seen.iter().any(|l| l.contains('\u{202e}')));
+}

@@ -516,3 +516,118 @@ async fn unusable_or_unsampled_context_is_never_refused(path: DataPath) {
         }
     }
 }
+
+/// An upstream that answers with the trace-context fields it received:
+/// `x-seen-tracestate` (every `tracestate` field, joined by `|`),
+/// `x-seen-b3` (every `x-b3-*` and `b3` field name) and
+/// `x-seen-traceparent`.
+async fn context_echo() -> TestUpstream {
+    TestUpstream::start(|req: Request<hyper::body::Incoming>| async move {
+        let all = |name: &str| {
+            req.headers()
+                .get_all(name)
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .collect::<Vec<_>>()
+                .join("|")
+        };
+        let b3: Vec<&str> = req
+            .headers()
+            .keys()
+            .map(|n| n.as_str())
+            .filter(|n| n.starts_with("x-b3-") || *n == "b3")
+            .collect();
+        Response::builder()
+            .header("x-seen-tracestate", all("tracestate"))
+            .header("x-seen-traceparent", all("traceparent"))
+            .header("x-seen-b3", b3.join(","))
+            .body(body(""))
+            .unwrap()
+    })
+    .await
+}
+
+/// 40 members (`v0=…` … `v39=…`) of 20 characters each, then one of 900
+/// characters in the middle, in two fields, and then 33 KB more: the
+/// bytes of issue 41's probe.
+fn oversized_tracestate() -> (String, String) {
+    let members: Vec<String> = (0..40)
+        .map(|i| format!("v{i:02}={}", "x".repeat(16)))
+        .collect();
+    let first = format!("{},big={}", members[..10].join(","), "y".repeat(900));
+    let second = format!("{},junk={}", members[10..].join(","), "z".repeat(33_000));
+    (first, second)
+}
+
+// Issue 41, item 7: on a traced request weir is a participant, and tells
+// the upstream one context: `tracestate` bounded as W3C Trace Context
+// allows (at most 32 members and 512 characters, members over 128
+// characters dropped first), and the B3 multi-header fields gone beside
+// weir's `traceparent`. Both used to pass unchanged: a 33 KB tracestate,
+// and x-b3-traceid beside a traceparent naming another span.
+both_paths!(
+    #[tokio::test]
+    a_traced_request_carries_one_bounded_context
+);
+async fn a_traced_request_carries_one_bounded_context(path: DataPath) {
+    let up = context_echo().await;
+    let collector = refused_addr().await;
+    let toml = format!(
+        "[tracing]\nendpoint = \"http://{collector}\"\n[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",
+        up.url()
+    );
+    let weir = Weir::start_on(path, &toml).await;
+    let (first, second) = oversized_tracestate();
+    let req = format!(
+        "GET / HTTP/1.1\r\nHost: svc\r\ntraceparent: 00-{CLIENT_TRACE}-{CLIENT_SPAN}-01\r\ntracestate: {first}\r\ntracestate: {second}\r\nx-b3-traceid: {CLIENT_TRACE}\r\nx-b3-spanid: {CLIENT_SPAN}\r\nX-B3-Sampled: 1\r\nx-b3-parentspanid: {CLIENT_SPAN}\r\nx-b3-flags: 1\r\nConnection: close\r\n\r\n"
+    );
+    let out = exchange_raw(weir.addr, req.as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{:.300}", out);
+    let seen = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    check_bounded(&seen("x-seen-tracestate"));
+    assert_eq!(seen("x-seen-b3"), "");
+    assert!(seen("x-seen-traceparent").contains(CLIENT_TRACE));
+}
+
+fn check_bounded(state: &str) {
+    assert!(!state.contains('|'), "one field: {state:.100}");
+    assert!(state.len() <= 512, "{} characters", state.len());
+    let members: Vec<&str> = state.split(',').collect();
+    assert!(members.len() <= 32, "{} members", members.len());
+    // The long members went first, then members from the end: the first
+    // 20-character ones are kept, in order.
+    assert_eq!(members[0], format!("v00={}", "x".repeat(16)));
+    assert!(members.iter().all(|m| m.len() == 20), "{state}");
+    assert_eq!(members.len(), 24, "{state}");
+}
+
+/// The same over HTTP/2 (hyper's path).
+#[tokio::test]
+async fn over_http2_a_traced_request_carries_one_bounded_context() {
+    let up = context_echo().await;
+    let collector = refused_addr().await;
+    let toml = format!(
+        "[tracing]\nendpoint = \"http://{collector}\"\n[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",
+        up.url()
+    );
+    let weir = Weir::start_on(DataPath::General, &toml).await;
+    let (first, second) = oversized_tracestate();
+    let req = Request::get("http://svc/")
+        .header("traceparent", format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"))
+        .header("tracestate", first)
+        .header("tracestate", second)
+        .header("x-b3-traceid", CLIENT_TRACE)
+        .header("x-b3-spanid", CLIENT_SPAN)
+        .header("x-b3-sampled", "1")
+        .body(body(""))
+        .unwrap();
+    let (p, _) = read_body(h2_request(weir.addr, req).await).await;
+    assert_eq!(p.status, StatusCode::OK);
+    check_bounded(&header(&p, "x-seen-tracestate"));
+    assert_eq!(header(&p, "x-seen-b3"), "");
+}

@@ -68,10 +68,11 @@ pub(crate) fn write(mode: AccessLog, e: &AccessEntry<'_>) {
         return;
     }
     let path = e.path.split_once('?').map_or(e.path, |(p, _)| p);
+    let path = &*inert(path);
     tracing::info!(
         target: "weir::access",
         upstream = e.upstream,
-        method = e.method,
+        method = &*inert(e.method),
         path,
         status = e.status,
         error = e.error.unwrap_or("-"),
@@ -86,12 +87,36 @@ pub(crate) fn write(mode: AccessLog, e: &AccessEntry<'_>) {
         duration_ms = e.took.as_micros() as f64 / 1000.0,
         client = %e.who.client.map_or_else(|| "-".to_string(), |a| a.to_string()),
         request_id = e.who.request_id.unwrap_or("-"),
-        user_agent = e.who.user_agent.unwrap_or("-"),
+        user_agent = &*inert(e.who.user_agent.unwrap_or("-")),
         bytes_in = e.who.bytes_in,
         bytes_out = e.bytes_out,
         trace_id = e.who.trace_id,
         "request"
     );
+}
+
+/// A value from the request as the access log writes it, the same in both
+/// formats (docs/reference/logs.md#logs): a control character, a bidi
+/// control (U+202E reverses what follows on a terminal or in a viewer) or
+/// an invisible format character written as `\u{…}`, as the text format's
+/// quoting writes it; the JSON encoder alone would write them raw.
+fn inert(v: &str) -> std::borrow::Cow<'_, str> {
+    let acts = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
+    };
+    if !v.chars().any(acts) {
+        return std::borrow::Cow::Borrowed(v);
+    }
+    let mut out = String::with_capacity(v.len() + 16);
+    for c in v.chars() {
+        if acts(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// A relayed response's body on the general path, watched to its end: the

@@ -125,6 +125,7 @@ async fn serve(
     };
     asker.trace = super::traced::begin(snap, up, &parts, lowered, protocol);
     if let Some(t) = &asker.trace {
+        crate::trace::context::restate(&mut parts.headers, t.tracestate());
         parts.extensions.insert(t.clone());
     }
     // Counted as it passes; its length, when known, stays known, so the

@@ -60,8 +60,15 @@ pub(crate) fn id<'b>(trace: Option<&Trace>, buf: &'b mut [u8; 32]) -> Option<&'b
 }
 
 /// Whether `name` is a trace-context field weir replaces on a traced
-/// request (`tracestate` passes on unchanged).
+/// request: `traceparent` and `b3` by weir's `traceparent`, `tracestate` by
+/// its bounded form ([`crate::trace::context::tracestate`]), and the B3
+/// multi-header fields dropped.
 pub(crate) fn replaced(name: &str) -> bool {
-    name.eq_ignore_ascii_case(crate::trace::context::TRACEPARENT)
-        || name.eq_ignore_ascii_case(crate::trace::context::B3)
+    use crate::trace::context::{B3, B3_MULTI, TRACEPARENT, TRACESTATE};
+    name.eq_ignore_ascii_case(TRACEPARENT)
+        || name.eq_ignore_ascii_case(B3)
+        || name.eq_ignore_ascii_case(TRACESTATE)
+        || (name.len() > 5
+            && name[..5].eq_ignore_ascii_case("x-b3-")
+            && B3_MULTI.iter().any(|m| name.eq_ignore_ascii_case(m)))
 }

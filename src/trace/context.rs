@@ -30,10 +30,79 @@ pub enum Incoming {
 
 /// The W3C field.
 pub const TRACEPARENT: &str = "traceparent";
-/// Vendor state, passed on unchanged.
+/// Vendor state: on a traced request, passed on as [`tracestate`] bounds it.
 pub const TRACESTATE: &str = "tracestate";
 /// B3 single-header, accepted in.
 pub const B3: &str = "b3";
+/// B3 multi-header fields: not read, and dropped from a traced request,
+/// whose upstream is told one context, weir's `traceparent`.
+pub const B3_MULTI: [&str; 5] = [
+    "x-b3-traceid",
+    "x-b3-spanid",
+    "x-b3-parentspanid",
+    "x-b3-sampled",
+    "x-b3-flags",
+];
+
+/// The most `tracestate` list-members kept (W3C Trace Context §3.3.1.1).
+pub const MAX_TRACESTATE_MEMBERS: usize = 32;
+/// The longest `tracestate` kept, in characters: the 512 the W3C spec asks
+/// every vendor to propagate (§3.3.1.5).
+pub const MAX_TRACESTATE_LEN: usize = 512;
+
+/// A traced request's `tracestate`, from every field of that name in order
+/// (one list, RFC 9110 §5.3), bounded as W3C Trace Context §3.3.1.5 says
+/// a vendor may truncate it: empty members and members that are not
+/// visible ASCII `key=value` are left out, at most
+/// [`MAX_TRACESTATE_MEMBERS`] are kept, and while the list is longer than
+/// [`MAX_TRACESTATE_LEN`] members longer than 128 characters go first,
+/// then members from the end. `None` when nothing is left.
+pub fn tracestate<'a>(values: impl Iterator<Item = &'a [u8]>) -> Option<String> {
+    let mut members: Vec<&str> = Vec::new();
+    'fields: for v in values {
+        for m in v.split(|b| *b == b',') {
+            if members.len() == MAX_TRACESTATE_MEMBERS {
+                break 'fields;
+            }
+            let m = trim(m);
+            let member = (!m.is_empty()
+                && m.iter().all(|b| (0x20..0x7f).contains(b))
+                && m.iter().skip(1).any(|b| *b == b'='))
+            .then(|| std::str::from_utf8(m).ok())
+            .flatten();
+            if let Some(member) = member {
+                members.push(member);
+            }
+        }
+    }
+    let len = |ms: &[&str]| {
+        ms.iter()
+            .map(|m| m.len() + 1)
+            .sum::<usize>()
+            .saturating_sub(1)
+    };
+    if len(&members) > MAX_TRACESTATE_LEN {
+        members.retain(|m| m.len() <= 128);
+    }
+    while len(&members) > MAX_TRACESTATE_LEN {
+        members.pop();
+    }
+    (!members.is_empty()).then(|| members.join(","))
+}
+
+/// Restates a traced request's context fields in a header map (hyper's
+/// path): `tracestate` as [`tracestate`] bounded it (`state`; none when
+/// weir started the trace), and no B3 multi-header field. `traceparent`
+/// and `b3` are [`set_in_fields`]'s, per attempt.
+pub fn restate(h: &mut http::HeaderMap, state: Option<&str>) {
+    for name in B3_MULTI {
+        h.remove(name);
+    }
+    h.remove(TRACESTATE);
+    if let Some(v) = state.and_then(|s| http::HeaderValue::from_str(s).ok()) {
+        h.insert(TRACESTATE, v);
+    }
+}
 
 /// The context of a request whose fields are `fields`: a valid
 /// `traceparent` first, else a valid `b3`, else none.
@@ -405,5 +474,27 @@ mod tests {
         set_parent(&mut v, 0x00f067aa0ba902b7);
         assert_eq!(std::str::from_utf8(&v).unwrap(), GOOD);
         assert_eq!(traceparent(&v), Some(parent(Some(true))));
+    }
+
+    #[test]
+    fn tracestate_is_bounded_as_w3c_allows() {
+        let ts = |vs: &[&str]| tracestate(vs.iter().map(|v| v.as_bytes()));
+        assert_eq!(ts(&["a=1, b=2", "c=3"]).as_deref(), Some("a=1,b=2,c=3"));
+        assert_eq!(ts(&["", " ,=x, caf\u{e9}=1"]), None);
+        let many: Vec<String> = (0..40).map(|i| format!("k{i}=v")).collect();
+        let kept = ts(&[&many.join(",")]).unwrap();
+        assert_eq!(kept.split(',').count(), 32);
+        assert!(kept.ends_with("k31=v"));
+        let big = format!("big={}", "x".repeat(200));
+        let short: Vec<String> = (0..30)
+            .map(|i| format!("m{i:02}={}", "y".repeat(16)))
+            .collect();
+        let kept = ts(&[&short[..2].join(","), &big, &short[2..].join(",")]).unwrap();
+        assert!(!kept.contains("big="), "members over 128 go first");
+        assert!(kept.len() <= MAX_TRACESTATE_LEN);
+        assert!(
+            kept.starts_with("m00=") && !kept.contains("m29="),
+            "then from the end"
+        );
     }
 }

@@ -65,12 +65,20 @@ impl Tracer {
         }
         let parent = context::decide(incoming, self.sample, ids::draw)?;
         let state = match parent {
-            Some(_) => fields()
-                .filter(|(n, _)| n.eq_ignore_ascii_case(context::TRACESTATE))
-                .find_map(|(_, v)| std::str::from_utf8(v).ok()),
+            Some(_) => context::tracestate(
+                fields()
+                    .filter(|(n, _)| n.eq_ignore_ascii_case(context::TRACESTATE))
+                    .map(|(_, v)| v),
+            ),
             None => None,
         };
-        Some(Trace::new(pipeline.clone(), parent, state, start(), b()))
+        Some(Trace::new(
+            pipeline.clone(),
+            parent,
+            state.as_deref(),
+            start(),
+            b(),
+        ))
     }
 }
 

@@ -30,6 +30,8 @@ struct ServerSpan {
     /// The caller's span, when the request came with a context.
     parent: Option<u64>,
     trace_state: TraceState,
+    /// The caller's `tracestate`, bounded, as it is forwarded.
+    state_text: Option<Box<str>>,
     /// Wall time at `t0`: span times are `wall0 + (instant - t0)`, so the
     /// whole tree reads one clock and follows tokio's.
     wall0: SystemTime,
@@ -103,6 +105,7 @@ impl Trace {
             Some((t, s)) => (t, Some(s)),
             None => (super::ids::trace_id(), None),
         };
+        let state_text = trace_state.filter(|_| parent.is_some()).map(Box::from);
         let trace_state = match (parent, trace_state) {
             (Some(_), Some(s)) => s.parse().unwrap_or_default(),
             _ => TraceState::NONE,
@@ -121,6 +124,7 @@ impl Trace {
             span_id: super::ids::span_id(),
             parent,
             trace_state,
+            state_text,
             t0: start,
             record: Mutex::new(SpanRecord {
                 name: b.method.to_string(),
@@ -138,6 +142,12 @@ impl Trace {
     pub fn trace_id_text<'b>(&self, buf: &'b mut [u8; 32]) -> &'b str {
         context::write_hex(&self.0.trace_id.to_be_bytes(), buf);
         std::str::from_utf8(buf).unwrap_or_default()
+    }
+
+    /// The caller's `tracestate` as it is forwarded, bounded
+    /// ([`super::context::tracestate`]); `None` when weir began the trace.
+    pub fn tracestate(&self) -> Option<&str> {
+        self.0.state_text.as_deref()
     }
 
     /// The `traceparent` the upstream gets when no attempt span names it

@@ -39,7 +39,11 @@ pub(super) fn tracing(cx: &mut ErrorSink, t: &RawTracing) -> Option<TracingConfi
         let lower = name.to_ascii_lowercase();
         if http::HeaderName::from_bytes(lower.as_bytes()).is_err() {
             cx.err(&field, format!("{name:?} is not a header name"));
-        } else if http::HeaderValue::from_str(value).is_err() {
+        } else if http::HeaderValue::from_str(value).is_err()
+            || !value
+                .bytes()
+                .all(|b| b.is_ascii_graphic() || b == b' ' || b == b'\t')
+        {
             cx.err(&field, "the value must be visible ASCII text");
         } else {
             headers.push((lower, value.clone()));

@@ -526,6 +526,13 @@ fn write(
     }
     if let Some(t) = trace {
         out.extend_from_slice(&crate::trace::context::head_field(&t.traceparent()));
+        if let Some(state) = t.tracestate() {
+            header(
+                out,
+                crate::trace::context::TRACESTATE.as_bytes(),
+                state.as_bytes(),
+            );
+        }
     }
     out.extend_from_slice(b"\r\n");
 }
