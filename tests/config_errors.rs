@@ -211,8 +211,8 @@ fn defaults_merge_field_by_field() {
     assert_eq!(a.breaker.min_samples, 50);
     assert_eq!(a.breaker.failure_rate, 1.0);
     assert_eq!(a.breaker.failing_for.as_secs(), 1);
-    assert_eq!(a.breaker.open.as_secs(), 1);
-    assert_eq!(a.breaker.max_open.as_secs(), 30);
+    assert_eq!(a.breaker.open.as_millis(), 320);
+    assert_eq!(a.breaker.max_open.as_millis(), 320);
     assert_eq!(a.concurrency.max_in_flight, 1024);
     assert!(a.rate_limit.is_none());
 }
@@ -1497,4 +1497,20 @@ fn weir_check_notes_a_trip_rule_that_failing_for_holds_back() {
     std::fs::write(&path, UP).unwrap();
     let (_, _, err) = check(&path);
     assert!(!err.contains("breaker."), "{err}");
+
+    // An `open` of the user's without `max_open` no longer doubles: said.
+    let open = format!("{UP}[upstreams.api.breaker]\nopen = \"5s\"\n");
+    std::fs::write(&path, &open).unwrap();
+    let (code, _, err) = check(&path);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.lines().any(|l| l.starts_with("note: ")
+            && l.contains("breaker.open")
+            && l.contains("max_open = \"30s\"")),
+        "{err}"
+    );
+    let both = format!("{UP}[upstreams.api.breaker]\nopen = \"5s\"\nmax_open = \"30s\"\n");
+    std::fs::write(&path, &both).unwrap();
+    let (_, _, err) = check(&path);
+    assert!(!err.contains("breaker.open"), "{err}");
 }

@@ -244,8 +244,12 @@ impl RawPolicy {
                 min_samples: Some(50),
                 failure_rate: Some(1.0),
                 failure_statuses: Some(vec![500, 502, 503, 504]),
-                open: Some(Dur(D::from_secs(1))),
-                max_open: Some(Dur(D::from_secs(30))),
+                // 320 ms, not doubling: after ± 20 % jitter (capped at
+                // `max_open`) every interval is 256–320 ms, so a dead
+                // upstream sees at most 4 probes a second and a returned one
+                // is found within 0.32 s: docs/reference/breaker.md#open.
+                open: Some(Dur(D::from_millis(320))),
+                max_open: Some(Dur(D::from_millis(320))),
                 open_jitter: Some(0.2),
                 half_open_probes: Some(1),
                 scope: Some(Scope::Fleet),

@@ -15,7 +15,7 @@ pub(in crate::config) struct ErrorSink<'a> {
     removed: &'a [String],
     pub(super) errors: Vec<ConfigError>,
     /// What a valid config does that its author may not expect: `weir
-    /// check` prints each as a `note:` (docs/reference/cli.md#weir-check).
+    /// check` prints each as a `note:` (docs/reference/cli.md#command-line).
     pub(super) notes: Vec<ConfigError>,
 }
 

@@ -180,10 +180,34 @@ pub(super) fn breaker(cx: &mut ErrorSink, name: &str, p: &RawPolicy) -> Option<B
     .inspect(|p| held_back_note(cx, name, p))
 }
 
+/// An `open` the user set without `max_open`: until 2026-12-03 it doubled
+/// up to 30 s; `max_open` now defaults to 320 ms and follows a longer
+/// `open`, so the interval stays `open` (docs/reference/breaker.md#open).
+fn no_longer_doubles_note(cx: &mut ErrorSink, name: &str, p: &BreakerParams) {
+    let set = |f: &str| cx.policy_set(name, f);
+    if !p.enabled || !set("breaker.open") || set("breaker.max_open") || p.open >= OLD_MAX_OPEN {
+        return;
+    }
+    let at = cx.policy_path(name, "breaker.open");
+    cx.note(
+        &at,
+        format!(
+            "the open interval stays {} on every re-opening: `max_open` now defaults to \
+             320 ms and follows a longer `open` (until 2026-12-03 it was 30s, and the \
+             interval doubled up to it). Set `max_open = \"30s\"` for the doubling",
+            super::super::duration::format(p.open)
+        ),
+    );
+}
+
+/// `max_open`'s default until 2026-12-03.
+const OLD_MAX_OPEN: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A trip rule the user set that `failing_for` holds back: said by `weir
 /// check`, so `consecutive_failures = 3` that does not open after three
 /// quick failures is no surprise (docs/reference/breaker.md#trip-rules).
 fn held_back_note(cx: &mut ErrorSink, name: &str, p: &BreakerParams) {
+    no_longer_doubles_note(cx, name, p);
     if !p.enabled || p.failing_for.is_zero() || cx.policy_set(name, "breaker.failing_for") {
         return;
     }
