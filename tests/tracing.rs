@@ -631,3 +631,45 @@ async fn over_http2_a_traced_request_carries_one_bounded_context() {
     check_bounded(&header(&p, "x-seen-tracestate"));
     assert_eq!(header(&p, "x-seen-b3"), "");
 }
+
+// Issue 41, item 3: attributes from the request are cut at 256 bytes, and
+// a method OpenTelemetry does not know is `_OTHER` (the span named `HTTP`),
+// its original kept cut. An 8,000-byte method used to be the span's name.
+both_paths!(
+    #[tokio::test]
+    long_paths_are_cut_and_unknown_methods_are_other
+);
+async fn long_paths_are_cut_and_unknown_methods_are_other(path: DataPath) {
+    let Some(rx) = Receiver::start("grpc") else {
+        return;
+    };
+    let up = TestUpstream::text("ok").await;
+    let toml = format!(
+        "{}[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",
+        rx.config("grpc", 1.0),
+        up.url()
+    );
+    let weir = Weir::start_on(path, &toml).await;
+    let method = "X".repeat(8000);
+    let req = format!(
+        "{method} /{} HTTP/1.1\r\nHost: svc\r\ntraceparent: 00-{CLIENT_TRACE}-{CLIENT_SPAN}-01\r\nConnection: close\r\n\r\n",
+        "p".repeat(50_000)
+    );
+    let out = exchange_raw(weir.addr, req.as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{:.200}", out);
+    let spans = rx.wait_for(CLIENT_TRACE, 2).await;
+    for s in &spans {
+        assert_eq!(s["name"], "HTTP", "{:.300}", s.to_string());
+        assert_eq!(attr(s, "http.request.method"), "_OTHER");
+    }
+    let server = spans.iter().find(|s| s["kind"] == "SERVER").unwrap();
+    let p = attr(server, "url.path").as_str().unwrap();
+    assert_eq!(p.len(), 256);
+    assert_eq!(
+        attr(server, "http.request.method_original")
+            .as_str()
+            .unwrap()
+            .len(),
+        256
+    );
+}

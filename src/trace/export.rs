@@ -19,6 +19,30 @@ use tokio::sync::mpsc;
 
 /// Spans held for export at most; past it, new spans are dropped.
 pub const QUEUE_SPANS: usize = 4096;
+/// Bytes of spans held for export at most (by [`span_bytes`]); past it,
+/// new spans are dropped too. With attributes cut at
+/// [`super::span::MAX_ATTRIBUTE_LEN`], 4096 spans stay well below it; it
+/// bounds what the count alone would not.
+pub(super) const QUEUE_BYTES: usize = 4 << 20;
+
+/// What a span costs held in the queue, roughly: 256 bytes for the record
+/// itself, its name, and each attribute's key and value (a number counts
+/// 16), events included.
+pub(super) fn span_bytes(s: &SpanData) -> usize {
+    let kv = |kv: &opentelemetry::KeyValue| {
+        kv.key.as_str().len()
+            + match &kv.value {
+                opentelemetry::Value::String(v) => v.as_str().len(),
+                _ => 16,
+            }
+    };
+    256 + s.name.len()
+        + s.attributes.iter().map(kv).sum::<usize>()
+        + s.events
+            .iter()
+            .map(|e| 64 + e.name.len() + e.attributes.iter().map(kv).sum::<usize>())
+            .sum::<usize>()
+}
 /// Spans sent in one export at most.
 pub const BATCH_SPANS: usize = 512;
 /// How long a batch waits to fill after its first span.
@@ -52,6 +76,8 @@ impl Settings {
 pub(super) struct Pipeline {
     pub(super) settings: Settings,
     tx: mpsc::Sender<SpanData>,
+    /// [`span_bytes`] of the spans in the queue.
+    queued: Arc<std::sync::atomic::AtomicUsize>,
     queue_full: IntCounter,
     scope: InstrumentationScope,
     clock: crate::clock::Clock,
@@ -80,10 +106,12 @@ impl Pipeline {
             .build();
         exporter.set_resource(&resource);
         let (tx, rx) = mpsc::channel(QUEUE_SPANS);
-        tokio::spawn(drain(rx, exporter, counters.clone()));
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        tokio::spawn(drain(rx, exporter, counters.clone(), queued.clone()));
         Ok(Arc::new(Pipeline {
             settings,
             tx,
+            queued,
             queue_full: counters.queue_full,
             scope: InstrumentationScope::builder("weir")
                 .with_version(env!("CARGO_PKG_VERSION"))
@@ -92,11 +120,15 @@ impl Pipeline {
         }))
     }
 
-    /// Queues a request's spans; those that do not fit are dropped and
-    /// counted. Never waits.
+    /// Queues a request's spans; those that do not fit, by count or by
+    /// bytes, are dropped and counted. Never waits.
     pub(super) fn send(&self, spans: Vec<SpanData>) {
+        use std::sync::atomic::Ordering::Relaxed;
         for s in spans {
-            if self.tx.try_send(s).is_err() {
+            let size = span_bytes(&s);
+            let fits = self.queued.fetch_add(size, Relaxed) + size <= QUEUE_BYTES;
+            if !fits || self.tx.try_send(s).is_err() {
+                self.queued.fetch_sub(size, Relaxed);
                 self.queue_full.inc();
             }
         }
@@ -159,7 +191,12 @@ async fn drain(
     mut rx: mpsc::Receiver<SpanData>,
     exporter: opentelemetry_otlp::SpanExporter,
     c: ExportCounters,
+    queued: Arc<std::sync::atomic::AtomicUsize>,
 ) {
+    let taken = |spans: &[SpanData]| {
+        let n = spans.iter().map(span_bytes).sum::<usize>();
+        queued.fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+    };
     let mut batch = Vec::with_capacity(BATCH_SPANS);
     // Whether the last export failed: a warning when exports start to
     // fail, not one per batch.
@@ -181,6 +218,7 @@ async fn drain(
                 Err(_) => break,
             }
         }
+        taken(&batch);
         let n = batch.len() as u64;
         let sent = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_SPANS));
         match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {

@@ -90,6 +90,31 @@ pub struct SpanStart<'a> {
     pub protocol: &'static str,
 }
 
+/// The longest string weir records from a request in a span attribute
+/// (`url.path`, `http.request.method_original`), in bytes: longer ones are
+/// cut, on a character boundary (docs/reference/tracing.md#spans). Envoy
+/// cuts its path tag at 256 too. A span's size is then bounded, and so is
+/// the queue's memory.
+pub const MAX_ATTRIBUTE_LEN: usize = 256;
+
+/// `s` cut to [`MAX_ATTRIBUTE_LEN`] bytes.
+fn cut(s: &str) -> String {
+    let mut end = s.len().min(MAX_ATTRIBUTE_LEN);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+/// The method as OpenTelemetry's HTTP conventions name it: one of the
+/// methods RFC 9110 and RFC 5789 define, else `_OTHER`.
+fn known_method(m: &str) -> &'static str {
+    const KNOWN: [&str; 9] = [
+        "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+    ];
+    KNOWN.into_iter().find(|k| *k == m).unwrap_or("_OTHER")
+}
+
 /// weir's own refusals, which the server span records as an event.
 const REFUSALS: [&str; 4] = ["rate_limited", "circuit_open", "overloaded", "budget"];
 
@@ -110,13 +135,17 @@ impl Trace {
             (Some(_), Some(s)) => s.parse().unwrap_or_default(),
             _ => TraceState::NONE,
         };
-        let attributes = vec![
-            KeyValue::new("http.request.method", b.method.to_string()),
-            KeyValue::new("url.path", b.path.to_string()),
+        let method = known_method(b.method);
+        let mut attributes = vec![
+            KeyValue::new("http.request.method", method),
+            KeyValue::new("url.path", cut(b.path)),
             KeyValue::new("weir.upstream", b.upstream.to_string()),
             KeyValue::new("weir.deadline_ms", b.deadline.as_millis() as i64),
             KeyValue::new("network.protocol.version", b.protocol),
         ];
+        if method == "_OTHER" {
+            attributes.push(KeyValue::new("http.request.method_original", cut(b.method)));
+        }
         Trace(Arc::new(ServerSpan {
             wall0: pipeline.wall(),
             pipeline,
@@ -127,7 +156,8 @@ impl Trace {
             state_text,
             t0: start,
             record: Mutex::new(SpanRecord {
-                name: b.method.to_string(),
+                // OpenTelemetry: `HTTP` for a method it does not know.
+                name: if method == "_OTHER" { "HTTP" } else { method }.to_string(),
                 attributes,
                 ..SpanRecord::default()
             }),
