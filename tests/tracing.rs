@@ -418,7 +418,7 @@ async fn a_slow_collector_drops_spans_not_requests() {
     let up = TestUpstream::text("ok").await;
     let toml = format!(
         "{}[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",
-        rx.config("grpc", 1.0),
+        rx.config("grpc", 1.0) + "max_traces_per_second = 1000000\n",
         up.url()
     );
     let weir = Weir::start(&toml).await;
@@ -672,4 +672,75 @@ async fn long_paths_are_cut_and_unknown_methods_are_other(path: DataPath) {
             .len(),
         256
     );
+}
+
+/// weir on `path` tracing to a collector that is not there, with `extra`
+/// in `[tracing]`, in front of [`context_echo`].
+async fn traced_weir(path: DataPath, extra: &str) -> (Weir, TestUpstream) {
+    let up = context_echo().await;
+    let collector = refused_addr().await;
+    let toml = format!(
+        "[tracing]\nendpoint = \"http://{collector}\"\n{extra}\n[upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",
+        up.url()
+    );
+    (Weir::start_on(path, &toml).await, up)
+}
+
+/// Sends a request with `traceparent` (flags `flags`): whether weir traced
+/// it (the upstream got weir's `traceparent`, same trace, another parent).
+async fn traced(weir: &Weir, flags: &str) -> bool {
+    let tp = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-{flags}");
+    let req =
+        format!("GET / HTTP/1.1\r\nHost: svc\r\ntraceparent: {tp}\r\nConnection: close\r\n\r\n");
+    let out = exchange_raw(weir.addr, req.as_bytes()).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let seen = out
+        .lines()
+        .find_map(|l| l.strip_prefix("x-seen-traceparent: "))
+        .unwrap_or_default();
+    assert!(seen.contains(CLIENT_TRACE), "{seen}");
+    seen != tp
+}
+
+// Issue 41, item 5: at most `max_traces_per_second` requests are traced,
+// whatever callers ask. 50 requests with a sampled `traceparent` used to
+// be traced all 50 (with `sample = 0`: two spans each).
+both_paths!(
+    #[tokio::test]
+    callers_cannot_have_more_than_the_cap_traced
+);
+async fn callers_cannot_have_more_than_the_cap_traced(path: DataPath) {
+    let (weir, _up) = traced_weir(path, "max_traces_per_second = 5").await;
+    let t0 = tokio::time::Instant::now();
+    let mut n = 0;
+    for _ in 0..50 {
+        n += usize::from(traced(&weir, "01").await);
+    }
+    // The bucket starts with 5 and gains 5 a second.
+    let most = 5 + (5.0 * t0.elapsed().as_secs_f64()).ceil() as usize;
+    assert!((5..=most).contains(&n), "{n} traced, at most {most}");
+}
+
+// Issue 41, item 5: `trust_caller_sampling = false` leaves the decision to
+// `sample`: a caller's sampled flag no longer forces a trace, nor its 0
+// prevents one; a picked request still joins the caller's trace.
+both_paths!(
+    #[tokio::test]
+    an_untrusted_callers_flag_does_not_decide
+);
+async fn an_untrusted_callers_flag_does_not_decide(path: DataPath) {
+    let (weir, _up) = traced_weir(path, "sample = 0\ntrust_caller_sampling = false").await;
+    assert!(
+        !traced(&weir, "01").await,
+        "sampled by the caller, not by weir"
+    );
+    let (weir, _up) = traced_weir(path, "sample = 1\ntrust_caller_sampling = false").await;
+    assert!(
+        traced(&weir, "00").await,
+        "picked by sample whatever the flag"
+    );
+    // Trusted (the default), the flag decides.
+    let (weir, _up) = traced_weir(path, "sample = 0").await;
+    assert!(traced(&weir, "01").await);
+    assert!(!traced(&weir, "00").await);
 }

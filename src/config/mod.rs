@@ -121,6 +121,10 @@ pub struct TracingConfig {
     pub protocol: TraceProtocol,
     /// The share of requests without a trace context that are traced.
     pub sample: f64,
+    /// The most requests traced a second.
+    pub max_traces_per_second: f64,
+    /// Whether a caller's sampled flag decides.
+    pub trust_caller_sampling: bool,
     pub service_name: String,
     /// Sent with every export; names lowercase.
     pub headers: Vec<(String, String)>,
@@ -132,6 +136,8 @@ impl Default for TracingConfig {
             endpoint: None,
             protocol: TraceProtocol::Grpc,
             sample: 0.0,
+            max_traces_per_second: 100.0,
+            trust_caller_sampling: true,
             service_name: "weir".into(),
             headers: Vec::new(),
         }

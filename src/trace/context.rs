@@ -230,6 +230,22 @@ pub fn decide(
     }
 }
 
+/// `incoming` with the caller's sampling decision left out
+/// (`trust_caller_sampling = false`): a context is kept, to be joined if
+/// `sample` picks the request; a flag alone (`b3: 0`, `b3: 1`) is nothing.
+pub fn untrusted(incoming: Incoming) -> Incoming {
+    match incoming {
+        Incoming::Parent {
+            trace_id, span_id, ..
+        } => Incoming::Parent {
+            trace_id,
+            span_id,
+            sampled: None,
+        },
+        Incoming::Unsampled | Incoming::Forced | Incoming::None => Incoming::None,
+    }
+}
+
 /// The `traceparent` weir forwards: version 00, sampled. Fixed width, so
 /// a head written once can take each attempt's span id in place
 /// ([`set_parent`]).
@@ -495,6 +511,26 @@ mod tests {
         assert!(
             kept.starts_with("m00=") && !kept.contains("m29="),
             "then from the end"
+        );
+    }
+
+    #[test]
+    fn an_untrusted_flag_leaves_the_decision_to_sample() {
+        let p = |sampled| Incoming::Parent {
+            trace_id: 7,
+            span_id: 9,
+            sampled,
+        };
+        for flag in [Some(true), Some(false), None] {
+            assert_eq!(untrusted(p(flag)), p(None));
+        }
+        for alone in [Incoming::Unsampled, Incoming::Forced, Incoming::None] {
+            assert_eq!(untrusted(alone), Incoming::None);
+        }
+        assert_eq!(decide(untrusted(p(Some(true))), 0.0, || 0), None);
+        assert_eq!(
+            decide(untrusted(p(Some(false))), 1.0, || 0),
+            Some(Some((7, 9)))
         );
     }
 }

@@ -141,6 +141,11 @@ impl Pipeline {
     pub(super) fn wall(&self) -> SystemTime {
         self.clock.wall()
     }
+
+    /// `at` on this pipeline's clock, for the tracing cap's bucket.
+    pub(super) fn since_start(&self, at: tokio::time::Instant) -> Duration {
+        self.clock.at(at)
+    }
 }
 
 fn build(s: &Settings) -> Result<opentelemetry_otlp::SpanExporter, String> {

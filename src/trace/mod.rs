@@ -33,6 +33,9 @@ use tokio::time::Instant;
 pub struct Tracer {
     pipeline: Option<Arc<export::Pipeline>>,
     sample: f64,
+    trust_caller: bool,
+    /// `max_traces_per_second`: a token per traced request.
+    cap: Option<Arc<Mutex<crate::policy::TokenBucket>>>,
 }
 
 impl Tracer {
@@ -58,12 +61,25 @@ impl Tracer {
         b: impl FnOnce() -> SpanStart<'b>,
     ) -> Option<Trace> {
         let pipeline = self.pipeline.as_ref()?;
-        let incoming = context::read(fields());
+        let mut incoming = context::read(fields());
+        if !self.trust_caller {
+            incoming = context::untrusted(incoming);
+        }
         // The common case, said at once: no context, and `sample` picks none.
         if incoming == Incoming::None && self.sample <= 0.0 {
             return None;
         }
         let parent = context::decide(incoming, self.sample, ids::draw)?;
+        // The cap: past it the request is not traced, its context passed
+        // on untouched (docs/reference/tracing.md#configuration).
+        let t0 = start();
+        if let Some(cap) = &self.cap {
+            let now = pipeline.since_start(t0);
+            let mut bucket = cap.lock().unwrap_or_else(|p| p.into_inner());
+            if !bucket.try_take(1, now) {
+                return None;
+            }
+        }
         let state = match parent {
             Some(_) => context::tracestate(
                 fields()
@@ -76,7 +92,7 @@ impl Tracer {
             pipeline.clone(),
             parent,
             state.as_deref(),
-            start(),
+            t0,
             b(),
         ))
     }
@@ -117,9 +133,16 @@ impl Registry {
                 p
             }
         };
+        let rate = config.max_traces_per_second;
+        // A second's worth deep, at least one.
+        let burst = rate.ceil().clamp(1.0, f64::from(u32::MAX)) as u32;
+        let now = pipeline.since_start(Instant::now());
+        let bucket = crate::policy::TokenBucket::new(rate, burst, now);
         Ok(Tracer {
             pipeline: Some(pipeline),
             sample: config.sample,
+            trust_caller: config.trust_caller_sampling,
+            cap: Some(Arc::new(Mutex::new(bucket))),
         })
     }
 }

@@ -19,6 +19,16 @@ pub struct RawTracing {
     /// 0 to 1. Default 0.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sample: Option<f64>,
+    /// The most requests weir traces a second, whatever `sample` and the
+    /// callers' flags ask: a token bucket of this rate, a second's worth
+    /// deep. Default 100.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_traces_per_second: Option<f64>,
+    /// Whether a caller's sampled flag decides (`traceparent` flags, `b3`).
+    /// `false`: `sample` decides for every request, a caller's context
+    /// still joined when picked. Default true.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trust_caller_sampling: Option<bool>,
     /// `service.name` on weir's spans. Default `weir`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_name: Option<String>,
@@ -26,7 +36,7 @@ pub struct RawTracing {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub headers: Option<BTreeMap<String, String>>,
 }
-mergeable!(RawTracing { endpoint, protocol, sample, service_name, headers } nested {});
+mergeable!(RawTracing { endpoint, protocol, sample, max_traces_per_second, trust_caller_sampling, service_name, headers } nested {});
 
 impl RawTracing {
     pub fn builtin() -> Self {
@@ -34,6 +44,8 @@ impl RawTracing {
             endpoint: None,
             protocol: Some(crate::config::TraceProtocol::Grpc),
             sample: Some(0.0),
+            max_traces_per_second: Some(100.0),
+            trust_caller_sampling: Some(true),
             service_name: Some("weir".into()),
             headers: None,
         }

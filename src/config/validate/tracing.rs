@@ -23,6 +23,14 @@ pub(super) fn tracing(cx: &mut ErrorSink, t: &RawTracing) -> Option<TracingConfi
             format!("must be a share between 0 and 1 (0.01 traces one request in a hundred), got {sample}"),
         );
     }
+    let max_traces_per_second = t.max_traces_per_second.unwrap_or(100.0);
+    if !(max_traces_per_second.is_finite() && max_traces_per_second > 0.0) {
+        cx.err(
+            "tracing.max_traces_per_second",
+            format!("must be a rate above 0 (requests traced a second; set it high to lift the cap), got {max_traces_per_second}"),
+        );
+    }
+    let trust_caller_sampling = t.trust_caller_sampling.unwrap_or(true);
     let service_name = t.service_name.clone().unwrap_or_default();
     if service_name.trim().is_empty()
         || service_name.len() > MAX_SERVICE_NAME
@@ -53,6 +61,8 @@ pub(super) fn tracing(cx: &mut ErrorSink, t: &RawTracing) -> Option<TracingConfi
         endpoint,
         protocol,
         sample,
+        max_traces_per_second,
+        trust_caller_sampling,
         service_name,
         headers,
     })
