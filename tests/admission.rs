@@ -52,7 +52,7 @@ async fn breaker_opens_probes_once_closes_and_reopens_for_twice_as_long(path: Da
     let weir = Weir::single_on(
         path,
         &up.url(),
-        "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 5\nfailing_for = \"0s\"\nopen = \"10s\"\nopen_jitter = 0.0\n",
+        "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 5\nfailing_for = \"0s\"\nopen = \"10s\"\nmax_open = \"5m\"\nopen_jitter = 0.0\n",
     )
     .await;
     // Five consecutive failures open it.
