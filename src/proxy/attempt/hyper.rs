@@ -299,12 +299,21 @@ async fn send(
         let Some(interims) = interims else {
             return sending.await;
         };
-        tokio::select! {
-            r = sending => r,
-            () = interims.flood() => Err(crate::upstream::client::SendError::new(
+        let flood = || {
+            crate::upstream::client::SendError::new(
                 crate::upstream::client::Failure::BadResponse,
                 crate::upstream::send::INTERIM_FLOOD,
-            )),
+            )
+        };
+        // The flood first: hyper's connection task may have read it, and
+        // the connection's end after it, before this task is polled.
+        tokio::select! {
+            biased;
+            () = interims.flood() => Err(flood()),
+            r = sending => match r {
+                Err(_) if interims.flooded() => Err(flood()),
+                r => r,
+            },
         }
     };
     let sent = tokio::time::timeout_at(try_deadline, sending).await;
@@ -333,6 +342,11 @@ impl Interims {
 
     async fn flood(&self) {
         self.0 .1.notified().await;
+    }
+
+    fn flooded(&self) -> bool {
+        self.0 .0.load(std::sync::atomic::Ordering::Relaxed)
+            > crate::upstream::send::MAX_INTERIM_RESPONSES
     }
 }
 
