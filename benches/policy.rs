@@ -56,6 +56,7 @@ fn benches(c: &mut Criterion) {
                 attempts_made: 1,
                 time_left: Some(Duration::from_secs(14)),
                 prev_delay: Duration::ZERO,
+                elsewhere: false,
             };
             let mut gates = FixedGates {
                 budget: true,

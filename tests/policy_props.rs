@@ -305,6 +305,7 @@ proptest! {
         let input = DecideInput {
             policy: &policy, facts: &facts, outcome: &outcome, attempts_made: attempts,
             time_left: left.map(Duration::from_millis), prev_delay: Duration::ZERO,
+            elsewhere: false,
         };
         let mut g = FixedGates { budget: gates.0, breaker: gates.1, limiter: gates.2 };
         let v = decide(&input, &mut SeededRandom::new(seed), &mut g);

@@ -658,3 +658,91 @@ async fn a_reload_keeps_the_endpoints_it_keeps() {
         "{e}"
     );
 }
+
+/// docs/reference/retries.md#backoff: a retry to an endpoint that has not
+/// failed this request goes at once; the backoff (here 5 s, without
+/// jitter) is for an endpoint that already failed it. On the paused clock,
+/// a request that waited a backoff takes 5 s of its time.
+/// `h2_in`: the client speaks HTTP/2 (prior knowledge) to weir.
+async fn a_retry_elsewhere_goes_at_once(via: Via, h2_in: bool) {
+    let r = replicas(Fault::Answers503).await;
+    let w = weir(
+        via,
+        &r.addrs,
+        "balance = \"round_robin\"\n[upstreams.svc.retry.backoff]\nbase = \"5s\"\nmax = \"5s\"\njitter = \"none\"\n",
+    )
+    .await;
+    let c = client();
+    let mut slow = Vec::new();
+    for i in 0..9 {
+        let t0 = tokio::time::Instant::now();
+        let resp = if h2_in {
+            // Over HTTP/2 the route is the `:authority`.
+            let req = hyper::Request::get("http://svc/").body(body("")).unwrap();
+            h2_request(w.addr, req).await
+        } else {
+            get(&c, &w.url("/"), "svc").await
+        };
+        let status = resp.status();
+        let took = t0.elapsed();
+        assert_eq!(status, 200, "request {i} via {via:?}");
+        if took >= Duration::from_secs(1) {
+            slow.push((i, took));
+        }
+    }
+    let bad = match &r.replicas[0] {
+        Replica::Server(u) => u.requests(),
+        _ => 0,
+    };
+    assert!(bad >= 1, "no request met the bad replica via {via:?}");
+    assert!(
+        slow.is_empty(),
+        "retries waited a backoff via {via:?}: {slow:?}"
+    );
+}
+
+/// With one endpoint there is nowhere else: the backoff is kept.
+#[tokio::test(start_paused = true)]
+async fn a_retry_to_the_same_endpoint_keeps_its_backoff() {
+    let turn = Arc::new(AtomicUsize::new(0));
+    let u = TestUpstream::start_at("127.0.0.2:0", move |_req| {
+        let n = turn.fetch_add(1, Ordering::Relaxed);
+        async move {
+            let mut r = Response::new(body("x"));
+            if n == 0 {
+                *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            }
+            r
+        }
+    })
+    .await;
+    let w = weir(
+        Via::Fast,
+        &[u.addr],
+        "[upstreams.svc.retry.backoff]\nbase = \"5s\"\nmax = \"5s\"\njitter = \"none\"\n",
+    )
+    .await;
+    let t0 = tokio::time::Instant::now();
+    let resp = get(&client(), &w.url("/"), "svc").await;
+    assert_eq!(resp.status(), 200);
+    assert!(t0.elapsed() >= Duration::from_secs(5), "{:?}", t0.elapsed());
+}
+
+macro_rules! retry_elsewhere {
+    ($($name:ident: $via:expr, $h2_in:expr;)*) => {$(
+        #[tokio::test(start_paused = true)]
+        async fn $name() {
+            let _one = serial().await;
+            a_retry_elsewhere_goes_at_once($via, $h2_in).await;
+        }
+    )*};
+}
+
+retry_elsewhere! {
+    a_retry_elsewhere_goes_at_once_on_the_fast_path: Via::Fast, false;
+    a_retry_elsewhere_goes_at_once_on_the_general_path: Via::General, false;
+    a_retry_elsewhere_goes_at_once_to_h2c_replicas: Via::H2c, false;
+    a_retry_elsewhere_goes_at_once_to_h2c_replicas_on_the_fast_path: Via::H2cFast, false;
+    a_retry_elsewhere_goes_at_once_from_an_h2c_client: Via::General, true;
+    a_retry_elsewhere_goes_at_once_from_an_h2c_client_to_h2c_replicas: Via::H2c, true;
+}

@@ -56,6 +56,10 @@ pub struct DecisionInput {
     /// The delay before the previous retry (decorrelated jitter).
     #[serde(default)]
     pub prev_delay_ms: Option<u64>,
+    /// Whether the retry can go to an endpoint that has not failed this
+    /// request (default false): then it goes at once.
+    #[serde(default)]
+    pub elsewhere: bool,
 }
 
 /// The request, as JSON.
@@ -258,6 +262,7 @@ pub fn decide_json(input: &DecisionInput) -> Result<VerdictJson, PolicyError> {
         attempts_made: input.attempts_made,
         time_left: input.time_left_ms.map(Duration::from_millis),
         prev_delay,
+        elsewhere: input.elsewhere,
     };
     let mut gates = FixedGates {
         budget: input.gates.budget_available,

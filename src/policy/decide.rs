@@ -583,6 +583,11 @@ pub struct DecideInput<'a> {
     /// The delay slept before the previous retry (zero before the first);
     /// feeds decorrelated jitter.
     pub prev_delay: Duration,
+    /// The retry can go to an endpoint that has not failed this request:
+    /// it goes at once, without the backoff, which spares the endpoint
+    /// that failed (docs/reference/retries.md#backoff). A `Retry-After` is
+    /// still honoured.
+    pub elsewhere: bool,
 }
 
 /// Decides whether to retry (docs/reference/retries.md#the-retry-decision). The backoff delay is drawn from
@@ -640,6 +645,8 @@ pub fn decide_with(
         Some(ra) => ceil_ms(ra),
         // A refused stream goes straight to a new connection: nothing is wrong.
         None if cause == Cause::RefusedStream => Duration::ZERO,
+        // Another endpoint has not seen this request: no one to spare.
+        None if input.elsewhere => Duration::ZERO,
         None => backoff_delay(),
     };
     // 5. deadline
@@ -722,8 +729,51 @@ mod tests {
             attempts_made: attempts,
             time_left: Some(Duration::from_secs(10)),
             prev_delay: Duration::ZERO,
+            elsewhere: false,
         };
         decide(&input, &mut FixedRandom(1.0), gates)
+    }
+
+    #[test]
+    fn a_retry_to_another_endpoint_goes_at_once_unless_retry_after_says_wait() {
+        let policy = PolicyJson::default().to_policy().unwrap();
+        let facts = RequestFacts::new("GET", false, BodyFacts::Empty);
+        let verdict = |outcome: &Outcome, elsewhere: bool| {
+            let input = DecideInput {
+                policy: &policy,
+                facts: &facts,
+                outcome,
+                attempts_made: 1,
+                time_left: Some(Duration::from_secs(10)),
+                prev_delay: Duration::ZERO,
+                elsewhere,
+            };
+            decide(
+                &input,
+                &mut FixedRandom(1.0),
+                &mut FixedGates {
+                    budget: true,
+                    breaker: true,
+                    limiter: true,
+                },
+            )
+        };
+        let failed = Outcome::ConnectFailure;
+        // The same endpoint again: the backoff (25 ms with full jitter at 1.0).
+        assert!(
+            matches!(verdict(&failed, false), Verdict::Retry { delay, .. } if delay == Duration::from_millis(25))
+        );
+        // Another endpoint: at once.
+        assert!(matches!(verdict(&failed, true), Verdict::Retry { delay, .. } if delay.is_zero()));
+        // The upstream asked for a wait: honoured wherever the retry goes.
+        let wait = Outcome::Response {
+            status: 503,
+            retry_after: Some(Duration::from_secs(2)),
+            grpc_status: None,
+        };
+        assert!(
+            matches!(verdict(&wait, true), Verdict::Retry { delay, .. } if delay == Duration::from_secs(2))
+        );
     }
 
     #[test]

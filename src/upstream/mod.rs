@@ -395,6 +395,24 @@ impl Endpoints {
     /// Picks the endpoint for one attempt, avoiding those in `avoid` (they
     /// failed this request) when another exists. `None`: no endpoint yet
     /// (a name not resolved so far).
+    /// Whether an endpoint that has not failed this request (`avoid`) is
+    /// there for its retry: then the retry goes at once
+    /// (docs/reference/retries.md#backoff). An endpoint a failure ejected
+    /// counts only when the pick would still use it.
+    pub fn untried(&self, avoid: &[SocketAddr]) -> bool {
+        let set = self.set.load();
+        if avoid.is_empty() {
+            // No attempt has failed on a known endpoint (a refused stream,
+            // a name not yet resolved): the backoff's rule decides.
+            return false;
+        }
+        let now = self.clock.now();
+        set.iter().any(|e| {
+            !avoid.contains(&e.addr)
+                && !matches!(e.stats().health.availability(now), Availability::Closed)
+        })
+    }
+
     pub fn pick(self: &Arc<Self>, avoid: &[SocketAddr]) -> Option<Picked> {
         let set = self.set.load();
         let n = set.len();

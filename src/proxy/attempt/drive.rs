@@ -189,6 +189,7 @@ impl<'a> Attempts<'a> {
         error: Option<&ProxyError>,
         started: Instant,
         ended: Instant,
+        elsewhere: bool,
     ) -> Step {
         let now = self.record(outcome, error, started, ended);
         let state = &self.up.state;
@@ -219,6 +220,7 @@ impl<'a> Attempts<'a> {
                 attempts_made: self.made,
                 time_left: Some(time_left),
                 prev_delay: self.prev_delay,
+                elsewhere,
             };
             let v = decide(&input, rng, &mut gates);
             (v, gates.admission.take())
@@ -319,6 +321,12 @@ pub(crate) trait Transport: Watch {
     /// Puts a traced attempt's `traceparent` on the request it sends next
     /// (docs/reference/tracing.md#trace-context).
     fn traceparent(&mut self, _value: &[u8; 55]) {}
+
+    /// Whether a retry now can go to an endpoint that has not failed this
+    /// request: it then goes at once (docs/reference/retries.md#backoff).
+    fn elsewhere(&self) -> bool {
+        false
+    }
 
     /// The endpoint an attempt that returned `response` went to, when
     /// known: for its span.
@@ -423,7 +431,8 @@ pub(crate) async fn drive<T: Transport>(
         if let Some(body) = t.body_facts() {
             attempts.facts.body = body;
         }
-        match attempts.judge(&outcome, result.as_ref().err(), started, ended) {
+        let elsewhere = t.elsewhere();
+        match attempts.judge(&outcome, result.as_ref().err(), started, ended, elsewhere) {
             Step::Retry(delay) => {
                 // The last outcome is kept through the backoff: if the
                 // breaker then refuses, it is what the client gets.

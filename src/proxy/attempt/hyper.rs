@@ -156,6 +156,10 @@ impl Transport for HyperTransport<'_, '_> {
         crate::trace::context::set_in_fields(&mut self.plan.parts.headers, value);
     }
 
+    fn elsewhere(&self) -> bool {
+        self.up.endpoints.untried(&self.avoid)
+    }
+
     fn endpoint(&self, r: &Result<Self::Response, ProxyError>) -> Option<std::net::SocketAddr> {
         match r {
             Ok(resp) => resp

@@ -88,6 +88,10 @@ impl attempt::Transport for H2Transport<'_, '_, '_> {
         self.inner.traceparent(value);
     }
 
+    fn elsewhere(&self) -> bool {
+        self.inner.elsewhere()
+    }
+
     fn endpoint(&self, r: &Result<Self::Response, ProxyError>) -> Option<SocketAddr> {
         self.inner.endpoint(r)
     }

@@ -211,6 +211,10 @@ impl attempt::Transport for FastTransport<'_> {
         crate::trace::context::set_in_head(self.request, value);
     }
 
+    fn elsewhere(&self) -> bool {
+        self.up.endpoints.untried(&self.avoid)
+    }
+
     fn endpoint(&self, r: &Result<Exchange, ProxyError>) -> Option<SocketAddr> {
         match r {
             Ok(x) => Some(x.addr),
