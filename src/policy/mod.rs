@@ -19,6 +19,7 @@
 //! | [`budget`] | the retry budget (deposit / withdraw / balance) |
 //! | [`breaker`] | the circuit breaker state machine |
 //! | [`limiter`] | token bucket, sliding window, both combined |
+//! | [`adaptive`] | the adaptive concurrency limit: a gradient controller over latency |
 //! | [`keyed`] | the per-key limiter registry, bounded, LRU |
 //! | [`lease`] | a fleet-wide bucket's tokens leased in batches and spent locally; the fallback when the shared state is away |
 //! | [`idempotency`] | idempotency-key records: fingerprint, `decide`, what to record, the store |
@@ -29,6 +30,7 @@
 //! | [`report`] | the text `weir schedule` prints |
 //! | [`random`] | the injected random source |
 
+pub mod adaptive;
 pub mod backoff;
 pub mod breaker;
 pub mod budget;
@@ -45,6 +47,7 @@ pub mod report;
 pub mod retry_after;
 pub mod suggest;
 
+pub use adaptive::{AdaptiveLimit, AdaptiveParams};
 pub use backoff::{delay, envelope, schedule, BackoffPolicy, Envelope, Growth, Jitter};
 pub use breaker::{
     Admission, Breaker, BreakerParams, Refused, State, StateKind, StateView, Transition,
