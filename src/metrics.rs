@@ -10,6 +10,7 @@
 //! scraped.
 
 pub mod cache;
+pub mod concurrency;
 pub mod endpoints;
 mod follow;
 pub mod idempotency;
@@ -67,6 +68,7 @@ pub struct Metrics {
     dns_addresses: IntGaugeVec,
     idempotency: idempotency::IdempotencyFamilies,
     cache: cache::CacheFamilies,
+    concurrency: concurrency::ConcurrencyFamilies,
     endpoints: endpoints::EndpointFamilies,
     state: state::StateMetrics,
     trace: trace::TraceFamilies,
@@ -247,6 +249,7 @@ impl Metrics {
             .expect("metric registered once");
         let idempotency = idempotency::IdempotencyFamilies::register(&r);
         let cache = cache::CacheFamilies::register(&r);
+        let concurrency = concurrency::ConcurrencyFamilies::register(&r);
         let endpoints = endpoints::EndpointFamilies::register(&r);
         let state = state::StateMetrics::register(&r);
         let trace = trace::TraceFamilies::register(&r);
@@ -278,6 +281,7 @@ impl Metrics {
             dns_addresses,
             idempotency,
             cache,
+            concurrency,
             endpoints,
             state,
             trace,
@@ -312,6 +316,7 @@ impl Metrics {
             body_errors: BODY_ERRORS.map(|c| by(&self.body_errors, c)),
             idempotency: self.idempotency.upstream(name),
             cache: self.cache.upstream(name),
+            concurrency: self.concurrency.upstream(name),
             wire: self.wire.upstream(name),
         }
     }
@@ -376,6 +381,7 @@ impl Metrics {
         self.state.forget(name);
         self.idempotency.forget(name);
         self.cache.forget(name);
+        self.concurrency.forget(name);
         self.request_duration.remove_label_values(&[name]).ok();
         self.attempt_duration.remove_label_values(&[name]).ok();
         self.budget_tokens.remove_label_values(&[name]).ok();

@@ -145,7 +145,7 @@ impl UpstreamState {
                 rng: SeededRandom::new(fresh_seed()),
                 hedge: crate::policy::Hedger::new(now),
             }),
-            gate: Gate::new(u.concurrency.max_in_flight, u.concurrency.max_queue),
+            gate: Gate::new(&u.concurrency, clock),
             metrics,
             sticky_conns: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             client: Mutex::new(client),
@@ -201,8 +201,7 @@ impl UpstreamState {
                 (slot, p) => *slot = p.clone().map(|p| KeyedLimiter::new(p, now)),
             }
         }
-        self.gate
-            .set_limits(u.concurrency.max_in_flight, u.concurrency.max_queue);
+        self.gate.set_limits(&u.concurrency);
         {
             let mut store = self.idempotency();
             match (store.as_mut(), &u.idempotency) {
@@ -275,6 +274,10 @@ impl UpstreamState {
         self.metrics.set_breaker(state);
         self.metrics.set_budget(tokens);
         self.metrics.set_in_flight(self.gate.in_flight());
+        let g = self.gate.view();
+        self.metrics
+            .concurrency
+            .show(g.limit, g.latency, g.refusals);
         self.endpoints.refresh_gauges();
         let cache = self.cache().as_ref().map(|c| c.stats());
         if let Some(stats) = cache {

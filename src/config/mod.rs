@@ -13,11 +13,21 @@ pub mod duration;
 pub mod error;
 pub mod files;
 mod notes;
+pub mod overrides;
 pub mod raw;
 mod schema;
 mod validate;
 
 pub use error::{ConfigError, ConfigErrors};
+pub use overrides::Overrides;
+
+/// The default config, `config/weir.toml`, built into the binary: what
+/// `weir run` serves when no config file is named and none is found
+/// (docs/reference/cli.md#config-from-the-command-line).
+pub const BUILTIN: &str = include_str!("../../config/weir.toml");
+
+/// How messages, logs and `/config` name [`BUILTIN`] in place of a path.
+pub const BUILTIN_NAME: &str = "(built-in default)";
 pub use schema::catalogue;
 
 use crate::policy::{BreakerParams, CacheParams, IdempotencyParams, RateLimitParams, RetryPolicy};
@@ -45,6 +55,9 @@ pub struct Config {
     /// like errors, found while validating: [`Config::notes`] prints each
     /// as a `note:`.
     pub field_notes: Vec<ConfigError>,
+    /// What the command line set over the file; every reload applies it
+    /// again.
+    pub overrides: Overrides,
 }
 
 /// Which requests get an access-log line (docs/reference/logs.md#logs).
@@ -270,6 +283,9 @@ pub struct UpstreamUrl {
 pub struct ConcurrencyParams {
     pub max_in_flight: u32,
     pub max_queue: u32,
+    /// `limit = "adaptive"`: the limit follows the upstream's latency
+    /// (docs/reference/admission.md#adaptive-limit); `None`: `max_in_flight`.
+    pub adaptive: Option<crate::policy::AdaptiveParams>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -359,11 +375,50 @@ impl Config {
     /// had the wrong type, a rule across fields that saw a default in its
     /// place).
     pub fn parse(path: &Path, src: &str) -> Result<Config, ConfigErrors> {
+        Config::parse_with(path, src, &Overrides::default())
+    }
+
+    /// [`Config::load`], or the built-in default when `path` is `None`, with
+    /// what the command line sets over it.
+    pub fn load_with(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigErrors> {
+        let Some(path) = path else {
+            return Config::parse_with(Path::new(BUILTIN_NAME), BUILTIN, overrides);
+        };
+        let src = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                file: path.to_path_buf(),
+                line: 0,
+                column: 0,
+                field: String::new(),
+                message: format!("cannot read the config file: {e}"),
+            }])
+        })?;
+        Config::parse_with(path, &src, overrides)
+    }
+
+    /// [`Config::parse`] with `overrides` set over the text: an error in
+    /// what they set names the flag (docs/reference/cli.md#config-from-the-command-line).
+    pub fn parse_with(
+        path: &Path,
+        src: &str,
+        overrides: &Overrides,
+    ) -> Result<Config, ConfigErrors> {
         let idx = error::SpanIndex::new(src);
-        let read = schema::read(path, src, &idx)?;
+        let mut read = schema::read(path, src, &idx)?;
+        let added = overrides.apply(&mut read.raw);
         let checked = validate::validate(read.raw, path, &idx, &read.removed);
+        let locate = |e: ConfigError| overrides.locate(&added, e);
         if read.errors.is_empty() {
-            return checked;
+            return match checked {
+                Ok(mut c) => {
+                    c.field_notes = c.field_notes.into_iter().map(locate).collect();
+                    c.overrides = overrides.clone();
+                    Ok(c)
+                }
+                Err(ConfigErrors(errors)) => {
+                    Err(ConfigErrors(errors.into_iter().map(locate).collect()))
+                }
+            };
         }
         let mut errors = read.errors;
         if let Err(ConfigErrors(more)) = checked {
@@ -371,7 +426,12 @@ impl Config {
         }
         // Stable: at one place, stage one's error comes first.
         errors.sort_by_key(|e| (e.line, e.column));
-        Err(ConfigErrors(errors))
+        Err(ConfigErrors(errors.into_iter().map(locate).collect()))
+    }
+
+    /// Whether this is the built-in default rather than a file's.
+    pub fn is_builtin(&self) -> bool {
+        self.path == Path::new(BUILTIN_NAME)
     }
 
     /// The effective config as TOML: every default filled in.

@@ -36,6 +36,8 @@ pub struct UpstreamMetrics {
     pub idempotency: idempotency::IdempotencySeries,
     /// `weir_cache_*`, brought up to the cache's counts on a scrape.
     pub cache: cache::CacheSeries,
+    /// `weir_concurrency_*`, brought up to the gate's on a scrape.
+    pub concurrency: super::concurrency::ConcurrencySeries,
     /// `weir_upstream_connections_open`, `weir_upstream_bytes_total`.
     pub wire: crate::upstream::meter::Meter,
 }

@@ -377,7 +377,10 @@ mod tests {
             Duration::ZERO,
         );
         let tail = &seen[seen.len() / 2..];
-        let (lo, hi) = (*tail.iter().min().unwrap(), *tail.iter().max().unwrap());
+        let (lo, hi) = (
+            *tail.iter().min().expect("samples"),
+            *tail.iter().max().expect("samples"),
+        );
         assert!(lo >= 15 && hi <= 40, "limit between {lo} and {hi}");
         assert_eq!(a.baseline(), Some(50 * MS));
     }
@@ -502,8 +505,8 @@ mod tests {
             let s = Duration::from_millis(service_ms);
             let seen = drive(&mut a, cap, s, cap * 4, s * 2000, Duration::ZERO);
             let tail = &seen[seen.len() * 3 / 4..];
-            let lo = *tail.iter().min().unwrap();
-            let hi = *tail.iter().max().unwrap();
+            let lo = *tail.iter().min().expect("samples");
+            let hi = *tail.iter().max().expect("samples");
             prop_assert!(lo >= 1 && lo * 2 >= cap, "fell to {lo} (capacity {cap})");
             prop_assert!(hi <= cap * 2 + 2, "rose to {hi} (capacity {cap})");
         }

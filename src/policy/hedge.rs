@@ -223,10 +223,13 @@ pub enum HedgeResult {
     SkippedBreaker,
     /// Due, not sent: too little of the deadline was left for an attempt.
     SkippedDeadline,
+    /// Due, not sent: no concurrency slot was free (a hedge takes one like
+    /// any attempt).
+    SkippedOverloaded,
 }
 
 impl HedgeResult {
-    pub const ALL: [HedgeResult; 7] = [
+    pub const ALL: [HedgeResult; 8] = [
         HedgeResult::Won,
         HedgeResult::Lost,
         HedgeResult::SkippedUnsafe,
@@ -234,6 +237,7 @@ impl HedgeResult {
         HedgeResult::SkippedExtra,
         HedgeResult::SkippedBreaker,
         HedgeResult::SkippedDeadline,
+        HedgeResult::SkippedOverloaded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -245,6 +249,7 @@ impl HedgeResult {
             HedgeResult::SkippedExtra => "skipped_extra",
             HedgeResult::SkippedBreaker => "skipped_breaker",
             HedgeResult::SkippedDeadline => "skipped_deadline",
+            HedgeResult::SkippedOverloaded => "skipped_overloaded",
         }
     }
 }

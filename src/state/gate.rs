@@ -2,9 +2,20 @@
 //! upstream at once, up to `max_queue` more waiting in FIFO order (tokio's
 //! semaphore is fair), anything beyond that refused at once with 503
 //! `overloaded`. A waiting request never waits past its deadline.
+//!
+//! With `limit = "adaptive"` (docs/reference/admission.md#adaptive-limit)
+//! the policy core's [`AdaptiveLimit`] sets how many of the `max_in_flight`
+//! slots may be held now, from the attempts' latencies the data plane
+//! reports ([`Gate::observe`]); a request over it is refused at once, never
+//! queued: a queue in front of an upstream that is past its capacity only
+//! adds its wait to every request.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use crate::clock::Clock;
+use crate::config::ConcurrencyParams;
+use crate::policy::AdaptiveLimit;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
@@ -16,6 +27,28 @@ pub struct Gate {
     limit: Mutex<u32>,
     max_queue: AtomicU32,
     queued: AtomicU32,
+    /// The adaptive limit, with `limit = "adaptive"`.
+    adaptive: Mutex<Option<AdaptiveLimit>>,
+    /// The adaptive limit's value now (`u32::MAX`: none, `max_in_flight`
+    /// alone limits).
+    cap: AtomicU32,
+    /// Requests refused `overloaded` since the start.
+    refusals: AtomicU64,
+    clock: Clock,
+}
+
+/// What the gate shows (`/metrics`, the status page).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateView {
+    /// Requests that may hold a slot now: the adaptive limit, or
+    /// `max_in_flight`.
+    pub limit: u32,
+    /// The adaptive limit's latency estimate (its last window's median).
+    pub latency: Option<Duration>,
+    /// The adaptive limit's no-load latency.
+    pub baseline: Option<Duration>,
+    /// Requests refused `overloaded` since the start.
+    pub refusals: u64,
 }
 
 /// Decrements the queue count however the wait ends (granted, deadline, or
@@ -29,40 +62,114 @@ impl Drop for Queued<'_> {
 }
 
 impl Gate {
-    pub fn new(max_in_flight: u32, max_queue: u32) -> Self {
+    pub fn new(c: &ConcurrencyParams, clock: Clock) -> Self {
+        let adaptive = c.adaptive.clone().map(AdaptiveLimit::new);
         Gate {
-            sem: Arc::new(Semaphore::new(max_in_flight as usize)),
+            sem: Arc::new(Semaphore::new(c.max_in_flight as usize)),
             in_flight: Arc::new(AtomicU32::new(0)),
-            limit: Mutex::new(max_in_flight),
-            max_queue: AtomicU32::new(max_queue),
+            limit: Mutex::new(c.max_in_flight),
+            max_queue: AtomicU32::new(c.max_queue),
             queued: AtomicU32::new(0),
+            cap: AtomicU32::new(adaptive.as_ref().map_or(u32::MAX, |a| a.limit())),
+            adaptive: Mutex::new(adaptive),
+            refusals: AtomicU64::new(0),
+            clock,
         }
     }
 
-    /// A slot, if one is free now.
+    /// A slot, if one is free now (and the adaptive limit has room).
     pub fn try_enter(&self) -> Option<Slot> {
-        self.sem
-            .clone()
-            .try_acquire_owned()
-            .ok()
-            .map(|p| self.slot(p))
+        // The adaptive limit first: a place under it is taken (counted in
+        // flight) before the permit, so that two requests never both take
+        // its last place.
+        let cap = self.cap.load(Ordering::Acquire);
+        let mut n = self.in_flight.load(Ordering::Acquire);
+        loop {
+            if n >= cap {
+                return None;
+            }
+            match self.in_flight.compare_exchange_weak(
+                n,
+                n + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(now) => n = now,
+            }
+        }
+        match self.sem.clone().try_acquire_owned() {
+            Ok(p) => Some(Slot {
+                _permit: p,
+                in_flight: self.in_flight.clone(),
+            }),
+            Err(_) => {
+                self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                None
+            }
+        }
+    }
+
+    /// Counts a refusal (and tells the adaptive limit, which probes its
+    /// no-load latency again only when it has bound).
+    fn refuse(&self) -> GateRefusal {
+        self.refusals.fetch_add(1, Ordering::Relaxed);
+        if let Some(a) = self.adaptive().as_mut() {
+            a.refused(self.clock.now());
+            self.cap.store(a.limit(), Ordering::Release);
+        }
+        GateRefusal::Full
+    }
+
+    fn adaptive(&self) -> std::sync::MutexGuard<'_, Option<AdaptiveLimit>> {
+        self.adaptive.lock().expect("adaptive limit lock poisoned")
+    }
+
+    /// An attempt begun at `started` answered (or timed out) after `took`:
+    /// the adaptive limit's latency sample. Nothing without one.
+    pub fn observe(&self, started: Instant, took: Duration) {
+        if self.cap.load(Ordering::Acquire) == u32::MAX {
+            return;
+        }
+        let at = self.clock.at(started);
+        let in_flight = self.in_flight();
+        if let Some(a) = self.adaptive().as_mut() {
+            a.record(at, took, in_flight, at + took);
+            self.cap.store(a.limit(), Ordering::Release);
+        }
+    }
+
+    /// The limit, the adaptive limit's estimates and the refusals, now.
+    pub fn view(&self) -> GateView {
+        let a = self.adaptive();
+        let limit = *self.limit.lock().expect("gate lock poisoned");
+        GateView {
+            limit: a.as_ref().map_or(limit, |a| a.limit()),
+            latency: a.as_ref().and_then(|a| a.latency()),
+            baseline: a.as_ref().and_then(|a| a.baseline()),
+            refusals: self.refusals.load(Ordering::Relaxed),
+        }
     }
 
     /// A slot for one request, held until its response body ends: now,
     /// or after waiting in the queue (`max_queue`) until `deadline`.
     pub async fn enter(&self, deadline: Instant) -> Result<Slot, GateRefusal> {
-        if let Ok(p) = self.sem.clone().try_acquire_owned() {
-            return Ok(self.slot(p));
+        if let Some(s) = self.try_enter() {
+            return Ok(s);
+        }
+        if self.cap.load(Ordering::Acquire) != u32::MAX {
+            // Adaptive: refused at once, never queued.
+            return Err(self.refuse());
         }
         let max_queue = self.max_queue.load(Ordering::Acquire);
         if self.queued.fetch_add(1, Ordering::AcqRel) >= max_queue {
             self.queued.fetch_sub(1, Ordering::AcqRel);
-            return Err(GateRefusal::Full);
+            return Err(self.refuse());
         }
         let _queued = Queued(&self.queued);
         match tokio::time::timeout_at(deadline, self.sem.clone().acquire_owned()).await {
             Ok(Ok(p)) => Ok(self.slot(p)),
-            Ok(Err(_)) => Err(GateRefusal::Full),
+            Ok(Err(_)) => Err(self.refuse()),
             Err(_) => Err(GateRefusal::Deadline),
         }
     }
@@ -87,7 +194,20 @@ impl Gate {
 
     /// Applies reloaded limits. Raising takes effect at once; lowering takes
     /// slots away as requests in flight finish.
-    pub fn set_limits(&self, max_in_flight: u32, max_queue: u32) {
+    /// The adaptive limit keeps what it learnt when its parameters change;
+    /// it starts afresh when turned on, and is dropped when turned off.
+    pub fn set_limits(&self, c: &ConcurrencyParams) {
+        let (max_in_flight, max_queue) = (c.max_in_flight, c.max_queue);
+        {
+            let mut a = self.adaptive();
+            match (a.as_mut(), &c.adaptive) {
+                (Some(a), Some(p)) if a.params() != p => a.set_params(p.clone()),
+                (Some(_), Some(_)) => {}
+                (_, p) => *a = p.clone().map(AdaptiveLimit::new),
+            }
+            let cap = a.as_ref().map_or(u32::MAX, |a| a.limit());
+            self.cap.store(cap, Ordering::Release);
+        }
         self.max_queue.store(max_queue, Ordering::Release);
         let mut limit = self.limit.lock().expect("gate lock poisoned");
         if max_in_flight > *limit {

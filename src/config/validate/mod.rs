@@ -39,6 +39,7 @@ pub(super) fn validate(
     let defaults = raw.defaults.clone().merge(RawPolicy::builtin());
 
     let mut upstreams = Vec::new();
+    let mut reach = Vec::new();
     let mut effective_upstreams = BTreeMap::new();
     for (name, up) in &raw.upstreams {
         let merged = merged(up.policy(), &raw.defaults, defaults.clone());
@@ -59,7 +60,7 @@ pub(super) fn validate(
                 .merge(super::raw::RawEjection::builtin()),
         );
         effective_upstreams.insert(name.clone(), effective);
-        if let Some(u) = upstream(&mut cx, name, up, &merged) {
+        if let Some(u) = upstream(&mut cx, name, up, &merged, &mut reach) {
             upstreams.push(Arc::new(u));
         }
     }
@@ -70,7 +71,8 @@ pub(super) fn validate(
             "no upstreams configured: add at least one [upstreams.NAME] table with a `url`",
         );
     }
-    cross_checks(&mut cx, server.as_ref(), &upstreams);
+    reach.retain(|r| upstreams.iter().any(|u: &Arc<UpstreamConfig>| u.name == r.name));
+    cross_checks(&mut cx, server.as_ref(), &reach);
 
     if !cx.errors.is_empty() {
         cx.errors.sort_by_key(|e| (e.line, e.column));
@@ -96,6 +98,7 @@ pub(super) fn validate(
             cx.notes.sort_by_key(|e| (e.line, e.column));
             cx.notes
         },
+        overrides: Overrides::default(),
     })
 }
 
@@ -248,11 +251,22 @@ fn url(cx: &mut ErrorSink, name: &str, s: Option<&str>) -> Option<UpstreamUrl> {
     })
 }
 
+/// How an upstream is reached, for the checks across upstreams: taken from
+/// every upstream, whatever errors its other fields have, so that a
+/// duplicate route is reported with them in one pass.
+struct Reach {
+    name: String,
+    hosts: Vec<HostPattern>,
+    path_prefix: String,
+    listen: Option<SocketAddr>,
+}
+
 fn upstream(
     cx: &mut ErrorSink,
     name: &str,
     up: &RawUpstream,
     p: &RawPolicy,
+    reach: &mut Vec<Reach>,
 ) -> Option<UpstreamConfig> {
     let q = quote(name);
     let n_errors = cx.errors.len();
@@ -293,7 +307,8 @@ fn upstream(
         );
     }
     let raw_prefix = up.path_prefix.as_deref().unwrap_or("/");
-    if !raw_prefix.starts_with('/') || raw_prefix.contains(['?', '#', ' ']) {
+    let prefix_ok = raw_prefix.starts_with('/') && !raw_prefix.contains(['?', '#', ' ']);
+    if !prefix_ok {
         cx.err(
             format!("upstreams.{q}.path_prefix"),
             format!("path_prefix must be a path starting with `/`, got {raw_prefix:?}"),
@@ -303,6 +318,12 @@ fn upstream(
         "" => "/".to_string(),
         p => p.to_string(),
     };
+    reach.push(Reach {
+        name: name.to_string(),
+        hosts: if prefix_ok { hosts.clone() } else { Vec::new() },
+        path_prefix: path_prefix.clone(),
+        listen,
+    });
     let protocol = match up.protocol.as_deref().unwrap_or("auto") {
         "auto" => Protocol::Auto,
         "http1" => Protocol::Http1,
@@ -419,15 +440,7 @@ fn upstream(
     let idempotency = idempotency(cx, name, p);
     let cache = cache(cx, name, p);
     let hedge = hedge(cx, name, p, retry.as_ref());
-    let c = p.concurrency.clone().unwrap_or_default();
-    let concurrency = ConcurrencyParams {
-        max_in_flight: c.max_in_flight.unwrap_or_default(),
-        max_queue: c.max_queue.unwrap_or_default(),
-    };
-    if concurrency.max_in_flight == 0 {
-        let f = cx.policy_path(name, "concurrency.max_in_flight");
-        cx.err(f, "must be at least 1");
-    }
+    let concurrency = policy::concurrency(cx, name, p);
 
     if cx.errors.len() > n_errors {
         return None;
@@ -463,7 +476,7 @@ fn upstream(
 }
 
 /// Checks across upstreams: unique listen addresses and unique (host, prefix) routes.
-fn cross_checks(cx: &mut ErrorSink, server: Option<&ServerConfig>, ups: &[Arc<UpstreamConfig>]) {
+fn cross_checks(cx: &mut ErrorSink, server: Option<&ServerConfig>, ups: &[Reach]) {
     // Each address taken: by whom, and the field that sets it.
     let mut listens: BTreeMap<SocketAddr, (String, String)> = BTreeMap::new();
     if let Some(s) = server {

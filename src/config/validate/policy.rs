@@ -352,3 +352,62 @@ pub(super) fn hedge(
     }
     Some(params)
 }
+
+/// `[….concurrency]`: `max_in_flight`, `max_queue`, and with `limit =
+/// "adaptive"` the adaptive limit's parameters, `max_in_flight` its ceiling
+/// (docs/reference/admission.md#adaptive-limit).
+pub(super) fn concurrency(
+    cx: &mut ErrorSink,
+    name: &str,
+    p: &RawPolicy,
+) -> crate::config::ConcurrencyParams {
+    let c = p.concurrency.clone().unwrap_or_default();
+    let max_in_flight = c.max_in_flight.unwrap_or_default();
+    if max_in_flight == 0 {
+        let f = cx.policy_path(name, "concurrency.max_in_flight");
+        cx.err(f, "must be at least 1");
+    }
+    let adaptive = match c.limit.as_deref().unwrap_or("fixed") {
+        "fixed" => None,
+        "adaptive" => {
+            let dur = |d: Option<duration::Dur>| d.map(|d| d.0).unwrap_or_default();
+            let made = crate::policy::AdaptiveParams::try_new(
+                c.min_limit.unwrap_or_default(),
+                max_in_flight.max(1),
+                c.initial_limit.unwrap_or_default(),
+                c.latency_tolerance.unwrap_or_default(),
+                dur(c.window),
+                dur(c.recheck),
+            );
+            match made {
+                Ok(a) => Some(a),
+                Err(mut e) => {
+                    for one in &mut e.0 {
+                        one.field = match one.field {
+                            "min" => "min_limit",
+                            "initial" => "initial_limit",
+                            "tolerance" => "latency_tolerance",
+                            other => other,
+                        };
+                    }
+                    cx.policy_errs(name, "concurrency", e);
+                    None
+                }
+            }
+        }
+        other => {
+            let f = cx.policy_path(name, "concurrency.limit");
+            let hint = crate::policy::suggest::hint(other, ["fixed", "adaptive"]);
+            cx.err(
+                f,
+                format!("unknown limit {other:?}: {hint}expected \"fixed\" or \"adaptive\""),
+            );
+            None
+        }
+    };
+    crate::config::ConcurrencyParams {
+        max_in_flight,
+        max_queue: c.max_queue.unwrap_or_default(),
+        adaptive,
+    }
+}

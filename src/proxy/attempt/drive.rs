@@ -72,6 +72,9 @@ pub(crate) struct Attempts<'a> {
     prev_delay: Duration,
     /// The hedge's breaker slot while one is in flight.
     pub(super) hedge_ticket: Option<BreakerTicket<'a>>,
+    /// The hedge's concurrency slot while one is in flight: a hedge is an
+    /// attempt, and takes a slot like one.
+    pub(super) hedge_slot: Option<crate::state::gate::Slot>,
     /// Hedges sent for this request.
     pub(super) hedges: u32,
     /// A write the client keyed (hedged only with `hedge.keyed_writes`).
@@ -80,6 +83,16 @@ pub(crate) struct Attempts<'a> {
     pub(crate) hedged: Option<bool>,
     /// The request's spans, when it is traced (docs/reference/tracing.md#spans).
     pub(crate) trace: Option<crate::trace::Trace>,
+}
+
+/// An attempt's latency for the adaptive concurrency limit
+/// (docs/reference/admission.md#adaptive-limit): an answer's, or a timeout's
+/// (as long as it was waited for); a connection that failed says nothing
+/// about how loaded the upstream is.
+pub(super) fn observe_latency(up: &Upstream, outcome: &Outcome, started: Instant, took: Duration) {
+    if matches!(outcome, Outcome::Response { .. } | Outcome::Timeout) {
+        up.state.gate.observe(started, took);
+    }
 }
 
 /// What follows an attempt.
@@ -121,6 +134,7 @@ impl<'a> Attempts<'a> {
             made: 0,
             prev_delay: Duration::ZERO,
             hedge_ticket: None,
+            hedge_slot: None,
             hedges: 0,
             keyed_write: false,
             hedged: None,
@@ -167,6 +181,7 @@ impl<'a> Attempts<'a> {
         let state = &self.up.state;
         let took = ended.saturating_duration_since(started);
         state.metrics.attempt(outcome, took);
+        observe_latency(self.up, outcome, started, took);
         if self.up.config.hedge.is_some() {
             let now = state.now_at(ended);
             state.live().hedge.latency.observe(took, now);

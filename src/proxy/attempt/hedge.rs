@@ -209,6 +209,10 @@ impl<'a> super::Attempts<'a> {
         if self.deadline.saturating_duration_since(now) < retry.min_attempt_time {
             return skip(HedgeResult::SkippedDeadline);
         }
+        // A hedge takes a concurrency slot like any attempt.
+        let Some(slot) = state.gate.try_enter() else {
+            return skip(HedgeResult::SkippedOverloaded);
+        };
         let at = state.now_at(now);
         let admission = {
             let mut guard = state.live();
@@ -232,6 +236,7 @@ impl<'a> super::Attempts<'a> {
             }
         };
         self.hedge_ticket = Some(super::admit::BreakerTicket::new(state, admission));
+        self.hedge_slot = Some(slot);
         self.hedges += 1;
         self.made += 1;
         let give_up = self
@@ -263,6 +268,7 @@ impl<'a> super::Attempts<'a> {
         match run.other {
             Some(outcome) => {
                 state.metrics.attempt(&outcome, took);
+                super::drive::observe_latency(self.up, &outcome, other_started, took);
                 let blame = outcome.breaker_failure(&self.up.config.breaker);
                 if let Some(t) = &mut other_ticket {
                     t.record(blame, now);
@@ -275,6 +281,7 @@ impl<'a> super::Attempts<'a> {
         }
         state.live().hedge.latency.observe(took, now);
         drop(other_ticket);
+        self.hedge_slot = None;
         state.metrics.hedge(if run.won {
             HedgeResult::Won
         } else {

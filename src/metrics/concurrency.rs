@@ -1,0 +1,91 @@
+//! The concurrency limit's series (docs/reference/admission.md#concurrency):
+//! `weir_concurrency_limit{upstream}` (the adaptive limit now, or
+//! `max_in_flight`), `weir_concurrency_latency_seconds{upstream}` (the
+//! adaptive limit's latency estimate) and
+//! `weir_concurrency_refusals_total{upstream}` (requests refused
+//! `overloaded`), following the gate's own counts on a scrape.
+
+use super::follow::Follow;
+use prometheus::{Gauge, GaugeVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use std::time::Duration;
+
+/// The three families, registered once.
+#[derive(Debug, Clone)]
+pub struct ConcurrencyFamilies {
+    limit: IntGaugeVec,
+    latency: GaugeVec,
+    refusals: IntCounterVec,
+}
+
+impl ConcurrencyFamilies {
+    pub fn register(r: &Registry) -> Self {
+        let limit = IntGaugeVec::new(
+            Opts::new(
+                "weir_concurrency_limit",
+                "Requests that may hold a slot on the upstream now: the adaptive limit, or max_in_flight.",
+            ),
+            &["upstream"],
+        )
+        .expect("static metric definition");
+        let latency = GaugeVec::new(
+            Opts::new(
+                "weir_concurrency_latency_seconds",
+                "The adaptive limit's latency estimate: the median attempt latency of its last window (0 before one, or with a fixed limit).",
+            ),
+            &["upstream"],
+        )
+        .expect("static metric definition");
+        let refusals = IntCounterVec::new(
+            Opts::new(
+                "weir_concurrency_refusals_total",
+                "Requests the concurrency gate refused with 503 overloaded.",
+            ),
+            &["upstream"],
+        )
+        .expect("static metric definition");
+        r.register(Box::new(limit.clone()))
+            .expect("metric registered once");
+        r.register(Box::new(latency.clone()))
+            .expect("metric registered once");
+        r.register(Box::new(refusals.clone()))
+            .expect("metric registered once");
+        ConcurrencyFamilies {
+            limit,
+            latency,
+            refusals,
+        }
+    }
+
+    /// One upstream's series, created at zero.
+    pub fn upstream(&self, name: &str) -> ConcurrencySeries {
+        ConcurrencySeries {
+            limit: self.limit.with_label_values(&[name]),
+            latency: self.latency.with_label_values(&[name]),
+            refusals: Follow::of([self.refusals.with_label_values(&[name])]),
+        }
+    }
+
+    pub fn forget(&self, name: &str) {
+        self.limit.remove_label_values(&[name]).ok();
+        self.latency.remove_label_values(&[name]).ok();
+        self.refusals.remove_label_values(&[name]).ok();
+    }
+}
+
+/// One upstream's series.
+#[derive(Debug)]
+pub struct ConcurrencySeries {
+    limit: IntGauge,
+    latency: Gauge,
+    refusals: Follow<1>,
+}
+
+impl ConcurrencySeries {
+    /// Brings the series up to the gate's `limit`, `latency` estimate and
+    /// `refusals` since the start.
+    pub fn show(&self, limit: u32, latency: Option<Duration>, refusals: u64) {
+        self.limit.set(i64::from(limit));
+        self.latency.set(latency.map_or(0.0, |d| d.as_secs_f64()));
+        self.refusals.show([refusals]);
+    }
+}
