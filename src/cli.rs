@@ -37,9 +37,61 @@ pub enum LogFormat {
 
 #[derive(Debug, clap::Args)]
 pub struct ConfigArg {
-    /// The config file.
-    #[arg(long, short, env = "WEIR_CONFIG", default_value = "config/weir.toml")]
-    pub config: PathBuf,
+    /// The config file [default: config/weir.toml when it exists, else the built-in default,
+    /// which is the same]. A file named here must exist.
+    #[arg(long, short, env = "WEIR_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+/// Where the config comes from when `--config` does not say.
+const DEFAULT_CONFIG: &str = "config/weir.toml";
+
+impl ConfigArg {
+    /// The file to read: the one named, else `config/weir.toml` when it
+    /// exists; `None`: the built-in default.
+    pub fn file(&self) -> Option<PathBuf> {
+        match &self.config {
+            Some(p) => Some(p.clone()),
+            None => {
+                let p = PathBuf::from(DEFAULT_CONFIG);
+                p.exists().then_some(p)
+            }
+        }
+    }
+}
+
+/// Settings over the config file, or a config made on the command line
+/// (docs/reference/cli.md#config-from-the-command-line).
+#[derive(Debug, clap::Args)]
+pub struct OverrideArgs {
+    /// Serve the shared listener here (sets `[server] listen`).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Serve the admin listener here (sets `[server] admin`).
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<std::net::SocketAddr>,
+    /// Set upstream NAME's url, or add upstream NAME, reached with `Host: NAME` (repeatable).
+    /// Over the built-in default, these replace its example upstream `app`.
+    #[arg(long = "upstream", value_name = "NAME=URL", value_parser = crate::config::overrides::parse_upstream)]
+    pub upstreams: Vec<(String, String)>,
+}
+
+impl OverrideArgs {
+    fn overrides(&self, builtin: bool) -> crate::config::Overrides {
+        crate::config::Overrides {
+            listen: self.listen,
+            admin: self.admin,
+            upstreams: self.upstreams.clone(),
+            replace_upstreams: builtin,
+        }
+    }
+}
+
+/// The config `run` and `check` use: the file or the built-in default,
+/// with the command line's settings over it.
+fn load(config: &ConfigArg, over: &OverrideArgs) -> Result<Config, crate::config::ConfigErrors> {
+    let file = config.file();
+    Config::load_with(file.as_deref(), &over.overrides(file.is_none()))
 }
 
 #[derive(Debug, Subcommand)]
@@ -52,6 +104,8 @@ pub enum Command {
     Run {
         #[command(flatten)]
         config: ConfigArg,
+        #[command(flatten)]
+        over: OverrideArgs,
         /// Worker threads serving traffic, each with its own event loop and its own
         /// SO_REUSEPORT listening sockets (default: the CPUs available to the process).
         #[arg(long, env = "WEIR_WORKERS")]
@@ -64,6 +118,8 @@ pub enum Command {
     Check {
         #[command(flatten)]
         config: ConfigArg,
+        #[command(flatten)]
+        over: OverrideArgs,
     },
     /// Show each upstream's retry schedule: every retry's delay range, the worst-case wait.
     ///
@@ -128,16 +184,20 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log_level, cli.log_format);
     match cli.command {
-        Command::Check { config } => check(&config.config),
-        Command::Run { config, workers } => run(&config.config, workers),
-        Command::Schedule { config, upstream } => schedule(&config.config, upstream.as_deref()),
+        Command::Check { config, over } => check(&config, &over),
+        Command::Run {
+            config,
+            over,
+            workers,
+        } => run(&config, &over, workers),
+        Command::Schedule { config, upstream } => schedule(&config, upstream.as_deref()),
         Command::Decide { input } => decide(input.as_deref()),
         Command::Health {
             config,
             admin,
             path,
             timeout,
-        } => crate::health::run(&config.config, admin, &path, timeout),
+        } => crate::health::run(config.file().as_deref(), admin, &path, timeout),
         Command::Chaos(args) => crate::chaos::command::run(args),
     }
 }
@@ -161,14 +221,14 @@ fn init_logging(level: &str, format: LogFormat) {
     };
 }
 
-fn check(path: &std::path::Path) -> ExitCode {
-    match Config::load(path) {
+fn check(config: &ConfigArg, over: &OverrideArgs) -> ExitCode {
+    match load(config, over) {
         Ok(c) => {
             print!("{}", c.effective_toml());
             for note in c.notes() {
                 eprintln!("{note}");
             }
-            eprintln!("{}: ok ({} upstreams)", path.display(), c.upstreams.len());
+            eprintln!("{}: ok ({} upstreams)", c.path.display(), c.upstreams.len());
             ExitCode::SUCCESS
         }
         Err(errors) => {
@@ -178,8 +238,9 @@ fn check(path: &std::path::Path) -> ExitCode {
     }
 }
 
-fn schedule(path: &std::path::Path, only: Option<&str>) -> ExitCode {
-    let config = match Config::load(path) {
+fn schedule(config: &ConfigArg, only: Option<&str>) -> ExitCode {
+    let file = config.file();
+    let config = match Config::load_with(file.as_deref(), &Default::default()) {
         Ok(c) => c,
         Err(errors) => {
             eprintln!("{errors}");
@@ -202,11 +263,33 @@ fn schedule(path: &std::path::Path, only: Option<&str>) -> ExitCode {
         eprintln!(
             "no upstream named {:?} in {}",
             only.unwrap_or_default(),
-            path.display()
+            config.path.display()
         );
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// How to call weir, for the startup line: `curl` through the first
+/// upstream with an exact host on the shared listener, or else the first
+/// with a dedicated listener (docs/reference/cli.md#config-from-the-command-line).
+fn try_it(
+    config: &Config,
+    listen: std::net::SocketAddr,
+    dedicated: &std::collections::BTreeMap<String, std::net::SocketAddr>,
+) -> Option<String> {
+    for u in &config.upstreams {
+        let host = u.hosts.iter().find_map(|h| match h {
+            crate::config::HostPattern::Exact(h) => Some(h),
+            crate::config::HostPattern::Suffix(_) => None,
+        });
+        if let Some(host) = host {
+            let prefix = u.path_prefix.trim_end_matches('/');
+            return Some(format!("curl -H 'Host: {host}' http://{listen}{prefix}/"));
+        }
+    }
+    let (_, addr) = dedicated.iter().next()?;
+    Some(format!("curl http://{addr}/"))
 }
 
 fn decide(input: Option<&std::path::Path>) -> ExitCode {
@@ -245,8 +328,8 @@ fn decide(input: Option<&std::path::Path>) -> ExitCode {
     }
 }
 
-fn run(path: &std::path::Path, workers: Option<usize>) -> ExitCode {
-    let config = match Config::load(path) {
+fn run(config: &ConfigArg, over: &OverrideArgs, workers: Option<usize>) -> ExitCode {
+    let config = match load(config, over) {
         Ok(c) => c,
         Err(errors) => {
             eprintln!("{errors}");
@@ -272,10 +355,24 @@ fn run(path: &std::path::Path, workers: Option<usize>) -> ExitCode {
 }
 
 async fn serve(config: Config, workers: usize) -> ExitCode {
+    if config.is_builtin() {
+        tracing::info!(
+            "no config file (none named, no {DEFAULT_CONFIG} here): serving the built-in default, \
+             which is {DEFAULT_CONFIG} as shipped; `weir check` prints it"
+        );
+    }
+    // What `weir check` warns about (not its notes) is worth a line here.
+    for w in config.notes() {
+        if let Some(w) = w.strip_prefix("warning: ") {
+            tracing::warn!(config = %config.path.display(), "{w}");
+        }
+    }
     let path = config.path.clone();
     let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
     let opts = crate::runtime::Options {
-        watch: true,
+        // The built-in default has no file to watch; SIGHUP and POST
+        // /reload read it again, with the command line's settings.
+        watch: !config.is_builtin(),
         sighup: true,
         workers,
     };
@@ -286,19 +383,22 @@ async fn serve(config: Config, workers: usize) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let addrs = rt.proxy.upstream_addrs();
+    let dedicated = addrs
+        .iter()
+        .map(|(n, a)| format!("{n}={a}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let listen = rt.proxy.listen_addr();
+    let example = try_it(&rt.proxy.snapshot().config, listen, &addrs);
     tracing::info!(
         config = %path.display(),
-        listen = %rt.proxy.listen_addr(),
+        listen = %listen,
         admin = %rt.admin_addr,
-        dedicated = %rt
-            .proxy
-            .upstream_addrs()
-            .iter()
-            .map(|(n, a)| format!("{n}={a}"))
-            .collect::<Vec<_>>()
-            .join(","),
+        dedicated = (!dedicated.is_empty()).then_some(dedicated.as_str()),
         upstreams = %names.join(","),
         workers,
+        r#try = example.as_deref(),
         "weir is serving"
     );
     crate::shutdown::signal().await;

@@ -59,9 +59,29 @@ pub fn admin_of(path: &Path) -> Result<SocketAddr, String> {
         .map_err(|e| format!("{}: server.admin {admin:?}: {e}", path.display()))
 }
 
-/// `weir health`: asks, prints the answer, and says 0 for a 200.
-pub fn run(config: &Path, admin: Option<SocketAddr>, path: &str, timeout: Duration) -> ExitCode {
-    let admin = match admin.map_or_else(|| admin_of(config), Ok) {
+/// The built-in default's `[server] admin`.
+fn builtin_admin() -> Result<SocketAddr, String> {
+    let admin = crate::config::raw::RawServer::builtin()
+        .admin
+        .unwrap_or_default();
+    admin
+        .parse()
+        .map_err(|e| format!("the built-in server.admin {admin:?}: {e}"))
+}
+
+/// `weir health`: asks, prints the answer, and says 0 for a 200. `config`
+/// `None`: no file, the built-in default's admin address.
+pub fn run(
+    config: Option<&Path>,
+    admin: Option<SocketAddr>,
+    path: &str,
+    timeout: Duration,
+) -> ExitCode {
+    let of_config = || match config {
+        Some(c) => admin_of(c),
+        None => builtin_admin(),
+    };
+    let admin = match admin.map_or_else(of_config, Ok) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("weir health: {e}");

@@ -38,7 +38,7 @@ impl Reloader {
             last: Mutex::new(None),
             files: Mutex::new(Vec::new()),
         };
-        if let Ok(src) = std::fs::read_to_string(&r.path) {
+        if let Ok(src) = r.read() {
             let fp = r.fingerprint(&src);
             *r.last.lock().expect("reload lock poisoned") = Some(fp);
         }
@@ -70,13 +70,23 @@ impl Reloader {
         h.finish()
     }
 
+    /// The config's text: the file's, or the built-in default's when the
+    /// running config is that.
+    fn read(&self) -> std::io::Result<String> {
+        if self.path == std::path::Path::new(crate::config::BUILTIN_NAME) {
+            return Ok(crate::config::BUILTIN.to_string());
+        }
+        std::fs::read_to_string(&self.path)
+    }
+
     pub fn proxy(&self) -> &Arc<ProxyHandle> {
         &self.proxy
     }
 
     /// Reloads from the file now. `why` names the trigger in the log.
     pub async fn reload(&self, why: &str) -> Result<(), String> {
-        let src = std::fs::read_to_string(&self.path)
+        let src = self
+            .read()
             .map_err(|e| format!("{}: cannot read the config file: {e}", self.path.display()));
         let src = match src {
             Ok(s) => s,
@@ -86,7 +96,9 @@ impl Reloader {
         // seen changed by the next watch event.
         let fp = self.fingerprint(&src);
         *self.last.lock().expect("reload lock poisoned") = Some(fp);
-        let config = match Config::parse(&self.path, &src) {
+        // What the command line set over the file is set again.
+        let overrides = self.proxy.snapshot().config.overrides.clone();
+        let config = match Config::parse_with(&self.path, &src, &overrides) {
             Ok(c) => c,
             Err(e) => return self.failed(why, e.to_string()),
         };
@@ -95,6 +107,11 @@ impl Reloader {
             return self.failed(why, e.to_string());
         }
         let changes = Changes::between(&self.proxy.snapshot().config, &config);
+        let warnings: Vec<String> = config
+            .notes()
+            .into_iter()
+            .filter_map(|n| n.strip_prefix("warning: ").map(str::to_string))
+            .collect();
         if let Err(e) = self.proxy.reload(config).await {
             return self.failed(why, e.to_string());
         }
@@ -109,13 +126,16 @@ impl Reloader {
             server_changed = changes.server,
             "config reloaded"
         );
+        for w in warnings {
+            tracing::warn!(config = %self.path.display(), "{w}");
+        }
         Ok(())
     }
 
     /// Reloads only if the file's content, or that of a TLS file it names,
     /// differs from what the last reload tried.
     pub async fn reload_if_changed(&self, why: &str) -> Result<(), String> {
-        let Ok(src) = std::fs::read_to_string(&self.path) else {
+        let Ok(src) = self.read() else {
             // Mid-swap, or removed: the next event will tell.
             return Ok(());
         };

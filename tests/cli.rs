@@ -378,3 +378,305 @@ fn check_refuses_a_tracing_header_value_that_is_not_visible_ascii() {
     let (code, _, err) = check(&tracing("Bearer abc-123"));
     assert_eq!(code, 0, "{err}");
 }
+
+/// weir run as a child process in `dir` with `args` after `run`, in JSON
+/// logs; every log line up to "weir is serving", that line last. Killed
+/// when dropped.
+fn run_in(dir: &std::path::Path, args: &[&str]) -> (Running, Vec<serde_json::Value>) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .current_dir(dir)
+        .env_remove("WEIR_CONFIG")
+        .args(["--log-format", "json", "run", "--workers", "1"])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    let admin = loop {
+        let line = lines.next().expect("weir exited before serving").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        seen.push(v.clone());
+        if v["message"] == "weir is serving" {
+            break v["admin"].as_str().unwrap().parse().unwrap();
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    (Running { child, admin }, seen)
+}
+
+/// One HTTP/1.1 GET through `addr` naming `host`: the status line and body.
+fn get(addr: &str, host: &str) -> String {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// An upstream on a free loopback port answering every request `200 hi`.
+fn tiny_upstream() -> std::net::SocketAddr {
+    use std::io::Read;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut c in l.incoming().flatten() {
+            let mut buf = [0u8; 4096];
+            let mut head = Vec::new();
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match c.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ =
+                c.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nhi");
+        }
+    });
+    addr
+}
+
+/// Issue 46, item 1: from a directory with no config file, `weir run`
+/// serves the built-in default and says so in its first line; `--listen`,
+/// `--admin` and `--upstream NAME=URL` make the config, and the startup
+/// line says how to call weir, with no empty field.
+#[test]
+fn run_without_a_config_file_serves_the_builtin_default_and_the_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = tiny_upstream();
+    let (weir_, lines) = run_in(
+        dir.path(),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--upstream",
+            &format!("app=http://{up}"),
+        ],
+    );
+    let first = lines[0]["message"].as_str().unwrap();
+    assert!(first.contains("serving the built-in default"), "{first}");
+    let serving = lines.last().unwrap();
+    assert_eq!(serving["config"], "(built-in default)");
+    assert_eq!(serving["upstreams"], "app");
+    assert!(serving.get("dedicated").is_none(), "{serving}");
+    let listen = serving["listen"].as_str().unwrap();
+    assert_eq!(
+        serving["try"],
+        format!("curl -H 'Host: app' http://{listen}/").as_str()
+    );
+    let answer = get(listen, "app");
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(answer.ends_with("\r\n\r\nhi"), "{answer}");
+    // A reload of the built-in default keeps what the command line set.
+    let reload = {
+        use std::io::Read;
+        let mut s = std::net::TcpStream::connect(weir_.admin).unwrap();
+        write!(
+            s,
+            "POST /reload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(reload.starts_with("HTTP/1.1 200"), "{reload}");
+    let answer = get(listen, "app");
+    assert!(answer.ends_with("\r\n\r\nhi"), "{answer}");
+    drop(weir_);
+
+    // With no flag at all: the built-in default's own addresses.
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .current_dir(dir.path())
+        .env_remove("WEIR_CONFIG")
+        .arg("check")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let shipped = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["check", "--config", "config/weir.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.stdout, shipped.stdout,
+        "the built-in default is config/weir.toml"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).ends_with("(built-in default): ok (1 upstreams)\n")
+    );
+}
+
+/// Issue 46, item 1: `weir check` prints the config the flags make, over
+/// the built-in default or over a file; an error in a flag names the flag.
+#[test]
+fn check_prints_the_config_the_flags_make() {
+    let dir = tempfile::tempdir().unwrap();
+    let check_in = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .current_dir(dir.path())
+            .env_remove("WEIR_CONFIG")
+            .arg("check")
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = check_in(&[
+        "--upstream",
+        "api=http://127.0.0.1:9000",
+        "--listen",
+        "127.0.0.1:18001",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("listen = \"127.0.0.1:18001\"\n"), "{out}");
+    assert!(out.contains("admin = \"127.0.0.1:15000\"\n"), "{out}");
+    assert!(
+        out.contains("[upstreams.api]\nurl = \"http://127.0.0.1:9000\"\nhosts = [\"api\"]\n"),
+        "{out}"
+    );
+    // Over the built-in default, --upstream replaces its example `app`.
+    assert!(!out.contains("[upstreams.app]"), "{out}");
+
+    // Over a file: the url of an upstream it has is set, another is added.
+    let file = dir.path().join("w.toml");
+    std::fs::write(
+        &file,
+        "[upstreams.app]\nurl = \"http://127.0.0.1:8080\"\nhosts = [\"app\", \"localhost\"]\n",
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let (code, out, err) = check_in(&[
+        "--config",
+        f,
+        "--upstream",
+        "app=http://127.0.0.1:9001",
+        "--upstream",
+        "api=http://127.0.0.1:9002",
+        "--admin",
+        "127.0.0.1:18000",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("admin = \"127.0.0.1:18000\"\n"), "{out}");
+    assert!(out.contains("[upstreams.app]\nurl = \"http://127.0.0.1:9001\"\nhosts = [\n    \"app\",\n    \"localhost\",\n]\n"), "{out}");
+    assert!(
+        out.contains("[upstreams.api]\nurl = \"http://127.0.0.1:9002\"\nhosts = [\"api\"]\n"),
+        "{out}"
+    );
+
+    // A bad value names its flag, not a line of the file.
+    let (code, _, err) = check_in(&["--config", f, "--upstream", "app=ftp://x"]);
+    assert_eq!(code, 1);
+    assert_eq!(
+        err,
+        "error: --upstream app=ftp://x: `upstreams.app.url`: invalid url \"ftp://x\": scheme \"ftp\" is not http or https\n"
+    );
+    let (code, _, err) = check_in(&["--upstream", "app"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("expected NAME=URL"), "{err}");
+    // A file named and missing is an error, not the built-in default.
+    let (code, _, err) = check_in(&["--config", "nope.toml"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with("error: nope.toml: cannot read the config file"),
+        "{err}"
+    );
+}
+
+/// Issue 46, item 3: a newcomer's config with eight mistakes gets all eight
+/// from one `weir check`: the checks across upstreams (a duplicate route,
+/// a listen address taken) among the upstreams whose fields have errors
+/// too, and what `weir schedule` warns about besides.
+#[test]
+fn check_reports_every_mistake_in_one_pass() {
+    let (code, _, err) = check(
+        r#"[server]
+listen = "127.0.0.1:15001"
+
+[upstreams.api]
+url = "ftp://api.internal"
+hosts = ["api"]
+timout = "5s"
+
+[upstreams.api.retry]
+max_attempts = "3"
+
+[upstreams.users]
+url = "http://users.internal"
+hosts = ["api"]
+listen = "127.0.0.1:15001"
+protocol = "http2"
+
+[upstreams.users.retry.backoff]
+base = "2s"
+max = "1s"
+
+[upstreams.orders]
+url = "http://orders.internal"
+hosts = ["orders:8080"]
+"#,
+    );
+    assert_eq!(code, 1);
+    let lines: Vec<&str> = err.lines().collect();
+    let want = [
+        ":5:7: `upstreams.api.url`: invalid url",
+        ":7:1: `upstreams.api.timout`: unknown field",
+        ":10:16: `upstreams.api.retry.max_attempts`:",
+        ":14:10: `upstreams.users.hosts[0]`: host \"api\" with path_prefix \"/\" is already routed to upstream \"api\"",
+        ":15:10: `upstreams.users.listen`: listen address 127.0.0.1:15001 is already used by [server] listen",
+        ":16:12: `upstreams.users.protocol`: unknown protocol \"http2\"",
+        ":20:7: `upstreams.users.retry.backoff.max`:",
+        ":24:10: `upstreams.orders.hosts[0]`: invalid host pattern",
+    ];
+    assert_eq!(lines.len(), want.len(), "{err}");
+    for (line, want) in lines.iter().zip(want) {
+        assert!(line.contains(want), "{line:?} lacks {want:?}\n{err}");
+    }
+
+    // A valid config: what `weir schedule` warns about, and a
+    // per_try_timeout past timeout, are said by `weir check` too.
+    let (code, _, err) = check(
+        r#"[upstreams.api]
+url = "http://127.0.0.1:8080"
+hosts = ["api"]
+timeout = "5s"
+per_try_timeout = "20s"
+
+[upstreams.slow]
+url = "http://127.0.0.1:8081"
+hosts = ["slow"]
+timeout = "1s"
+
+[upstreams.slow.retry]
+max_attempts = 5
+
+[upstreams.slow.retry.backoff]
+base = "1s"
+max = "1s"
+jitter = "none"
+"#,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(":5:19: `upstreams.api.per_try_timeout`: 20s is longer than `timeout` (5s)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("warning: upstream `slow`: the worst-case backoff alone (4s) does not fit in timeout (1s)"),
+        "{err}"
+    );
+}

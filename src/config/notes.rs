@@ -16,6 +16,24 @@ impl Config {
             .collect();
         let mut on_default = Vec::new();
         for u in &self.upstreams {
+            // What `weir schedule` warns about, said by `weir check` too.
+            let report = crate::policy::schedule_report_with(
+                &u.name,
+                &u.retry,
+                u.timeout,
+                u.per_try_timeout,
+            );
+            for w in report
+                .lines()
+                .filter_map(|l| l.trim_start().strip_prefix("warning: "))
+            {
+                out.push(format!(
+                    "warning: upstream `{}`: {w} (`weir schedule` shows every retry's delay; docs/reference/retries.md#backoff)",
+                    u.name
+                ));
+            }
+        }
+        for u in &self.upstreams {
             let Some(store) = &u.idempotency else {
                 continue;
             };

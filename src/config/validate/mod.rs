@@ -71,7 +71,6 @@ pub(super) fn validate(
             "no upstreams configured: add at least one [upstreams.NAME] table with a `url`",
         );
     }
-    reach.retain(|r| upstreams.iter().any(|u: &Arc<UpstreamConfig>| u.name == r.name));
     cross_checks(&mut cx, server.as_ref(), &reach);
 
     if !cx.errors.is_empty() {
