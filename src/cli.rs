@@ -216,9 +216,46 @@ fn init_logging(level: &str, format: LogFormat) {
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match format {
-        LogFormat::Text => b.try_init(),
+        LogFormat::Text => b.fmt_fields(one_line_fields()).try_init(),
         LogFormat::Json => b.json().flatten_event(true).try_init(),
     };
+}
+
+/// The text format's fields as the default writes them (`name=value`, the
+/// message bare, strings quoted), but never over two lines: a value written
+/// with `%` (an error's Display) may hold line breaks, and a log shipper
+/// takes each line for an event. They are escaped as `\n`, `\r`, and other
+/// control characters as `\u{…}` (docs/reference/logs.md#logs). JSON escapes
+/// them already.
+fn one_line_fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> {
+    use tracing_subscriber::field::MakeExt;
+    tracing_subscriber::fmt::format::debug_fn(|w, field, value| {
+        let raw = format!("{value:?}");
+        let text = one_line(&raw);
+        match field.name() {
+            "message" => write!(w, "{text}"),
+            name => write!(w, "{}={text}", name.strip_prefix("r#").unwrap_or(name)),
+        }
+    })
+    .delimited(" ")
+}
+
+/// `s` with every control character escaped: one line whatever it holds.
+fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push('\t'),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 fn check(config: &ConfigArg, over: &OverrideArgs) -> ExitCode {

@@ -680,3 +680,75 @@ jitter = "none"
         "{err}"
     );
 }
+
+/// Issue 46, item 4: one event, one line. A rejected reload's error holds
+/// one line per mistake; in the text log it is escaped onto the event's
+/// line, so every line of the log starts with a timestamp.
+#[test]
+fn a_rejected_reload_is_one_line_of_the_text_log() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("w.toml");
+    let good = "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+                [upstreams.app]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"app\"]\n";
+    std::fs::write(&p, good).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["--log-format", "text", "run", "--workers", "1", "--config"])
+        .arg(&p)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let mut log = Vec::new();
+    let admin = loop {
+        let mut b = [0u8; 1];
+        assert_eq!(err.read(&mut b).unwrap(), 1, "weir exited before serving");
+        log.push(b[0]);
+        let text = String::from_utf8_lossy(&log);
+        if let Some(l) = text.lines().find(|l| l.contains("weir is serving")) {
+            if text.ends_with('\n') {
+                let at = l.find(" admin=").unwrap() + 7;
+                let end = l[at..].find(' ').unwrap() + at;
+                break l[at..end].to_string();
+            }
+        }
+    };
+    std::fs::write(
+        &p,
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+         [upstreams.app]\nurl = \"ftp://x\"\nhosts = [\"app\"]\ntimout = \"1s\"\n",
+    )
+    .unwrap();
+    let mut s = std::net::TcpStream::connect(&admin).unwrap();
+    write!(
+        s,
+        "POST /reload HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 422"), "{answer}");
+    // The rejection is logged before the answer is sent; stop weir and
+    // read the rest of its log.
+    child.kill().unwrap();
+    err.read_to_end(&mut log).unwrap();
+    let _ = child.wait();
+    let log = String::from_utf8(log).unwrap();
+    for line in log.lines() {
+        assert!(
+            line.starts_with("20"),
+            "a line with no timestamp: {line:?}\n{log}"
+        );
+    }
+    let rejected: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("config reload rejected"))
+        .collect();
+    // One from POST /reload; the file watch may have seen the edit first.
+    assert!(!rejected.is_empty(), "{log}");
+    for r in rejected {
+        assert!(r.contains("unknown field `timout`"), "{log}");
+        assert!(r.contains("\\nerror: "), "{log}");
+    }
+}
