@@ -187,6 +187,49 @@ fn every_relative_link_reaches_a_file_and_a_heading() {
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }
 
+/// Issue 46, items 2 and 9: every cargo command the docs give to build,
+/// run or install weir or a tool uses `Cargo.lock` (`--locked`), so the
+/// stated minimum Rust version holds for what a reader builds; and the
+/// README's test command is the one script that installs what the tests
+/// need. bench/RESULTS.md and CHANGELOG.md record what was run, as run.
+#[test]
+fn every_cargo_command_the_docs_give_is_locked() {
+    let mut files: Vec<PathBuf> = markdown_files()
+        .into_iter()
+        .filter(|f| !f.ends_with("bench/RESULTS.md") && !f.ends_with("CHANGELOG.md"))
+        .collect();
+    files.push(root().join("fuzz/README.md"));
+    let mut unlocked = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            for verb in ["cargo install ", "cargo build ", "cargo run "] {
+                let mut rest = line;
+                while let Some(at) = rest.find(verb) {
+                    let cmd = &rest[at..];
+                    let end = cmd.find(['`', '#', '&', ';', ')']).unwrap_or(cmd.len());
+                    if !cmd[..end].contains("--locked") {
+                        unlocked.push(format!("{}:{}: {}", f.display(), i + 1, &cmd[..end]));
+                    }
+                    rest = &cmd[verb.len()..];
+                }
+            }
+        }
+    }
+    assert!(unlocked.is_empty(), "without --locked:\n{}", unlocked.join("\n"));
+
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let two = readme
+        .split("## Two commands")
+        .nth(1)
+        .and_then(|s| s.split("```sh\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .unwrap();
+    let commands: Vec<&str> = two.lines().collect();
+    assert_eq!(commands.len(), 2, "{two}");
+    assert!(commands[1].starts_with(".ci/run "), "{two}");
+}
+
 #[test]
 fn the_book_lists_every_page_and_no_page_twice() {
     let summary = std::fs::read_to_string(root().join("docs/SUMMARY.md")).unwrap();
