@@ -298,8 +298,7 @@ impl Metrics {
             name: name.to_string(),
             requests: self.requests.clone(),
             statuses: (100..=599).map(|_| OnceLock::new()).collect(),
-            errors: ERROR_CODES
-                .map(|(c, status, _)| self.requests.with_label_values(&[name, status, c])),
+            errors: ERROR_CODES.map(|_| OnceLock::new()),
             request_duration: self.request_duration.with_label_values(&[name]),
             attempts: ATTEMPT_RESULTS.map(|r| by(&self.attempts, r)),
             attempt_duration: self.attempt_duration.with_label_values(&[name]),

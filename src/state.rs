@@ -135,6 +135,7 @@ impl UpstreamState {
         let metrics = metrics.upstream(&u.name);
         metrics.set_breaker(crate::policy::StateKind::Closed);
         metrics.precreate_retries(&u.retry.retry_on.causes());
+        metrics.precreate_errors(possible_errors(u));
         UpstreamState {
             name: u.name.clone(),
             clock,
@@ -462,4 +463,36 @@ impl StateRegistry {
         }
         Ok(out)
     }
+}
+
+/// The error codes an upstream can answer with, given its config: its
+/// `weir_requests_total{error}` series start at zero
+/// (docs/reference/metrics.md#label-values). Never `no_route`, `bad_request` or
+/// `header_too_large`, which no upstream was chosen for (`upstream="none"`);
+/// `rate_limited`, `circuit_open` and the `idempotency_*` codes only with
+/// their feature on; `connect_not_allowed` only without `tunnel`.
+fn possible_errors(u: &UpstreamConfig) -> impl Iterator<Item = &'static str> {
+    let always = [
+        "bad_response",
+        "overloaded",
+        "connect_failed",
+        "upstream_reset",
+        "upstream_timeout",
+        "deadline_exceeded",
+    ];
+    let idempotency = [
+        "idempotency_in_flight",
+        "idempotency_key_reused",
+        "idempotency_not_replayable",
+    ];
+    always
+        .into_iter()
+        .chain((!u.tunnel).then_some("connect_not_allowed"))
+        .chain(u.rate_limit.is_some().then_some("rate_limited"))
+        .chain(u.breaker.enabled.then_some("circuit_open"))
+        .chain(
+            idempotency
+                .into_iter()
+                .take(if u.idempotency.is_some() { 3 } else { 0 }),
+        )
 }

@@ -216,7 +216,11 @@ fn every_cargo_command_the_docs_give_is_locked() {
             }
         }
     }
-    assert!(unlocked.is_empty(), "without --locked:\n{}", unlocked.join("\n"));
+    assert!(
+        unlocked.is_empty(),
+        "without --locked:\n{}",
+        unlocked.join("\n")
+    );
 
     let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
     let two = readme

@@ -686,3 +686,74 @@ async fn connections_and_bytes_are_counted_on_both_paths() {
     }
     drop(held);
 }
+
+/// Issue 46, item 5: `/metrics` has no series for a label combination that
+/// cannot happen: no `upstream="dead"` with `error="no_route"` (a request
+/// with no route has no upstream), and an upstream's error series at zero
+/// only for the codes its config can produce. The default config's
+/// upstream: no rate limit (no `rate_limited`), a breaker and idempotency
+/// keys (`circuit_open`, `idempotency_*`), no tunnel (`connect_not_allowed`).
+#[tokio::test]
+async fn metrics_have_no_series_that_cannot_happen() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = weir::config::BUILTIN
+        .replace("127.0.0.1:15001", "127.0.0.1:0")
+        .replace("127.0.0.1:15000", "127.0.0.1:0");
+    let (rt, _) = start(
+        dir.path(),
+        &format!(
+            "{src}\n[upstreams.plain]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"plain\"]\ntunnel = true\n\
+             [upstreams.plain.breaker]\nenabled = false\n[upstreams.plain.idempotency]\nenabled = false\n\
+             [upstreams.plain.rate_limit]\nrps = 10.0\n"
+        ),
+        NO_WATCH,
+    )
+    .await;
+    let text = admin(&rt, "GET", "/metrics").await.1;
+    let errors = |upstream: &str| -> Vec<String> {
+        let mut v: Vec<String> = parse_metrics(&text)
+            .into_keys()
+            .filter_map(|k| {
+                let labels = k.strip_prefix("weir_requests_total{")?.strip_suffix('}')?;
+                let labels: Vec<&str> = labels.split(',').collect();
+                labels
+                    .contains(&&*format!("upstream={upstream}"))
+                    .then_some(())?;
+                let error = labels.iter().find_map(|l| l.strip_prefix("error="))?;
+                (!error.is_empty()).then(|| error.to_string())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        errors("app"),
+        [
+            "bad_response",
+            "circuit_open",
+            "connect_failed",
+            "connect_not_allowed",
+            "deadline_exceeded",
+            "idempotency_in_flight",
+            "idempotency_key_reused",
+            "idempotency_not_replayable",
+            "overloaded",
+            "upstream_reset",
+            "upstream_timeout",
+        ]
+    );
+    assert_eq!(
+        errors("plain"),
+        [
+            "bad_response",
+            "connect_failed",
+            "deadline_exceeded",
+            "overloaded",
+            "rate_limited",
+            "upstream_reset",
+            "upstream_timeout",
+        ]
+    );
+    assert_eq!(errors("none"), ["bad_request", "no_route"]);
+    rt.shutdown(Duration::from_millis(10)).await;
+}

@@ -16,7 +16,10 @@ pub struct UpstreamMetrics {
     pub(super) name: String,
     pub(super) requests: IntCounterVec,
     pub(super) statuses: Box<[OnceLock<IntCounter>]>,
-    pub(super) errors: [IntCounter; ERROR_CODES.len()],
+    /// `weir_requests_total{error}` by [`ERROR_CODES`]: created at zero by
+    /// [`UpstreamMetrics::precreate_errors`] for the codes the upstream's
+    /// config can produce, else at the first count.
+    pub(super) errors: [OnceLock<IntCounter>; ERROR_CODES.len()],
     pub(super) request_duration: Histogram,
     pub(super) attempts: [IntCounter; ATTEMPT_RESULTS.len()],
     pub(super) attempt_duration: Histogram,
@@ -72,7 +75,7 @@ impl UpstreamMetrics {
     pub fn error(&self, code: &str, took: Duration) {
         let found = ERROR_CODES.iter().position(|(c, _, _)| *c == code);
         if let Some(i) = found {
-            self.errors[i].inc();
+            self.error_series(i).inc();
         }
         if code == "rate_limited" {
             self.rate_limited.inc();
@@ -92,6 +95,25 @@ impl UpstreamMetrics {
 
     /// Creates the `weir_retries_total` series of these causes at zero, so a
     /// rate over them reads 0 before the first retry, not nothing.
+    fn error_series(&self, i: usize) -> &IntCounter {
+        self.errors[i].get_or_init(|| {
+            let (code, status, _) = ERROR_CODES[i];
+            self.requests
+                .with_label_values(&[self.name.as_str(), status, code])
+        })
+    }
+
+    /// `weir_requests_total{error}` at zero for each of `codes`: those the
+    /// upstream can answer with, so that a rate reads 0 before the first
+    /// (docs/reference/metrics.md#label-values). An unknown code is ignored.
+    pub fn precreate_errors<'a>(&self, codes: impl IntoIterator<Item = &'a str>) {
+        for code in codes {
+            if let Some(i) = ERROR_CODES.iter().position(|(c, _, _)| *c == code) {
+                self.error_series(i);
+            }
+        }
+    }
+
     pub fn precreate_retries(&self, causes: &[Cause]) {
         let mut m = self.retries.lock().expect("metrics lock poisoned");
         for cause in causes {
