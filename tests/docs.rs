@@ -178,6 +178,27 @@ fn every_relative_link_reaches_a_file_and_a_heading() {
                 let at = file.strip_prefix(root()).unwrap().display();
                 broken.push(format!("{at}:{line}: ({target}): {why}"));
             }
+            // A book page's link must stay in the book: mdbook renders
+            // `docs/` alone, and a file outside it is a dead link there.
+            let path = target.split('#').next().unwrap_or_default();
+            let in_book = file.starts_with(root().join("docs"));
+            let dest = file.parent().unwrap().join(path);
+            let mut normal = PathBuf::new();
+            for c in dest.components() {
+                match c {
+                    std::path::Component::ParentDir => {
+                        normal.pop();
+                    }
+                    std::path::Component::CurDir => {}
+                    c => normal.push(c),
+                }
+            }
+            if in_book && !path.is_empty() && !normal.starts_with(root().join("docs")) {
+                let at = file.strip_prefix(root()).unwrap().display();
+                broken.push(format!(
+                    "{at}:{line}: ({target}): outside the book, a dead link in the rendered book"
+                ));
+            }
         }
     }
     assert!(
