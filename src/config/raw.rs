@@ -31,10 +31,12 @@ macro_rules! mergeable {
 
 // After `mergeable!`, which it uses.
 mod cache;
+mod concurrency;
 mod ejection;
 mod hedge;
 mod tracing;
 pub use cache::RawCache;
+pub use concurrency::RawConcurrency;
 pub use ejection::RawEjection;
 pub use hedge::RawHedge;
 pub use tracing::RawTracing;
@@ -410,37 +412,6 @@ pub struct RawBreaker {
     pub scope: Option<Scope>,
 }
 mergeable!(RawBreaker { enabled, consecutive_failures, failing_for, window, min_samples, failure_rate, failure_statuses, open, max_open, open_jitter, half_open_probes, scope } nested {});
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawConcurrency {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_in_flight: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_queue: Option<u32>,
-    /// `"fixed"` (default: `max_in_flight`) or `"adaptive"`: the limit
-    /// follows the upstream's latency, `max_in_flight` its ceiling
-    /// (docs/reference/admission.md#adaptive-limit).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub limit: Option<String>,
-    /// The adaptive limit's floor (≥ 1).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub min_limit: Option<u32>,
-    /// Where the adaptive limit starts.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub initial_limit: Option<u32>,
-    /// How far latency may rise above its no-load level before the
-    /// adaptive limit shrinks (0.25 = 25 %).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub latency_tolerance: Option<f64>,
-    /// How long answers are gathered before the adaptive limit moves.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub window: Option<Dur>,
-    /// How often the no-load latency is measured again.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub recheck: Option<Dur>,
-}
-mergeable!(RawConcurrency { max_in_flight, max_queue, limit, min_limit, initial_limit, latency_tolerance, window, recheck } nested {});
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
