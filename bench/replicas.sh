@@ -13,6 +13,9 @@
 #   random35  one replica alone, 35 % of its answers 503 (at random): the
 #             cost of retrying in the tail, weir's backoff against nginx's
 #             immediate retry
+#   one35     replica 1 answers 35 % of its requests 503 (at random), the
+#             other two are healthy: a retry that meets it goes elsewhere,
+#             at once on every proxy (weir since 2026-12-03)
 #   random35x3  the same replica listed three times to nginx (max_fails=0),
 #             HAProxy and Envoy, so that they have somewhere to retry: each
 #             retries at once, where weir (one endpoint) backs off first
@@ -64,7 +67,7 @@ start_replicas() { # scenario
                 down) continue ;;
                 bad) body='return 503 "down";' ;;
                 flaky) body='if ($fail50) { return 503 "down"; } return 200 "ok";' ;;
-                random35*) body='if ($fail35) { return 503 "down"; } return 200 "ok";' ;;
+                random35* | one35) body='if ($fail35) { return 503 "down"; } return 200 "ok";' ;;
             esac
         fi
         blocks="$blocks server { listen $ip:$RP; access_log $T/rep/logs/$ip.log tiny; location / { $body } }"
