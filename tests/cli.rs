@@ -752,3 +752,132 @@ fn a_rejected_reload_is_one_line_of_the_text_log() {
         assert!(r.contains("\\nerror: "), "{log}");
     }
 }
+
+/// An upstream on a free loopback port answering its first request `503`
+/// and every later one `200 ok`.
+fn fails_once_upstream() -> std::net::SocketAddr {
+    use std::io::Read;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for (i, mut c) in l.incoming().flatten().enumerate() {
+            let mut buf = [0u8; 4096];
+            let mut head = Vec::new();
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match c.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let answer: &[u8] = if i == 0 {
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            } else {
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
+            };
+            let _ = c.write_all(answer);
+        }
+    });
+    addr
+}
+
+/// Issue 46, item 6: `[tracing] exporter = "log"` writes each span to
+/// standard output as one line of JSON, no collector needed: a request
+/// retried once is three lines, a server span and two attempt spans under
+/// it, the first attempt's 503 its retry cause. The log stays on standard
+/// error.
+#[test]
+fn the_log_exporter_prints_a_retried_requests_three_spans() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let up = fails_once_upstream();
+    let p = dir.path().join("run.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+             [tracing]\nexporter = \"log\"\nsample = 1.0\n\
+             [upstreams.app]\nurl = \"http://{up}\"\nhosts = [\"app\"]\n\
+             [upstreams.app.retry.backoff]\nbase = \"10ms\"\njitter = \"none\"\n"
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["--log-format", "json", "run", "--workers", "1", "--config"])
+        .arg(&p)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut log = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let running = Running {
+        child,
+        admin: "127.0.0.1:1".parse().unwrap(),
+    };
+    let listen = loop {
+        let line = log.next().expect("weir exited before serving").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if v["message"] == "weir is serving" {
+            break v["listen"].as_str().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || log.for_each(drop));
+    let answer = get(&listen, "app");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("x-weir-attempts: 2"), "{answer}");
+
+    // Read standard output on a thread of its own: the test fails, rather
+    // than hangs, if fewer than three lines come.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let spans: Vec<serde_json::Value> = (0..3)
+        .map(|_| {
+            let line = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .expect("fewer than three span lines on standard output");
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+        })
+        .collect();
+    drop(running);
+    let trace = spans[0]["trace_id"].as_str().unwrap();
+    assert_eq!(trace.len(), 32);
+    assert!(spans.iter().all(|s| s["trace_id"] == trace), "{spans:#?}");
+    let server: Vec<_> = spans.iter().filter(|s| s["kind"] == "SERVER").collect();
+    assert_eq!(server.len(), 1, "{spans:#?}");
+    let server = server[0];
+    assert_eq!(server["parent_span_id"], "");
+    assert_eq!(server["service"], "weir");
+    assert_eq!(server["name"], "GET");
+    assert_eq!(server["attributes"]["weir.upstream"], "app");
+    assert_eq!(server["attributes"]["weir.attempts"], 2);
+    assert_eq!(server["attributes"]["http.response.status_code"], 200);
+    let mut attempts: Vec<_> = spans.iter().filter(|s| s["kind"] == "CLIENT").collect();
+    attempts.sort_by_key(|s| s["attributes"]["weir.attempt"].as_i64());
+    assert_eq!(attempts.len(), 2, "{spans:#?}");
+    for a in &attempts {
+        assert_eq!(a["parent_span_id"], server["span_id"], "{spans:#?}");
+        assert!(a["end"].as_u64().unwrap() >= a["start"].as_u64().unwrap());
+    }
+    assert_eq!(attempts[0]["attributes"]["http.response.status_code"], 503);
+    assert_eq!(attempts[0]["attributes"]["weir.retry_cause"], "status_503");
+    assert_eq!(attempts[0]["status"], "ERROR");
+    assert_eq!(attempts[1]["attributes"]["http.response.status_code"], 200);
+}
+
+/// `exporter = "log"` with an `endpoint` is refused: one or the other.
+#[test]
+fn check_refuses_an_endpoint_with_the_log_exporter() {
+    let (code, _, err) = check(
+        "[tracing]\nexporter = \"log\"\nendpoint = \"http://127.0.0.1:4317\"\n\
+         [upstreams.app]\nurl = \"http://127.0.0.1:8080\"\nhosts = [\"app\"]\n",
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("tracing.endpoint"), "{err}");
+    assert!(err.contains("exporter = \"log\""), "{err}");
+}

@@ -125,11 +125,25 @@ pub enum TraceProtocol {
     HttpProtobuf,
 }
 
+/// `[tracing] exporter`: where finished spans go
+/// (docs/reference/tracing.md#without-a-collector).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum TraceExporter {
+    /// To an OTLP collector at `endpoint`.
+    #[default]
+    #[serde(rename = "otlp")]
+    Otlp,
+    /// To standard output, one JSON line a span: no collector needed.
+    #[serde(rename = "log")]
+    Log,
+}
+
 /// `[tracing]`, validated (docs/reference/tracing.md#tracing).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TracingConfig {
-    /// The collector; `None`: no spans are recorded, and trace context
-    /// passes through untouched.
+    pub exporter: TraceExporter,
+    /// The collector; `None` with the `otlp` exporter: no spans are
+    /// recorded, and trace context passes through untouched.
     pub endpoint: Option<String>,
     pub protocol: TraceProtocol,
     /// The share of requests without a trace context that are traced.
@@ -146,6 +160,7 @@ pub struct TracingConfig {
 impl Default for TracingConfig {
     fn default() -> Self {
         TracingConfig {
+            exporter: TraceExporter::Otlp,
             endpoint: None,
             protocol: TraceProtocol::Grpc,
             sample: 0.0,

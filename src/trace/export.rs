@@ -1,6 +1,8 @@
 //! The exporter (docs/reference/tracing.md#what-is-dropped-when): finished
 //! spans go into a bounded queue without waiting; one task takes them out
-//! in batches and sends each batch with OpenTelemetry's OTLP exporter.
+//! in batches and sends each batch with OpenTelemetry's OTLP exporter, or
+//! writes it to standard output as JSON lines (`exporter = "log"`,
+//! [`super::json`]).
 //! When the collector is slow or away the queue fills and further spans
 //! are dropped and counted: the data plane never waits for a collector.
 //!
@@ -9,7 +11,7 @@
 //! outside tokio (the gRPC and hyper clients need a tokio runtime). The
 //! queue here is the same idea, on tokio, with the count a metric.
 
-use crate::config::{TraceProtocol, TracingConfig};
+use crate::config::{TraceExporter, TraceProtocol, TracingConfig};
 use opentelemetry::InstrumentationScope;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
 use prometheus::IntCounter;
@@ -54,6 +56,8 @@ pub const EXPORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// the exporter, its connection and its queue.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Settings {
+    exporter: TraceExporter,
+    /// Empty for the log exporter.
     endpoint: String,
     protocol: TraceProtocol,
     service_name: String,
@@ -62,8 +66,13 @@ pub(super) struct Settings {
 
 impl Settings {
     pub(super) fn of(c: &TracingConfig) -> Option<Settings> {
+        let endpoint = match c.exporter {
+            TraceExporter::Otlp => c.endpoint.clone()?,
+            TraceExporter::Log => String::new(),
+        };
         Some(Settings {
-            endpoint: c.endpoint.clone()?,
+            exporter: c.exporter,
+            endpoint,
             protocol: c.protocol,
             service_name: c.service_name.clone(),
             headers: c.headers.clone(),
@@ -100,11 +109,17 @@ impl Pipeline {
         settings: Settings,
         counters: ExportCounters,
     ) -> Result<Arc<Pipeline>, String> {
-        let mut exporter = build(&settings)?;
-        let resource = opentelemetry_sdk::Resource::builder_empty()
-            .with_service_name(settings.service_name.clone())
-            .build();
-        exporter.set_resource(&resource);
+        let exporter = match settings.exporter {
+            TraceExporter::Otlp => {
+                let mut exporter = build(&settings)?;
+                let resource = opentelemetry_sdk::Resource::builder_empty()
+                    .with_service_name(settings.service_name.clone())
+                    .build();
+                exporter.set_resource(&resource);
+                Sink::Otlp(Box::new(exporter))
+            }
+            TraceExporter::Log => Sink::Log(settings.service_name.clone()),
+        };
         let (tx, rx) = mpsc::channel(QUEUE_SPANS);
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         tokio::spawn(drain(rx, exporter, counters.clone(), queued.clone()));
@@ -189,12 +204,49 @@ fn build(s: &Settings) -> Result<opentelemetry_otlp::SpanExporter, String> {
     built.map_err(|e| format!("[tracing] cannot build the OTLP exporter: {e}"))
 }
 
+/// Where the drain sends a batch.
+enum Sink {
+    /// Boxed: one per pipeline, and far larger than the other.
+    Otlp(Box<opentelemetry_otlp::SpanExporter>),
+    /// Standard output, with this service name on each line.
+    Log(String),
+}
+
+impl Sink {
+    async fn export(&self, batch: Vec<SpanData>) -> Result<(), String> {
+        match self {
+            Sink::Otlp(e) => match tokio::time::timeout(EXPORT_TIMEOUT, e.export(batch)).await {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Err("timed out".into()),
+            },
+            // A blocking write, off the runtime's worker threads: a
+            // standard output nobody reads must not stall the data plane.
+            Sink::Log(service) => {
+                let service = service.clone();
+                let write =
+                    tokio::task::spawn_blocking(move || super::json::write(&service, &batch));
+                match tokio::time::timeout(EXPORT_TIMEOUT, write).await {
+                    Ok(Ok(r)) => r.map_err(|e| format!("standard output: {e}")),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("standard output: timed out".into()),
+                }
+            }
+        }
+    }
+
+    fn shutdown(&self) {
+        if let Sink::Otlp(e) = self {
+            let _ = e.shutdown();
+        }
+    }
+}
+
 /// Takes spans out of the queue in batches and exports them, one export at
 /// a time, until every sender is gone (the last snapshot using this
 /// pipeline and the last traced request of it), then flushes what is left.
 async fn drain(
     mut rx: mpsc::Receiver<SpanData>,
-    exporter: opentelemetry_otlp::SpanExporter,
+    exporter: Sink,
     c: ExportCounters,
     queued: Arc<std::sync::atomic::AtomicUsize>,
 ) {
@@ -226,20 +278,16 @@ async fn drain(
         taken(&batch);
         let n = batch.len() as u64;
         let sent = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_SPANS));
-        match tokio::time::timeout(EXPORT_TIMEOUT, exporter.export(sent)).await {
-            Ok(Ok(())) => {
+        match exporter.export(sent).await {
+            Ok(()) => {
                 if failing {
                     tracing::info!("tracing: the collector accepts spans again");
                     failing = false;
                 }
                 c.exported.inc_by(n);
             }
-            Ok(Err(e)) => {
-                failed(&mut failing, n, &e.to_string());
-                c.failed.inc_by(n);
-            }
-            Err(_) => {
-                failed(&mut failing, n, "timed out");
+            Err(e) => {
+                failed(&mut failing, n, &e);
                 c.failed.inc_by(n);
             }
         }
@@ -247,7 +295,7 @@ async fn drain(
             break;
         }
     }
-    let _ = exporter.shutdown();
+    exporter.shutdown();
 }
 
 /// Says that an export of `n` spans failed: a warning on the first failure

@@ -7,6 +7,7 @@
 //! - [`span`]: a traced request's record ([`Trace`]), which the data plane
 //!   feeds (both paths, and the attempt driver through one small hook).
 //! - `export`: the bounded queue and the task that sends its batches.
+//! - `json`: a span as a line of JSON, for `exporter = "log"`.
 //!
 //! What it must not do: make an untraced request pay (a [`Tracer`] that is
 //! off is one check, and a request not sampled never allocates here), or
@@ -16,6 +17,7 @@
 pub mod context;
 mod export;
 mod ids;
+mod json;
 pub mod span;
 
 pub use context::Incoming;
@@ -44,7 +46,8 @@ impl Tracer {
         Tracer::default()
     }
 
-    /// Whether weir records spans at all (`[tracing] endpoint` is set).
+    /// Whether weir records spans at all (`[tracing] endpoint` is set, or
+    /// `exporter = "log"`).
     #[inline]
     pub fn is_on(&self) -> bool {
         self.pipeline.is_some()
@@ -128,7 +131,15 @@ impl Registry {
                     failed: metrics.dropped("export_failed"),
                 };
                 let p = export::Pipeline::start(settings, counters)?;
-                tracing::info!(endpoint = ?config.endpoint, protocol = ?config.protocol, "tracing: exporting spans over OTLP");
+                match config.exporter {
+                    crate::config::TraceExporter::Otlp => {
+                        tracing::info!(endpoint = ?config.endpoint, protocol = ?config.protocol, "tracing: exporting spans over OTLP")
+                    }
+                    crate::config::TraceExporter::Log => tracing::info!(
+                        sample = config.sample,
+                        "tracing: writing spans to standard output, one JSON line each"
+                    ),
+                }
                 *current = Some(p.clone());
                 p
             }

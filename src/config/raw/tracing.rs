@@ -8,6 +8,11 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTracing {
+    /// `otlp` (default): spans go to the collector at `endpoint`. `log`:
+    /// each span is written to standard output as one line of JSON, no
+    /// collector needed (a laptop, a CI job).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exporter: Option<crate::config::TraceExporter>,
     /// The OTLP collector, `http://host:port` (an HTTP/protobuf endpoint
     /// without a path gets `/v1/traces`). Unset: weir records no spans.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -36,11 +41,12 @@ pub struct RawTracing {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub headers: Option<BTreeMap<String, String>>,
 }
-mergeable!(RawTracing { endpoint, protocol, sample, max_traces_per_second, trust_caller_sampling, service_name, headers } nested {});
+mergeable!(RawTracing { exporter, endpoint, protocol, sample, max_traces_per_second, trust_caller_sampling, service_name, headers } nested {});
 
 impl RawTracing {
     pub fn builtin() -> Self {
         RawTracing {
+            exporter: Some(crate::config::TraceExporter::Otlp),
             endpoint: None,
             protocol: Some(crate::config::TraceProtocol::Grpc),
             sample: Some(0.0),

@@ -3,7 +3,7 @@
 //! never dialled: the config layer touches no network.
 
 use super::super::raw::RawTracing;
-use super::super::{TraceProtocol, TracingConfig};
+use super::super::{TraceExporter, TraceProtocol, TracingConfig};
 use super::ErrorSink;
 
 /// The longest `service_name`, in bytes.
@@ -12,6 +12,13 @@ const MAX_SERVICE_NAME: usize = 255;
 pub(super) fn tracing(cx: &mut ErrorSink, t: &RawTracing) -> Option<TracingConfig> {
     let n_errors = cx.errors.len();
     let protocol = t.protocol.unwrap_or_default();
+    let exporter = t.exporter.unwrap_or_default();
+    if exporter == TraceExporter::Log && t.endpoint.is_some() {
+        cx.err(
+            "tracing.endpoint",
+            "is for exporter = \"otlp\": exporter = \"log\" writes spans to standard output (unset one or the other)",
+        );
+    }
     let endpoint = t
         .endpoint
         .as_deref()
@@ -58,6 +65,7 @@ pub(super) fn tracing(cx: &mut ErrorSink, t: &RawTracing) -> Option<TracingConfi
         }
     }
     (cx.errors.len() == n_errors).then_some(TracingConfig {
+        exporter,
         endpoint,
         protocol,
         sample,
