@@ -754,3 +754,61 @@ fn the_example_check_fails_on_a_wrong_line() {
         "http://127.0.0.1:41000/ and localhost:42000, not 127.0.0.1:80801"
     );
 }
+
+/// Issue 46, item 7: mdBook copies every file of the book's source
+/// directory that is not a page into the rendered book, so that directory
+/// holds pages, and only the pictures and files the pages link to: no
+/// `book.toml`, no stray notes.
+#[test]
+fn the_book_copies_only_what_its_pages_use() {
+    let config = ["book.toml", "docs/book.toml"]
+        .iter()
+        .map(|p| root().join(p))
+        .find(|p| p.exists())
+        .expect("the book's book.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let book: toml::Table = toml::from_str(&text).unwrap();
+    let src = book["book"]
+        .get("src")
+        .and_then(|s| s.as_str())
+        .unwrap_or("src");
+    let src = config.parent().unwrap().join(src);
+    let src = src.canonicalize().unwrap();
+    let mut pages = Vec::new();
+    let mut others = Vec::new();
+    let mut dirs = vec![src.clone()];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "md") {
+                pages.push(p);
+            } else {
+                others.push(p);
+            }
+        }
+    }
+    let mut used = BTreeSet::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        for (_, target) in links(&text) {
+            let path = target.split('#').next().unwrap_or_default();
+            if path.is_empty() || is_external(path) {
+                continue;
+            }
+            if let Ok(p) = page.parent().unwrap().join(path).canonicalize() {
+                used.insert(p);
+            }
+        }
+    }
+    let stray: Vec<String> = others
+        .iter()
+        .filter(|p| !used.contains(&p.canonicalize().unwrap()))
+        .map(|p| p.strip_prefix(root()).unwrap_or(p).display().to_string())
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "copied into the rendered book though no page uses them: {stray:?}"
+    );
+}
