@@ -812,3 +812,26 @@ fn the_book_copies_only_what_its_pages_use() {
         "copied into the rendered book though no page uses them: {stray:?}"
     );
 }
+
+/// Issue 46, item 7: wherever the docs tell of `HTTPS_PROXY`, they say
+/// that its traffic is tunnelled with `CONNECT` and gets no HTTP-level
+/// policy (no retry, cache, per-request metric…): a reader must not take
+/// a tunnel for weir's protection.
+#[test]
+fn every_page_on_https_proxy_says_a_tunnel_gets_no_http_policy() {
+    let mut silent = Vec::new();
+    for file in markdown_files() {
+        if file.ends_with("CHANGELOG.md") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        if flat.contains("HTTPS_PROXY") && !flat.contains("no HTTP-level policy") {
+            silent.push(file.strip_prefix(root()).unwrap().display().to_string());
+        }
+    }
+    assert!(
+        silent.is_empty(),
+        "these pages tell of HTTPS_PROXY without saying that a tunnel gets no HTTP-level policy: {silent:?}"
+    );
+}
