@@ -118,7 +118,7 @@ impl Pipeline {
                 exporter.set_resource(&resource);
                 Sink::Otlp(Box::new(exporter))
             }
-            TraceExporter::Log => Sink::Log(settings.service_name.clone()),
+            TraceExporter::Log => Sink::Log(settings.service_name.clone(), Arc::default()),
         };
         let (tx, rx) = mpsc::channel(QUEUE_SPANS);
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -208,8 +208,10 @@ fn build(s: &Settings) -> Result<opentelemetry_otlp::SpanExporter, String> {
 enum Sink {
     /// Boxed: one per pipeline, and far larger than the other.
     Otlp(Box<opentelemetry_otlp::SpanExporter>),
-    /// Standard output, with this service name on each line.
-    Log(String),
+    /// Standard output, with this service name on each line; whether a
+    /// batch is being written (a stuck standard output holds one blocking
+    /// thread, never more).
+    Log(String, Arc<std::sync::atomic::AtomicBool>),
 }
 
 impl Sink {
@@ -221,10 +223,17 @@ impl Sink {
             },
             // A blocking write, off the runtime's worker threads: a
             // standard output nobody reads must not stall the data plane.
-            Sink::Log(service) => {
-                let service = service.clone();
-                let write =
-                    tokio::task::spawn_blocking(move || super::json::write(&service, &batch));
+            Sink::Log(service, busy) => {
+                use std::sync::atomic::Ordering::{AcqRel, Release};
+                if busy.swap(true, AcqRel) {
+                    return Err("standard output: still writing an earlier batch".into());
+                }
+                let (service, busy) = (service.clone(), busy.clone());
+                let write = tokio::task::spawn_blocking(move || {
+                    let r = super::json::write(&service, &batch);
+                    busy.store(false, Release);
+                    r
+                });
                 match tokio::time::timeout(EXPORT_TIMEOUT, write).await {
                     Ok(Ok(r)) => r.map_err(|e| format!("standard output: {e}")),
                     Ok(Err(e)) => Err(e.to_string()),
