@@ -459,7 +459,8 @@ async fn chromium_renders_the_open_breaker() {
 
 /// Writes docs/status-page.png (the screenshot in docs/guide/operations.md): `ok` with 150 s
 /// of traffic, some of it failing and retried (40 % of it from 50 s to
-/// 90 s), and `dead` with its breaker open. Run it with
+/// 90 s), `dead` with its breaker open, and `orders` on three replicas,
+/// one refusing, with a row per endpoint. Run it with
 /// `cargo test --test status_page -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes docs/status-page.png; run on purpose"]
@@ -487,10 +488,17 @@ async fn write_the_readme_screenshot() {
     })
     .await;
     let dead_url = format!("http://{}", refused_addr().await);
+    // `orders`: three replicas, one refusing, for the endpoint rows.
+    let replica = TestUpstream::start(|_req| async { hyper::Response::new(body("ok")) }).await;
     let dir = tempfile::tempdir().unwrap();
     let toml = config(&dead_url, &up.url()).replace(
         "open = \"60s\"\nmax_open = \"60s\"",
         "open = \"4s\"\nmax_open = \"16s\"",
+    ) + &format!(
+        "\n[upstreams.orders]\nurl = \"http://orders\"\nendpoints = [\"{}\", \"{}\", \"{}\"]\nhosts = [\"orders\"]\n",
+        up.addr,
+        replica.addr,
+        refused_addr().await
     );
     let (rt, _) = start(dir.path(), &toml).await;
     let load: Vec<_> = (0..2)
@@ -499,7 +507,11 @@ async fn write_the_readme_screenshot() {
             tokio::spawn(async move {
                 let c = client();
                 for i in 0..100_000u32 {
-                    let host = if i % 20 == 0 { "dead" } else { "ok" };
+                    let host = match i % 20 {
+                        0 => "dead",
+                        1 | 5 | 9 | 13 | 17 => "orders",
+                        _ => "ok",
+                    };
                     let _ = read_body(get(&c, &url, host).await).await;
                     tokio::time::sleep(Duration::from_millis(40)).await;
                 }
