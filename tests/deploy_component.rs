@@ -298,20 +298,24 @@ fn kubectl_kustomize_renders_the_component_as_this_file_does() {
         eprintln!("SKIPPED: kubectl is not installed");
         return;
     }
-    // In target/, so that the component is a relative path from it (an
-    // absolute one is refused).
-    let dir = tempfile::Builder::new()
-        .prefix("kustomize-")
-        .tempdir_in(root().join("target"))
-        .unwrap();
+    // The component copied beside the kustomization: kustomize refuses
+    // an absolute path to it, and a relative one would depend on where
+    // the temporary directory is.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("sidecar");
+    std::fs::create_dir(&copy).unwrap();
+    for e in std::fs::read_dir(root().join(COMPONENT)).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, copy.join(p.file_name().unwrap())).unwrap();
+    }
     std::fs::write(dir.path().join("deployment.yaml"), PLAIN).unwrap();
     std::fs::write(
         dir.path().join("kustomization.yaml"),
-        format!("resources: [deployment.yaml]\ncomponents: [../../{COMPONENT}]\n"),
+        "resources: [deployment.yaml]\ncomponents: [sidecar]\n",
     )
     .unwrap();
     let out = std::process::Command::new("kubectl")
-        .args(["kustomize", "--load-restrictor", "LoadRestrictionsNone"])
+        .arg("kustomize")
         .arg(dir.path())
         .output()
         .unwrap();
