@@ -136,6 +136,9 @@ impl UpstreamState {
         metrics.set_breaker(crate::policy::StateKind::Closed);
         metrics.precreate_retries(&u.retry.retry_on.causes());
         metrics.precreate_errors(possible_errors(u));
+        if u.hedge.is_some() {
+            metrics.precreate_hedges();
+        }
         UpstreamState {
             name: u.name.clone(),
             clock,
@@ -188,6 +191,9 @@ impl UpstreamState {
         let now = self.clock.now();
         let rate = local_rate(u, fleet);
         self.metrics.precreate_retries(&u.retry.retry_on.causes());
+        if u.hedge.is_some() {
+            self.metrics.precreate_hedges();
+        }
         {
             let mut live = self.live();
             if live.breaker.params() != &u.breaker {

@@ -755,5 +755,18 @@ async fn metrics_have_no_series_that_cannot_happen() {
         ]
     );
     assert_eq!(errors("none"), ["bad_request", "no_route"]);
+    // Without a Redis backend no command goes to one, and without a
+    // `[hedge]` table no hedge is sent: neither family has a series.
+    let families = parse_metrics(&text);
+    let present: Vec<&String> = families
+        .keys()
+        .filter(|k| {
+            k.starts_with("weir_state_commands_total")
+                || k.starts_with("weir_state_errors_total")
+                || k.starts_with("weir_state_roundtrip_seconds")
+                || k.starts_with("weir_hedges_total")
+        })
+        .collect();
+    assert!(present.is_empty(), "{present:?}");
     rt.shutdown(Duration::from_millis(10)).await;
 }

@@ -116,6 +116,7 @@ impl Fleet {
         let client = redis::Client::open(url).map_err(|e| StateError::Setup(e.to_string()))?;
         let conn = manager(&client)?;
         metrics.set_up(false);
+        metrics.precreate_ops();
         let wake = Arc::new(Notify::new());
         let inner = Arc::new(FleetShared {
             conn: ArcSwap::from_pointee(conn),

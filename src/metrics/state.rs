@@ -98,11 +98,8 @@ impl StateMetrics {
             .expect("metric registered once");
         r.register(Box::new(leased.clone()))
             .expect("metric registered once");
-        for op in OPS {
-            commands.with_label_values(&[op]);
-            errors.with_label_values(&[op]);
-            roundtrip.with_label_values(&[op]);
-        }
+        // The per-command series exist only with a Redis backend: a fleet
+        // link creates them at zero when it starts ([`StateMetrics::precreate_ops`]).
         up.set(1);
         StateMetrics {
             up,
@@ -116,6 +113,14 @@ impl StateMetrics {
     /// Families on a registry of their own (tests, tools).
     pub fn unregistered() -> Self {
         StateMetrics::register(&Registry::new())
+    }
+
+    /// Every command's series at zero, so that a rate over them reads 0
+    /// before the first: called when a Redis backend starts.
+    pub fn precreate_ops(&self) {
+        for op in OPS {
+            self.op(op);
+        }
     }
 
     /// `op`'s series (any name; the callers use [`OPS`]).

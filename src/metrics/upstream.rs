@@ -26,7 +26,10 @@ pub struct UpstreamMetrics {
     pub(super) retries_vec: IntCounterVec,
     pub(super) retries: Mutex<HashMap<Cause, IntCounter>>,
     pub(super) stops: [IntCounter; 8],
-    pub(super) hedges: [IntCounter; HedgeResult::ALL.len()],
+    /// Created by [`UpstreamMetrics::precreate_hedges`] when the upstream
+    /// hedges, else at the first count.
+    pub(super) hedges: [OnceLock<IntCounter>; HedgeResult::ALL.len()],
+    pub(super) hedges_vec: IntCounterVec,
     pub(super) budget: Gauge,
     pub(super) breaker: [IntGauge; 3],
     pub(super) transitions: [IntCounter; 3],
@@ -140,10 +143,25 @@ impl UpstreamMetrics {
         }
     }
 
+    fn hedge_series(&self, i: usize) -> &IntCounter {
+        self.hedges[i].get_or_init(|| {
+            self.hedges_vec
+                .with_label_values(&[self.name.as_str(), HedgeResult::ALL[i].as_str()])
+        })
+    }
+
+    /// `weir_hedges_total{result}` at zero for every result: for an
+    /// upstream that hedges (docs/reference/metrics.md#label-values).
+    pub fn precreate_hedges(&self) {
+        for i in 0..HedgeResult::ALL.len() {
+            self.hedge_series(i);
+        }
+    }
+
     /// `weir_hedges_total{result}`.
     pub fn hedge(&self, result: HedgeResult) {
         if let Some(i) = HedgeResult::ALL.iter().position(|r| *r == result) {
-            self.hedges[i].inc();
+            self.hedge_series(i).inc();
         }
     }
 
