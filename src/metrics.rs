@@ -315,7 +315,8 @@ impl Metrics {
             tunnels: self.tunnels.with_label_values(&[name]),
             body_errors: BODY_ERRORS.map(|c| by(&self.body_errors, c)),
             idempotency: self.idempotency.upstream(name),
-            cache: self.cache.upstream(name),
+            cache: OnceLock::new(),
+            cache_families: self.cache.clone(),
             concurrency: self.concurrency.upstream(name),
             wire: self.wire.upstream(name),
         }

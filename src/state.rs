@@ -288,7 +288,7 @@ impl UpstreamState {
         self.endpoints.refresh_gauges();
         let cache = self.cache().as_ref().map(|c| c.stats());
         if let Some(stats) = cache {
-            self.metrics.cache.show(&stats);
+            self.metrics.cache().show(&stats);
         }
         let stats = self.idempotency().as_ref().map(|s| s.stats());
         if let Some(mut stats) = stats {

@@ -40,8 +40,11 @@ pub struct UpstreamMetrics {
     pub(super) body_errors: [IntCounter; 2],
     /// `weir_idempotency_*`, brought up to the store's counts on a scrape.
     pub idempotency: idempotency::IdempotencySeries,
-    /// `weir_cache_*`, brought up to the cache's counts on a scrape.
-    pub cache: cache::CacheSeries,
+    /// `weir_cache_*`, brought up to the cache's counts on a scrape:
+    /// created at the first scrape with a cache (an upstream without one
+    /// has none of these series).
+    pub(super) cache: OnceLock<cache::CacheSeries>,
+    pub(super) cache_families: cache::CacheFamilies,
     /// `weir_concurrency_*`, brought up to the gate's on a scrape.
     pub concurrency: super::concurrency::ConcurrencySeries,
     /// `weir_upstream_connections_open`, `weir_upstream_bytes_total`.
@@ -156,6 +159,12 @@ impl UpstreamMetrics {
         for i in 0..HedgeResult::ALL.len() {
             self.hedge_series(i);
         }
+    }
+
+    /// `weir_cache_*` for this upstream, created at zero on first use.
+    pub fn cache(&self) -> &cache::CacheSeries {
+        self.cache
+            .get_or_init(|| self.cache_families.upstream(&self.name))
     }
 
     /// `weir_hedges_total{result}`.
