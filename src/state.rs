@@ -139,6 +139,7 @@ impl UpstreamState {
         if u.hedge.is_some() {
             metrics.precreate_hedges();
         }
+        metrics.precreate_features(u.rate_limit.is_some(), u.tunnel);
         UpstreamState {
             name: u.name.clone(),
             clock,
@@ -194,6 +195,8 @@ impl UpstreamState {
         if u.hedge.is_some() {
             self.metrics.precreate_hedges();
         }
+        self.metrics
+            .precreate_features(u.rate_limit.is_some(), u.tunnel);
         {
             let mut live = self.live();
             if live.breaker.params() != &u.breaker {

@@ -767,8 +767,17 @@ async fn metrics_have_no_series_that_cannot_happen() {
                 || k.starts_with("weir_state_roundtrip_seconds")
                 || k.starts_with("weir_hedges_total")
                 || k.starts_with("weir_cache_")
+                || k.starts_with("weir_rate_limited_total{upstream=\"app\"")
+                || k.starts_with("weir_tunnels_open{upstream=\"app\"")
         })
         .collect();
     assert!(present.is_empty(), "{present:?}");
+    // `plain` has a rate limit and tunnels: its series are there at zero.
+    for series in [
+        "weir_rate_limited_total{upstream=\"plain\"}",
+        "weir_tunnels_open{upstream=\"plain\"}",
+    ] {
+        assert!(text.contains(&format!("{series} 0")), "{series} missing:\n{text}");
+    }
     rt.shutdown(Duration::from_millis(10)).await;
 }

@@ -33,9 +33,15 @@ pub struct UpstreamMetrics {
     pub(super) budget: Gauge,
     pub(super) breaker: [IntGauge; 3],
     pub(super) transitions: [IntCounter; 3],
-    pub(super) rate_limited: IntCounter,
+    /// With a `[rate_limit]` ([`UpstreamMetrics::precreate_features`]),
+    /// else at the first count.
+    pub(super) rate_limited: OnceLock<IntCounter>,
+    pub(super) rate_limited_vec: IntCounterVec,
     pub(super) in_flight: IntGauge,
-    pub(super) tunnels: IntGauge,
+    /// With `tunnel = true` ([`UpstreamMetrics::precreate_features`]),
+    /// else at the first tunnel.
+    pub(super) tunnels: OnceLock<IntGauge>,
+    pub(super) tunnels_vec: prometheus::IntGaugeVec,
     /// `weir_upstream_body_errors_total`, by [`BODY_ERRORS`].
     pub(super) body_errors: [IntCounter; 2],
     /// `weir_idempotency_*`, brought up to the store's counts on a scrape.
@@ -84,7 +90,7 @@ impl UpstreamMetrics {
             self.error_series(i).inc();
         }
         if code == "rate_limited" {
-            self.rate_limited.inc();
+            self.rate_limited().inc();
         }
         if !found.is_some_and(|i| ERROR_CODES[i].2) {
             self.request_duration.observe(took.as_secs_f64());
@@ -161,6 +167,25 @@ impl UpstreamMetrics {
         }
     }
 
+    fn rate_limited(&self) -> &IntCounter {
+        self.rate_limited.get_or_init(|| {
+            self.rate_limited_vec
+                .with_label_values(&[self.name.as_str()])
+        })
+    }
+
+    /// `weir_rate_limited_total` with a rate limit and `weir_tunnels_open`
+    /// with `tunnel = true`, at zero: series for what the upstream's config
+    /// can do (docs/reference/metrics.md#label-values).
+    pub fn precreate_features(&self, rate_limit: bool, tunnel: bool) {
+        if rate_limit {
+            self.rate_limited();
+        }
+        if tunnel {
+            self.tunnels();
+        }
+    }
+
     /// `weir_cache_*` for this upstream, created at zero on first use.
     pub fn cache(&self) -> &cache::CacheSeries {
         self.cache
@@ -197,6 +222,7 @@ impl UpstreamMetrics {
 
     /// The `weir_tunnels_open` gauge, raised while a CONNECT tunnel is open.
     pub fn tunnels(&self) -> &IntGauge {
-        &self.tunnels
+        self.tunnels
+            .get_or_init(|| self.tunnels_vec.with_label_values(&[self.name.as_str()]))
     }
 }
