@@ -139,7 +139,7 @@ impl UpstreamState {
         if u.hedge.is_some() {
             metrics.precreate_hedges();
         }
-        metrics.precreate_features(u.rate_limit.is_some(), u.tunnel);
+        metrics.precreate_features(u.rate_limit.is_some(), u.tunnel, u.breaker.enabled);
         UpstreamState {
             name: u.name.clone(),
             clock,
@@ -196,7 +196,7 @@ impl UpstreamState {
             self.metrics.precreate_hedges();
         }
         self.metrics
-            .precreate_features(u.rate_limit.is_some(), u.tunnel);
+            .precreate_features(u.rate_limit.is_some(), u.tunnel, u.breaker.enabled);
         {
             let mut live = self.live();
             if live.breaker.params() != &u.breaker {

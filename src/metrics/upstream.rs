@@ -25,7 +25,10 @@ pub struct UpstreamMetrics {
     pub(super) attempt_duration: Histogram,
     pub(super) retries_vec: IntCounterVec,
     pub(super) retries: Mutex<HashMap<Cause, IntCounter>>,
-    pub(super) stops: [IntCounter; 8],
+    /// Created at start for the reasons the upstream's config can give
+    /// (see [`UpstreamMetrics::precreate_features`]), else at the first.
+    pub(super) stops: [OnceLock<IntCounter>; 8],
+    pub(super) stops_vec: IntCounterVec,
     /// Created by [`UpstreamMetrics::precreate_hedges`] when the upstream
     /// hedges, else at the first count.
     pub(super) hedges: [OnceLock<IntCounter>; HedgeResult::ALL.len()],
@@ -146,9 +149,16 @@ impl UpstreamMetrics {
             .inc();
     }
 
+    fn stop_series(&self, i: usize) -> &IntCounter {
+        self.stops[i].get_or_init(|| {
+            self.stops_vec
+                .with_label_values(&[self.name.as_str(), StopReason::ALL[i].as_str()])
+        })
+    }
+
     pub fn stop(&self, reason: StopReason) {
         if let Some(i) = StopReason::ALL.iter().position(|r| *r == reason) {
-            self.stops[i].inc();
+            self.stop_series(i).inc();
         }
     }
 
@@ -177,7 +187,17 @@ impl UpstreamMetrics {
     /// `weir_rate_limited_total` with a rate limit and `weir_tunnels_open`
     /// with `tunnel = true`, at zero: series for what the upstream's config
     /// can do (docs/reference/metrics.md#label-values).
-    pub fn precreate_features(&self, rate_limit: bool, tunnel: bool) {
+    /// Also `weir_retry_stops_total{reason}` for every reason but
+    /// `rate_limited` without a rate limit, and `circuit_open` without a
+    /// breaker.
+    pub fn precreate_features(&self, rate_limit: bool, tunnel: bool, breaker: bool) {
+        for (i, r) in StopReason::ALL.iter().enumerate() {
+            let cannot = (*r == StopReason::RateLimited && !rate_limit)
+                || (*r == StopReason::CircuitOpen && !breaker);
+            if !cannot {
+                self.stop_series(i);
+            }
+        }
         if rate_limit {
             self.rate_limited();
         }
