@@ -288,3 +288,48 @@ async fn requests_refused_by_the_breaker_or_the_gate_keep_their_rate_tokens(path
     );
     assert_eq!(up.requests(), 5);
 }
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_request_over_the_adaptive_limit_is_refused_overloaded_at_once
+);
+/// `limit = "adaptive"` (docs/reference/admission.md#adaptive-limit): with
+/// the limit's places all held, the next request is refused at once with
+/// 503 `overloaded` — never queued, whatever `max_queue` says — and the
+/// upstream never sees it.
+async fn a_request_over_the_adaptive_limit_is_refused_overloaded_at_once(path: DataPath) {
+    let up = TestUpstream::start(|_r| async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Response::new(body("done"))
+    })
+    .await;
+    let weir = Weir::single_on(
+        path,
+        &up.url(),
+        "[upstreams.svc.concurrency]\nlimit = \"adaptive\"\nmin_limit = 1\ninitial_limit = 2\nmax_in_flight = 100\nmax_queue = 50\n",
+    )
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let w = weir.url("/");
+        held.push(tokio::spawn(async move {
+            let req = Request::get(w)
+                .header("host", "svc")
+                .body(body(""))
+                .unwrap();
+            client().request(req).await.unwrap().status().as_u16()
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(up.requests(), 2);
+    let start = tokio::time::Instant::now();
+    let (status, code, _) = call(&weir, &[]).await;
+    assert_eq!((status, code.as_str()), (503, "overloaded"));
+    assert!(start.elapsed() < Duration::from_millis(100), "it waited");
+    assert_eq!(up.requests(), 2, "the refused request reached the upstream");
+    for h in held {
+        assert_eq!(h.await.unwrap(), 200);
+    }
+    // Places free again: let in.
+    assert_eq!(call(&weir, &[]).await.0, 200);
+}

@@ -391,3 +391,59 @@ async fn one_bad_replica_of_three_costs_nothing_through_weir() {
         }
     }
 }
+
+/// `weir chaos overload`, weir's adaptive column: an upstream serving 20
+/// at once for 40 ms each (500/s), the app's timeout 1 s. Past its
+/// capacity (2× and 4×) the adaptive limit keeps goodput ≥ 90 % of it with
+/// the answered requests' p99 ≤ 2× the unloaded latency; at half of it, it
+/// refuses ≤ 0.1 %; and when the upstream's slots halve, the limit follows
+/// within 5 s (docs/reference/admission.md#adaptive-limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_keeps_goodput_and_latency_with_the_adaptive_limit() {
+    use weir::chaos::overload::{measure_all, Shape, ADAPTIVE_COLUMN};
+    let _one = serial().await;
+    // 40 ms rather than the scenario's 20 (500/s): the same story at half
+    // the requests a second, which a debug build on two shared cores
+    // drives without measuring its own CPU instead of the upstream (at
+    // 4000/s it did, once in three: limit 5, goodput 10 %). Not fewer
+    // slots: with 10, the default initial_limit (20) queues the first
+    // second and its p99 is 2.7× (docs/reference/admission.md).
+    let shape = Shape {
+        service: Duration::from_millis(40),
+        levels: vec![0.5, 2.0, 4.0],
+        adaptive_only: true,
+        ..Shape::default()
+    };
+    let r = measure_all(&shape, &opts(0, true)).await.unwrap();
+    let table = weir::chaos::overload::table(&r);
+    // Shown with --nocapture.
+    eprintln!("{table}");
+    let half = r.cell(0.5, ADAPTIVE_COLUMN).unwrap();
+    assert!(
+        half.refused_percent() <= 0.1,
+        "refused {:.2} % at 0.5×\n{table}",
+        half.refused_percent()
+    );
+    // The unloaded latency: the answered requests' median at half the
+    // capacity, where nothing queues (the service time and the round trip).
+    let unloaded = half.percentile(0.5).unwrap();
+    for load in [2.0, 4.0] {
+        let c = r.cell(load, ADAPTIVE_COLUMN).unwrap();
+        assert!(
+            c.goodput() >= 0.9 * shape.capacity(),
+            "goodput {:.0}/s at {load}×\n{table}",
+            c.goodput()
+        );
+        let p99 = c.percentile(0.99).unwrap();
+        assert!(
+            p99 <= unloaded * 2,
+            "p99 {p99:?} at {load}× (unloaded {unloaded:?})\n{table}"
+        );
+    }
+    let h = r.halving.as_ref().unwrap();
+    let followed = h.followed();
+    assert!(
+        followed.is_some_and(|d| d <= Duration::from_secs(5)),
+        "the limit followed the halving after {followed:?}\n{table}"
+    );
+}

@@ -133,6 +133,7 @@ pub(super) async fn run(opts: &ScenarioOptions) -> Result<ScenarioReport, String
         half_open_probes: up_cfg.breaker.half_open_probes,
         columns,
         breaker: BreakerTrace::default(),
+        overload: None,
     })
 }
 

@@ -11,6 +11,7 @@ pub mod command;
 mod config;
 pub mod double_submit;
 pub mod driver;
+pub mod overload;
 pub mod replicas;
 pub mod report;
 pub mod soak;
@@ -73,10 +74,12 @@ pub enum Scenario {
     /// Three replicas answering in 2–5 ms, each request taking 1 s with probability 2 %.
     #[value(name = "slow-tail")]
     SlowTail,
+    /// An upstream serving 20 at once for 20 ms each, at 0.5×–4× its capacity.
+    Overload,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 15] = [
+    pub const ALL: [Scenario; 16] = [
         Scenario::Transient5,
         Scenario::Transient30,
         Scenario::Outage,
@@ -92,6 +95,7 @@ impl Scenario {
         Scenario::SlowReplica,
         Scenario::FlakyReplica,
         Scenario::SlowTail,
+        Scenario::Overload,
     ];
 
     /// The name of weir's column.
@@ -119,6 +123,7 @@ impl Scenario {
             Scenario::SlowReplica => "slow-replica",
             Scenario::FlakyReplica => "flaky-replica",
             Scenario::SlowTail => "slow-tail",
+            Scenario::Overload => "overload",
         }
     }
 
@@ -179,6 +184,7 @@ impl Scenario {
                 cache_control: Some(catalogue::CACHE_CONTROL),
                 ..base
             },
+            Scenario::Overload => overload::profile(&overload::Shape::default(), None),
             // The misbehaving one of three (the others are healthy).
             s => replicas::faulty(s),
         }
@@ -227,7 +233,8 @@ impl Scenario {
             | Scenario::DownReplica
             | Scenario::SlowReplica
             | Scenario::FlakyReplica
-            | Scenario::SlowTail => "",
+            | Scenario::SlowTail
+            | Scenario::Overload => "",
             Scenario::Brownout => "[defaults]\ntimeout = \"2s\"\n",
             Scenario::RateLimited => {
                 "[defaults.retry]\nretry_on = [\"connect-failure\", \"reset\", \"timeout\", \"429\", \"502\", \"503\", \"504\"]\nmax_retry_after = \"2s\"\n"
@@ -330,6 +337,8 @@ pub struct ScenarioReport {
     pub half_open_probes: u32,
     pub columns: Vec<Column>,
     pub breaker: BreakerTrace,
+    /// `overload`'s own figures (it has no columns of its own).
+    pub overload: Option<overload::OverloadReport>,
 }
 
 /// Runs one scenario: three columns, one after the other.
@@ -339,6 +348,9 @@ pub async fn run(scenario: Scenario, opts: &ScenarioOptions) -> Result<ScenarioR
     }
     if replicas::is_replica(scenario) {
         return replicas::run(scenario, opts).await;
+    }
+    if scenario == Scenario::Overload {
+        return overload::run(opts).await;
     }
     let mut load = scenario.load(opts.requests, opts.rate);
     load.keys = catalogue::keys(scenario, opts.seed, load.requests);
@@ -414,6 +426,7 @@ pub async fn run(scenario: Scenario, opts: &ScenarioOptions) -> Result<ScenarioR
         half_open_probes: up_cfg.breaker.half_open_probes,
         columns,
         breaker: trace,
+        overload: None,
     })
 }
 

@@ -241,6 +241,7 @@ pub async fn run(s: Scenario, opts: &ScenarioOptions) -> Result<ScenarioReport, 
         half_open_probes: up_cfg.breaker.half_open_probes,
         columns,
         breaker: super::BreakerTrace::default(),
+        overload: None,
     })
 }
 

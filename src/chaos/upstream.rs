@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
@@ -54,6 +54,17 @@ pub struct Throttle {
     pub retry_after: u64,
 }
 
+/// A fixed capacity (`weir chaos overload`): `slots` requests served at
+/// once, each for the profile's latency, the rest queued in arrival order.
+/// A queued request is served when its turn comes whether or not its
+/// client is still waiting, as a thread pool's queue is. From `halve_at`
+/// after the start, half the slots.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Capacity {
+    pub slots: u32,
+    pub halve_at: Option<Duration>,
+}
+
 /// What the upstream does wrong.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Profile {
@@ -74,6 +85,8 @@ pub struct Profile {
     pub hang: Duration,
     /// A `Cache-Control` value for every 2xx, making it cacheable.
     pub cache_control: Option<&'static str>,
+    /// Serve at most this many at once, queueing the rest.
+    pub capacity: Option<Capacity>,
 }
 
 impl Default for Profile {
@@ -89,6 +102,7 @@ impl Default for Profile {
             hang_rate: 0.0,
             hang: Duration::from_secs(5),
             cache_control: None,
+            capacity: None,
         }
     }
 }
@@ -139,11 +153,17 @@ pub struct ChaosUpstream {
     /// When it started: the profile's outage windows count from here.
     pub started: Instant,
     task: JoinHandle<()>,
+    /// The slots of a fixed capacity: closed when dropped, so that the
+    /// queued work ends with the upstream.
+    pool: Option<Arc<Semaphore>>,
 }
 
 impl Drop for ChaosUpstream {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(p) = &self.pool {
+            p.close();
+        }
     }
 }
 
@@ -153,6 +173,7 @@ struct Faults {
     throttle: Mutex<Option<TokenBucket>>,
     started: Instant,
     counters: Arc<Counters>,
+    pool: Option<Arc<Semaphore>>,
 }
 
 enum Act {
@@ -250,20 +271,41 @@ impl ChaosUpstream {
         let addr = listener.local_addr()?;
         let counters = Arc::new(Counters::default());
         let started = Instant::now();
+        let capacity = profile.capacity;
+        let pool = capacity.map(|c| Arc::new(Semaphore::new(c.slots as usize)));
         let faults = Arc::new(Faults {
             profile,
             rng: Mutex::new(SeededRandom::new(seed)),
             throttle: Mutex::new(None),
             started,
             counters: counters.clone(),
+            pool: pool.clone(),
         });
-        let task = tokio::spawn(serve(listener, addr, faults));
+        let halving = halve(capacity, pool.clone(), started);
+        let task = tokio::spawn(async move {
+            tokio::join!(serve(listener, addr, faults), halving);
+        });
         Ok(ChaosUpstream {
             addr,
             counters,
             started,
             task,
+            pool,
         })
+    }
+}
+
+/// Takes half the slots away at `halve_at` (for good: its permits are
+/// forgotten), as soon as they are free, before any request queued after.
+async fn halve(capacity: Option<Capacity>, pool: Option<Arc<Semaphore>>, started: Instant) {
+    let (Some(c), Some(pool)) = (capacity, pool) else {
+        return;
+    };
+    let Some(at) = c.halve_at else { return };
+    tokio::time::sleep_until(started + at).await;
+    let gone = c.slots - c.slots / 2;
+    if let Ok(p) = pool.acquire_many_owned(gone).await {
+        p.forget();
     }
 }
 
@@ -364,7 +406,16 @@ async fn handle(req: Request<Incoming>, faults: &Faults, reset: &Notify) -> Resp
             retry_after,
             delay,
         } => {
-            if !delay.is_zero() {
+            if let Some(pool) = faults.pool.clone() {
+                // Queued for a slot, and served once it has one, whether or
+                // not the client is still there.
+                let work = tokio::spawn(async move {
+                    if let Ok(_slot) = pool.acquire_owned().await {
+                        tokio::time::sleep(delay).await;
+                    }
+                });
+                let _ = work.await;
+            } else if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
             let mut r = Response::new(Full::new(Bytes::from_static(b"chaos\n")));

@@ -1,0 +1,531 @@
+//! `weir chaos overload` (docs/reference/admission.md#adaptive-limit): an
+//! upstream with a fixed capacity — `slots` requests served at once, each
+//! for `service`, the rest queued and served in turn even after their
+//! client has left, as a thread pool's queue is — driven open loop at
+//! 0.5×, 1×, 2× and 4× its capacity (`slots / service` requests a second)
+//! by an app that gives up on a request after `client_timeout`. Three
+//! columns, each level on a fresh upstream (and a fresh weir): no weir,
+//! weir on its default fixed limit (`max_in_flight = 1024`), and weir with
+//! `limit = "adaptive"`. Rows per level: goodput (2xx answers within the
+//! client's timeout, per second of offered load), p50/p99 of those,
+//! weir's refusals (503 `overloaded`) and the requests the client gave up
+//! on.
+//!
+//! A second phase runs the adaptive column alone at 2× the capacity and
+//! halves the upstream's slots part-way through: how long the limit takes
+//! to follow. The gates are in `tests/chaos.rs`.
+
+use super::driver::{drive, Load, Mode, Observed, Target};
+use super::upstream::{Capacity, ChaosUpstream, Latency, Profile};
+use super::ScenarioOptions;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::proxy::Proxy;
+use http::Method;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The adaptive column's setting over weir's defaults.
+pub const ADAPTIVE: &str = "[upstreams.chaos.concurrency]\nlimit = \"adaptive\"\n";
+
+/// The three columns.
+pub const NO_WEIR: &str = "no weir";
+pub const FIXED: &str = "weir, fixed limit (default)";
+pub const ADAPTIVE_COLUMN: &str = "weir, adaptive";
+
+/// What the scenario runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shape {
+    /// Requests the upstream serves at once.
+    pub slots: u32,
+    /// How long each takes, once it has a slot.
+    pub service: Duration,
+    /// The app's timeout for a whole request.
+    pub client_timeout: Duration,
+    /// Offered load, as multiples of the capacity.
+    pub levels: Vec<f64>,
+    /// How long each level offers its load.
+    pub step: Duration,
+    /// The halving phase: its length and when the slots halve (`None`: no
+    /// such phase).
+    pub halving: Option<(Duration, Duration)>,
+    /// Run only the adaptive column.
+    pub adaptive_only: bool,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Shape {
+            slots: 20,
+            service: Duration::from_millis(20),
+            client_timeout: Duration::from_secs(1),
+            levels: vec![0.5, 1.0, 2.0, 4.0],
+            step: Duration::from_secs(3),
+            halving: Some((Duration::from_secs(6), Duration::from_secs(2))),
+            adaptive_only: false,
+        }
+    }
+}
+
+impl Shape {
+    /// Requests per second the upstream serves.
+    pub fn capacity(&self) -> f64 {
+        f64::from(self.slots) / self.service.as_secs_f64()
+    }
+}
+
+/// One column at one level.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    pub column: &'static str,
+    pub observed: Observed,
+    /// How long the load was offered.
+    pub step: Duration,
+    pub client_timeout: Duration,
+    /// weir's 503 `overloaded` (weir's columns only).
+    pub refusals: Option<u64>,
+    /// weir's limit, sampled every 50 ms, from the upstream's start.
+    pub limits: Vec<(Duration, u32)>,
+}
+
+impl Cell {
+    /// The answered requests' latencies (2xx within the client's timeout), sorted.
+    pub fn answered(&self) -> Vec<Duration> {
+        let mut v: Vec<Duration> = self
+            .observed
+            .records
+            .iter()
+            .filter(|r| r.ok)
+            .map(|r| r.latency)
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Answered requests per second of offered load.
+    pub fn goodput(&self) -> f64 {
+        self.observed.successes as f64 / self.step.as_secs_f64()
+    }
+
+    /// The answered requests' latency at `q` (`None`: none answered).
+    pub fn percentile(&self, q: f64) -> Option<Duration> {
+        let v = self.answered();
+        let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len().max(1)) - 1;
+        v.get(i).copied()
+    }
+
+    /// Requests the client gave up on.
+    pub fn timed_out(&self) -> u64 {
+        self.observed
+            .records
+            .iter()
+            .filter(|r| !r.ok && r.latency >= self.client_timeout)
+            .count() as u64
+    }
+
+    /// weir's refusals as a share of the requests, in %.
+    pub fn refused_percent(&self) -> f64 {
+        let n = self.observed.requests.max(1) as f64;
+        self.refusals.unwrap_or(0) as f64 * 100.0 / n
+    }
+
+    /// The median of the limit's samples in the second half of the run.
+    pub fn settled_limit(&self) -> Option<u32> {
+        let end = self.limits.last()?.0;
+        let mut late: Vec<u32> = self
+            .limits
+            .iter()
+            .filter(|(t, _)| *t * 2 >= end)
+            .map(|(_, l)| *l)
+            .collect();
+        late.sort_unstable();
+        late.get(late.len() / 2).copied()
+    }
+}
+
+/// One load level: its cells, in column order.
+#[derive(Debug, Clone)]
+pub struct Level {
+    /// Offered load as a multiple of the capacity.
+    pub load: f64,
+    pub cells: Vec<Cell>,
+}
+
+/// The halving phase (adaptive column).
+#[derive(Debug, Clone)]
+pub struct Halving {
+    /// When the slots halved, from the upstream's start.
+    pub at: Duration,
+    pub slots_after: u32,
+    pub cell: Cell,
+}
+
+impl Halving {
+    /// From the halving to the first sample of the limit at or below 1.5×
+    /// the new slots.
+    pub fn followed(&self) -> Option<Duration> {
+        let bound = f64::from(self.slots_after) * 1.5;
+        self.cell
+            .limits
+            .iter()
+            .find(|(t, l)| *t >= self.at && f64::from(*l) <= bound)
+            .map(|(t, _)| *t - self.at)
+    }
+
+    /// Per second of the run: goodput, p99 of the answered, the limit's median.
+    pub fn per_second(&self) -> Vec<(f64, Option<Duration>, Option<u32>)> {
+        let secs = self.cell.step.as_secs() as usize;
+        (0..secs)
+            .map(|s| {
+                let (a, b) = (
+                    Duration::from_secs(s as u64),
+                    Duration::from_secs(s as u64 + 1),
+                );
+                let mut ok: Vec<Duration> = self
+                    .cell
+                    .observed
+                    .records
+                    .iter()
+                    .filter(|r| r.ok && r.start >= a && r.start < b)
+                    .map(|r| r.latency)
+                    .collect();
+                ok.sort();
+                let p99 = ok
+                    .get(((ok.len() as f64 * 0.99).ceil() as usize).max(1) - 1)
+                    .copied();
+                let mut l: Vec<u32> = self
+                    .cell
+                    .limits
+                    .iter()
+                    .filter(|(t, _)| *t >= a && *t < b)
+                    .map(|(_, l)| *l)
+                    .collect();
+                l.sort_unstable();
+                (ok.len() as f64, p99, l.get(l.len() / 2).copied())
+            })
+            .collect()
+    }
+}
+
+/// What `weir chaos overload` measured.
+#[derive(Debug, Clone)]
+pub struct OverloadReport {
+    pub shape: Shape,
+    pub levels: Vec<Level>,
+    pub halving: Option<Halving>,
+}
+
+impl OverloadReport {
+    /// The cell of `column` at `load`.
+    pub fn cell(&self, load: f64, column: &str) -> Option<&Cell> {
+        self.levels
+            .iter()
+            .find(|l| (l.load - load).abs() < 1e-9)?
+            .cells
+            .iter()
+            .find(|c| c.column == column)
+    }
+}
+
+/// The upstream: `shape`'s slots and service time, halving at `halve_at`.
+pub fn profile(shape: &Shape, halve_at: Option<Duration>) -> Profile {
+    Profile {
+        latency: Latency::Fixed(shape.service),
+        capacity: Some(Capacity {
+            slots: shape.slots,
+            halve_at,
+        }),
+        ..Profile::default()
+    }
+}
+
+/// weir's config: its defaults, `--config`'s `[defaults]` over them, one
+/// upstream at `up`, and `extra`.
+fn config(up: &ChaosUpstream, opts: &ScenarioOptions, extra: &str) -> Result<Config, String> {
+    let defaults = toml::to_string(&super::config::user_defaults(opts.config.as_deref())?)
+        .map_err(|e| e.to_string())?;
+    let src = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\n{defaults}\n[upstreams.chaos]\nurl = \"http://{}\"\nhosts = [\"chaos\"]\n{extra}",
+        up.addr
+    );
+    Config::parse(&PathBuf::from("<chaos overload>"), &src).map_err(|e| e.to_string())
+}
+
+/// One column at `rate` requests a second for `length`, on a fresh upstream.
+async fn measure(
+    shape: &Shape,
+    opts: &ScenarioOptions,
+    column: &'static str,
+    rate: f64,
+    length: Duration,
+    halve_at: Option<Duration>,
+) -> Result<Cell, String> {
+    let up = ChaosUpstream::start(
+        "127.0.0.1:0".parse().map_err(|_| "addr")?,
+        profile(shape, halve_at),
+        opts.seed,
+    )
+    .await
+    .map_err(|e| format!("cannot start the chaos upstream: {e}"))?;
+    let load = Load {
+        requests: (rate * length.as_secs_f64()).round() as usize,
+        mode: Mode::Open(rate),
+        max_time: length,
+        method: Method::GET,
+        client_timeout: shape.client_timeout,
+        keys: None,
+    };
+    let extra = match column {
+        NO_WEIR => {
+            let observed = drive(Target::Direct(up.addr), load).await;
+            return Ok(cell(column, observed, length, shape, None, Vec::new()));
+        }
+        ADAPTIVE_COLUMN => ADAPTIVE,
+        _ => "",
+    };
+    let cfg = config(&up, opts, extra)?;
+    let metrics = Arc::new(Metrics::new());
+    let proxy = Proxy::start_with(cfg, metrics)
+        .await
+        .map_err(|e| e.to_string())?;
+    let state = proxy
+        .snapshot()
+        .upstreams
+        .first()
+        .map(|u| u.state.clone())
+        .ok_or("no upstream state")?;
+    let limits = Arc::new(Mutex::new(Vec::new()));
+    let (s, out, started) = (state.clone(), limits.clone(), up.started);
+    let sampler = tokio::spawn(async move {
+        loop {
+            let limit = s.gate.view().limit;
+            if let Ok(mut v) = out.lock() {
+                v.push((started.elapsed(), limit));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let target = Target::Weir {
+        addr: proxy.listen_addr(),
+        host: "chaos".into(),
+    };
+    let observed = drive(target, load).await;
+    sampler.abort();
+    let _ = sampler.await;
+    let refusals = state.gate.view().refusals;
+    proxy.shutdown(Duration::from_secs(1)).await;
+    let limits = limits.lock().map(|v| v.clone()).unwrap_or_default();
+    Ok(cell(
+        column,
+        observed,
+        length,
+        shape,
+        Some(refusals),
+        limits,
+    ))
+}
+
+fn cell(
+    column: &'static str,
+    observed: Observed,
+    step: Duration,
+    shape: &Shape,
+    refusals: Option<u64>,
+    limits: Vec<(Duration, u32)>,
+) -> Cell {
+    Cell {
+        column,
+        observed,
+        step,
+        client_timeout: shape.client_timeout,
+        refusals,
+        limits,
+    }
+}
+
+/// Runs the levels, then the halving phase.
+pub async fn measure_all(shape: &Shape, opts: &ScenarioOptions) -> Result<OverloadReport, String> {
+    let columns: &[&'static str] = if shape.adaptive_only || opts.weir_only {
+        &[ADAPTIVE_COLUMN]
+    } else {
+        &[NO_WEIR, FIXED, ADAPTIVE_COLUMN]
+    };
+    let mut levels = Vec::new();
+    for &load in &shape.levels {
+        let rate = shape.capacity() * load;
+        let mut cells = Vec::new();
+        for &c in columns {
+            cells.push(measure(shape, opts, c, rate, shape.step, None).await?);
+        }
+        levels.push(Level { load, cells });
+    }
+    let mut halving = None;
+    if let Some((length, at)) = shape.halving {
+        let rate = shape.capacity() * 2.0;
+        let cell = measure(shape, opts, ADAPTIVE_COLUMN, rate, length, Some(at)).await?;
+        halving = Some(Halving {
+            at,
+            slots_after: shape.slots / 2,
+            cell,
+        });
+    }
+    Ok(OverloadReport {
+        shape: shape.clone(),
+        levels,
+        halving,
+    })
+}
+
+/// `weir chaos overload`, as a scenario report (no columns of its own).
+pub async fn run(opts: &ScenarioOptions) -> Result<super::ScenarioReport, String> {
+    let shape = Shape::default();
+    let report = measure_all(&shape, opts).await?;
+    let probe = Config::parse(
+        &PathBuf::from("<chaos overload>"),
+        "[upstreams.chaos]\nurl = \"http://127.0.0.1:9\"\nhosts = [\"chaos\"]\n",
+    )
+    .map_err(|e| e.to_string())?;
+    let up_cfg = probe.upstreams.first().ok_or("no upstream")?.clone();
+    Ok(super::ScenarioReport {
+        scenario: super::Scenario::Overload,
+        seed: opts.seed,
+        deadline: up_cfg.timeout,
+        settings: ADAPTIVE,
+        merged: opts.config.clone(),
+        half_open_probes: up_cfg.breaker.half_open_probes,
+        columns: Vec::new(),
+        breaker: super::BreakerTrace::default(),
+        overload: Some(report),
+    })
+}
+
+fn ms(d: Option<Duration>) -> String {
+    match d {
+        None => "—".into(),
+        Some(d) => format!("{:.1} ms", d.as_secs_f64() * 1000.0),
+    }
+}
+
+/// One row's cell, from a [`Cell`].
+type CellText<'a> = dyn Fn(&Cell) -> String + 'a;
+
+/// The table, in Markdown.
+pub fn table(r: &OverloadReport) -> String {
+    use std::fmt::Write as _;
+    let s = &r.shape;
+    let cap = s.capacity();
+    let mut out = format!(
+        "scenario: overload — an upstream serving {} requests at once for {} ms each (capacity {cap:.0}/s, the rest queued), the app's timeout {} s, {} s per level\n\n",
+        s.slots,
+        s.service.as_millis(),
+        s.client_timeout.as_secs_f64(),
+        s.step.as_secs_f64()
+    );
+    let heads: Vec<&str> = r
+        .levels
+        .first()
+        .map(|l| l.cells.iter().map(|c| c.column).collect())
+        .unwrap_or_default();
+    let _ = writeln!(out, "| load | | {} |", heads.join(" | "));
+    let _ = writeln!(out, "|---|---|{}", "---|".repeat(heads.len()));
+    for l in &r.levels {
+        let load = format!("{}× ({:.0}/s)", l.load, cap * l.load);
+        let rows: [(&str, &CellText<'_>); 5] = [
+            ("goodput", &|c| {
+                format!("{:.0}/s ({:.0} %)", c.goodput(), c.goodput() * 100.0 / cap)
+            }),
+            ("p50 answered", &|c| ms(c.percentile(0.50))),
+            ("p99 answered", &|c| ms(c.percentile(0.99))),
+            ("refused", &|c| match c.refusals {
+                None => "—".into(),
+                Some(n) => format!("{n} ({:.1} %)", c.refused_percent()),
+            }),
+            ("client gave up", &|c| {
+                format!("{} of {}", c.timed_out(), c.observed.requests)
+            }),
+        ];
+        for (i, (label, f)) in rows.iter().enumerate() {
+            let first = if i == 0 { load.as_str() } else { "" };
+            let cells: Vec<String> = l.cells.iter().map(f).collect();
+            let _ = writeln!(out, "| {first} | {label} | {} |", cells.join(" | "));
+        }
+        let limits: Vec<String> = l
+            .cells
+            .iter()
+            .map(|c| match (c.column, c.settled_limit()) {
+                (ADAPTIVE_COLUMN, Some(n)) => n.to_string(),
+                _ => "—".into(),
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "| | adaptive limit (second half) | {} |",
+            limits.join(" | ")
+        );
+    }
+    if let Some(h) = &r.halving {
+        let _ = writeln!(
+            out,
+            "\nhalving: weir adaptive at {:.0}/s (2×); the upstream's slots go from {} to {} at {} s; the limit is at or below {:.0} (1.5× the new slots) {} after it\n",
+            cap * 2.0,
+            s.slots,
+            h.slots_after,
+            h.at.as_secs_f64(),
+            f64::from(h.slots_after) * 1.5,
+            h.followed()
+                .map(|d| format!("{:.2} s", d.as_secs_f64()))
+                .unwrap_or_else(|| "never".into())
+        );
+        let _ = writeln!(out, "| second | goodput | p99 answered | limit (median) |");
+        let _ = writeln!(out, "|---|---|---|---|");
+        for (i, (g, p99, l)) in h.per_second().into_iter().enumerate() {
+            let l = l.map_or_else(|| "—".into(), |l| l.to_string());
+            let _ = writeln!(out, "| {i} | {g:.0}/s | {} | {l} |", ms(p99));
+        }
+    }
+    out
+}
+
+/// The same as JSON.
+pub fn json(r: &OverloadReport) -> serde_json::Value {
+    let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
+    let levels: Vec<serde_json::Value> = r
+        .levels
+        .iter()
+        .map(|l| {
+            let cells: Vec<serde_json::Value> = l
+                .cells
+                .iter()
+                .map(|c| {
+                    serde_json::json!({
+                        "column": c.column,
+                        "requests": c.observed.requests,
+                        "goodput_per_sec": c.goodput(),
+                        "p50_answered_ms": ms(c.percentile(0.50)),
+                        "p99_answered_ms": ms(c.percentile(0.99)),
+                        "refused": c.refusals,
+                        "client_gave_up": c.timed_out(),
+                        "settled_limit": c.settled_limit(),
+                    })
+                })
+                .collect();
+            serde_json::json!({ "load": l.load, "cells": cells })
+        })
+        .collect();
+    serde_json::json!({
+        "slots": r.shape.slots,
+        "service_ms": r.shape.service.as_secs_f64() * 1000.0,
+        "capacity_per_sec": r.shape.capacity(),
+        "client_timeout_ms": r.shape.client_timeout.as_millis() as u64,
+        "levels": levels,
+        "halving": r.halving.as_ref().map(|h| serde_json::json!({
+            "at_ms": h.at.as_millis() as u64,
+            "slots_after": h.slots_after,
+            "followed_ms": h.followed().map(|d| d.as_millis() as u64),
+            "per_second": h.per_second().into_iter().map(|(g, p, l)| serde_json::json!({
+                "goodput": g, "p99_answered_ms": ms(p), "limit": l,
+            })).collect::<Vec<_>>(),
+        })),
+    })
+}
