@@ -1682,7 +1682,8 @@ fn alert_rules() -> Vec<(String, String, Vec<String>)> {
 
 /// weir started from a config file, in front of an upstream that fails every
 /// third request with 503 (often enough for retries, not for the breaker), so
-/// the scrape has retries in it.
+/// the scrape has retries in it; with a rate limit that never refuses, as
+/// `weir_rate_limited_total` exists only for an upstream that has one.
 async fn weir_with_traffic() -> (Runtime, TestUpstream, tempfile::TempDir) {
     let n = Arc::new(AtomicUsize::new(0));
     let up = TestUpstream::start(move |_req| {
@@ -1703,7 +1704,8 @@ async fn weir_with_traffic() -> (Runtime, TestUpstream, tempfile::TempDir) {
         format!(
             "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
              [upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n\
-             [upstreams.svc.retry.backoff]\nbase = \"1ms\"\nmax = \"2ms\"\n",
+             [upstreams.svc.retry.backoff]\nbase = \"1ms\"\nmax = \"2ms\"\n\
+             [upstreams.svc.rate_limit]\nrps = 100000.0\n",
             up.url()
         ),
     )
