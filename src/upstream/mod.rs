@@ -400,12 +400,13 @@ impl Endpoints {
     /// (docs/reference/retries.md#backoff). An endpoint a failure ejected
     /// counts only when the pick would still use it.
     pub fn untried(&self, avoid: &[SocketAddr]) -> bool {
-        let set = self.set.load();
         if avoid.is_empty() {
-            // No attempt has failed on a known endpoint (a refused stream,
-            // a name not yet resolved): the backoff's rule decides.
+            // No attempt has failed on a known endpoint (every answered
+            // request, a refused stream, a name not yet resolved): the
+            // backoff's rule decides, and the set is not even loaded.
             return false;
         }
+        let set = self.set.load();
         let now = self.clock.now();
         set.iter().any(|e| {
             !avoid.contains(&e.addr)
