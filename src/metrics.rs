@@ -15,6 +15,7 @@ pub mod endpoints;
 mod follow;
 pub mod idempotency;
 mod labels;
+pub mod meter;
 pub mod state;
 pub mod trace;
 mod upstream;
@@ -25,7 +26,7 @@ pub use upstream::UpstreamMetrics;
 pub use labels::{ATTEMPT_RESULTS, BODY_ERRORS, ERROR_CODES};
 
 use crate::policy::{Cause, HedgeResult, StateKind, StopReason};
-pub use crate::upstream::resolve::DnsMetrics;
+pub use endpoints::DnsMetrics;
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -37,10 +38,7 @@ const BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// The `upstream` label of requests that reached no upstream (no route, a
-/// malformed request): a fixed value, so a query can select them. No upstream
-/// may be named this (the config refuses it).
-pub const NO_UPSTREAM: &str = "none";
+pub use crate::config::NO_UPSTREAM;
 
 const STATES: [StateKind; 3] = [StateKind::Closed, StateKind::Open, StateKind::HalfOpen];
 
@@ -367,8 +365,8 @@ impl Metrics {
         &self.trace
     }
 
-    /// One upstream's connection and byte counts (`upstream::meter`).
-    pub fn wire(&self, name: &str) -> crate::upstream::meter::Meter {
+    /// One upstream's connection and byte counts (`metrics::meter`).
+    pub fn wire(&self, name: &str) -> crate::metrics::meter::Meter {
         self.wire.upstream(name)
     }
 

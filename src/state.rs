@@ -7,6 +7,7 @@
 
 pub mod gate;
 pub mod link;
+pub mod ring;
 
 use crate::clock::{fresh_seed, Clock};
 use crate::config::{Config, StateBackend, StateConfig, UpstreamConfig};
@@ -16,11 +17,11 @@ use crate::policy::cache::{CacheStore, FillRegistry};
 use crate::policy::idempotency::{IdempotencyStore, MemoryStore};
 use crate::policy::{Breaker, KeyedLimiter, RetryBudget, SeededRandom, Transition};
 use crate::state::gate::Gate;
-use crate::status::ring::Recent;
 use crate::upstream::client::UpstreamClient;
 use crate::upstream::resolve::Resolver;
 use crate::upstream::Endpoints;
 use link::Link;
+use ring::Recent;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;

@@ -37,6 +37,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The `upstream` label of requests that reached no upstream (no route, a
+/// malformed request): a fixed value, so a query can select them. No upstream
+/// may be named this (the config refuses it).
+pub const NO_UPSTREAM: &str = "none";
+
 /// A validated configuration snapshot.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -318,7 +323,7 @@ pub struct EndpointsConfig {
     pub entries: Vec<(String, u16)>,
     /// Whether `entries` came from a static `endpoints` list.
     pub fixed: bool,
-    pub params: crate::upstream::balance::Params,
+    pub params: crate::policy::BalanceParams,
 }
 
 /// One upstream, with its effective (merged, validated) policy.

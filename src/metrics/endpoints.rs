@@ -127,3 +127,20 @@ impl EndpointFamilies {
         }
     }
 }
+
+/// An upstream name's resolution counters (`weir_dns_*`, made by
+/// `Metrics::dns`).
+#[derive(Debug, Clone)]
+pub struct DnsMetrics {
+    pub(crate) ok: IntCounter,
+    pub(crate) error: IntCounter,
+    pub(crate) addresses: IntGauge,
+}
+
+impl DnsMetrics {
+    /// One resolution: whether it answered, and the addresses in use after it.
+    pub fn resolved(&self, ok: bool, addresses: usize) {
+        if ok { &self.ok } else { &self.error }.inc();
+        self.addresses.set(addresses as i64);
+    }
+}

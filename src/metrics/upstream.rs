@@ -57,7 +57,7 @@ pub struct UpstreamMetrics {
     /// `weir_concurrency_*`, brought up to the gate's on a scrape.
     pub concurrency: super::concurrency::ConcurrencySeries,
     /// `weir_upstream_connections_open`, `weir_upstream_bytes_total`.
-    pub wire: crate::upstream::meter::Meter,
+    pub wire: crate::metrics::meter::Meter,
 }
 
 impl UpstreamMetrics {

@@ -1,9 +1,9 @@
 //! Connections and bytes (docs/reference/metrics.md#metrics): client
 //! connections open now, and each upstream's open connections and the
 //! bytes it was sent and sent back, counted at the socket
-//! (`upstream::meter`).
+//! (`metrics::meter`).
 
-use crate::upstream::meter::Meter;
+use crate::metrics::meter::Meter;
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 /// The families, registered once.

@@ -32,11 +32,13 @@
 
 pub mod adaptive;
 pub mod backoff;
+pub mod balance;
 pub mod breaker;
 pub mod budget;
 pub mod cache;
 pub mod contract;
 pub mod decide;
+pub mod eject;
 pub mod hedge;
 pub mod idempotency;
 pub mod keyed;
@@ -49,6 +51,7 @@ pub mod suggest;
 
 pub use adaptive::{AdaptiveLimit, AdaptiveParams};
 pub use backoff::{delay, envelope, schedule, BackoffPolicy, Envelope, Growth, Jitter};
+pub use balance::BalanceParams;
 pub use breaker::{
     Admission, Breaker, BreakerParams, Refused, State, StateKind, StateView, Transition,
 };

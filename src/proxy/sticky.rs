@@ -95,7 +95,7 @@ pub(crate) async fn connect(
     addr: SocketAddr,
     timeout: Duration,
     live: Arc<std::sync::atomic::AtomicUsize>,
-    meter: &crate::upstream::meter::Meter,
+    meter: &crate::metrics::meter::Meter,
 ) -> Result<SendRequest<Body>, SendError> {
     let r = open(addr, timeout, live.clone(), meter).await;
     if r.is_err() {
@@ -119,7 +119,7 @@ async fn open(
     addr: SocketAddr,
     timeout: Duration,
     live: Arc<std::sync::atomic::AtomicUsize>,
-    meter: &crate::upstream::meter::Meter,
+    meter: &crate::metrics::meter::Meter,
 ) -> Result<SendRequest<Body>, SendError> {
     let fail = |kind, message: String| SendError {
         kind,
@@ -140,7 +140,7 @@ async fn open(
     let (sender, conn) = hyper::client::conn::http1::Builder::new()
         .preserve_header_case(true)
         .max_buf_size(super::MAX_RESPONSE_HEAD)
-        .handshake(TokioIo::new(crate::upstream::meter::Metered::new(
+        .handshake(TokioIo::new(crate::metrics::meter::Metered::new(
             stream, meter,
         )))
         .await

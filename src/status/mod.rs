@@ -12,14 +12,13 @@
 //!   and the live policy state.
 
 pub mod report;
-pub mod ring;
 
 use crate::metrics::Metrics;
 use crate::policy::StopReason;
 use crate::proxy::body::{full, Body};
 use crate::proxy::{ProxyHandle, Snapshot};
+use crate::state::ring::{self, Sample, BUCKETS, REFUSAL_CODES};
 use http::{header, HeaderValue, Response, StatusCode};
-use ring::{Sample, BUCKETS, REFUSAL_CODES};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::watch;

@@ -4,9 +4,9 @@
 //! live budget, gate and limiter, and the history the sparklines draw.
 //! Rates are differences between two samples of the same counters.
 
-use super::ring::{Memory, Sample, CAPACITY, INTERVAL, REFUSAL_CODES};
 use crate::policy::{StateKind, StateView, StopReason};
 use crate::proxy::{Snapshot, Upstream};
+use crate::state::ring::{Memory, Sample, CAPACITY, INTERVAL, REFUSAL_CODES};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};

@@ -132,7 +132,7 @@ impl PerEndpoint {
 impl UpstreamClient {
     /// Builds the pool; reads the upstream's TLS files. `meter` counts its
     /// connections and their bytes.
-    pub fn new(u: &UpstreamConfig, meter: crate::upstream::meter::Meter) -> Result<Self, String> {
+    pub fn new(u: &UpstreamConfig, meter: crate::metrics::meter::Meter) -> Result<Self, String> {
         let tls =
             crate::tls::client_config(u).map_err(|e| format!("upstream {:?}: {e}", u.name))?;
         let server_name = u.tls.as_ref().and_then(|t| t.server_name.clone());
@@ -140,7 +140,7 @@ impl UpstreamClient {
         http.set_connect_timeout(Some(u.connect_timeout));
         http.set_nodelay(true);
         http.enforce_http(false);
-        let http = crate::upstream::meter::MeteredConnector { inner: http, meter };
+        let http = crate::metrics::meter::MeteredConnector { inner: http, meter };
         let base = || {
             hyper_rustls::HttpsConnectorBuilder::new()
                 .with_tls_config((*tls.config).clone())

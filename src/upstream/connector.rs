@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 pub(crate) type Connector = Dial<HttpsConnector<Tcp>>;
 
 /// The TCP connector under TLS: hyper-util's, each connection metered.
-pub(crate) type Tcp = crate::upstream::meter::MeteredConnector<HttpConnector>;
+pub(crate) type Tcp = crate::metrics::meter::MeteredConnector<HttpConnector>;
 
 /// A connector that always dials `target`, whatever URI it is asked for: the
 /// URI's authority is the host the request names (`preserve_host`), not an

@@ -10,13 +10,10 @@
 //! (each endpoint's health); this module holds them behind short locks,
 //! never across an await.
 
-pub mod balance;
 pub mod client;
 mod connector;
 mod dial;
-pub mod eject;
 pub mod h2pool;
-pub mod meter;
 pub mod resolve;
 pub mod send;
 
@@ -25,12 +22,12 @@ pub(crate) use dial::{dial, report};
 
 use crate::clock::Clock;
 use crate::metrics::endpoints::{EndpointFamilies, EndpointMetrics};
+use crate::policy::balance::{self, Balance, PeakEwma};
+use crate::policy::eject::{self, Availability, EjectAction, Health, Why};
+pub use crate::policy::BalanceParams;
 use crate::policy::Now;
 use crate::upstream::client::UpstreamClient;
 use arc_swap::ArcSwap;
-pub use balance::Params;
-use balance::{Balance, PeakEwma};
-use eject::{Availability, EjectAction, Health, Why};
 use prometheus::IntGauge;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -145,7 +142,7 @@ pub struct Endpoints {
     upstream: String,
     clock: Clock,
     set: ArcSwap<Vec<Arc<Endpoint>>>,
-    params: ArcSwap<Params>,
+    params: ArcSwap<BalanceParams>,
     /// What new endpoints' pools are made from.
     client: ArcSwap<UpstreamClient>,
     families: EndpointFamilies,
@@ -253,7 +250,7 @@ impl Endpoints {
     pub fn new(
         upstream: &str,
         clock: Clock,
-        params: Params,
+        params: BalanceParams,
         client: UpstreamClient,
         families: EndpointFamilies,
     ) -> Arc<Self> {
@@ -299,7 +296,7 @@ impl Endpoints {
     }
 
     /// Applies reloaded parameters in place.
-    pub fn set_params(&self, params: Params) {
+    pub fn set_params(&self, params: BalanceParams) {
         if **self.params.load() != params {
             self.params.store(Arc::new(params));
         }
@@ -546,7 +543,7 @@ impl Endpoints {
     /// Ejects `ep` for `why`, unless the cap on ejected endpoints is
     /// reached or (for a failure share) its share is not well above its
     /// siblings'.
-    fn eject(&self, ep: &Endpoint, why: Why, params: &Params, now: Now) {
+    fn eject(&self, ep: &Endpoint, why: Why, params: &BalanceParams, now: Now) {
         let p = &params.ejection;
         if why == Why::FailureShare {
             let set = self.set.load();
@@ -636,7 +633,7 @@ mod tests {
         let c = crate::config::Config::parse(std::path::Path::new("t.toml"), src)
             .unwrap_or_else(|e| panic!("{e}"));
         let u = &c.upstreams[0];
-        let meter = crate::upstream::meter::Meter::unregistered();
+        let meter = crate::metrics::meter::Meter::unregistered();
         let client = UpstreamClient::new(u, meter).unwrap_or_else(|e| panic!("{e}"));
         let mut params = u.endpoints.params.clone();
         params.ejection.max_ejected = max_ejected;

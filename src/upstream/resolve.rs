@@ -11,28 +11,11 @@
 //! upstream-wide client resolves for itself.
 
 use super::Endpoints;
-use prometheus::{IntCounter, IntGauge};
+use crate::metrics::DnsMetrics;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-
-/// An upstream name's resolution counters (`weir_dns_*`, made by
-/// `Metrics::dns`).
-#[derive(Debug, Clone)]
-pub struct DnsMetrics {
-    pub(crate) ok: IntCounter,
-    pub(crate) error: IntCounter,
-    pub(crate) addresses: IntGauge,
-}
-
-impl DnsMetrics {
-    /// One resolution: whether it answered, and the addresses in use after it.
-    pub fn resolved(&self, ok: bool, addresses: usize) {
-        if ok { &self.ok } else { &self.error }.inc();
-        self.addresses.set(addresses as i64);
-    }
-}
 
 /// How long one resolution may take.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);

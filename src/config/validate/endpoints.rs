@@ -4,9 +4,9 @@
 use super::super::raw::{RawEjection, RawUpstream, DEFAULT_BALANCE, DEFAULT_MAX_ENDPOINTS};
 use super::{quote, ErrorSink};
 use crate::config::EndpointsConfig;
-use crate::upstream::balance::Balance;
-use crate::upstream::balance::Params;
-use crate::upstream::eject::EjectParams;
+use crate::policy::balance::Balance;
+use crate::policy::eject::EjectParams;
+use crate::policy::BalanceParams;
 
 /// The most endpoints an upstream may use (`max_endpoints`' ceiling).
 const MAX_ENDPOINTS_CEILING: u32 = 1024;
@@ -116,12 +116,12 @@ pub(super) fn endpoints(
         );
     }
     let min_samples = e.min_samples.unwrap_or(20);
-    if min_samples == 0 || min_samples > crate::upstream::eject::WINDOW {
+    if min_samples == 0 || min_samples > crate::policy::eject::WINDOW {
         cx.err(
             field("min_samples"),
             format!(
                 "must be between 1 and {} (the outcomes an endpoint's share is kept over), got {min_samples}",
-                crate::upstream::eject::WINDOW
+                crate::policy::eject::WINDOW
             ),
         );
     }
@@ -151,7 +151,7 @@ pub(super) fn endpoints(
     Some(EndpointsConfig {
         entries,
         fixed,
-        params: Params {
+        params: BalanceParams {
             balance,
             ejection: EjectParams {
                 consecutive_failures,

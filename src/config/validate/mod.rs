@@ -279,7 +279,7 @@ fn upstream(
             "upstream names may use letters, digits, `-`, `_` and `.` only (they become metric labels)",
         );
     }
-    if name == crate::metrics::NO_UPSTREAM {
+    if name == crate::config::NO_UPSTREAM {
         cx.err(
             format!("upstreams.{q}"),
             "`none` is reserved: it is the metric and log label of requests routed to no upstream",

@@ -2,7 +2,7 @@
 //! for an `https://` upstream pinned to HTTP/1.1. One type, so the pool,
 //! the exchange and the relay are written once for both.
 
-use crate::upstream::meter::Metered;
+use crate::metrics::meter::Metered;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
@@ -11,7 +11,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 /// An upstream connection of the fast path, its socket metered (open, and
-/// its bytes: `upstream::meter`).
+/// its bytes: `metrics::meter`).
 #[derive(Debug)]
 pub(crate) enum UpstreamIo {
     Plain(Metered<TcpStream>),

@@ -464,7 +464,7 @@ async fn connect(
         Err(_) => return Err(failed(format!("connect timed out after {timeout:?}"))),
     };
     let _ = s.set_nodelay(true);
-    let s = crate::upstream::meter::Metered::new(s, &up.state.metrics.wire);
+    let s = crate::metrics::meter::Metered::new(s, &up.state.metrics.wire);
     let Some(tls) = tls else {
         return Ok(UpstreamIo::Plain(s));
     };

@@ -39,7 +39,7 @@ pub const FAILURE_RTT: Duration = Duration::from_secs(1);
 
 /// How an upstream's endpoints are balanced and ejected (from its config).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Params {
+pub struct BalanceParams {
     pub balance: Balance,
     pub ejection: super::eject::EjectParams,
     /// Endpoints used at most; addresses beyond are left out (and logged).
