@@ -105,18 +105,7 @@ configure() { # proxy shape → writes its config; prints its port, or nothing i
                 grpc) up=$UP_H2C_PORT listen=http2 location="grpc_pass grpc://up;" ;;
                 h2-in) listen=http2 ;;
             esac
-            mkdir -p "$T/nx/logs"
-            cat > "$T/nx/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-master_process off;
-pid $T/nx/nginx.pid;
-error_log $T/nx/logs/error.log crit;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $T/nx; proxy_temp_path $T/nx; fastcgi_temp_path $T/nx;
-    uwsgi_temp_path $T/nx; scgi_temp_path $T/nx;
+            nginx_conf "$T/nx" 4096 "master_process off;" <<CONF
     keepalive_requests 1000000;
     client_max_body_size 0;
     client_body_buffer_size 128k;
@@ -126,7 +115,6 @@ http {
         listen 127.0.0.1:$NGINX_PORT $listen;
         location / { $location }
     }
-}
 CONF
             echo $NGINX_PORT
             ;;

@@ -117,27 +117,17 @@ if [ -n "${WEIR_BASELINE:-}" ]; then
 fi
 
 if [ $have_nginx = 1 ]; then
-    mkdir -p "$T/nx/logs"
-    cat > "$T/nx/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $T/nx/nginx.pid;
-error_log $T/nx/logs/error.log crit;
-events { worker_connections 20000; }
-http {
-    access_log off;
-    client_body_temp_path $T/nx; proxy_temp_path $T/nx; fastcgi_temp_path $T/nx;
-    uwsgi_temp_path $T/nx; scgi_temp_path $T/nx;
+    nginx_conf "$T/nx" 20000 <<CONF
     keepalive_requests 1000000;
     upstream up { server 127.0.0.1:$UP_PORT; keepalive 64; keepalive_requests 1000000; }
     server {
         listen 127.0.0.1:$NGINX_PORT;
         location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; }
     }
-}
 CONF
-    $pin_proxy nginx -p "$T/nx" -c "$T/nx/nginx.conf" -e "$T/nx/logs/error.log" &
-    PID_OF[nginx]=$!; PORT_OF[nginx]=$NGINX_PORT; PIDS+=($!)
+    # shellcheck disable=SC2086
+    nginx_start "$T/nx" $pin_proxy
+    PID_OF[nginx]=$!; PORT_OF[nginx]=$NGINX_PORT
     wait_port $NGINX_PORT
     targets+=(nginx)
 fi

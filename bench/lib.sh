@@ -1,6 +1,7 @@
-# Shared by bench/compare.sh, bench/shapes.sh and bench/callgrind.sh (sourced, not run):
-# a temp dir $T, processes started by PID in PIDS and stopped on exit,
-# waiting for a port, and nginx as the upstream answering `return 200 "ok"`.
+# Shared by the bench/ scripts (sourced, not run): a temp dir $T, processes
+# started by PID in PIDS and stopped on exit, waiting for a port, nginx's
+# config preamble and start line, nginx as the upstream answering
+# `return 200 "ok"`, measuring helpers and HAProxy's config.
 
 T="$(mktemp -d)"
 PIDS=()
@@ -25,28 +26,55 @@ wait_port() {
     return 1
 }
 
+# DIR/nginx.conf: the preamble every bench nginx shares (one worker in the
+# foreground; pid, error log and temp files under DIR; no access log) around
+# BODY, the rest of the http block read from stdin. MAIN_DIRECTIVEs (e.g.
+# "master_process off;") go in the main context. Creates DIR/logs.
+#   nginx_conf DIR WORKER_CONNECTIONS [MAIN_DIRECTIVE...] <<CONF ... CONF
+nginx_conf() {
+    local dir=$1 conns=$2
+    shift 2
+    mkdir -p "$dir/logs"
+    {
+        echo "worker_processes 1;"
+        echo "daemon off;"
+        [ $# = 0 ] || printf '%s\n' "$@"
+        cat <<CONF
+pid $dir/nginx.pid;
+error_log $dir/logs/error.log crit;
+events { worker_connections $conns; }
+http {
+    access_log off;
+    client_body_temp_path $dir; proxy_temp_path $dir; fastcgi_temp_path $dir;
+    uwsgi_temp_path $dir; scgi_temp_path $dir;
+CONF
+        cat
+        echo "}"
+    } > "$dir/nginx.conf"
+}
+
+# nginx on DIR/nginx.conf (as nginx_conf writes it) in the background, run
+# with the optional command prefix (e.g. CPU pinning), its pid added to PIDS
+# and left in $!: nginx_start DIR [PREFIX...]
+nginx_start() {
+    local dir=$1
+    shift
+    "$@" nginx -p "$dir" -c "$dir/nginx.conf" -e "$dir/logs/error.log" &
+    PIDS+=($!)
+}
+
 # nginx on 127.0.0.1:PORT answering `return 200 "ok"`, run with the
 # optional command prefix (e.g. CPU pinning): start_nginx_upstream PORT [PREFIX...]
+# (bench/cache.sh and bench/callgrind*.sh add servers to $T/up/nginx.conf by
+# editing the `server { listen 127.0.0.1:PORT;` line: keep it as it is.)
 start_nginx_upstream() {
     local port=$1
     shift
-    mkdir -p "$T/up/logs"
-    cat > "$T/up/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $T/up/nginx.pid;
-error_log $T/up/logs/error.log crit;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $T/up; proxy_temp_path $T/up; fastcgi_temp_path $T/up;
-    uwsgi_temp_path $T/up; scgi_temp_path $T/up;
+    nginx_conf "$T/up" 4096 <<CONF
     keepalive_requests 1000000;
     server { listen 127.0.0.1:$port; location / { return 200 "ok"; } }
-}
 CONF
-    "$@" nginx -p "$T/up" -c "$T/up/nginx.conf" -e "$T/up/logs/error.log" &
-    PIDS+=($!)
+    nginx_start "$T/up" "$@"
     wait_port "$port"
 }
 

@@ -28,24 +28,13 @@ WEIR=${WEIR:-target/release/weir}
 UP=127.0.0.2 UP_PORT=18400
 WEIR_PORT=18410 WEIR_ADMIN=18411 NGINX_PORT=18412 HAPROXY_PORT=18413 ENVOY_PORT=18414 ENVOY_ADMIN=18415
 
-mkdir -p "$T/up/logs"
-cat > "$T/up/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $T/up/nginx.pid;
-error_log $T/up/logs/error.log crit;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $T/up; proxy_temp_path $T/up; fastcgi_temp_path $T/up;
-    uwsgi_temp_path $T/up; scgi_temp_path $T/up;
+nginx_conf "$T/up" 4096 <<CONF
     server { listen $UP:$UP_PORT; location / { return 200 "ok"; } }
-}
 CONF
 UP_PID=""
 up_start() {
-    nginx -p "$T/up" -c "$T/up/nginx.conf" -e "$T/up/logs/error.log" &
-    UP_PID=$!; PIDS+=($UP_PID)
+    nginx_start "$T/up"
+    UP_PID=$!
     for _ in $(seq 1 200); do
         (exec 3<>/dev/tcp/$UP/$UP_PORT) 2>/dev/null && return 0
         sleep 0.01
@@ -70,25 +59,14 @@ CONF
             PROXY_PID=$!; PIDS+=($PROXY_PID); wait_port $WEIR_PORT >/dev/null
             ADDR="127.0.0.1:$WEIR_PORT" ;;
         nginx)
-            mkdir -p "$T/ng/logs"
-            cat > "$T/ng/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $T/ng/nginx.pid;
-error_log $T/ng/logs/error.log crit;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $T/ng; proxy_temp_path $T/ng; fastcgi_temp_path $T/ng;
-    uwsgi_temp_path $T/ng; scgi_temp_path $T/ng;
+            nginx_conf "$T/ng" 4096 <<CONF
     upstream svc { server $UP:$UP_PORT; keepalive 64; }
     server { listen 127.0.0.1:$NGINX_PORT; location / {
         proxy_pass http://svc; proxy_http_version 1.1; proxy_set_header Connection "";
         proxy_next_upstream error timeout http_503; proxy_next_upstream_tries 3; } }
-}
 CONF
-            nginx -p "$T/ng" -c "$T/ng/nginx.conf" -e "$T/ng/logs/error.log" &
-            PROXY_PID=$!; PIDS+=($PROXY_PID); wait_port $NGINX_PORT
+            nginx_start "$T/ng"
+            PROXY_PID=$!; wait_port $NGINX_PORT
             ADDR="127.0.0.1:$NGINX_PORT" ;;
         haproxy)
             cat > "$T/haproxy.cfg" <<CONF

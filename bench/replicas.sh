@@ -59,7 +59,6 @@ REPLICAS=(127.0.0.2 127.0.0.3 127.0.0.4)
 start_replicas() { # scenario
     local s=$1 blocks="" n=3
     case $s in random35*) n=1 ;; esac
-    mkdir -p "$T/rep/logs"
     for i in $(seq 0 $((n - 1))); do
         local ip=${REPLICAS[$i]} body='return 200 "ok";'
         if [ "$i" = 0 ]; then
@@ -72,25 +71,15 @@ start_replicas() { # scenario
         fi
         blocks="$blocks server { listen $ip:$RP; access_log $T/rep/logs/$ip.log tiny; location / { $body } }"
     done
-    cat > "$T/rep/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $T/rep/nginx.pid;
-error_log $T/rep/logs/error.log crit;
-events { worker_connections 4096; }
-http {
+    nginx_conf "$T/rep" 4096 <<CONF
     log_format tiny '.';
     keepalive_requests 1000000;
     split_clients "\${request_id}" \$fail50 { 50% 1; * 0; }
     split_clients "\${request_id}" \$fail35 { 35% 1; * 0; }
-    client_body_temp_path $T/rep; proxy_temp_path $T/rep; fastcgi_temp_path $T/rep;
-    uwsgi_temp_path $T/rep; scgi_temp_path $T/rep;
     $blocks
-}
 CONF
-    nginx -p "$T/rep" -c "$T/rep/nginx.conf" -e "$T/rep/logs/error.log" &
+    nginx_start "$T/rep"
     REP_PID=$!
-    PIDS+=($REP_PID)
     sleep 0.3
 }
 
@@ -128,17 +117,7 @@ start_nginx() {
     local opt=""
     [ "$1" = random35x3 ] && opt=" max_fails=0"
     for ip in $(endpoints_of "$1"); do servers="$servers server $ip:$RP$opt;"; done
-    mkdir -p "$T/ng/logs"
-    cat > "$T/ng/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $T/ng/nginx.pid;
-error_log $T/ng/logs/error.log crit;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    client_body_temp_path $T/ng; proxy_temp_path $T/ng; fastcgi_temp_path $T/ng;
-    uwsgi_temp_path $T/ng; scgi_temp_path $T/ng;
+    nginx_conf "$T/ng" 4096 <<CONF
     upstream svc { $servers keepalive 64; }
     server {
         listen 127.0.0.1:$NGINX_PORT;
@@ -150,10 +129,9 @@ http {
             proxy_next_upstream_tries 3;
         }
     }
-}
 CONF
-    nginx -p "$T/ng" -c "$T/ng/nginx.conf" -e "$T/ng/logs/error.log" &
-    PROXY_PID=$!; PIDS+=($PROXY_PID); wait_port $NGINX_PORT
+    nginx_start "$T/ng"
+    PROXY_PID=$!; wait_port $NGINX_PORT
 }
 
 start_haproxy() {

@@ -59,23 +59,13 @@ head -c 1048576 /dev/urandom > "$T/big.bin"
 chmod a+rx "$T"; chmod a+r "$T/big.bin"   # nginx's workers do not run as root
 TEXT=$(head -c 3000 /dev/urandom | base64 -w 0)
 
-mkdir -p "$T/up/logs"
 locations='
         location / { return 200 "ok"; }
         location /post { return 200 "ok"; }
         location /big { alias '"$T"'/big.bin; }
         location /bench.Bench/ { default_type application/grpc; add_trailer grpc-status 0 always; return 200 "okokok"; }
         location /chunked { gzip on; gzip_min_length 0; default_type text/plain; return 200 "'"$TEXT"'"; }'
-cat > "$T/up/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $T/up/nginx.pid;
-error_log $T/up/logs/error.log crit;
-events { worker_connections 8192; }
-http {
-    access_log off;
-    client_body_temp_path $T/up; proxy_temp_path $T/up; fastcgi_temp_path $T/up;
-    uwsgi_temp_path $T/up; scgi_temp_path $T/up;
+nginx_conf "$T/up" 8192 <<CONF
     keepalive_requests 1000000;
     client_max_body_size 0;
     client_body_buffer_size 128k;
@@ -87,10 +77,9 @@ http {
         $locations
     }
     server { listen 127.0.0.1:$UP_H2C_PORT http2; $locations }
-}
 CONF
-$pin_proxy nginx -p "$T/up" -c "$T/up/nginx.conf" -e "$T/up/logs/error.log" &
-PIDS+=($!)
+# shellcheck disable=SC2086
+nginx_start "$T/up" $pin_proxy
 wait_port $UP_PORT
 
 # ---- proxies per shape --------------------------------------------------------
@@ -135,17 +124,7 @@ start_proxies() { # shape
             ssl="proxy_ssl_session_reuse on; proxy_ssl_verify on; proxy_ssl_name localhost; proxy_ssl_server_name on; proxy_ssl_trusted_certificate $T/ca.pem;"
         fi
         [ -n "$location" ] || location="proxy_pass $pass; proxy_http_version 1.1; proxy_set_header Connection \"\";"
-        mkdir -p "$T/nx/logs"
-        cat > "$T/nx/nginx.conf" <<CONF
-worker_processes 1;
-daemon off;
-pid $T/nx/nginx.pid;
-error_log $T/nx/logs/error.log crit;
-events { worker_connections 20000; }
-http {
-    access_log off;
-    client_body_temp_path $T/nx; proxy_temp_path $T/nx; fastcgi_temp_path $T/nx;
-    uwsgi_temp_path $T/nx; scgi_temp_path $T/nx;
+        nginx_conf "$T/nx" 20000 <<CONF
     keepalive_requests 1000000;
     client_max_body_size 0;
     client_body_buffer_size 128k;
@@ -155,10 +134,10 @@ http {
         listen 127.0.0.1:$NGINX_PORT $listen;
         location / { $location $ssl }
     }
-}
 CONF
-        $pin_proxy nginx -p "$T/nx" -c "$T/nx/nginx.conf" -e "$T/nx/logs/error.log" &
-        PID_OF[nginx]=$!; PORT_OF[nginx]=$NGINX_PORT; SHAPE_PIDS+=($!); PIDS+=($!)
+        # shellcheck disable=SC2086
+        nginx_start "$T/nx" $pin_proxy
+        PID_OF[nginx]=$!; PORT_OF[nginx]=$NGINX_PORT; SHAPE_PIDS+=($!)
         wait_port $NGINX_PORT
         targets+=(nginx)
     fi
