@@ -16,7 +16,7 @@ WORKDIR /src
 # Everything the build needs and nothing else (.dockerignore is an allowlist).
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
-COPY benches ./benches
+COPY bench/micro ./bench/micro
 # The release profile keeps line tables (debug = "line-tables-only"): most of
 # the binary's size. They are split off into weir.debug, which the `debug`
 # stage below exports, and the binary keeps a .gnu_debuglink to it, so gdb,

@@ -9,10 +9,10 @@
 //! of events are debounced, and nothing is reloaded when neither the config
 //! nor any file it names changed (docs/reference/reload.md#reload).
 
+use crate::admin::reload::Reloader;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::proxy::{Proxy, ProxyHandle};
-use crate::reload::Reloader;
 use crate::shutdown::stopped;
 use std::collections::BTreeSet;
 use std::io;

@@ -5,17 +5,18 @@
 //! a new upstream starts fresh; a removed one is dropped when the last
 //! snapshot — and so the last request — holding it goes away.
 
+pub mod fleet;
 pub mod gate;
 pub mod link;
 pub mod ring;
 
 use crate::clock::{fresh_seed, Clock};
 use crate::config::{Config, StateBackend, StateConfig, UpstreamConfig};
-use crate::fleet::Fleet;
 use crate::metrics::{Metrics, UpstreamMetrics};
 use crate::policy::cache::{CacheStore, FillRegistry};
 use crate::policy::idempotency::{IdempotencyStore, MemoryStore};
 use crate::policy::{Breaker, KeyedLimiter, RetryBudget, SeededRandom, Transition};
+use crate::state::fleet::Fleet;
 use crate::state::gate::Gate;
 use crate::upstream::client::UpstreamClient;
 use crate::upstream::resolve::Resolver;
@@ -172,7 +173,7 @@ impl UpstreamState {
     }
 
     /// The fleet's leased token bucket, with `rate_limit.scope = "fleet"`.
-    pub fn fleet_bucket(&self) -> Option<crate::fleet::FleetBucket> {
+    pub fn fleet_bucket(&self) -> Option<crate::state::fleet::FleetBucket> {
         self.fleet.load().as_ref()?.bucket.clone()
     }
 

@@ -1,6 +1,6 @@
 //! The response cache (docs/reference/cache.md#response-cache), on both paths (the
 //! fast path serves hits, misses and writes; revalidations and stale
-//! answers are hyper's path's), counting what
+//! answers are the general path's), counting what
 //! the upstream received: hits make no request, concurrent misses make one,
 //! stale-if-error answers through an outage and an open breaker,
 //! must-revalidate is never served stale, stale-while-revalidate refreshes

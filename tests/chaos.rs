@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 use tokio::sync::{Mutex, MutexGuard};
-use weir::chaos::timeline::{first_success_after, to_success};
-use weir::chaos::{run, Column, Scenario, ScenarioOptions, ScenarioReport};
+use weir::cli::chaos::timeline::{first_success_after, to_success};
+use weir::cli::chaos::{run, Column, Scenario, ScenarioOptions, ScenarioReport};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
 
@@ -252,7 +252,7 @@ async fn double_submit_is_delivered_once_per_key_through_weir() {
 /// upstream well under one request per client request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catalogue_outage_serves_stale_for_keys_seen_before_it() {
-    use weir::chaos::catalogue::{reads, upstream_per_read};
+    use weir::cli::chaos::catalogue::{reads, upstream_per_read};
     let _one = serial().await;
     let r = run(Scenario::CatalogueOutage, &opts(2200, true))
         .await
@@ -308,7 +308,7 @@ async fn config_merges_over_the_scenario_settings() {
     let r = run(Scenario::Brownout, &o).await.unwrap();
     assert_eq!(r.deadline, Duration::from_secs(2));
     assert_eq!(r.merged.as_deref(), Some(retry.as_path()));
-    assert!(weir::chaos::report::table(&r).contains(&retry.display().to_string()));
+    assert!(weir::cli::chaos::report::table(&r).contains(&retry.display().to_string()));
     // ...and one that sets the deadline wins over it.
     let deadline = dir.path().join("deadline.toml");
     std::fs::write(&deadline, "[defaults]\ntimeout = \"3s\"\n").unwrap();
@@ -327,7 +327,7 @@ async fn config_merges_over_the_scenario_settings() {
 /// checks the machinery in seconds.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_soak_samples_the_weir_process_and_stops_it() {
-    use weir::chaos::soak::{run, SoakOptions};
+    use weir::cli::chaos::soak::{run, SoakOptions};
     let _one = serial().await;
     let opts = SoakOptions {
         weir: env!("CARGO_BIN_EXE_weir").into(),
@@ -400,7 +400,7 @@ async fn one_bad_replica_of_three_costs_nothing_through_weir() {
 /// within 5 s (docs/reference/admission.md#adaptive-limit).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_keeps_goodput_and_latency_with_the_adaptive_limit() {
-    use weir::chaos::overload::{measure_all, Shape, ADAPTIVE_COLUMN};
+    use weir::cli::chaos::overload::{measure_all, Shape, ADAPTIVE_COLUMN};
     let _one = serial().await;
     // 40 ms rather than the scenario's 20 (500/s): the same story at half
     // the requests a second, which a debug build on two shared cores
@@ -415,7 +415,7 @@ async fn overload_keeps_goodput_and_latency_with_the_adaptive_limit() {
         ..Shape::default()
     };
     let r = measure_all(&shape, &opts(0, true)).await.unwrap();
-    let table = weir::chaos::overload::table(&r);
+    let table = weir::cli::chaos::overload::table(&r);
     // Shown with --nocapture.
     eprintln!("{table}");
     let half = r.cell(0.5, ADAPTIVE_COLUMN).unwrap();

@@ -294,7 +294,7 @@ async fn interims(n: usize, every: Duration) -> RawUpstream {
 
 // Issue 41, item 2: a flood of `100 Continue` used to be read for as long
 // as it lasted (the fast path's deadline timer, polled after the read,
-// never got a turn; hyper's path burned a core until the deadline), and
+// never got a turn; the general path burned a core until the deadline), and
 // then retried as a reset. Past 100 interim responses it is now a 502
 // `bad_response`, not retried.
 both_paths!(
@@ -313,7 +313,7 @@ async fn a_flood_of_interim_responses_is_a_bad_response(path: DataPath) {
     assert_eq!(up.connections(), 1);
 }
 
-/// The same flood for a client on HTTP/2 (hyper's path).
+/// The same flood for a client on HTTP/2 (the general path).
 #[tokio::test(start_paused = true)]
 async fn over_http2_a_flood_of_interim_responses_is_a_bad_response() {
     let up = interims(5000, Duration::ZERO).await;

@@ -507,7 +507,7 @@ fn the_build_context_holds_what_the_dockerfile_copies_and_no_target_dir() {
         );
     }
     // Everything cargo needs to build: the manifest's [[bench]] targets too.
-    for needed in ["Cargo.toml", "Cargo.lock", "src/main.rs", "benches"] {
+    for needed in ["Cargo.toml", "Cargo.lock", "src/main.rs", "bench/micro"] {
         assert!(!docker_ignored(&rules, needed), "{needed} is not sent");
     }
 }
@@ -672,9 +672,9 @@ async fn the_image_health_check_asks_the_admin_listener_of_its_config() {
     check_health_timeouts(&cmd, &opts["timeout"]);
     // What it reads from the image's config is where weir's admin listens.
     let cfg = load_config(&src);
-    let admin = weir::health::admin_of(&root().join(&src)).unwrap();
+    let admin = weir::cli::health::admin_of(&root().join(&src)).unwrap();
     assert_eq!(admin, cfg.server.admin);
-    assert!(weir::health::target(admin).ip().is_loopback());
+    assert!(weir::cli::health::target(admin).ip().is_loopback());
 
     let (rt, _up, dir) = weir_with_traffic().await;
     let checks = tempfile::tempdir().unwrap();

@@ -308,7 +308,6 @@ fn every_docs_anchor_the_code_cites_exists() {
     let mut dirs: Vec<PathBuf> = [
         "src",
         "tests",
-        "benches",
         "bench",
         "deploy",
         "config",

@@ -18,8 +18,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use weir::config::{StateBackend, StateConfig};
-use weir::fleet::Fleet;
 use weir::metrics::state::StateMetrics;
+use weir::state::fleet::Fleet;
 
 const REFRESH: Duration = Duration::from_millis(200);
 
@@ -225,10 +225,10 @@ async fn few_lines(answer: fn(&[u8]) -> Vec<u8>) {
         failed, 200,
         "a reply no call asks for was taken for an answer"
     );
-    let lines = logs.lines_of("weir::fleet");
+    let lines = logs.lines_of("weir::state::fleet");
     assert!(
         lines.len() <= 6,
-        "{} lines from weir::fleet for 400 failed calls:\n{}",
+        "{} lines from weir::state::fleet for 400 failed calls:\n{}",
         lines.len(),
         lines.join("\n")
     );

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use weir::config::{StateBackend, StateConfig};
-use weir::fleet::{Fleet, FleetBucket, ProbeClaim, StateError};
 use weir::metrics::state::StateMetrics;
 use weir::policy::idempotency::{Action, Claim, Fingerprint, Record, StoredResponse};
 use weir::policy::lease::Take;
+use weir::state::fleet::{Fleet, FleetBucket, ProbeClaim, StateError};
 
 fn ms(x: u64) -> Duration {
     Duration::from_millis(x)

@@ -10,8 +10,8 @@ mod common;
 use common::redis_server::RedisServer;
 use std::time::Duration;
 use weir::config::{StateBackend, StateConfig};
-use weir::fleet::Fleet;
 use weir::metrics::state::StateMetrics;
+use weir::state::fleet::Fleet;
 
 fn config(redis: &RedisServer) -> StateConfig {
     StateConfig {

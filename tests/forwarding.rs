@@ -437,7 +437,7 @@ async fn a_request_id_is_one_visible_ascii_field_of_at_most_128_bytes(path: Data
     }
 }
 
-/// The same over HTTP/2 (hyper's path).
+/// The same over HTTP/2 (the general path).
 #[tokio::test]
 async fn over_http2_a_request_id_is_kept_or_replaced_alike() {
     let up = ids().await;

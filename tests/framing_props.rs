@@ -136,7 +136,7 @@ fn hyper_reads(bytes: Vec<u8>) -> Vec<(String, bool)> {
         });
         // hyper behind the guard, as weir runs it: where the module refuses
         // a body the guard cuts the connection, so hyper cannot read on.
-        let guarded = weir::fuzzing::guard(server, 65536);
+        let guarded = weir::cli::fuzzing::guard(server, 65536);
         let conn = tokio::spawn(
             hyper::server::conn::http1::Builder::new()
                 .half_close(true)

@@ -11,7 +11,7 @@ mod reference;
 
 use proptest::prelude::*;
 use reference::{agree, frame, RefMark, RefStop};
-use weir::fuzzing::{guard_frame, Mark, Refusal, Stop};
+use weir::cli::fuzzing::{guard_frame, Mark, Refusal, Stop};
 
 const MAX_HEAD: usize = 64 * 1024;
 

@@ -9,7 +9,7 @@
 //! process per server and variant (below), each with one upstream on a
 //! dedicated listener on a free loopback port, `access_log = "all"`, and
 //! `RUST_LOG=info,weir::proxy::fast=trace` so that its log says which
-//! connections the fast path handed to hyper's path (one listener per
+//! connections the fast path handed to the general path (one listener per
 //! process, because a client address names one connection only per
 //! destination: the kernel reuses local ports towards other ones).
 //!
@@ -44,20 +44,20 @@
 //! whose body (of known length, or chunked without trailers) is at most the
 //! upstream's `retry.max_replay_body_bytes` (and 1 MiB), without `Expect`,
 //! gRPC or an upgrade; anything else hands the *connection*, from that
-//! request on, to hyper's path. So here:
+//! request on, to the general path. So here:
 //! - an HTTP/1.1 client's request on a fresh connection, small enough for
 //!   its variant, is the fast path. Variants, one weir each per server:
 //!   `cap64k` (the default cap, 64 KiB: bodies up to 64 KiB are the fast
 //!   path's), `cap1m` (`max_replay_body_bytes = 1048576`: up to 1 MiB, so
 //!   64 KiB + 1 and 1 MiB go the fast path too) and `cap16`
 //!   (`max_replay_body_bytes = 16`: every body over 16 bytes streams through
-//!   hyper's path);
+//!   the general path);
 //! - a larger body, an `Expect: 100-continue` request, and every h2c client
-//!   (the fast path is HTTP/1.1 only) are hyper's path;
+//!   (the fast path is HTTP/1.1 only) are the general path;
 //! - "primed": a `requests` call on a fresh connection whose first request
 //!   was a GET with `Expect: 100-continue`, which hands the connection to
 //!   hyper — so GETs, downloads, 204, 304, keyed and hedged requests from an
-//!   HTTP/1.1 client are served by hyper's path too, bodies buffered as the
+//!   HTTP/1.1 client are served by the general path too, bodies buffered as the
 //!   fast path would.
 //!
 //! Each case's name says the path it is meant to take, and the test checks
@@ -326,7 +326,7 @@ impl DataPath {
     fn name(self) -> &'static str {
         match self {
             DataPath::Fast => "fast path",
-            DataPath::Hyper => "hyper's path",
+            DataPath::Hyper => "the general path",
         }
     }
 }
@@ -506,9 +506,9 @@ fn plan(server: Server, plan: &mut Plan) {
     let s = server;
     // Request bodies with Content-Length, every size, on both paths: curl on
     // a fresh connection (the fast path up to the cap), curl to the 1 MiB
-    // cap (the fast path up to 1 MiB), requests primed (hyper's path,
-    // buffered up to 64 KiB, streamed above), httpx over h2c (hyper's path),
-    // fetch to the 16-byte cap (hyper's path, streamed, but for 0 B).
+    // cap (the fast path up to 1 MiB), requests primed (the general path,
+    // buffered up to 64 KiB, streamed above), httpx over h2c (the general path),
+    // fetch to the 16-byte cap (the general path, streamed, but for 0 B).
     for n in [0, KIB, 64 * KIB, 64 * KIB + 1, MIB, 8 * MIB] {
         let what = format!("POST {}", size_name(n));
         plan.add(s, Curl, "h1", Cap64k, "POST", Echo, Sized(n), &what);
@@ -561,7 +561,7 @@ fn plan(server: Server, plan: &mut Plan) {
         );
     }
     // Chunked POSTs: small (held, so the fast path's when the cap allows),
-    // and 1 MiB (streamed through hyper's path). http.server cannot read a
+    // and 1 MiB (streamed through the general path). http.server cannot read a
     // chunked body; its large one is left out (weir's write fails against
     // a server that answered and closed, and that says nothing new).
     let chunked = "chunked POST 3000 B";
@@ -620,7 +620,7 @@ fn plan(server: Server, plan: &mut Plan) {
             "POST 1 MiB without content-length",
         );
     }
-    // Expect: 100-continue (always hyper's path, the body streamed).
+    // Expect: 100-continue (always the general path, the body streamed).
     for (client, variant, n) in [
         (Curl, Cap64k, 128 * KIB),
         (Curl, Cap1m, KIB),
@@ -1587,15 +1587,16 @@ fn interop_matrix() {
         }
     });
 
-    // gRPC: grpcio to grpcio through weir (hyper's path, HTTP/2 both ways).
+    // gRPC: grpcio to grpcio through weir (the general path, HTTP/2 both ways).
     let mut failures: Vec<(String, String)> = Vec::new();
     let grpc_body = request_body(MIB);
     let grpc_file = d.join("grpc-body");
     std::fs::write(&grpc_file, &grpc_body).unwrap();
     let grpc_sha = sha_hex(&grpc_body);
     for method in ["Digest", "Refuse"] {
-        let name =
-            format!("gRPC {method} (1 MiB message) · grpcio · grpcio h2c · grpc (hyper's path)");
+        let name = format!(
+            "gRPC {method} (1 MiB message) · grpcio · grpcio h2c · grpc (the general path)"
+        );
         let mut cmd = Command::new(&py);
         cmd.arg(server_script("interop_grpc.py"))
             .args(["client", "--target"])
@@ -1649,7 +1650,7 @@ fn interop_matrix() {
                 bodies.sha[&n]
             );
             let name = format!(
-                "{n_h2load} POSTs of {} · {} · h2load h2c · cap64k (hyper's path)",
+                "{n_h2load} POSTs of {} · {} · h2load h2c · cap64k (the general path)",
                 size_name(n),
                 s.name()
             );

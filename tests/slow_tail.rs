@@ -10,7 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
-use weir::chaos::{run, Scenario, ScenarioOptions};
+use weir::cli::chaos::{run, Scenario, ScenarioOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hedging_cuts_the_slow_tail() {
@@ -21,7 +21,7 @@ async fn hedging_cuts_the_slow_tail() {
         ..ScenarioOptions::default()
     };
     let r = run(Scenario::SlowTail, &opts).await.unwrap();
-    let table = weir::chaos::report::table(&r);
+    let table = weir::cli::chaos::report::table(&r);
     let plain = r.columns.iter().find(|c| c.name == "weir").expect(&table);
     let hedged = r
         .columns

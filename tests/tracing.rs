@@ -606,7 +606,7 @@ fn check_bounded(state: &str) {
     assert_eq!(members.len(), 24, "{state}");
 }
 
-/// The same over HTTP/2 (hyper's path).
+/// The same over HTTP/2 (the general path).
 #[tokio::test]
 async fn over_http2_a_traced_request_carries_one_bounded_context() {
     let up = context_echo().await;

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use weir::fuzzing::guard_frame;
+use weir::cli::fuzzing::guard_frame;
 use weir::proxy::fast::head::{plan, Parse};
 use weir_fuzz::reference::{agree, frame, RefMark};
 use weir_fuzz::{reads, role, snapshot, MAX_HEAD};

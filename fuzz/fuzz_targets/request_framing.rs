@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use weir::fuzzing::{guard_frame, Mark, Stop};
+use weir::cli::fuzzing::{guard_frame, Mark, Stop};
 use weir::proxy::fast::head::{plan, Parse};
 use weir::proxy::h1::Chunked;
 use weir_fuzz::{reads, role, snapshot, MAX_HEAD};

@@ -1,6 +1,6 @@
 //! HTTP/1.1 message framing (RFC 9112 §6–§7), written once for every place
 //! weir follows HTTP/1 bytes itself: the request-smuggling guard in front of
-//! hyper (`proxy::guard`) and the fast path (`proxy::fast`), on requests and
+//! hyper (`proxy::general::guard`) and the fast path (`proxy::fast`), on requests and
 //! responses alike.
 //!
 //! Where a message ends is the request-smuggling boundary: two parsers that

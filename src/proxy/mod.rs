@@ -8,13 +8,9 @@
 pub(crate) mod access;
 pub(crate) mod attempt;
 pub(crate) mod body;
-pub(crate) mod cached;
-mod conn;
 pub(crate) mod error;
-pub(crate) mod exchange;
 pub mod fast;
 pub(crate) mod general;
-pub(crate) mod guard;
 pub mod h1;
 pub(crate) mod headers;
 pub(crate) mod idempotent;
@@ -25,8 +21,6 @@ pub(crate) mod route;
 mod server;
 pub(crate) mod sticky;
 pub(crate) mod traced;
-pub(crate) mod tunnel;
-pub(crate) mod upgrade;
 
 /// The largest upstream response head weir reads, on either path; a larger
 /// one is a `bad_response` (502), not retried.

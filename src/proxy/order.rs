@@ -7,7 +7,7 @@
 //!
 //! The codecs supply how each step reads, waits, sends and answers
 //! ([`Codec`]): the fast path's HTTP/1.1 (`proxy::fast`), hyper's HTTP/1.1
-//! and HTTP/2 (`proxy::exchange`), and CONNECT tunnels (`proxy::tunnel`).
+//! and HTTP/2 (`proxy::general::exchange`), and CONNECT tunnels (`proxy::general::tunnel`).
 //! None of them orders the steps itself. (The response cache stands in
 //! front of this order on both paths: a request it answers never reaches it.)
 

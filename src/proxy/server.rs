@@ -3,7 +3,7 @@
 //! bound addresses, publishes reloaded configs — binding listeners a reload
 //! adds and draining those it removes — and shuts everything down.
 
-use super::conn::{builder, serve_io, ClientConn, ServeState};
+use super::general::conn::{builder, serve_io, ClientConn, ServeState};
 use super::{ListenerRole, Snapshot};
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -212,7 +212,7 @@ impl ProxyHandle {
     }
 
     /// The fleet's shared state in force, with `[state] backend = "redis"`.
-    pub fn fleet(&self) -> Option<crate::fleet::Fleet> {
+    pub fn fleet(&self) -> Option<crate::state::fleet::Fleet> {
         self.shared.states.fleet()
     }
 

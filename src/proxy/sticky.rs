@@ -1,8 +1,8 @@
-//! HeldConn upstream connections, on the general path to a cleartext HTTP/1.1
-//! upstream: each client connection keeps the upstream connection it used
+//! Held upstream connections (`HeldConn`), on the general path to a
+//! cleartext HTTP/1.1 upstream: each client connection keeps the upstream connection it used
 //! last and sends its next request on it, without a shared pool in between.
 //! (Not to be confused with `proxy::fast`, which serves plain HTTP/1.1
-//! clients without hyper; this serves the requests hyper's server reads.)
+//! clients without hyper; this serves the requests the general path reads.)
 //!
 //! An HTTP/1.1 client connection carries one request at a time, so the
 //! upstream connection it holds is free again by the time the next request
@@ -10,7 +10,8 @@
 //! hashing its key, locking, a spawned task per response — was a large share
 //! of weir's CPU per request. Anything else — TLS, HTTP/2, a host name to
 //! resolve, or a held connection still busy (an HTTP/2 client's concurrent
-//! streams) — takes the shared pool in [`super::client`].
+//! streams) — takes the endpoint's shared pool in
+//! [`crate::upstream::client`].
 
 use super::body::Body;
 use crate::state::UpstreamState;

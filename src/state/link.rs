@@ -21,10 +21,10 @@
 
 use super::UpstreamState;
 use crate::config::UpstreamConfig;
-use crate::fleet::{Fleet, FleetBucket, ProbeClaim};
 use crate::policy::breaker::State;
 use crate::policy::idempotency::IdempotencyStats;
 use crate::policy::{Scope, StateKind, Transition};
+use crate::state::fleet::{Fleet, FleetBucket, ProbeClaim};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;

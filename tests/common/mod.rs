@@ -470,7 +470,7 @@ impl Captured {
         })
     }
 
-    /// The lines of `target` (`weir::access`, `weir::fleet`).
+    /// The lines of `target` (`weir::access`, `weir::state::fleet`).
     pub fn lines_of(&self, target: &str) -> Vec<String> {
         let bytes = self.0.lock().unwrap().clone();
         String::from_utf8_lossy(&bytes)

@@ -1,6 +1,6 @@
 //! A strict reference for where HTTP/1.1 requests end (RFC 9112 §2–§7),
 //! written from the RFC's grammar for clarity, not speed. weir's request
-//! framing (the guard in front of hyper, `proxy::guard`, and `proxy::h1`)
+//! framing (the guard in front of hyper, `proxy::general::guard`, and `proxy::h1`)
 //! is held against it by `tests/framing_reference.rs` and by the
 //! `framing_differential` fuzz target: on any bytes, the two agree on where
 //! each request starts and ends, or weir refuses.
@@ -329,14 +329,14 @@ pub fn frame(bytes: &[u8]) -> Vec<RefMark> {
     }
 }
 
-/// Whether weir's marks (from `weir::fuzzing::guard_frame`) agree with the
+/// Whether weir's marks (from `weir::cli::fuzzing::guard_frame`) agree with the
 /// reference's on the same bytes: every head weir accepts and every end it
 /// finds is the reference's, mark for mark; weir may stop earlier (a
 /// refusal, or a head it still waits for) but never accepts a head where
 /// the reference refuses or ends a request elsewhere; a tunnel or HTTP/2 is
 /// one for both.
-pub fn agree(weir: &[weir::fuzzing::Mark], reference: &[RefMark]) -> Result<(), String> {
-    use weir::fuzzing::{Mark, Stop};
+pub fn agree(weir: &[weir::cli::fuzzing::Mark], reference: &[RefMark]) -> Result<(), String> {
+    use weir::cli::fuzzing::{Mark, Stop};
     let fail = |k: usize, why: &str| {
         Err(format!(
             "mark {k}: {why}\n  weir:      {weir:?}\n  reference: {reference:?}"

@@ -166,7 +166,7 @@ pub(crate) fn refund(up: &Upstream, key: Option<&str>, taken: Taken) {
 
 /// The fleet's leased bucket, when the rate limit is the fleet's (the link
 /// is not even looked at otherwise).
-pub(crate) fn fleet_bucket(up: &Upstream) -> Option<crate::fleet::FleetBucket> {
+pub(crate) fn fleet_bucket(up: &Upstream) -> Option<crate::state::fleet::FleetBucket> {
     let scope = up.config.rate_limit.as_ref()?.scope;
     (scope == crate::policy::Scope::Fleet)
         .then(|| up.state.fleet_bucket())

@@ -21,7 +21,7 @@ struct LiveGates<'a> {
     budget: &'a mut RetryBudget,
     limiter: Option<&'a mut KeyedLimiter>,
     /// The fleet's leased bucket, tried before `limiter` (its fallback).
-    fleet: Option<crate::fleet::FleetBucket>,
+    fleet: Option<crate::state::fleet::FleetBucket>,
     now: Duration,
     key: Option<&'a str>,
     /// The breaker admission for the retry, when granted.

@@ -15,7 +15,6 @@
 mod admit;
 mod drive;
 mod hedge;
-mod hyper;
 
 pub(crate) use admit::{admit, admit_breaker_at, deadline, refund, Admitted, Dropped, Watch};
 pub use drive::Annotations;
@@ -24,4 +23,3 @@ pub(crate) use drive::{
     Transport,
 };
 pub(crate) use hedge::{race, Hedging, Raced, Seen};
-pub(crate) use hyper::{run, HyperTransport, Outbound};

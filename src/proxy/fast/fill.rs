@@ -1,7 +1,7 @@
 //! The response cache's misses and writes on the fast path
 //! (docs/reference/cache.md#response-cache): a miss takes its turn at
 //! filling its key (coalesced with the others of that key, as on hyper's
-//! path, `proxy::cached::take_turn`), goes upstream, and its response is
+//! path, `proxy::general::cached::take_turn`), goes upstream, and its response is
 //! read whole before any of it is relayed when it may be stored, so that a
 //! body that breaks off is weir's error and nothing is stored; a write that
 //! succeeds drops its target's entries.
@@ -12,8 +12,8 @@ use super::io::read_more;
 use super::transport::Exchange;
 use super::{Ctx, OwnError};
 use crate::policy::cache::{on_not_modified, CacheResult, CachedResponse, Refreshed};
-use crate::proxy::cached::{self, EndFill, Turn};
 use crate::proxy::error::ProxyError;
+use crate::proxy::general::cached::{self, EndFill, Turn};
 use crate::proxy::{h1, Upstream};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -136,7 +136,7 @@ impl Ctx<'_> {
 
     /// A 304 to a revalidation (RFC 9111 §4.3.4): the entry, refreshed,
     /// answers; one the 304 does not match is dropped and the request
-    /// starts over on hyper's path, which asks again plainly.
+    /// starts over on the general path, which asks again plainly.
     fn not_modified(
         &self,
         up: &Upstream,
@@ -291,7 +291,7 @@ fn count(up: &Upstream, result: CacheResult) {
     }
 }
 
-/// weir's error for a body that ended before it was whole, as hyper's path
+/// weir's error for a body that ended before it was whole, as the general path
 /// says it.
 fn broke_off(had: usize) -> ProxyError {
     ProxyError::UpstreamReset(format!("the response body broke off after {had} bytes"))

@@ -26,7 +26,7 @@ impl Ctx<'_> {
         // The whole entry: `write_parts` states the length (for a HEAD
         // too) and sends the body only to a GET.
         let (mut parts, body) =
-            crate::proxy::cached::entry_parts(up, e, result, false, attempts, now);
+            crate::proxy::general::cached::entry_parts(up, e, result, false, attempts, now);
         parts.headers.remove(http::header::CONTENT_LENGTH);
         self.answer_stored(up, start, p, &parts, &body, !p.is_head_request)
             .await

@@ -43,8 +43,8 @@ mod transport;
 
 use super::access;
 use super::attempt;
-use super::conn::{serve_io, ClientConn};
 use super::error::ProxyError;
+use super::general::conn::{serve_io, ClientConn};
 use super::idempotent::{self, Recorder};
 use super::order;
 use super::Upstream;
@@ -183,7 +183,7 @@ struct Ctx<'c> {
     access: crate::config::AccessLog,
     /// The client's address, for the access log.
     peer: std::net::SocketAddr,
-    /// The request is to be served again from the start on hyper's path
+    /// The request is to be served again from the start on the general path
     /// (`fill::FillStep::HandOver`): nothing of it has been answered.
     hand_over: bool,
 }

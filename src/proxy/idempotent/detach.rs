@@ -1,4 +1,4 @@
-//! A keyed write on hyper's path outlives its client without a task of its
+//! A keyed write on the general path outlives its client without a task of its
 //! own (docs/reference/idempotency.md#idempotency-keys): its exchange runs in
 //! the request's future and its response body is kept as it is relayed. Only
 //! when hyper drops either of them before its end (the client left) does
@@ -15,7 +15,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-/// What an exchange gives (`proxy::exchange`, a keyed write's or any
+/// What an exchange gives (`proxy::general::exchange`, a keyed write's or any
 /// other): the response, and the keeping of its body when it is to be
 /// recorded.
 pub(crate) type Forwarded = Result<(http::Response<Body>, Option<Capture>), ProxyError>;

@@ -5,10 +5,10 @@
 //! never held back by them.
 
 use super::{Begun, Recorder};
-use crate::fleet::StateError;
 use crate::policy::idempotency::{Action, Claim, Fingerprint, Record, StoredResponse};
 use crate::proxy::error::ProxyError;
 use crate::proxy::Upstream;
+use crate::state::fleet::StateError;
 use crate::state::link::Link;
 use std::sync::Arc;
 use std::time::Duration;

@@ -42,7 +42,7 @@ pub struct Write {
 /// A miss to fill.
 #[derive(Debug)]
 pub struct Filling {
-    /// The entry's key (`proxy::cached::key_of`).
+    /// The entry's key (`proxy::general::cached::key_of`).
     pub key: String,
     /// What the request's fields say to the cache (a `HEAD` is never
     /// stored, nor coalesced).
@@ -81,7 +81,7 @@ pub(super) fn visit(
     keyed: bool,
     fields: &[httparse::Header<'_>],
 ) -> Result<Cached, &'static str> {
-    let key = || crate::proxy::cached::key_of(up, t.authority, t.host, t.path_and_query);
+    let key = || crate::proxy::general::cached::key_of(up, t.authority, t.host, t.path_and_query);
     if !matches!(t.method, "GET" | "HEAD") {
         let Ok(method) = http::Method::from_bytes(t.method.as_bytes()) else {
             return Ok(Cached::Off);
@@ -173,7 +173,7 @@ pub fn response_fields(out: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> + Clo
 }
 
 /// The request head at the start of `buf` as `http` parts (for a
-/// background refresh, which goes upstream on hyper's path).
+/// background refresh, which goes upstream on the general path).
 pub fn request_parts(buf: &[u8]) -> Option<http::request::Parts> {
     let mut fields = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
     let mut req = httparse::Request::new(&mut fields);

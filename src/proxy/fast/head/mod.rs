@@ -243,7 +243,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     if body_len > cap {
         return Parse::Fallback("a body too large to hold");
     }
-    // An entry to revalidate or to serve stale is hyper's path's to use.
+    // An entry to revalidate or to serve stale is the general path's to use.
     let cache = match up.config.cache {
         None => cache::Cached::Off,
         Some(_) => {
@@ -260,7 +260,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         }
     };
     // The fast path stores and invalidates from an HTTP/1.1 upstream's
-    // answers only; an HTTP/2 upstream's are hyper's path's to keep.
+    // answers only; an HTTP/2 upstream's are the general path's to keep.
     if up.h2
         && matches!(
             cache,
@@ -373,7 +373,7 @@ fn parse<'h, 'b>(buf: &'b [u8], fields: &'h mut [httparse::Header<'b>]) -> Parse
         return Parse::Fallback("a target in neither origin nor absolute form");
     };
     if authority.is_some_and(|a| a.is_empty() || a.contains(['?', '#', '@'])) {
-        // With userinfo, hyper's path answers 400.
+        // With userinfo, the general path answers 400.
         return Parse::Fallback("an unusual authority");
     }
     let path = path_and_query
@@ -400,7 +400,7 @@ fn parse<'h, 'b>(buf: &'b [u8], fields: &'h mut [httparse::Header<'b>]) -> Parse
                 return Parse::Fallback("more than one Host");
             }
             match std::str::from_utf8(h.value) {
-                // hyper's path answers 400.
+                // the general path answers 400.
                 Ok(v) if v.contains('@') => return Parse::Fallback("a Host with userinfo"),
                 Ok(v) => host = Some(v.trim()),
                 Err(_) => return Parse::Fallback("a Host that is not text"),

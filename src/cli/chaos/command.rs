@@ -11,7 +11,7 @@ pub struct ChaosArgs {
     pub upstream: Option<ChaosCommand>,
     /// The scenario; all of them when absent.
     #[arg(value_enum)]
-    pub scenario: Option<crate::chaos::Scenario>,
+    pub scenario: Option<crate::cli::chaos::Scenario>,
     /// Client requests per column (each scenario has its own default).
     #[arg(long)]
     pub requests: Option<usize>,
@@ -85,7 +85,7 @@ pub enum ChaosCommand {
         listen: std::net::SocketAddr,
         /// Start from this scenario's profile.
         #[arg(long, value_enum, default_value = "transient-5")]
-        profile: crate::chaos::Scenario,
+        profile: crate::cli::chaos::Scenario,
         /// Share of requests answered with --fail-status (0–1).
         #[arg(long)]
         fail_rate: Option<f64>,
@@ -137,7 +137,7 @@ pub fn run(args: ChaosArgs) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let opts = crate::chaos::soak::SoakOptions {
+        let opts = crate::cli::chaos::soak::SoakOptions {
             weir,
             duration,
             interval,
@@ -145,7 +145,7 @@ pub fn run(args: ChaosArgs) -> ExitCode {
             rate,
             seed,
         };
-        return match rt.block_on(crate::chaos::soak::print(&opts)) {
+        return match rt.block_on(crate::cli::chaos::soak::print(&opts)) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,
             Err(e) => {
@@ -161,7 +161,7 @@ pub fn run(args: ChaosArgs) -> ExitCode {
         clients,
     }) = &args.upstream
     {
-        use crate::chaos::driver::{drive, Load, Mode, Target};
+        use crate::cli::chaos::driver::{drive, Load, Mode, Target};
         let load = Load {
             requests: *requests,
             mode: Mode::Closed((*clients).max(1)),
@@ -217,14 +217,14 @@ pub fn run(args: ChaosArgs) -> ExitCode {
             p.hang_rate = v;
         }
         if let Some(rps) = throttle_rps {
-            p.throttle = Some(crate::chaos::upstream::Throttle {
+            p.throttle = Some(crate::cli::chaos::upstream::Throttle {
                 rps,
                 status: 429,
                 retry_after: 1,
             });
         }
         if let Some(l) = latency {
-            match crate::chaos::upstream::parse_latency(&l) {
+            match crate::cli::chaos::upstream::parse_latency(&l) {
                 Ok(l) => p.latency = l,
                 Err(e) => {
                     eprintln!("--latency: {e}");
@@ -236,7 +236,7 @@ pub fn run(args: ChaosArgs) -> ExitCode {
             p.outages.clear();
         }
         for o in outage {
-            match crate::chaos::upstream::parse_outage(&o) {
+            match crate::cli::chaos::upstream::parse_outage(&o) {
                 Ok(w) => p.outages.push(w),
                 Err(e) => {
                     eprintln!("--outage: {e}");
@@ -246,7 +246,9 @@ pub fn run(args: ChaosArgs) -> ExitCode {
         }
         return rt.block_on(async move {
             let up =
-                match crate::chaos::upstream::ChaosUpstream::start(listen, p.clone(), seed).await {
+                match crate::cli::chaos::upstream::ChaosUpstream::start(listen, p.clone(), seed)
+                    .await
+                {
                     Ok(u) => u,
                     Err(e) => {
                         eprintln!("cannot listen on {listen}: {e}");
@@ -273,7 +275,7 @@ pub fn run(args: ChaosArgs) -> ExitCode {
             ExitCode::SUCCESS
         });
     }
-    let opts = crate::chaos::ScenarioOptions {
+    let opts = crate::cli::chaos::ScenarioOptions {
         requests: args.requests,
         rate: args.rate,
         seed: args.seed,
@@ -281,19 +283,19 @@ pub fn run(args: ChaosArgs) -> ExitCode {
         weir_only: false,
         h2c: args.h2c,
     };
-    let scenarios: Vec<crate::chaos::Scenario> = match args.scenario {
+    let scenarios: Vec<crate::cli::chaos::Scenario> = match args.scenario {
         Some(s) => vec![s],
-        None => crate::chaos::Scenario::ALL.to_vec(),
+        None => crate::cli::chaos::Scenario::ALL.to_vec(),
     };
     rt.block_on(async move {
         let mut all = Vec::new();
         for s in scenarios {
-            match crate::chaos::run(s, &opts).await {
+            match crate::cli::chaos::run(s, &opts).await {
                 Ok(r) => {
                     if args.json {
-                        all.push(crate::chaos::report::json(&r));
+                        all.push(crate::cli::chaos::report::json(&r));
                     } else {
-                        println!("{}", crate::chaos::report::table(&r));
+                        println!("{}", crate::cli::chaos::report::table(&r));
                     }
                 }
                 Err(e) => {

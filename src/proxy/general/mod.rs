@@ -1,13 +1,32 @@
-//! The path of one request: route → the response cache
-//! ([`super::cached`]), a keyed write that outlives its client ([`detached`]), or
-//! straight to the exchange with the upstream ([`super::exchange`]) → the
-//! access log.
+//! The general path: every request the fast path does not serve (h2c and
+//! TLS clients, chunked or large bodies, upgrades, gRPC, CONNECT, what the
+//! fast path hands over) read and answered by hyper's server, as one codec
+//! of the serve order. One name for it in code and docs: "the general path".
+//!
+//! - `conn`: one client connection under hyper's server (keep-alive, idle
+//!   and header-read limits, drain); `guard` in front of it, the
+//!   request-smuggling guard over HTTP/1 heads.
+//! - this module: one request — route → the response cache
+//!   ([`self::cached`]), a keyed write that outlives its client
+//!   ([`detached`]), a tunnel (`tunnel`, `upgrade`), or the exchange with
+//!   the upstream (`exchange`, the serve order's codec over hyper's types)
+//!   → the access log.
+//! - `transport`: one attempt sent on the upstream layer's connections
+//!   (the attempt driver's transport for this path).
 
+pub(crate) mod cached;
+pub(crate) mod conn;
+pub(crate) mod exchange;
+pub(crate) mod guard;
+pub(crate) mod transport;
+pub(crate) mod tunnel;
+pub(crate) mod upgrade;
+
+use self::exchange::with_upstream;
+use self::guard::Refusal;
 use super::attempt;
 use super::body::Body;
 use super::error::{ErrorCode, ProxyError};
-use super::exchange::with_upstream;
-use super::guard::Refusal;
 use super::idempotent;
 use super::request::{self, Parsed};
 use super::{ListenerRole, Snapshot, Upstream};
@@ -21,7 +40,7 @@ use tokio::time::Instant;
 
 /// Serves one request from a client. `refused`: the request is the
 /// request-smuggling guard's marker for a head it refused, and why
-/// (`proxy::guard`): weir answers it with its error and routes nothing.
+/// (`proxy::general::guard`): weir answers it with its error and routes nothing.
 pub(crate) async fn handle(
     snap: &Snapshot,
     role: &ListenerRole,
@@ -36,7 +55,7 @@ pub(crate) async fn handle(
     // it is served unjudged (docs/reference/protocols.md#upgrades).
     let connect = req.method() == http::Method::CONNECT;
     let leaves = req.version() < Version::HTTP_2
-        && (connect || super::upgrade::requested(req.headers()).is_some());
+        && (connect || self::upgrade::requested(req.headers()).is_some());
     let mut resp = serve(snap, role, conn, req, refused).await;
     let switched = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS
         || (connect && resp.status().is_success());
@@ -108,7 +127,7 @@ async fn serve(
         .as_ref()
         .and_then(|_| parts.headers.get(header::HOST).cloned());
     // The client's deadline, its rate key, and a keyed write's key
-    // (docs/reference/idempotency.md#idempotency-keys); a 400 is forward's to answer.
+    // (docs/reference/idempotency.md#idempotency-keys); a 400 is the exchange's to answer.
     let parsed = request::read(cfg, &parts);
     if let Ok(p) = &parsed {
         if let Some(made) = p.request_id.made_text(&mut [0u8; 32]) {
@@ -142,14 +161,14 @@ async fn serve(
         // future, which hyper moves per request (`SHAPE=h2-in
         // bench/callgrind.sh`).
         Ok(p) if cached => {
-            let serve = super::cached::serve(up, conn, parts, body, start, grpc, p, &mut handled);
+            let serve = self::cached::serve(up, conn, parts, body, start, grpc, p, &mut handled);
             Box::pin(serve).await
         }
         parsed => Box::pin(with_upstream(up, conn, parts, body, start, grpc, parsed)).await,
     };
     let resp = match forwarded {
         Ok(resp) if !cached && cfg.cache.is_some() => {
-            super::cached::invalidate(up, &method, &uri, host.as_ref(), resp.status().as_u16());
+            self::cached::invalidate(up, &method, &uri, host.as_ref(), resp.status().as_u16());
             resp
         }
         Ok(resp) => resp,
@@ -157,7 +176,7 @@ async fn serve(
             up.state.metrics.error(e.code(), start.elapsed());
             let mut resp = e.respond(Some(&up.config.name), grpc);
             if handled {
-                super::cached::mark_error(up, &mut resp);
+                self::cached::mark_error(up, &mut resp);
             }
             resp
         }
@@ -309,7 +328,7 @@ async fn detached(
         // No held connection: it belongs to a client connection, which this
         // exchange may outlive.
         let conn = super::sticky::ConnCtx::default();
-        super::exchange::keyed(&up, &conn, parts, body, start, grpc, parsed).await
+        self::exchange::keyed(&up, &conn, parts, body, start, grpc, parsed).await
     };
     match idempotent::detach(exchange).await? {
         (resp, Some(capture)) => Ok(idempotent::recorded(resp, capture)),
@@ -318,7 +337,7 @@ async fn detached(
 }
 
 /// A CONNECT: a tunnel to an upstream that allows one, else 405. Never
-/// forwarded upstream (see `proxy::tunnel`).
+/// forwarded upstream (see `proxy::general::tunnel`).
 async fn tunnel(
     snap: &Snapshot,
     upstream: Option<&Upstream>,
@@ -338,7 +357,7 @@ async fn tunnel(
     };
     let start = Instant::now();
     let key = request::rate_key(&up.config, &parts);
-    let (result, attempts) = super::tunnel::open(up, parts, key.as_deref(), start).await;
+    let (result, attempts) = self::tunnel::open(up, parts, key.as_deref(), start).await;
     let mut resp = match result {
         Ok(resp) => {
             up.state.metrics.status(200, start.elapsed());

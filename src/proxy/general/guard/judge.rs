@@ -97,7 +97,7 @@ pub(super) fn judge(head: &[u8]) -> Judged {
         _ => return Judged::Stop(Stop::Unparsed),
     }
     // Only a request weir will upgrade (`Upgrade` with `Connection:
-    // upgrade`, as `proxy::upgrade` asks; or CONNECT) may turn the
+    // upgrade`, as `proxy::general::upgrade` asks; or CONNECT) may turn the
     // connection into something that is not HTTP: stop following then. A
     // bare `Upgrade` is an ordinary request, and what follows it is judged.
     // weir (and hyper) read a `Connection` value only when it is text

@@ -2,9 +2,9 @@
 //! one and sent through hyper's client (or a held connection); gRPC
 //! responses held until their first message.
 
-use super::admit::Watch;
-use super::drive::{drive, timed_out, Attempted, Attempts, Transport};
 use crate::policy::{parse_retry_after, Outcome};
+use crate::proxy::attempt::Watch;
+use crate::proxy::attempt::{drive, timed_out, Attempted, Attempts, Transport};
 use crate::proxy::body::{Body, UpstreamBody};
 use crate::proxy::error::ProxyError;
 use crate::proxy::replay::RequestBody;
@@ -71,9 +71,9 @@ impl<'p, 'a> HyperTransport<'p, 'a> {
 }
 
 impl Watch for HyperTransport<'_, '_> {
-    /// hyper watches the client for us (see [`super::admit::Dropped`]).
+    /// hyper watches the client for us (see [`crate::proxy::attempt::Dropped`]).
     async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
-        super::admit::Dropped.unless_gone(f).await
+        crate::proxy::attempt::Dropped.unless_gone(f).await
     }
 }
 
@@ -107,12 +107,15 @@ impl Transport for HyperTransport<'_, '_> {
         started: Instant,
         try_deadline: Instant,
         _deadline: Instant,
-        hedging: super::Hedging<'_>,
-    ) -> Option<super::Raced<Self::Response>> {
+        hedging: crate::proxy::attempt::Hedging<'_>,
+    ) -> Option<crate::proxy::attempt::Raced<Self::Response>> {
         let first = build(self.plan);
         let grpc = (self.plan.grpc_trailers, self.plan.deadline);
         let (up, conn) = (self.up, self.conn);
-        let (seen, seen2) = (super::Seen::default(), super::Seen::default());
+        let (seen, seen2) = (
+            crate::proxy::attempt::Seen::default(),
+            crate::proxy::attempt::Seen::default(),
+        );
         // The hedge's request is built now (cheap: the body is held) so that
         // the first attempt's future borrows nothing the hedge needs.
         let second = build(self.plan);
@@ -126,7 +129,7 @@ impl Transport for HyperTransport<'_, '_> {
             &mut self.avoid,
             Some(&seen),
         );
-        let raced = super::race(primary, started, hedging, |_sent, give_up| {
+        let raced = crate::proxy::attempt::race(primary, started, hedging, |_sent, give_up| {
             if let Some(a) = seen.get() {
                 hedge_avoid.push(a);
             }
@@ -171,7 +174,7 @@ impl Transport for HyperTransport<'_, '_> {
     }
 }
 
-/// Runs the attempts of a request on hyper's path until one is returned
+/// Runs the attempts of a request on the general path until one is returned
 /// (`proxy::order` has begun them): the request rebuilt from `plan` for each.
 pub(crate) async fn run(
     up: &Upstream,
@@ -292,7 +295,7 @@ async fn send(
     (grpc_trailers, deadline): (bool, Instant),
     try_deadline: Instant,
     avoid: &mut Vec<std::net::SocketAddr>,
-    seen: Option<&super::Seen>,
+    seen: Option<&crate::proxy::attempt::Seen>,
 ) -> (Outcome, Result<Response<UpstreamBody>, ProxyError>) {
     let started = Instant::now();
     let mut picked = None;
@@ -409,7 +412,7 @@ async fn dispatch(
     mut req: Request<Body>,
     avoid: &mut Vec<std::net::SocketAddr>,
     picked: &mut Option<crate::upstream::Picked>,
-    seen: Option<&super::Seen>,
+    seen: Option<&crate::proxy::attempt::Seen>,
 ) -> Result<Response<Incoming>, crate::upstream::client::SendError> {
     let publish = |p: &crate::upstream::Picked| {
         if let Some(s) = seen {

@@ -1,14 +1,14 @@
 //! The hyper connection driver: one client connection (plain TCP, TLS, or
 //! handed over by the fast path with the bytes it read) served by hyper's
 //! HTTP/1.1 and HTTP/2 server behind the request-smuggling guard, drained
-//! gracefully when weir stops. The listeners (`super::server`) and the fast
-//! path (`super::fast`) both end here; neither depends on the other.
+//! gracefully when weir stops. The listeners (`crate::proxy::server`) and the fast
+//! path (`crate::proxy::fast`) both end here; neither depends on the other.
 
-use super::body::boxed;
-use super::general;
 use super::guard::FramingGuard;
-use super::{ListenerRole, Snapshot};
 use crate::config::Config;
+use crate::proxy::body::boxed;
+use crate::proxy::general;
+use crate::proxy::{ListenerRole, Snapshot};
 use crate::shutdown::stopped;
 use crate::state::StateRegistry;
 use arc_swap::ArcSwap;
@@ -25,21 +25,21 @@ use tokio::time::Instant;
 
 /// State shared by every listener and connection.
 #[derive(Debug)]
-pub(super) struct ServeState {
-    pub(super) snapshot: ArcSwap<Snapshot>,
-    pub(super) states: StateRegistry,
-    pub(super) connections: Arc<Semaphore>,
-    pub(super) draining: AtomicBool,
+pub(in crate::proxy) struct ServeState {
+    pub(in crate::proxy) snapshot: ArcSwap<Snapshot>,
+    pub(in crate::proxy) states: StateRegistry,
+    pub(in crate::proxy) connections: Arc<Semaphore>,
+    pub(in crate::proxy) draining: AtomicBool,
     /// The span exporter, kept across reloads (`[tracing]`).
-    pub(super) tracing: crate::trace::Registry,
+    pub(in crate::proxy) tracing: crate::trace::Registry,
 }
 
 /// hyper's server, configured from the config's `[server]` table.
-pub(super) fn builder(config: &Config) -> auto::Builder<TokioExecutor> {
+pub(in crate::proxy) fn builder(config: &Config) -> auto::Builder<TokioExecutor> {
     let mut b = auto::Builder::new(TokioExecutor::new());
     b.http1()
         .timer(TokioTimer::new())
-        // The guard (`proxy::guard`) times request heads from their first
+        // The guard (`proxy::general::guard`) times request heads from their first
         // byte: hyper's own timer would run from the end of the last
         // response, and cut a kept-alive connection that is merely quiet
         // (`client_idle_timeout` bounds that, in `Activity`).
@@ -57,23 +57,23 @@ pub(super) fn builder(config: &Config) -> auto::Builder<TokioExecutor> {
 }
 
 /// One client connection's context, however its bytes arrive (plain or TLS).
-pub(super) struct ClientConn {
-    pub(super) peer: SocketAddr,
-    pub(super) role: ListenerRole,
-    pub(super) shared: Arc<ServeState>,
-    pub(super) stop: watch::Receiver<bool>,
-    pub(super) builder: auto::Builder<TokioExecutor>,
-    pub(super) max_head: usize,
-    pub(super) head_timeout: Duration,
+pub(in crate::proxy) struct ClientConn {
+    pub(in crate::proxy) peer: SocketAddr,
+    pub(in crate::proxy) role: ListenerRole,
+    pub(in crate::proxy) shared: Arc<ServeState>,
+    pub(in crate::proxy) stop: watch::Receiver<bool>,
+    pub(in crate::proxy) builder: auto::Builder<TokioExecutor>,
+    pub(in crate::proxy) max_head: usize,
+    pub(in crate::proxy) head_timeout: Duration,
     /// With no request in flight this long, the connection is closed.
-    pub(super) idle_timeout: Duration,
+    pub(in crate::proxy) idle_timeout: Duration,
     /// A response the client takes nothing of for this long ends the connection.
-    pub(super) write_timeout: Duration,
+    pub(in crate::proxy) write_timeout: Duration,
     /// Abandoned requests per second that end the connection.
-    pub(super) max_resets: u32,
+    pub(in crate::proxy) max_resets: u32,
 }
 
-pub(super) async fn serve_io<I>(io: I, conn: ClientConn)
+pub(in crate::proxy) async fn serve_io<I>(io: I, conn: ClientConn)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -89,7 +89,7 @@ where
         write_timeout,
         max_resets,
     } = conn;
-    let ctx = Arc::new(super::sticky::ConnCtx::default());
+    let ctx = Arc::new(crate::proxy::sticky::ConnCtx::default());
     let guard = FramingGuard::new(io, max_head, head_timeout);
     let h2 = guard.h2_flag();
     // Which HTTP/1 request is the guard's marker for a head it refused.
@@ -100,7 +100,8 @@ where
     // The stop signal each HTTP/1 response reads (draining).
     let draining = stop.clone();
     let svc = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
-        req.extensions_mut().insert(super::access::ClientAddr(peer));
+        req.extensions_mut()
+            .insert(crate::proxy::access::ClientAddr(peer));
         let snap = shared.snapshot.load_full();
         let role = role.clone();
         let ctx = ctx.clone();

@@ -14,17 +14,17 @@
 //! coalescing, what is stored) and background refresh; it hands this path
 //! only a request whose 304 matched no entry any more.
 
-use super::attempt::Annotations;
-use super::body::{self, Body};
-use super::error::ProxyError;
 use super::exchange::with_upstream;
-use super::request::Parsed;
-use super::sticky::ConnCtx;
-use super::Upstream;
 use crate::policy::cache::{
     on_error, on_not_modified, CacheRequest, CacheResult, CacheStore, CachedResponse, Decision,
     Refreshed,
 };
+use crate::proxy::attempt::Annotations;
+use crate::proxy::body::{self, Body};
+use crate::proxy::error::ProxyError;
+use crate::proxy::request::Parsed;
+use crate::proxy::sticky::ConnCtx;
+use crate::proxy::Upstream;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
@@ -186,9 +186,9 @@ impl Visit<'_> {
 
     /// The request's deadline, as `exchange::with_upstream` sets it.
     fn deadline(&self, parts: &Parts) -> Instant {
-        let grpc = super::headers::grpc_timeout(&parts.headers);
+        let grpc = crate::proxy::headers::grpc_timeout(&parts.headers);
         let lowered = self.asked.lowered;
-        super::attempt::deadline(&self.up.config, self.start, [lowered, grpc]).0
+        crate::proxy::attempt::deadline(&self.up.config, self.start, [lowered, grpc]).0
     }
 
     /// Goes upstream (with `entry`'s validators when it has any), then
@@ -327,7 +327,7 @@ impl Visit<'_> {
                     }
                     // Trailers: relayed, never stored.
                     Err(f) => {
-                        let relay = super::replay::Prefixed::new(chunks, Some(f), rest);
+                        let relay = crate::proxy::replay::Prefixed::new(chunks, Some(f), rest);
                         return Ok(self.mark(
                             Response::from_parts(head, body::boxed(relay)),
                             CacheResult::Miss,
@@ -344,7 +344,7 @@ impl Visit<'_> {
             let r = CachedResponse::new(status, pairs(&head.headers), &chunks, freshness, now);
             insert(self.up, &self.key, pairs(req_headers), r);
         }
-        let relay = super::replay::Prefixed::new(chunks, None, rest);
+        let relay = crate::proxy::replay::Prefixed::new(chunks, None, rest);
         Ok(self.mark(
             Response::from_parts(head, body::boxed(relay)),
             CacheResult::Miss,
@@ -438,7 +438,7 @@ pub(crate) fn entry_parts(
         hedge: None,
     });
     let on = up.config.annotate;
-    super::attempt::annotate_response(h, &mut parts.extensions, spent, on);
+    crate::proxy::attempt::annotate_response(h, &mut parts.extensions, spent, on);
     if on {
         h.insert(CACHE_HEADER, HeaderValue::from_static(result.name()));
     }
@@ -523,7 +523,7 @@ pub(crate) fn refresh(up: &Upstream, parts: &Parts, key: &str, entry: &Arc<Cache
             conn: &conn,
             start: Instant::now(),
             grpc: false,
-            asked: super::request::read(&up.config, &parts).unwrap_or_default(),
+            asked: crate::proxy::request::read(&up.config, &parts).unwrap_or_default(),
             key,
             req,
             count: false,

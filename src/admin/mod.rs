@@ -5,8 +5,11 @@
 //! listener binds: the effective config names every upstream, and a reload
 //! is a write. The status page answers requests that name a loopback host.
 
+pub mod reload;
+pub mod status;
+
+use crate::admin::reload::Reloader;
 use crate::proxy::body::{full, Body};
-use crate::reload::Reloader;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -72,7 +75,7 @@ pub async fn serve(
     reloader: Arc<Reloader>,
     mut stop: watch::Receiver<bool>,
 ) {
-    tokio::spawn(crate::status::sample(
+    tokio::spawn(crate::admin::status::sample(
         reloader.proxy().clone(),
         stop.clone(),
     ));
@@ -130,8 +133,8 @@ pub async fn route<B>(reloader: &Reloader, peer: SocketAddr, req: Request<B>) ->
             StatusCode::FORBIDDEN,
             "the status page answers requests to a loopback host only, without a foreign Origin\n",
         ),
-        (&Method::GET, "/") => crate::status::page(),
-        (&Method::GET, "/status.json") => crate::status::json(proxy),
+        (&Method::GET, "/") => crate::admin::status::page(),
+        (&Method::GET, "/status.json") => crate::admin::status::json(proxy),
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {
             // The shared state's health is told, never a reason for 503:

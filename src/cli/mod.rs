@@ -1,6 +1,11 @@
 //! The command line. `main.rs` calls [`main`]; everything an operator can
 //! type is defined here, with help written for them.
 
+pub mod chaos;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod health;
+
 use crate::config::Config;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -144,7 +149,7 @@ pub enum Command {
     /// `weir chaos upstream` runs the fault-injecting upstream alone, to rehearse your own
     /// policy against it.
     #[command(args_conflicts_with_subcommands = true)]
-    Chaos(crate::chaos::command::ChaosArgs),
+    Chaos(crate::cli::chaos::command::ChaosArgs),
     /// Ask a running weir whether it is ready: exit 0 when its admin listener answers 200.
     ///
     /// `GET /readyz` (or `--path`) over plain HTTP to the admin listener: `--admin ADDR`,
@@ -197,8 +202,8 @@ pub fn main() -> ExitCode {
             admin,
             path,
             timeout,
-        } => crate::health::run(config.file().as_deref(), admin, &path, timeout),
-        Command::Chaos(args) => crate::chaos::command::run(args),
+        } => crate::cli::health::run(config.file().as_deref(), admin, &path, timeout),
+        Command::Chaos(args) => crate::cli::chaos::command::run(args),
     }
 }
 

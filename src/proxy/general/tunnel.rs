@@ -15,14 +15,14 @@
 //!
 //! Any other `CONNECT` gets 405 `connect_not_allowed`.
 
-use super::attempt::{self, Annotations, Attempted, Attempts};
-use super::body::{empty, Body};
-use super::error::ProxyError;
-use super::idempotent::{Begun, Recorder};
-use super::order::{self, Codec};
-use super::Upstream;
 use crate::policy::idempotency::StoredResponse;
 use crate::policy::{BodyFacts, Outcome, RequestFacts};
+use crate::proxy::attempt::{self, Annotations, Attempted, Attempts};
+use crate::proxy::body::{empty, Body};
+use crate::proxy::error::ProxyError;
+use crate::proxy::idempotent::{Begun, Recorder};
+use crate::proxy::order::{self, Codec};
+use crate::proxy::Upstream;
 use crate::state::gate::Slot;
 use http::request::Parts;
 use http::{Response, StatusCode};

@@ -1,23 +1,24 @@
-//! One request's exchange with its upstream on hyper's path, after routing:
+//! One request's exchange with its upstream on the general path, after routing:
 //! upstream request hygiene, then the one order of `proxy::order` (deadline
 //! → a keyed write's record → admission → body → breaker → attempts), for
 //! which this module is hyper's codec ([`HyperRequest`]: the body prepared
 //! for a replay, attempts through hyper's client, response hygiene). Both
 //! the plain request path (`proxy::general`) and the response cache
-//! (`proxy::cached`) go upstream through [`with_upstream`].
+//! (`proxy::general::cached`) go upstream through [`with_upstream`].
 
-use super::attempt::{self, Annotations, Attempted, Attempts, Outbound};
-use super::body::{boxed, Body, IdleTimeout, UpstreamBody};
-use super::error::ProxyError;
-use super::headers;
-use super::idempotent::{self, Begun, Forwarded};
-use super::order::{self, Codec};
-use super::replay::RequestBody;
-use super::request::Parsed;
-use super::route::upstream_path;
-use super::Upstream;
+use super::transport::Outbound;
 use crate::policy::idempotency::StoredResponse;
 use crate::policy::{BodyFacts, RequestFacts};
+use crate::proxy::attempt::{self, Annotations, Attempted, Attempts};
+use crate::proxy::body::{boxed, Body, IdleTimeout, UpstreamBody};
+use crate::proxy::error::ProxyError;
+use crate::proxy::headers;
+use crate::proxy::idempotent::{self, Begun, Forwarded};
+use crate::proxy::order::{self, Codec};
+use crate::proxy::replay::RequestBody;
+use crate::proxy::request::Parsed;
+use crate::proxy::route::upstream_path;
+use crate::proxy::Upstream;
 use crate::state::gate::Slot;
 use http::header;
 use http::uri::Authority;
@@ -30,7 +31,7 @@ use tokio::time::Instant;
 /// 400 it earned. A keyed write's is [`keyed`]'s.
 pub(crate) async fn with_upstream(
     up: &Upstream,
-    conn: &super::sticky::ConnCtx,
+    conn: &crate::proxy::sticky::ConnCtx,
     parts: http::request::Parts,
     body: Body,
     start: Instant,
@@ -47,7 +48,7 @@ pub(crate) async fn with_upstream(
 /// recorded (a replay, weir's own error, no record).
 pub(crate) async fn keyed(
     up: &Upstream,
-    conn: &super::sticky::ConnCtx,
+    conn: &crate::proxy::sticky::ConnCtx,
     parts: http::request::Parts,
     body: Body,
     start: Instant,
@@ -62,7 +63,7 @@ pub(crate) async fn keyed(
 /// `proxy::order` by [`HyperRequest`].
 async fn exchange(
     up: &Upstream,
-    conn: &super::sticky::ConnCtx,
+    conn: &crate::proxy::sticky::ConnCtx,
     mut parts: http::request::Parts,
     body: Body,
     start: Instant,
@@ -96,7 +97,9 @@ async fn exchange(
     // The id weir made when the client sent none (docs/reference/logs.md#logs).
     if let Some(id) = parsed.request_id.made_text(&mut [0u8; 32]) {
         if let Ok(v) = http::HeaderValue::from_str(id) {
-            parts.headers.insert(super::request::REQUEST_ID_FIELD, v);
+            parts
+                .headers
+                .insert(crate::proxy::request::REQUEST_ID_FIELD, v);
         }
     }
     if let (Some(u), Some(_)) = (&upgrade, &on_upgrade) {
@@ -128,9 +131,9 @@ async fn exchange(
     order::serve(up, &mut request, start, key.as_deref()).await
 }
 
-/// One request on hyper's path, as the order serves it.
+/// One request on the general path, as the order serves it.
 struct HyperRequest<'r> {
-    conn: &'r super::sticky::ConnCtx,
+    conn: &'r crate::proxy::sticky::ConnCtx,
     start: Instant,
     /// `x-weir-timeout-ms`, `grpc-timeout`.
     asked: [Option<Duration>; 2],
@@ -148,7 +151,7 @@ struct HyperRequest<'r> {
     body: Option<Body>,
     /// The body made ready for the attempts.
     held: Option<RequestBody>,
-    continue_gate: Option<std::sync::Arc<super::replay::ContinueGate>>,
+    continue_gate: Option<std::sync::Arc<crate::proxy::replay::ContinueGate>>,
     /// The client's side of an upgrade it asked for.
     on_upgrade: Option<hyper::upgrade::OnUpgrade>,
 }
@@ -222,7 +225,7 @@ impl Codec for HyperRequest<'_> {
                 .headers
                 .get(header::EXPECT)
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")))
-        .then(|| std::sync::Arc::new(super::replay::ContinueGate::default()));
+        .then(|| std::sync::Arc::new(crate::proxy::replay::ContinueGate::default()));
         let limit = up.config.retry.max_replay_body_bytes;
         let ready = match &gate {
             Some(gate) => RequestBody::gated(body, gate.clone(), !self.single),
@@ -276,7 +279,7 @@ impl Codec for HyperRequest<'_> {
         };
         // Boxed: the attempts' future is most of a request's, and each
         // layer that holds it inline copies it whole when it is made.
-        Some(Box::pin(attempt::run(up, self.conn, plan, attempts)).await)
+        Some(Box::pin(super::transport::run(up, self.conn, plan, attempts)).await)
     }
 
     async fn replay(&mut self, up: &Upstream, stored: StoredResponse) -> Forwarded {

@@ -15,7 +15,7 @@
 //! CONNECT and anything it cannot follow are passed through untouched, and
 //! hyper's own parser remains the one that decides everything else.
 
-use super::h1;
+use crate::proxy::h1;
 
 mod judge;
 pub use judge::Refusal;
@@ -80,7 +80,7 @@ pin_project! {
         timer: Option<Pin<Box<tokio::time::Sleep>>>,
         seen_request: bool,
         // Set once the client sent the HTTP/2 preface: a drain says
-        // goodbye to it with a GOAWAY (`proxy::conn`).
+        // goodbye to it with a GOAWAY (`proxy::general::conn`).
         h2: Arc<AtomicBool>,
         // Heads counted and the one refused, for the service.
         verdict: Arc<GuardVerdict>,
