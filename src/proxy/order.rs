@@ -22,26 +22,29 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// What one codec supplies to the order ([`serve`]). Each step returns the
-/// codec's `Out` when the request ends there: answered, or its client gone.
+/// What one codec supplies to the order ([`serve`]): how a request is
+/// read, sent and answered. Each step returns the codec's `Out` when the
+/// request ends there: answered, or its client gone. The request itself is
+/// handed from step to step ([`Codec::Arrived`] → [`Codec::Ready`] → the
+/// attempts), so no step meets a request another step already took.
+/// Keyed writes are a codec's option ([`KeyedWrites`]).
 pub(crate) trait Codec {
     /// What serving a request ends in.
     type Out;
     /// A response from the upstream, as the codec's transport reads it.
     type Response;
+    /// The request as it arrived: what of its head and body the codec
+    /// carries into the order.
+    type Arrived;
+    /// The request made ready for the attempts ([`Codec::body`]).
+    type Ready;
 
     /// The deadlines the client asked for (`x-weir-timeout-ms`,
     /// `grpc-timeout`): they lower the upstream's `timeout`, never raise it.
-    fn asked(&self) -> [Option<Duration>; 2];
-
-    /// A keyed write (docs/reference/idempotency.md#idempotency-keys): its
-    /// body read as its fingerprint needs, and the store asked. `Ok(None)`:
-    /// the request is no keyed write.
-    async fn begin_keyed(
-        &mut self,
-        up: &Upstream,
-        deadline: Instant,
-    ) -> Result<Option<Begun>, Self::Out>;
+    /// None by default.
+    fn asked(&self) -> [Option<Duration>; 2] {
+        [None, None]
+    }
 
     /// Admission up to the body ([`attempt::admit`]), watching the client
     /// while it waits; `None` when the client went away meanwhile. By
@@ -58,24 +61,27 @@ pub(crate) trait Codec {
     }
 
     /// The request body, ready for the attempts (whole when it is kept for a
-    /// replay). `Ok(true)` when it had to be waited for.
-    async fn body(&mut self, up: &Upstream, deadline: Instant) -> Result<bool, Self::Out>;
+    /// replay), with whether it had to be waited for.
+    async fn body(
+        &mut self,
+        up: &Upstream,
+        arrived: Self::Arrived,
+        deadline: Instant,
+    ) -> Result<(Self::Ready, bool), Self::Out>;
 
     /// What the retry policy asks of the request (method, key, body).
-    fn facts(&self) -> RequestFacts;
+    fn facts(&self, ready: &Self::Ready) -> RequestFacts;
 
     /// Runs the attempts over the codec's transport (`t0`: the first one's
     /// start); `None` when the client went away.
     async fn drive(
         &mut self,
         up: &Upstream,
+        ready: Self::Ready,
         attempts: &mut Attempts<'_>,
         t0: Instant,
         detached: bool,
     ) -> Option<Attempted<Self::Response>>;
-
-    /// A keyed write's stored response, replayed.
-    async fn replay(&mut self, up: &Upstream, stored: StoredResponse) -> Self::Out;
 
     /// weir's own error; `spent`: the attempts' annotations, once they have
     /// begun.
@@ -103,25 +109,73 @@ pub(crate) trait Codec {
     ) -> Self::Out;
 }
 
-/// Serves one request to `up` in the order of this module's summary.
-/// `start`: when the request arrived; `key`: its rate-limit key.
+/// A codec that carries keyed writes
+/// (docs/reference/idempotency.md#idempotency-keys), served by
+/// [`serve_keyed`].
+pub(crate) trait KeyedWrites: Codec {
+    /// The request's body read as its fingerprint needs, and the store
+    /// asked; `None` when the request is no keyed write. The request comes
+    /// back for the steps that follow.
+    async fn begin_keyed(
+        &mut self,
+        up: &Upstream,
+        arrived: Self::Arrived,
+        deadline: Instant,
+    ) -> Result<(Option<Begun>, Self::Arrived), Self::Out>;
+
+    /// A keyed write's stored response, replayed.
+    async fn replay(&mut self, up: &Upstream, stored: StoredResponse) -> Self::Out;
+}
+
+/// Serves one request to `up` in the order of this module's summary, a
+/// codec without keyed writes. `start`: when the request arrived; `key`:
+/// its rate-limit key.
 pub(crate) async fn serve<C: Codec>(
     up: &Upstream,
     codec: &mut C,
+    arrived: C::Arrived,
     start: Instant,
     key: Option<&str>,
 ) -> C::Out {
-    let (deadline, lowered) = attempt::deadline(&up.config, start, codec.asked());
-    // A keyed write's body is read first, for its fingerprint; a repeat is
-    // answered from the record before admission could hold it back.
-    let mut recorder = None;
-    match codec.begin_keyed(up, deadline).await {
+    let deadline = attempt::deadline(&up.config, start, codec.asked());
+    admitted(up, codec, arrived, start, key, deadline, None).await
+}
+
+/// [`serve`] for a codec with keyed writes: a keyed write's body is read
+/// first, for its fingerprint, and a repeat is answered from the record
+/// before admission could hold it back.
+pub(crate) async fn serve_keyed<C: KeyedWrites>(
+    up: &Upstream,
+    codec: &mut C,
+    arrived: C::Arrived,
+    start: Instant,
+    key: Option<&str>,
+) -> C::Out {
+    let deadline = attempt::deadline(&up.config, start, codec.asked());
+    let (begun, arrived) = match codec.begin_keyed(up, arrived, deadline.0).await {
         Err(out) => return out,
-        Ok(None) | Ok(Some(Begun::Unrecorded)) => {}
-        Ok(Some(Begun::Replay(stored))) => return codec.replay(up, stored).await,
-        Ok(Some(Begun::Refused(e))) => return codec.refuse(up, e, None, None).await,
-        Ok(Some(Begun::Forward(r))) => recorder = Some(r),
-    }
+        Ok(b) => b,
+    };
+    let recorder = match begun {
+        None | Some(Begun::Unrecorded) => None,
+        Some(Begun::Replay(stored)) => return codec.replay(up, stored).await,
+        Some(Begun::Refused(e)) => return codec.refuse(up, e, None, None).await,
+        Some(Begun::Forward(r)) => Some(r),
+    };
+    admitted(up, codec, arrived, start, key, deadline, recorder).await
+}
+
+/// The order from admission on; `deadline`: the request's, and whether
+/// the client lowered it.
+async fn admitted<C: Codec>(
+    up: &Upstream,
+    codec: &mut C,
+    arrived: C::Arrived,
+    start: Instant,
+    key: Option<&str>,
+    (deadline, lowered): (Instant, bool),
+    mut recorder: Option<Recorder>,
+) -> C::Out {
     // Admission in the order of docs/reference/admission.md#admission: rate
     // limit, concurrency; the body is read before the breaker is asked, so a
     // slow upload never holds a half-open probe slot.
@@ -130,8 +184,8 @@ pub(crate) async fn serve<C: Codec>(
         Some(Err(e)) => return codec.refuse(up, e, None, None).await,
         Some(Ok(a)) => (a.slot, a.waited, a.taken),
     };
-    let body_waited = match codec.body(up, deadline).await {
-        Ok(w) => w,
+    let (ready, body_waited) = match codec.body(up, arrived, deadline).await {
+        Ok(r) => r,
         Err(out) => return out,
     };
     // Nothing waited for: `start` still tells the time.
@@ -146,7 +200,8 @@ pub(crate) async fn serve<C: Codec>(
             return codec.refuse(up, e, None, None).await;
         }
     };
-    let begun = Attempts::begin(up, ticket, codec.facts(), key, deadline, lowered, t0);
+    let facts = codec.facts(&ready);
+    let begun = Attempts::begin(up, ticket, facts, key, deadline, lowered, t0);
     let Ok(mut attempts) = begun else {
         let none = Annotations {
             attempts: 0,
@@ -157,7 +212,7 @@ pub(crate) async fn serve<C: Codec>(
         return codec.refuse(up, e, Some(none), None).await;
     };
     let detached = recorder.is_some();
-    let Some(attempted) = codec.drive(up, &mut attempts, t0, detached).await else {
+    let Some(attempted) = codec.drive(up, ready, &mut attempts, t0, detached).await else {
         return codec.gone();
     };
     let spent = Annotations {

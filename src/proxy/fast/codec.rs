@@ -13,7 +13,7 @@ use crate::proxy::attempt::Attempted;
 use crate::proxy::attempt::{self, Admitted, Attempts};
 use crate::proxy::error::ProxyError;
 use crate::proxy::idempotent::{self, Begun, Recorder};
-use crate::proxy::order::Codec;
+use crate::proxy::order::{Codec, KeyedWrites};
 use crate::proxy::Upstream;
 use crate::state::gate::Slot;
 use std::net::SocketAddr;
@@ -25,8 +25,6 @@ pub(super) struct FastRequest<'r, 'c> {
     pub(super) ctx: &'r mut Ctx<'c>,
     pub(super) p: &'r Planned,
     pub(super) start: Instant,
-    /// An HTTP/2 upstream's request head (`None`: HTTP/1.1).
-    pub(super) h2_parts: Option<Box<http::request::Parts>>,
     /// A keyed write's body was read before admission, for its fingerprint.
     pub(super) read_first: bool,
 }
@@ -38,23 +36,21 @@ impl FastRequest<'_, '_> {
     }
 }
 
-impl Codec for FastRequest<'_, '_> {
-    /// Whether the client connection stays open for the next request.
-    type Out = bool;
-    type Response = UpstreamAnswer;
+/// The request head the fast path carries into the order: an HTTP/2
+/// upstream's (`None`: an HTTP/1.1 upstream's head is the bytes in the
+/// client's buffer, rewritten there).
+type H2Head = Option<Box<http::request::Parts>>;
 
-    fn asked(&self) -> [Option<Duration>; 2] {
-        [self.p.asked.lowered, None]
-    }
-
+impl KeyedWrites for FastRequest<'_, '_> {
     async fn begin_keyed(
         &mut self,
         up: &Upstream,
+        head: H2Head,
         deadline: Instant,
-    ) -> Result<Option<Begun>, bool> {
+    ) -> Result<(Option<Begun>, H2Head), bool> {
         let p = self.p;
         let Some(k) = p.idem.clone() else {
-            return Ok(None);
+            return Ok((None, head));
         };
         let need = self.need();
         self.read_first = self.ctx.bufs.client.len() < need;
@@ -63,7 +59,23 @@ impl Codec for FastRequest<'_, '_> {
         let key = p.asked.key.as_deref().unwrap_or_default();
         let body = &self.ctx.bufs.client[p.head_len..need];
         let fp = idempotent::fingerprint(method, target, body, p.chunked);
-        Ok(Some(idempotent::begin(up, key, &fp).await))
+        Ok((Some(idempotent::begin(up, key, &fp).await), head))
+    }
+
+    async fn replay(&mut self, up: &Upstream, stored: StoredResponse) -> bool {
+        self.ctx.replay(up, self.start, self.p, &stored).await
+    }
+}
+
+impl Codec for FastRequest<'_, '_> {
+    /// Whether the client connection stays open for the next request.
+    type Out = bool;
+    type Response = UpstreamAnswer;
+    type Arrived = H2Head;
+    type Ready = H2Head;
+
+    fn asked(&self) -> [Option<Duration>; 2] {
+        [self.p.asked.lowered, None]
     }
 
     async fn admit(
@@ -82,7 +94,12 @@ impl Codec for FastRequest<'_, '_> {
         attempt::admit(up, key, start, deadline, &mut watch).await
     }
 
-    async fn body(&mut self, up: &Upstream, deadline: Instant) -> Result<bool, bool> {
+    async fn body(
+        &mut self,
+        up: &Upstream,
+        head: H2Head,
+        deadline: Instant,
+    ) -> Result<(H2Head, bool), bool> {
         let (p, need) = (self.p, self.need());
         let waited = self.read_first || self.ctx.bufs.client.len() < need;
         self.ctx.read_body(up, self.start, p, deadline).await?;
@@ -90,16 +107,17 @@ impl Codec for FastRequest<'_, '_> {
             let body = &self.ctx.bufs.client[p.head_len..need];
             self.ctx.bufs.request.extend_from_slice(body);
         }
-        Ok(waited)
+        Ok((head, waited))
     }
 
-    fn facts(&self) -> RequestFacts {
+    fn facts(&self, _: &H2Head) -> RequestFacts {
         self.p.facts
     }
 
     async fn drive(
         &mut self,
         up: &Upstream,
+        head: H2Head,
         attempts: &mut Attempts<'_>,
         t0: Instant,
         detached: bool,
@@ -107,7 +125,7 @@ impl Codec for FastRequest<'_, '_> {
         let p = self.p;
         attempts.set_keyed_write(p.keyed_write);
         attempts.trace = p.trace.clone();
-        if let Some(parts) = self.h2_parts.take() {
+        if let Some(parts) = head {
             let h2 = self.ctx.attempt_h2(up, p, *parts, attempts, t0, detached);
             return h2.await;
         }
@@ -142,10 +160,6 @@ impl Codec for FastRequest<'_, '_> {
             // A failed attempt's endpoint is the last one it avoids.
             last_failed: t.avoid.last().copied(),
         })
-    }
-
-    async fn replay(&mut self, up: &Upstream, stored: StoredResponse) -> bool {
-        self.ctx.replay(up, self.start, self.p, &stored).await
     }
 
     async fn refuse(

@@ -263,10 +263,9 @@ impl Ctx<'_> {
             ctx: self,
             p: &p,
             start,
-            h2_parts,
             read_first: false,
         };
-        order::serve(up, &mut request, start, key).await
+        order::serve_keyed(up, &mut request, h2_parts, start, key).await
     }
 
     /// Reads the rest of the request's body, within the request's deadline.

@@ -8,13 +8,13 @@
 
 use super::transport::Outbound;
 use crate::policy::idempotency::StoredResponse;
-use crate::policy::{BodyFacts, RequestFacts};
+use crate::policy::RequestFacts;
 use crate::proxy::attempt::{self, Annotations, Attempted, Attempts};
 use crate::proxy::body::{boxed, Body, IdleTimeout, UpstreamBody};
 use crate::proxy::error::ProxyError;
 use crate::proxy::headers;
 use crate::proxy::idempotent::{self, Begun, Forwarded};
-use crate::proxy::order::{self, Codec};
+use crate::proxy::order::{self, Codec, KeyedWrites};
 use crate::proxy::replay::RequestBody;
 use crate::proxy::request::Parsed;
 use crate::proxy::route::upstream_path;
@@ -122,13 +122,13 @@ async fn exchange(
         single: cfg.retry.max_attempts <= 1 || on_upgrade.is_some(),
         stream_unknown: up.h2 || is_grpc_request,
         is_grpc_request,
-        parts: Some(parts),
-        body: Some(body),
-        held: None,
-        continue_gate: None,
         on_upgrade,
     };
-    order::serve(up, &mut request, start, key.as_deref()).await
+    let arrived = ArrivedRequest {
+        parts,
+        body: UnreadBody::Streaming(body),
+    };
+    order::serve_keyed(up, &mut request, arrived, start, key.as_deref()).await
 }
 
 /// One request on the general path, as the order serves it.
@@ -145,15 +145,28 @@ struct HyperRequest<'r> {
     /// The body's length may be unknown to the upstream (HTTP/2, gRPC).
     stream_unknown: bool,
     is_grpc_request: bool,
-    /// The request head, until the attempts take it.
-    parts: Option<http::request::Parts>,
-    /// The body as it came, until it is made ready ([`Codec::body`]).
-    body: Option<Body>,
-    /// The body made ready for the attempts.
-    held: Option<RequestBody>,
-    continue_gate: Option<std::sync::Arc<crate::proxy::replay::ContinueGate>>,
     /// The client's side of an upgrade it asked for.
     on_upgrade: Option<hyper::upgrade::OnUpgrade>,
+}
+
+/// The request as it arrived: its head, and its body as hyper reads it
+/// (or already read whole, for a keyed write's fingerprint).
+struct ArrivedRequest {
+    parts: http::request::Parts,
+    body: UnreadBody,
+}
+
+enum UnreadBody {
+    Streaming(Body),
+    Held(RequestBody),
+}
+
+/// The request made ready for the attempts.
+struct ReadyRequest {
+    parts: http::request::Parts,
+    body: RequestBody,
+    /// `Expect: 100-continue`: the body waits for the upstream's 100.
+    continue_gate: Option<std::sync::Arc<crate::proxy::replay::ContinueGate>>,
 }
 
 impl HyperRequest<'_> {
@@ -174,49 +187,72 @@ impl HyperRequest<'_> {
         attempt::annotate_response(&mut parts.headers, &mut parts.extensions, spent, annotate);
         Ok((Response::from_parts(parts, body), None))
     }
+}
 
-    fn no_request() -> ProxyError {
-        ProxyError::BadRequest("no request body".into())
+impl KeyedWrites for HyperRequest<'_> {
+    async fn begin_keyed(
+        &mut self,
+        up: &Upstream,
+        arrived: ArrivedRequest,
+        deadline: Instant,
+    ) -> Result<(Option<Begun>, ArrivedRequest), Forwarded> {
+        let Some((k, target)) = self.keyed.take() else {
+            return Ok((None, arrived));
+        };
+        let ArrivedRequest { parts, body } = arrived;
+        let held = match body {
+            UnreadBody::Held(held) => held,
+            UnreadBody::Streaming(body) => {
+                let limit = up.config.retry.max_replay_body_bytes;
+                let held = prepare(body, true, limit, self.stream_unknown, deadline).await;
+                held.map_err(Err)?
+            }
+        };
+        let method = parts.method.as_str();
+        let begun = idempotent::begin_body(up, &k, method, &target, &held, deadline).await;
+        let body = UnreadBody::Held(held);
+        Ok((Some(begun), ArrivedRequest { parts, body }))
+    }
+
+    async fn replay(&mut self, up: &Upstream, stored: StoredResponse) -> Forwarded {
+        up.state.metrics.status(stored.status, self.start.elapsed());
+        Ok((
+            idempotent::replay_response(&stored, up.config.annotate),
+            None,
+        ))
     }
 }
 
 impl Codec for HyperRequest<'_> {
     type Out = Forwarded;
     type Response = Response<UpstreamBody>;
+    type Arrived = ArrivedRequest;
+    type Ready = ReadyRequest;
 
     fn asked(&self) -> [Option<Duration>; 2] {
         self.asked
     }
 
-    async fn begin_keyed(
+    async fn body(
         &mut self,
         up: &Upstream,
+        arrived: ArrivedRequest,
         deadline: Instant,
-    ) -> Result<Option<Begun>, Forwarded> {
-        let Some((k, target)) = self.keyed.take() else {
-            return Ok(None);
-        };
-        let (Some(parts), Some(body)) = (self.parts.as_ref(), self.body.take()) else {
-            return Err(Err(Self::no_request()));
-        };
-        let limit = up.config.retry.max_replay_body_bytes;
-        let held = prepare(body, true, limit, self.stream_unknown, deadline).await;
-        let held = held.map_err(Err)?;
-        let method = parts.method.as_str();
-        let begun = idempotent::begin_body(up, &k, method, &target, &held, deadline).await;
-        self.held = Some(held);
-        Ok(Some(begun))
-    }
-
-    async fn body(&mut self, up: &Upstream, deadline: Instant) -> Result<bool, Forwarded> {
-        if self.held.is_some() {
-            return Ok(true);
-        }
-        let Some(parts) = self.parts.as_ref() else {
-            return Err(Err(Self::no_request()));
-        };
-        let Some(body) = self.body.take() else {
-            return Err(Err(Self::no_request()));
+    ) -> Result<(ReadyRequest, bool), Forwarded> {
+        let ArrivedRequest { parts, body } = arrived;
+        let body = match body {
+            UnreadBody::Held(body) => {
+                let continue_gate = None;
+                return Ok((
+                    ReadyRequest {
+                        parts,
+                        body,
+                        continue_gate,
+                    },
+                    true,
+                ));
+            }
+            UnreadBody::Streaming(body) => body,
         };
         // `Expect: 100-continue`: the body waits for the upstream's 100.
         let gate = (parts.version == Version::HTTP_11
@@ -227,67 +263,50 @@ impl Codec for HyperRequest<'_> {
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue")))
         .then(|| std::sync::Arc::new(crate::proxy::replay::ContinueGate::default()));
         let limit = up.config.retry.max_replay_body_bytes;
-        let ready = match &gate {
+        let body = match &gate {
             Some(gate) => RequestBody::gated(body, gate.clone(), !self.single),
             None => prepare(body, !self.single, limit, self.stream_unknown, deadline)
                 .await
                 .map_err(Err)?,
         };
-        self.held = Some(ready);
-        self.continue_gate = gate;
-        Ok(true)
+        let ready = ReadyRequest {
+            parts,
+            body,
+            continue_gate: gate,
+        };
+        Ok((ready, true))
     }
 
-    fn facts(&self) -> RequestFacts {
-        let method = self.parts.as_ref().map_or("GET", |p| p.method.as_str());
-        let body = self
-            .held
-            .as_ref()
-            .map_or(BodyFacts::Empty, RequestBody::facts);
-        RequestFacts::new(method, self.has_idempotency_key, body)
+    fn facts(&self, ready: &ReadyRequest) -> RequestFacts {
+        let method = ready.parts.method.as_str();
+        RequestFacts::new(method, self.has_idempotency_key, ready.body.facts())
     }
 
     async fn drive(
         &mut self,
         up: &Upstream,
+        ready: ReadyRequest,
         attempts: &mut Attempts<'_>,
         _t0: Instant,
         _detached: bool,
     ) -> Option<Attempted<Response<UpstreamBody>>> {
-        let (Some(parts), Some(body)) = (self.parts.take(), self.held.take()) else {
-            let ended = Instant::now();
-            return Some(Attempted {
-                result: Err(Self::no_request()),
-                stop: None,
-                ended,
-                last_failed: None,
-            });
-        };
         let cfg = &up.config;
         let plan = Outbound {
             grpc_deadline: self.asked[1].map(|g| self.start + g),
             deadline: attempts.deadline(),
-            parts,
-            body,
+            parts: ready.parts,
+            body: ready.body,
             has_idempotency_key: self.has_idempotency_key,
             single: self.single,
             upgrade: self.on_upgrade.is_some(),
             // gRPC codes sent before the first message can only be acted on
             // when the response is held until then.
             grpc_trailers: self.is_grpc_request && !self.single && cfg.retry.retry_on.any_grpc(),
-            continue_gate: self.continue_gate.take(),
+            continue_gate: ready.continue_gate,
         };
         // Boxed: the attempts' future is most of a request's, and each
         // layer that holds it inline copies it whole when it is made.
         Some(Box::pin(super::transport::run(up, self.conn, plan, attempts)).await)
-    }
-
-    async fn replay(&mut self, up: &Upstream, stored: StoredResponse) -> Forwarded {
-        up.state.metrics.status(stored.status, self.start.elapsed());
-        Ok((
-            idempotent::replay_response(&stored, up.config.annotate),
-            None,
-        ))
     }
 
     async fn refuse(

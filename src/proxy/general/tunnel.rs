@@ -15,12 +15,11 @@
 //!
 //! Any other `CONNECT` gets 405 `connect_not_allowed`.
 
-use crate::policy::idempotency::StoredResponse;
 use crate::policy::{BodyFacts, Outcome, RequestFacts};
 use crate::proxy::attempt::{self, Annotations, Attempted, Attempts};
 use crate::proxy::body::{empty, Body};
 use crate::proxy::error::ProxyError;
-use crate::proxy::idempotent::{Begun, Recorder};
+use crate::proxy::idempotent::Recorder;
 use crate::proxy::order::{self, Codec};
 use crate::proxy::Upstream;
 use crate::state::gate::Slot;
@@ -48,7 +47,6 @@ pub(crate) async fn open(
         return (Err(e), 0);
     };
     let mut tunnel = Tunnel {
-        client: Some(client),
         connect: Connect {
             target: (
                 cfg.url.host.trim_matches(['[', ']']).to_string(),
@@ -57,14 +55,13 @@ pub(crate) async fn open(
             connect_timeout: cfg.connect_timeout,
         },
     };
-    order::serve(up, &mut tunnel, start, key).await
+    order::serve(up, &mut tunnel, client, start, key).await
 }
 
 /// A CONNECT as the order serves it: no body, never a keyed write; its
-/// attempts are connects, and its answer joins the two connections.
+/// attempts are connects, and its answer joins the two connections. The
+/// request it carries is the client's connection, once hyper hands it over.
 struct Tunnel {
-    /// The client's connection, once hyper hands it over.
-    client: Option<OnUpgrade>,
     connect: Connect,
 }
 
@@ -73,45 +70,42 @@ type Opened = (Result<Response<Body>, ProxyError>, u32);
 
 impl Codec for Tunnel {
     type Out = Opened;
-    type Response = TcpStream;
+    /// The connection to the upstream, and the client's to join it to.
+    type Response = (TcpStream, OnUpgrade);
+    type Arrived = OnUpgrade;
+    type Ready = OnUpgrade;
 
-    fn asked(&self) -> [Option<Duration>; 2] {
-        [None, None]
+    async fn body(
+        &mut self,
+        _: &Upstream,
+        client: OnUpgrade,
+        _: Instant,
+    ) -> Result<(OnUpgrade, bool), Opened> {
+        // No body: the tunnel's bytes follow the 200.
+        Ok((client, false))
     }
 
-    async fn begin_keyed(&mut self, _: &Upstream, _: Instant) -> Result<Option<Begun>, Opened> {
-        Ok(None)
-    }
-
-    async fn body(&mut self, _: &Upstream, _: Instant) -> Result<bool, Opened> {
-        Ok(false)
-    }
-
-    fn facts(&self) -> RequestFacts {
+    fn facts(&self, _: &OnUpgrade) -> RequestFacts {
         RequestFacts::new("CONNECT", false, BodyFacts::Empty)
     }
 
     async fn drive(
         &mut self,
         _: &Upstream,
+        client: OnUpgrade,
         attempts: &mut Attempts<'_>,
         _t0: Instant,
         _detached: bool,
-    ) -> Option<Attempted<TcpStream>> {
+    ) -> Option<Attempted<(TcpStream, OnUpgrade)>> {
         // The same attempt driver as every request's: a connect that fails
         // is judged, backed off and retried as any connect failure.
         let driven = attempt::drive(attempts, &mut self.connect, None).await?;
         Some(Attempted {
-            result: driven.result,
+            result: driven.result.map(|upstream| (upstream, client)),
             stop: driven.stop,
             ended: driven.ended,
             last_failed: None,
         })
-    }
-
-    async fn replay(&mut self, _: &Upstream, _: StoredResponse) -> Opened {
-        // Never: a CONNECT is no keyed write (`begin_keyed`).
-        (Err(ProxyError::ConnectNotAllowed), 0)
     }
 
     async fn refuse(
@@ -131,15 +125,14 @@ impl Codec for Tunnel {
     async fn answer(
         &mut self,
         up: &Upstream,
-        attempted: Attempted<TcpStream>,
+        attempted: Attempted<(TcpStream, OnUpgrade)>,
         spent: Annotations,
         _: Option<Recorder>,
         slot: Slot,
     ) -> Opened {
-        let (upstream, client) = match (attempted.result, self.client.take()) {
-            (Ok(upstream), Some(client)) => (upstream, client),
-            (Err(e), _) => return (Err(e), spent.attempts),
-            (Ok(_), None) => return (Err(ProxyError::DeadlineExceeded), spent.attempts),
+        let (upstream, client) = match attempted.result {
+            Ok(joined) => joined,
+            Err(e) => return (Err(e), spent.attempts),
         };
         let _ = upstream.set_nodelay(true);
         join(up, client, upstream, slot);
