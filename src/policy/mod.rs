@@ -48,6 +48,7 @@ pub mod random;
 pub mod report;
 pub mod retry_after;
 pub mod suggest;
+pub mod throttle;
 
 pub use adaptive::{AdaptiveLimit, AdaptiveParams};
 pub use backoff::{delay, envelope, schedule, BackoffPolicy, Envelope, Growth, Jitter};
@@ -77,6 +78,7 @@ pub use limiter::{Left, Limiter, RateLimitParams, SlidingWindow, TokenBucket};
 pub use random::{FixedRandom, Random, SeededRandom};
 pub use report::{schedule_report, schedule_report_with};
 pub use retry_after::parse_retry_after;
+pub use throttle::{Throttle, ThrottleParams};
 
 use std::time::Duration;
 
