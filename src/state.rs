@@ -9,6 +9,7 @@ pub mod fleet;
 pub mod gate;
 pub mod link;
 pub mod ring;
+pub mod throttle;
 
 use crate::clock::{fresh_seed, Clock};
 use crate::config::{Config, StateBackend, StateConfig, UpstreamConfig};
@@ -18,6 +19,7 @@ use crate::policy::idempotency::{IdempotencyStore, MemoryStore};
 use crate::policy::{Breaker, KeyedLimiter, RetryBudget, SeededRandom, Transition};
 use crate::state::fleet::Fleet;
 use crate::state::gate::Gate;
+use crate::state::throttle::ThrottleGate;
 use crate::upstream::client::UpstreamClient;
 use crate::upstream::resolve::Resolver;
 use crate::upstream::Endpoints;
@@ -46,6 +48,8 @@ pub struct UpstreamState {
     pub clock: Clock,
     live: Mutex<Live>,
     pub gate: Gate,
+    /// Client-side throttling (docs/reference/admission.md#client-side-throttling).
+    pub throttle: ThrottleGate,
     pub metrics: UpstreamMetrics,
     /// Upstream connections held by client connections (proxy::sticky).
     pub sticky_conns: Arc<std::sync::atomic::AtomicUsize>,
@@ -153,6 +157,7 @@ impl UpstreamState {
                 hedge: crate::policy::Hedger::new(now),
             }),
             gate: Gate::new(&u.concurrency, clock),
+            throttle: ThrottleGate::new(u.throttle.as_ref(), clock),
             metrics,
             sticky_conns: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             client: Mutex::new(client),
@@ -214,6 +219,7 @@ impl UpstreamState {
             }
         }
         self.gate.set_limits(&u.concurrency);
+        self.throttle.set_params(u.throttle.as_ref());
         {
             let mut store = self.idempotency();
             match (store.as_mut(), &u.idempotency) {
@@ -290,6 +296,8 @@ impl UpstreamState {
         self.metrics
             .concurrency
             .show(g.limit, g.latency, g.refusals);
+        let t = self.throttle.view().map(|t| (t.probability, t.refusals));
+        self.metrics.concurrency.show_throttle(t);
         self.endpoints.refresh_gauges();
         let cache = self.cache().as_ref().map(|c| c.stats());
         if let Some(stats) = cache {

@@ -333,3 +333,97 @@ async fn a_request_over_the_adaptive_limit_is_refused_overloaded_at_once(path: D
     // Places free again: let in.
     assert_eq!(call(&weir, &[]).await.0, 200);
 }
+
+/// Client-side throttling on, one attempt a request, the breaker out of the
+/// way (it would open on the 503s first).
+const THROTTLED: &str = "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nenabled = false\n[upstreams.svc.throttle]\nenabled = true\n";
+
+/// Sends `n` requests one after the other, 10 ms apart: `(answered by the
+/// upstream, refused by weir with overloaded)`.
+async fn offer(weir: &Weir, n: usize) -> (usize, usize) {
+    let (mut upstream, mut refused) = (0, 0);
+    for _ in 0..n {
+        let (status, code, _) = call(weir, &[]).await;
+        match code.as_str() {
+            "overloaded" => {
+                assert_eq!(status, 503);
+                refused += 1;
+            }
+            "" => upstream += 1,
+            other => panic!("weir answered {status} {other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    (upstream, refused)
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    an_upstream_that_sheds_is_sent_a_fraction_and_its_recovery_is_seen
+);
+/// `[throttle]` (docs/reference/admission.md#client-side-throttling): an
+/// upstream answering every request 503 gets the first `min_requests`
+/// (20), then about 1 − `max_reject` (a tenth) of the rest; the others are
+/// refused at once with 503 `overloaded` and never reach it. Once it
+/// accepts again, what gets through is accepted and a window later nothing
+/// is refused.
+async fn an_upstream_that_sheds_is_sent_a_fraction_and_its_recovery_is_seen(path: DataPath) {
+    let (up, mode) = switchable().await;
+    let weir = Weir::single_on(path, &up.url(), THROTTLED).await;
+    let (answered, refused) = offer(&weir, 200).await;
+    assert_eq!(answered + refused, 200);
+    assert_eq!(
+        up.requests(),
+        answered,
+        "a refused request reached the upstream"
+    );
+    // 20, then a binomial(180, 0.1) share (mean 18, sd 4).
+    assert!(
+        (25..=70).contains(&answered),
+        "{answered} of 200 reached a shedding upstream"
+    );
+    let snap = weir.handle.as_ref().unwrap().snapshot();
+    let view = snap.upstreams[0].state.throttle.view().unwrap();
+    assert_eq!(view.refusals, refused as u64);
+    assert_eq!(view.probability, 0.9);
+    // It recovers: the requests that go on are accepted, and some do go on.
+    mode.store(HEALTHY, Ordering::SeqCst);
+    let before = up.requests();
+    let (answered, _) = offer(&weir, 100).await;
+    assert!(answered >= 1, "nothing reached the recovered upstream");
+    assert_eq!(up.requests() - before, answered);
+    // A window (30 s) after the shedding, nothing is refused.
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert_eq!(offer(&weir, 50).await, (50, 0));
+    // The series exist while it is on (brought up to date on a scrape).
+    snap.upstreams[0].state.refresh_gauges();
+    let text = weir.handle.as_ref().unwrap().metrics().render();
+    assert!(
+        text.contains("weir_throttle_refusals_total{upstream=\"svc\"}"),
+        "{text}"
+    );
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_healthy_upstream_is_never_throttled_and_off_shows_no_series
+);
+/// With the upstream accepting everything nothing is refused; with it off
+/// (the default) a shedding upstream gets every request and `/metrics`
+/// carries no throttling series.
+async fn a_healthy_upstream_is_never_throttled_and_off_shows_no_series(path: DataPath) {
+    let (up, mode) = switchable().await;
+    mode.store(HEALTHY, Ordering::SeqCst);
+    let weir = Weir::single_on(path, &up.url(), THROTTLED).await;
+    assert_eq!(offer(&weir, 300).await, (300, 0));
+    let (up, _mode) = switchable().await;
+    let off = "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nenabled = false\n";
+    let weir = Weir::single_on(path, &up.url(), off).await;
+    assert_eq!(offer(&weir, 100).await, (100, 0));
+    assert_eq!(up.requests(), 100);
+    weir.handle.as_ref().unwrap().snapshot().upstreams[0]
+        .state
+        .refresh_gauges();
+    let text = weir.handle.as_ref().unwrap().metrics().render();
+    assert!(!text.contains("weir_throttle_"), "{text}");
+}

@@ -1514,3 +1514,19 @@ fn weir_check_notes_a_trip_rule_that_failing_for_holds_back() {
     let (_, _, err) = check(&path);
     assert!(!err.contains("breaker.open"), "{err}");
 }
+
+#[test]
+fn throttle_fields_are_checked_even_while_it_is_off() {
+    let src = format!("{UP}[upstreams.api.throttle]\nmultiplier = 0.5\n");
+    expect_one(&src, 5, "upstreams.api.throttle.multiplier", "≥ 1");
+    let src = format!("{UP}[defaults.throttle]\nenabled = true\nmax_reject = 1.0\n");
+    let errs = errors(&src);
+    assert_eq!(errs.len(), 1, "{errs:#?}");
+    assert!(
+        errs[0].field.ends_with("throttle.max_reject"),
+        "{}",
+        errs[0]
+    );
+    let src = format!("{UP}[upstreams.api.throttle]\nenabled = true\nwindow = \"100ms\"\n");
+    expect_one(&src, 6, "upstreams.api.throttle.window", "at least 1s");
+}

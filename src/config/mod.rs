@@ -368,6 +368,9 @@ pub struct UpstreamConfig {
     pub cache: Option<CacheParams>,
     /// Hedged requests; `None`: off (docs/reference/hedging.md#hedging).
     pub hedge: Option<crate::policy::HedgeParams>,
+    /// Client-side throttling; `None`: off, the default
+    /// (docs/reference/admission.md#client-side-throttling).
+    pub throttle: Option<crate::policy::ThrottleParams>,
 }
 
 impl Config {

@@ -34,11 +34,13 @@ mod cache;
 mod concurrency;
 mod ejection;
 mod hedge;
+mod throttle;
 mod tracing;
 pub use cache::RawCache;
 pub use concurrency::RawConcurrency;
 pub use ejection::RawEjection;
 pub use hedge::RawHedge;
+pub use throttle::RawThrottle;
 pub use tracing::RawTracing;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -194,8 +196,10 @@ pub struct RawPolicy {
     pub cache: Option<RawCache>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hedge: Option<RawHedge>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<RawThrottle>,
 }
-mergeable!(RawPolicy { timeout, per_try_timeout, connect_timeout, idle_timeout, annotate, idempotency_header } nested { retry, breaker, concurrency, rate_limit, idempotency, cache, hedge });
+mergeable!(RawPolicy { timeout, per_try_timeout, connect_timeout, idle_timeout, annotate, idempotency_header } nested { retry, breaker, concurrency, rate_limit, idempotency, cache, hedge, throttle });
 
 impl RawPolicy {
     /// The built-in defaults: the schema of docs/reference/configuration.md#policy-defaults, written down once.
@@ -296,6 +300,14 @@ impl RawPolicy {
             }),
             // Off: a table turns it on; its fields' defaults then apply.
             hedge: None,
+            // Off; the defaults and why: docs/reference/admission.md#client-side-throttling.
+            throttle: Some(RawThrottle {
+                enabled: Some(false),
+                multiplier: Some(2.0),
+                window: Some(Dur(D::from_secs(30))),
+                max_reject: Some(0.9),
+                min_requests: Some(20),
+            }),
         }
     }
 
@@ -547,6 +559,8 @@ pub struct RawUpstream {
     pub cache: Option<RawCache>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hedge: Option<RawHedge>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<RawThrottle>,
 }
 
 /// `balance`'s default.
@@ -571,6 +585,7 @@ impl RawUpstream {
             idempotency: self.idempotency.clone(),
             cache: self.cache.clone(),
             hedge: self.hedge.clone(),
+            throttle: self.throttle.clone(),
         }
     }
 
@@ -589,6 +604,7 @@ impl RawUpstream {
         self.idempotency = p.idempotency;
         self.cache = p.cache;
         self.hedge = p.hedge;
+        self.throttle = p.throttle;
         self
     }
 }

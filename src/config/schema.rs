@@ -112,6 +112,7 @@ schema!(POLICY: RawPolicy {
     "idempotency" => Nested::Table(&IDEMPOTENCY),
     "cache" => Nested::Table(&CACHE),
     "hedge" => Nested::Table(&HEDGE),
+    "throttle" => Nested::Table(&THROTTLE),
 });
 schema!(RETRY: RawRetry {
     "backoff" => Nested::Table(&BACKOFF),
@@ -127,6 +128,7 @@ schema!(WINDOW: RawWindow {});
 schema!(IDEMPOTENCY: RawIdempotency {});
 schema!(CACHE: RawCache {});
 schema!(HEDGE: RawHedge {});
+schema!(THROTTLE: RawThrottle {});
 schema!(UPSTREAM_TLS: RawUpstreamTls {});
 schema!(EJECTION: RawEjection {});
 schema!(UPSTREAM: RawUpstream {
@@ -140,6 +142,7 @@ schema!(UPSTREAM: RawUpstream {
     "idempotency" => Nested::Table(&IDEMPOTENCY),
     "cache" => Nested::Table(&CACHE),
     "hedge" => Nested::Table(&HEDGE),
+    "throttle" => Nested::Table(&THROTTLE),
 });
 
 /// Every field of the config file, table by table: for each table of the

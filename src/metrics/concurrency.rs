@@ -3,18 +3,25 @@
 //! `max_in_flight`), `weir_concurrency_latency_seconds{upstream}` (the
 //! adaptive limit's latency estimate) and
 //! `weir_concurrency_refusals_total{upstream}` (requests refused
-//! `overloaded`), following the gate's own counts on a scrape.
+//! `overloaded`), following the gate's own counts on a scrape; and, for an
+//! upstream with client-side throttling on
+//! (docs/reference/admission.md#client-side-throttling),
+//! `weir_throttle_probability{upstream}` and
+//! `weir_throttle_refusals_total{upstream}`.
 
 use super::follow::Follow;
 use prometheus::{Gauge, GaugeVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use std::sync::Mutex;
 use std::time::Duration;
 
-/// The three families, registered once.
+/// The families, registered once.
 #[derive(Debug, Clone)]
 pub struct ConcurrencyFamilies {
     limit: IntGaugeVec,
     latency: GaugeVec,
     refusals: IntCounterVec,
+    throttle_p: GaugeVec,
+    throttle_refusals: IntCounterVec,
 }
 
 impl ConcurrencyFamilies {
@@ -43,6 +50,26 @@ impl ConcurrencyFamilies {
             &["upstream"],
         )
         .expect("static metric definition");
+        let throttle_p = GaugeVec::new(
+            Opts::new(
+                "weir_throttle_probability",
+                "The probability client-side throttling refuses a request to the upstream now (only with throttle on).",
+            ),
+            &["upstream"],
+        )
+        .expect("static metric definition");
+        let throttle_refusals = IntCounterVec::new(
+            Opts::new(
+                "weir_throttle_refusals_total",
+                "Requests client-side throttling refused with 503 overloaded before they reached the upstream (only with throttle on).",
+            ),
+            &["upstream"],
+        )
+        .expect("static metric definition");
+        r.register(Box::new(throttle_p.clone()))
+            .expect("metric registered once");
+        r.register(Box::new(throttle_refusals.clone()))
+            .expect("metric registered once");
         r.register(Box::new(limit.clone()))
             .expect("metric registered once");
         r.register(Box::new(latency.clone()))
@@ -53,6 +80,8 @@ impl ConcurrencyFamilies {
             limit,
             latency,
             refusals,
+            throttle_p,
+            throttle_refusals,
         }
     }
 
@@ -62,6 +91,12 @@ impl ConcurrencyFamilies {
             limit: self.limit.with_label_values(&[name]),
             latency: self.latency.with_label_values(&[name]),
             refusals: Follow::of([self.refusals.with_label_values(&[name])]),
+            throttle: Throttled {
+                upstream: name.to_string(),
+                p: self.throttle_p.clone(),
+                refusals: self.throttle_refusals.clone(),
+                seen: Mutex::new(None),
+            },
         }
     }
 
@@ -69,6 +104,8 @@ impl ConcurrencyFamilies {
         self.limit.remove_label_values(&[name]).ok();
         self.latency.remove_label_values(&[name]).ok();
         self.refusals.remove_label_values(&[name]).ok();
+        self.throttle_p.remove_label_values(&[name]).ok();
+        self.throttle_refusals.remove_label_values(&[name]).ok();
     }
 }
 
@@ -78,6 +115,17 @@ pub struct ConcurrencySeries {
     limit: IntGauge,
     latency: Gauge,
     refusals: Follow<1>,
+    throttle: Throttled,
+}
+
+/// One upstream's throttling series, present only while it is on.
+#[derive(Debug)]
+struct Throttled {
+    upstream: String,
+    p: GaugeVec,
+    refusals: IntCounterVec,
+    /// The refusals last shown; `None` while the series are absent.
+    seen: Mutex<Option<u64>>,
 }
 
 impl ConcurrencySeries {
@@ -87,5 +135,29 @@ impl ConcurrencySeries {
         self.limit.set(i64::from(limit));
         self.latency.set(latency.map_or(0.0, |d| d.as_secs_f64()));
         self.refusals.show([refusals]);
+    }
+
+    /// Brings the throttling series up to `throttle`'s probability and
+    /// refusals since it was turned on; `None` (off) removes them.
+    pub fn show_throttle(&self, throttle: Option<(f64, u64)>) {
+        let t = &self.throttle;
+        let Ok(mut seen) = t.seen.lock() else {
+            return;
+        };
+        let name = [t.upstream.as_str()];
+        match throttle {
+            Some((p, refusals)) => {
+                t.p.with_label_values(&name).set(p);
+                let from = seen.filter(|&s| s <= refusals).unwrap_or(0);
+                t.refusals.with_label_values(&name).inc_by(refusals - from);
+                *seen = Some(refusals);
+            }
+            None if seen.is_some() => {
+                t.p.remove_label_values(&name).ok();
+                t.refusals.remove_label_values(&name).ok();
+                *seen = None;
+            }
+            None => {}
+        }
     }
 }

@@ -279,7 +279,8 @@ mod tests {
 
     #[test]
     fn validation_names_each_field() {
-        let e = ThrottleParams::try_new(0.5, Duration::from_millis(10), 1.0, 0).unwrap_err();
+        let e = ThrottleParams::try_new(0.5, Duration::from_millis(10), 1.0, 0)
+            .expect_err("three fields out of range");
         let fields: Vec<&str> = e.0.iter().map(|f| f.field).collect();
         assert_eq!(fields, ["multiplier", "window", "max_reject"]);
         assert!(ThrottleParams::try_new(f64::NAN, S, 0.5, 0).is_err());

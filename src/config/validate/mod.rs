@@ -440,6 +440,7 @@ fn upstream(
     let cache = cache(cx, name, p);
     let hedge = hedge(cx, name, p, retry.as_ref());
     let concurrency = policy::concurrency(cx, name, p);
+    let throttle = policy::throttle(cx, name, p);
 
     if cx.errors.len() > n_errors {
         return None;
@@ -471,6 +472,7 @@ fn upstream(
         idempotency,
         cache,
         hedge,
+        throttle,
     })
 }
 

@@ -411,3 +411,27 @@ pub(super) fn concurrency(
         adaptive,
     }
 }
+
+/// `[….throttle]`: client-side throttling's parameters, `None` while
+/// `enabled = false` (the default). The fields are checked either way, so
+/// a mistake is found before the table is turned on.
+pub(super) fn throttle(
+    cx: &mut ErrorSink,
+    name: &str,
+    p: &RawPolicy,
+) -> Option<crate::policy::ThrottleParams> {
+    let t = p.throttle.clone().unwrap_or_default();
+    let made = crate::policy::ThrottleParams::try_new(
+        t.multiplier.unwrap_or_default(),
+        t.window.map(|d| d.0).unwrap_or_default(),
+        t.max_reject.unwrap_or_default(),
+        t.min_requests.unwrap_or_default(),
+    );
+    match made {
+        Ok(params) => t.enabled.unwrap_or(false).then_some(params),
+        Err(e) => {
+            cx.policy_errs(name, "throttle", e);
+            None
+        }
+    }
+}

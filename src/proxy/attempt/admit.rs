@@ -252,6 +252,11 @@ pub(crate) async fn admit<W: Watch>(
     deadline: Instant,
     w: &mut W,
 ) -> Option<Result<Admitted, ProxyError>> {
+    // Client-side throttling first: a request it refuses never reaches
+    // the upstream, so it spends no rate-limit token and holds no slot.
+    if !up.state.throttle.admit() {
+        return Some(Err(ProxyError::Overloaded));
+    }
     let mut waited = false;
     let taken = match try_rate(up, key, start) {
         Some(t) => t,
