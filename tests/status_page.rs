@@ -66,6 +66,10 @@ url = "{ok}"
 hosts = ["ok"]
 [upstreams.ok.rate_limit]
 rps = 1000
+[upstreams.ok.concurrency]
+limit = "adaptive"
+[upstreams.ok.throttle]
+enabled = true
 "#
     )
 }
@@ -187,6 +191,8 @@ async fn status_json_reports_every_field() {
         "queued",
         "max_in_flight",
         "max_queue",
+        "concurrency",
+        "throttle",
         "rate_limit",
         "latency_window_s",
         "p50_ms",
@@ -213,6 +219,29 @@ async fn status_json_reports_every_field() {
         assert_eq!(u["queued"], 0);
         assert_eq!(u["max_in_flight"], 1024);
         assert_eq!(u["max_queue"], 0);
+        let c = &u["concurrency"];
+        if name == "ok" {
+            // `limit = "adaptive"`: it starts at `initial_limit`.
+            assert_eq!(
+                (c["mode"].as_str(), c["limit"].as_u64()),
+                (Some("adaptive"), Some(20))
+            );
+            let t = &u["throttle"];
+            assert_eq!(t["probability"], 0.0, "{u}");
+            assert_eq!(t["refusals"], 0, "{u}");
+            assert!(t["requests"].as_u64().is_some() && t["accepts"].as_u64().is_some());
+        } else {
+            assert_eq!(
+                (c["mode"].as_str(), c["limit"].as_u64()),
+                (Some("fixed"), Some(1024))
+            );
+            assert!(
+                c["latency_ms"].is_null() && c["baseline_ms"].is_null(),
+                "{u}"
+            );
+            assert!(u["throttle"].is_null(), "{u}");
+        }
+        assert_eq!(c["refusals"], 0, "{u}");
         assert!(u["retry_budget_tokens"].as_f64().unwrap() > 0.0, "{u}");
         let w = u["window_s"].as_f64().unwrap();
         assert!((1.0..=12.0).contains(&w), "{u}");
@@ -672,6 +701,13 @@ fn at_its_widest(u: &mut Value) {
     u["max_in_flight"] = 100_000.into();
     u["max_queue"] = 100_000.into();
     u["queued"] = 100_000.into();
+    u["concurrency"] = serde_json::json!({
+        "mode": "adaptive", "limit": 100000, "latency_ms": 30000.0,
+        "baseline_ms": 30000.0, "refusals": 987654321u64,
+    });
+    u["throttle"] = serde_json::json!({
+        "probability": 0.899, "requests": 1234567, "accepts": 1234567, "refusals": 987654321u64,
+    });
     u["p50_ms"] = 12_345.6.into();
     u["p99_ms"] = 30_000.0.into();
     u["rate_limit"] = serde_json::json!({

@@ -50,6 +50,12 @@ pub struct UpstreamReport {
     pub queued: u32,
     pub max_in_flight: u32,
     pub max_queue: u32,
+    /// The limit in force now and, with `limit = "adaptive"`, its estimates
+    /// (docs/reference/admission.md#adaptive-limit).
+    pub concurrency: ConcurrencyReport,
+    /// Client-side throttling; `None` while it is off
+    /// (docs/reference/admission.md#client-side-throttling).
+    pub throttle: Option<ThrottleReport>,
     pub rate_limit: Option<RateLimitReport>,
     pub latency_window_s: Option<f64>,
     pub p50_ms: Option<f64>,
@@ -76,6 +82,30 @@ pub struct TransitionReport {
     pub ago_s: f64,
     pub at_unix_ms: u64,
     pub open_for_s: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ConcurrencyReport {
+    /// `"fixed"` or `"adaptive"`.
+    pub mode: &'static str,
+    /// Requests that may hold a slot now.
+    pub limit: u32,
+    /// The adaptive limit's latency estimate and no-load latency.
+    pub latency_ms: Option<f64>,
+    pub baseline_ms: Option<f64>,
+    /// Requests the gate refused `overloaded` since the upstream was created.
+    pub refusals: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ThrottleReport {
+    /// The probability a request is refused now.
+    pub probability: f64,
+    /// Requests (answers and refusals) and accepts within its window.
+    pub requests: u64,
+    pub accepts: u64,
+    /// Requests it refused since it was turned on.
+    pub refusals: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -219,6 +249,27 @@ fn upstream(u: &Upstream, now: &Sample, bounds: &[f64], wall: u64) -> UpstreamRe
         queued: state.gate.queued(),
         max_in_flight: c.concurrency.max_in_flight,
         max_queue: c.concurrency.max_queue,
+        concurrency: {
+            let g = state.gate.view();
+            let ms = |d: Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
+            ConcurrencyReport {
+                mode: if c.concurrency.adaptive.is_some() {
+                    "adaptive"
+                } else {
+                    "fixed"
+                },
+                limit: g.limit,
+                latency_ms: g.latency.map(ms),
+                baseline_ms: g.baseline.map(ms),
+                refusals: g.refusals,
+            }
+        },
+        throttle: state.throttle.view().map(|t| ThrottleReport {
+            probability: (t.probability * 1000.0).round() / 1000.0,
+            requests: t.requests,
+            accepts: t.accepts,
+            refusals: t.refusals,
+        }),
         rate_limit,
         latency_window_s: latency.map(|l| secs(Duration::from_secs_f64(l.1))),
         endpoints: state.endpoints.views(),
