@@ -57,7 +57,8 @@ impl Gates for LiveGates<'_> {
 
 /// One request's attempts, as both data paths run them: the budget deposit,
 /// the breaker ticket, each attempt's metrics and verdict, and the retry
-/// decision with its backoff. The hyper path ([`run`]) and the HTTP/1 fast
+/// decision with its backoff. The general path
+/// (`crate::proxy::general::transport::run`) and the HTTP/1 fast
 /// path (`crate::proxy::fast`) differ only in how an attempt is sent.
 #[derive(Debug)]
 pub(crate) struct Attempts<'a> {

@@ -19,7 +19,7 @@
 //! small enough to hold for a replay, to an upstream it speaks HTTP/1.1
 //! to or an `h2c` one. Anything else (see
 //! [`head::plan`]) hands the connection, with every byte read so far, to the
-//! general hyper path in `super::server`, which serves it from then on. The
+//! general path (`super::general`), which serves it from then on. The
 //! behaviour a client sees is the same on both paths: a request is served
 //! in the one order of `proxy::order`, for which this path supplies its
 //! codec ([`codec`]) and its `attempt::Transport`, the attempts run in the
