@@ -450,6 +450,27 @@ mod tests {
         assert_eq!(a.seen, Duration::from_secs(5));
     }
 
+    /// The input CI found still growing after 2,900 answers (the
+    /// steady-state property below): from a limit of 1 at 1 ms answers it
+    /// settles, at 2 × 31 + growth, within 6,000.
+    #[test]
+    fn a_limit_starting_at_one_settles_within_six_thousand_answers() {
+        let mut a = AdaptiveLimit::new(params(1, 256, 1));
+        let took = MS;
+        let mut now = Duration::ZERO;
+        let mut last = Vec::new();
+        for i in 0..6000 {
+            now += took / 4 + MS;
+            let in_flight = 31u32.min(a.limit());
+            a.record(now.saturating_sub(took), took, in_flight, now);
+            if i >= 5800 {
+                last.push(a.limit());
+            }
+        }
+        assert!(last.windows(2).all(|w| w[0] == w[1]), "{last:?}");
+        assert!(!a.probing());
+    }
+
     proptest! {
         /// Whatever the latencies, load and clock: the limit stays within
         /// its bounds, and at least one request is always let in.
