@@ -605,3 +605,45 @@ async fn a_key_its_connection_field_names_is_hop_by_hop_and_no_key(path: DataPat
     }
     assert_eq!(o.up.requests(), 2);
 }
+
+both_paths!(
+    #[tokio::test]
+    a_keyed_write_refused_before_any_attempt_leaves_its_key_free
+);
+/// A keyed write weir refuses before any attempt (here the concurrency
+/// gate, full: 503 `overloaded`; the same path as the rate limit, the
+/// breaker and client-side throttling) reached nothing: its record is
+/// forgotten, so the key may be tried again — with another body too —
+/// and is forwarded, not held as uncertain (422) until its ttl.
+async fn a_keyed_write_refused_before_any_attempt_leaves_its_key_free(path: DataPath) {
+    let o = orders(0).await;
+    let weir = Weir::single_on(
+        path,
+        &o.up.url(),
+        "[upstreams.svc.concurrency]\nmax_in_flight = 1\n",
+    )
+    .await;
+    // One request holds the only slot until the upstream is let go.
+    let held = o.release.acquire_many(1_000_000).await.unwrap();
+    let url = weir.url("/orders");
+    let holder = tokio::spawn(async move {
+        let req = Request::post(url)
+            .header("host", "svc")
+            .body(body("hold"))
+            .unwrap();
+        client().request(req).await.unwrap().status().as_u16()
+    });
+    while o.up.requests() < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (status, parts, _) = post(&weir, Some("k-refused"), "pay 10").await;
+    assert_eq!(
+        (status, header(&parts, "x-weir-error").as_str()),
+        (503, "overloaded")
+    );
+    drop(held);
+    assert_eq!(holder.await.unwrap(), 201);
+    let (status, parts, _) = post(&weir, Some("k-refused"), "pay 12").await;
+    assert_eq!(status, 201, "{parts:?}");
+    assert_eq!(o.up.requests(), 2);
+}

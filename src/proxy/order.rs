@@ -1,9 +1,10 @@
 //! The one order a request to an upstream is served in, whichever codec
 //! carried it (docs/reference/life-of-a-request.md#the-life-of-a-request):
 //!
-//! deadline → a keyed write's record → admission (rate limit, then
-//! concurrency) → the request body → the breaker → the attempts → the
-//! answer, with a keyed write's outcome recorded.
+//! deadline → a keyed write's record → admission (client-side throttling,
+//! rate limit, concurrency) → the request body → the breaker → the
+//! attempts → the answer, with a keyed write's outcome recorded (forgotten
+//! when it ends before any attempt).
 //!
 //! The codecs supply how each step reads, waits, sends and answers
 //! ([`Codec`]): the fast path's HTTP/1.1 (`proxy::fast`), hyper's HTTP/1.1
@@ -15,7 +16,7 @@ use super::attempt::{self, Admitted, Annotations, Attempted, Attempts};
 use super::error::ProxyError;
 use super::idempotent::{self, Begun, Recorder};
 use super::Upstream;
-use crate::policy::idempotency::StoredResponse;
+use crate::policy::idempotency::{Ending, StoredResponse};
 use crate::policy::RequestFacts;
 use crate::state::gate::Slot;
 use std::net::SocketAddr;
@@ -176,17 +177,35 @@ async fn admitted<C: Codec>(
     (deadline, lowered): (Instant, bool),
     mut recorder: Option<Recorder>,
 ) -> C::Out {
-    // Admission in the order of docs/reference/admission.md#admission: rate
-    // limit, concurrency; the body is read before the breaker is asked, so a
-    // slow upload never holds a half-open probe slot.
+    // Until the first attempt nothing has reached the upstream: a keyed
+    // write that ends before it is forgotten, so its key may be tried again
+    // (docs/reference/idempotency.md#idempotency-keys).
+    let unsent = |recorder: &mut Option<Recorder>| {
+        if let Some(r) = recorder.take() {
+            r.finish(Ending::Failed, None);
+        }
+    };
+    // Admission in the order of docs/reference/admission.md#admission:
+    // client-side throttling, rate limit, concurrency; the body is read
+    // before the breaker is asked, so a slow upload never holds a half-open
+    // probe slot.
     let (slot, waited, taken) = match codec.admit(up, key, start, deadline).await {
-        None => return codec.gone(),
-        Some(Err(e)) => return codec.refuse(up, e, None, None).await,
+        None => {
+            unsent(&mut recorder);
+            return codec.gone();
+        }
+        Some(Err(e)) => {
+            unsent(&mut recorder);
+            return codec.refuse(up, e, None, None).await;
+        }
         Some(Ok(a)) => (a.slot, a.waited, a.taken),
     };
     let (ready, body_waited) = match codec.body(up, arrived, deadline).await {
         Ok(r) => r,
-        Err(out) => return out,
+        Err(out) => {
+            unsent(&mut recorder);
+            return out;
+        }
     };
     // Nothing waited for: `start` still tells the time.
     let t0 = match waited || body_waited {
@@ -197,6 +216,7 @@ async fn admitted<C: Codec>(
         Ok(t) => t,
         Err(e) => {
             attempt::refund(up, key, taken);
+            unsent(&mut recorder);
             return codec.refuse(up, e, None, None).await;
         }
     };
@@ -209,6 +229,7 @@ async fn admitted<C: Codec>(
             hedge: None,
         };
         let e = ProxyError::DeadlineExceeded;
+        unsent(&mut recorder);
         return codec.refuse(up, e, Some(none), None).await;
     };
     let detached = recorder.is_some();
