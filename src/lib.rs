@@ -23,7 +23,8 @@
 //!              ▼  one serve order for every codec (proxy::order), one
 //!                 attempt driver (proxy::attempt):
 //!            deadline (timeout, lowered by x-weir-timeout-ms / grpc-timeout)
-//!            admit: rate limit → concurrency gate → (body) → breaker
+//!            admit: client-side throttle → rate limit → concurrency gate
+//!                   → (body) → breaker
 //!            drive: loop { the codec's Transport sends one attempt
 //!                          → breaker verdict → policy::decide (budget,
 //!                          breaker, limiter asked lazily) → backoff }

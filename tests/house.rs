@@ -75,6 +75,72 @@ fn paths(line: &str) -> Vec<String> {
     out
 }
 
+/// Splits `s` at the commas outside braces.
+fn split_top(s: &str) -> Vec<&str> {
+    let (mut depth, mut from, mut out) = (0, 0, Vec::new());
+    for (i, c) in s.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(s[from..i].trim());
+                from = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(s[from..].trim());
+    out.into_iter().filter(|x| !x.is_empty()).collect()
+}
+
+/// The paths one `use` tree names, its `{…}` groups expanded:
+/// `super::{fill, head::{self, Planned}}` → `super::fill`, `super::head`,
+/// `super::head::Planned`.
+fn expand_use(prefix: &str, tree: &str, out: &mut Vec<String>) {
+    for item in split_top(tree) {
+        let item = item.split(" as ").next().unwrap_or(item).trim();
+        match item.find('{') {
+            Some(i) if item.ends_with('}') => {
+                let head = format!("{prefix}{}", &item[..i]);
+                expand_use(&head, &item[i + 1..item.len() - 1], out);
+            }
+            _ => {
+                let full = format!("{prefix}{item}");
+                out.push(full.strip_suffix("::self").unwrap_or(&full).to_string());
+            }
+        }
+    }
+}
+
+/// Every path the `use` statements of `lines` name (a statement may span
+/// several lines), groups expanded: a grouped import of a sibling is an
+/// edge like any other.
+fn use_paths(lines: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stmt: Option<String> = None;
+    for l in lines {
+        let t = l.trim();
+        if stmt.is_none() {
+            let body = t
+                .split_once("use ")
+                .filter(|(vis, _)| vis.is_empty() || vis.starts_with("pub"));
+            match body {
+                Some((_, rest)) => stmt = Some(String::new() + rest),
+                None => continue,
+            }
+        } else if let Some(s) = stmt.as_mut() {
+            s.push(' ');
+            s.push_str(t);
+        }
+        if let Some(s) = stmt.as_ref().filter(|s| s.contains(';')) {
+            let tree = s.split(';').next().unwrap_or("").split_whitespace();
+            expand_use("", &tree.collect::<Vec<_>>().join(" "), &mut out);
+            stmt = None;
+        }
+    }
+    out
+}
+
 fn resolve(modules: &BTreeSet<String>, cur: &str, path: &str) -> Option<String> {
     let mut parts: Vec<&str> = path.split("::").collect();
     let mut base: Vec<&str> = Vec::new();
@@ -120,12 +186,12 @@ fn import_edges() -> BTreeMap<String, BTreeSet<String>> {
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (m, text) in &texts {
         let e = edges.entry(m.clone()).or_default();
-        for line in code(text) {
-            for p in paths(line) {
-                if let Some(t) = resolve(&modules, m, &p) {
-                    if &t != m && !related(m, &t) {
-                        e.insert(t);
-                    }
+        let lines = code(text);
+        let named = lines.iter().flat_map(|l| paths(l)).chain(use_paths(&lines));
+        for p in named {
+            if let Some(t) = resolve(&modules, m, &p) {
+                if &t != m && !related(m, &t) {
+                    e.insert(t);
                 }
             }
         }

@@ -124,7 +124,8 @@ struct Throttled {
     upstream: String,
     p: GaugeVec,
     refusals: IntCounterVec,
-    /// The refusals last shown; `None` while the series are absent.
+    /// The refusals last shown, kept while the series are absent so that a
+    /// series made again counts only what came after.
     seen: Mutex<Option<u64>>,
 }
 
@@ -138,7 +139,8 @@ impl ConcurrencySeries {
     }
 
     /// Brings the throttling series up to `throttle`'s probability and
-    /// refusals since it was turned on; `None` (off) removes them.
+    /// refusals (since the upstream was created); `None` (off) removes them,
+    /// and they come back from the count at that moment.
     pub fn show_throttle(&self, throttle: Option<(f64, u64)>) {
         let t = &self.throttle;
         let Ok(mut seen) = t.seen.lock() else {
@@ -152,12 +154,12 @@ impl ConcurrencySeries {
                 t.refusals.with_label_values(&name).inc_by(refusals - from);
                 *seen = Some(refusals);
             }
-            None if seen.is_some() => {
+            None => {
+                // Removed; made again from zero when it is turned on, the
+                // refusals before counted as seen.
                 t.p.remove_label_values(&name).ok();
                 t.refusals.remove_label_values(&name).ok();
-                *seen = None;
             }
-            None => {}
         }
     }
 }

@@ -10,7 +10,7 @@ use prometheus::{
 
 /// The `op` label values: every kind of call weir makes to the backend.
 /// `ping` is the connection's own check: connecting, and one PING a second
-/// while up (src/fleet/mod.rs); `idempotency_begin` counts begins and
+/// while up (src/state/fleet/mod.rs); `idempotency_begin` counts begins and
 /// claims, `idempotency_finish` fingerprints filled in and outcomes.
 pub const OPS: [&str; 9] = [
     "ping",

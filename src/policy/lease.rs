@@ -1,5 +1,5 @@
 //! A fleet-wide token bucket spent locally (docs/reference/fleet.md#fleet-state):
-//! the bucket itself lives in the shared state (`src/fleet/limiter.rs`, one
+//! the bucket itself lives in the shared state (`src/state/fleet/limiter.rs`, one
 //! atomic Lua script), and each instance *leases* tokens from it in batches
 //! and spends them here, so that admission never waits on the shared state
 //! and the shared state sees a small fraction of the requests.

@@ -20,6 +20,9 @@
 //! | [`breaker`] | the circuit breaker state machine |
 //! | [`limiter`] | token bucket, sliding window, both combined |
 //! | [`adaptive`] | the adaptive concurrency limit: a gradient controller over latency |
+//! | [`throttle`] | client-side throttling: the SRE book's adaptive throttling for an upstream that sheds |
+//! | [`balance`] | the balancer's choice among endpoints: peak-EWMA estimates, two random choices |
+//! | [`eject`] | outlier ejection: when an endpoint is taken out and let back |
 //! | [`keyed`] | the per-key limiter registry, bounded, LRU |
 //! | [`lease`] | a fleet-wide bucket's tokens leased in batches and spent locally; the fallback when the shared state is away |
 //! | [`idempotency`] | idempotency-key records: fingerprint, `decide`, what to record, the store |
@@ -78,7 +81,7 @@ pub use limiter::{Left, Limiter, RateLimitParams, SlidingWindow, TokenBucket};
 pub use random::{FixedRandom, Random, SeededRandom};
 pub use report::{schedule_report, schedule_report_with};
 pub use retry_after::parse_retry_after;
-pub use throttle::{Throttle, ThrottleParams};
+pub use throttle::{AdaptiveThrottle, ThrottleParams};
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! the adaptive throttling of Google's SRE book, for an upstream that sheds
 //! load itself (429, 503, gRPC `RESOURCE_EXHAUSTED` or `UNAVAILABLE`).
 //!
-//! Owns [`ThrottleParams`] and [`Throttle`]. Over a sliding `window` it
+//! Owns [`ThrottleParams`] and [`AdaptiveThrottle`]. Over a sliding `window` it
 //! counts the requests weir meant to send (`requests`: every answer the
 //! upstream gave, and every request refused here) and the ones the
 //! upstream accepted (`accepts`: answers that were no shedding signal), and
@@ -83,16 +83,16 @@ struct Bucket {
 /// One upstream's client-side throttle ([`ThrottleParams`]); see the module
 /// summary.
 #[derive(Debug, Clone)]
-pub struct Throttle {
+pub struct AdaptiveThrottle {
     p: ThrottleParams,
     buckets: [Bucket; BUCKETS],
     /// The latest `now` seen (a clock stepping back counts as this).
     seen: Now,
 }
 
-impl Throttle {
+impl AdaptiveThrottle {
     pub fn new(p: ThrottleParams) -> Self {
-        Throttle {
+        AdaptiveThrottle {
             p,
             buckets: [Bucket::default(); BUCKETS],
             seen: Duration::ZERO,
@@ -155,7 +155,7 @@ impl Throttle {
     /// Whether a request may go to the upstream at `now`, given a uniform
     /// `draw` in [0, 1). A refusal counts as a request the upstream did not
     /// accept; one let through is counted when it is answered
-    /// ([`Throttle::answered`]).
+    /// ([`AdaptiveThrottle::answered`]).
     pub fn admit(&mut self, now: Now, draw: f64) -> bool {
         let p = self.probability(now);
         if p > 0.0 && draw < p {
@@ -192,7 +192,7 @@ mod tests {
 
     #[test]
     fn a_healthy_upstream_is_never_throttled() {
-        let mut t = Throttle::new(params());
+        let mut t = AdaptiveThrottle::new(params());
         for i in 0..10_000u64 {
             let now = Duration::from_millis(i * 7);
             assert!(t.admit(now, 0.0));
@@ -203,7 +203,7 @@ mod tests {
 
     #[test]
     fn the_probability_is_the_books_formula_capped() {
-        let mut t = Throttle::new(params());
+        let mut t = AdaptiveThrottle::new(params());
         // 100 requests, 30 accepted: (100 − 60) / 101.
         for i in 0..100 {
             t.answered(S, i < 30);
@@ -211,7 +211,7 @@ mod tests {
         let p = t.probability(S);
         assert!((p - 40.0 / 101.0).abs() < 1e-9, "{p}");
         // Nothing accepted: capped at max_reject.
-        let mut t = Throttle::new(params());
+        let mut t = AdaptiveThrottle::new(params());
         for _ in 0..100 {
             t.answered(S, false);
         }
@@ -220,7 +220,7 @@ mod tests {
 
     #[test]
     fn nothing_is_refused_below_min_requests() {
-        let mut t = Throttle::new(params());
+        let mut t = AdaptiveThrottle::new(params());
         for _ in 0..19 {
             t.answered(S, false);
         }
@@ -231,7 +231,7 @@ mod tests {
 
     #[test]
     fn a_refusal_counts_as_a_request_not_accepted() {
-        let mut t = Throttle::new(params());
+        let mut t = AdaptiveThrottle::new(params());
         for _ in 0..40 {
             t.answered(S, false);
         }
@@ -244,7 +244,7 @@ mod tests {
 
     #[test]
     fn old_counts_leave_the_window() {
-        let mut t = Throttle::new(params());
+        let mut t = AdaptiveThrottle::new(params());
         for _ in 0..100 {
             t.answered(S, false);
         }
@@ -255,7 +255,7 @@ mod tests {
 
     #[test]
     fn a_clock_stepping_back_is_the_latest_seen() {
-        let mut t = Throttle::new(params());
+        let mut t = AdaptiveThrottle::new(params());
         for _ in 0..100 {
             t.answered(100 * S, false);
         }
@@ -266,7 +266,7 @@ mod tests {
 
     #[test]
     fn a_new_window_starts_afresh_and_other_changes_keep_the_counts() {
-        let mut t = Throttle::new(params());
+        let mut t = AdaptiveThrottle::new(params());
         for _ in 0..50 {
             t.answered(S, false);
         }
@@ -302,7 +302,7 @@ mod tests {
             max_reject in 0.01f64..0.99,
         ) {
             let p = ThrottleParams::try_new(multiplier, 30 * S, max_reject, 5).expect("valid");
-            let mut t = Throttle::new(p);
+            let mut t = AdaptiveThrottle::new(p);
             for (ms, answer, accepted) in events {
                 let now = Duration::from_millis(ms);
                 if answer {
@@ -327,7 +327,7 @@ mod tests {
             multiplier in 1.5f64..4.0,
         ) {
             let p = ThrottleParams::try_new(multiplier, 30 * S, 0.9, 20).expect("valid");
-            let mut t = Throttle::new(p);
+            let mut t = AdaptiveThrottle::new(p);
             let mut rng = crate::policy::SeededRandom::new(u64::from(cap));
             let (mut sent, mut this_second) = (0u32, 0u32);
             // 100 requests a second for two minutes; the last minute counts.

@@ -1,11 +1,11 @@
 //! An upstream's client-side throttle (docs/reference/admission.md#client-side-throttling):
-//! the policy core's [`Throttle`] behind one short lock, with its own
+//! the policy core's [`AdaptiveThrottle`] behind one short lock, with its own
 //! random draws, asked at admission and told every answer. Off (the
 //! default), a request pays one atomic load.
 
 use crate::clock::{fresh_seed, Clock};
 use crate::policy::throttle::sheds;
-use crate::policy::{Outcome, Random, SeededRandom, Throttle, ThrottleParams};
+use crate::policy::{AdaptiveThrottle, Outcome, Random, SeededRandom, ThrottleParams};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use tokio::time::Instant;
@@ -13,8 +13,10 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub struct ThrottleGate {
     on: AtomicBool,
-    inner: Mutex<Option<(Throttle, SeededRandom)>>,
-    /// Requests refused since it was turned on.
+    inner: Mutex<Option<(AdaptiveThrottle, SeededRandom)>>,
+    /// Requests refused since the upstream was created (kept across a
+    /// reload that turns it off and on, so the counter that follows it
+    /// never goes back).
     refusals: AtomicU64,
     clock: Clock,
 }
@@ -27,7 +29,7 @@ pub struct ThrottleView {
     /// Requests (answers and refusals) and accepts within the window.
     pub requests: u64,
     pub accepts: u64,
-    /// Requests refused since it was turned on.
+    /// Requests refused since the upstream was created.
     pub refusals: u64,
 }
 
@@ -43,7 +45,7 @@ impl ThrottleGate {
         t
     }
 
-    fn inner(&self) -> std::sync::MutexGuard<'_, Option<(Throttle, SeededRandom)>> {
+    fn inner(&self) -> std::sync::MutexGuard<'_, Option<(AdaptiveThrottle, SeededRandom)>> {
         self.inner.lock().expect("throttle lock poisoned")
     }
 
@@ -55,8 +57,10 @@ impl ThrottleGate {
             (Some((t, _)), Some(p)) if t.params() != p => t.set_params(p.clone()),
             (Some(_), Some(_)) => {}
             (None, Some(p)) => {
-                *inner = Some((Throttle::new(p.clone()), SeededRandom::new(fresh_seed())));
-                self.refusals.store(0, Ordering::Relaxed);
+                *inner = Some((
+                    AdaptiveThrottle::new(p.clone()),
+                    SeededRandom::new(fresh_seed()),
+                ));
             }
             (_, None) => *inner = None,
         }

@@ -104,7 +104,7 @@ pub struct ThrottleReport {
     /// Requests (answers and refusals) and accepts within its window.
     pub requests: u64,
     pub accepts: u64,
-    /// Requests it refused since it was turned on.
+    /// Requests it refused since the upstream was created.
     pub refusals: u64,
 }
 

@@ -1,7 +1,7 @@
 //! The response cache's misses and writes on the fast path
 //! (docs/reference/cache.md#response-cache): a miss takes its turn at
-//! filling its key (coalesced with the others of that key, as on hyper's
-//! path, `proxy::general::cached::take_turn`), goes upstream, and its response is
+//! filling its key (coalesced with the others of that key, as on the
+//! general path, `proxy::general::cached::take_turn`), goes upstream, and its response is
 //! read whole before any of it is relayed when it may be stored, so that a
 //! body that breaks off is weir's error and nothing is stored; a write that
 //! succeeds drops its target's entries.
@@ -280,8 +280,8 @@ pub(super) enum FillStep {
     Relay(Option<CacheResult>),
     /// Not relayed: the entry answers instead.
     Answer(Arc<CachedResponse>, CacheResult),
-    /// Not relayed: the request is served again from the start, on hyper's
-    /// path (a 304 that matches no entry any more).
+    /// Not relayed: the request is served again from the start, on the
+    /// general path (a 304 that matches no entry any more).
     HandOver,
 }
 

@@ -73,8 +73,8 @@ pub(super) struct RequestTarget<'r> {
     pub path_and_query: &'r str,
 }
 
-/// What the upstream's cache does with the request; `Err`: it is hyper's
-/// path's (an entry to revalidate or to serve stale).
+/// What the upstream's cache does with the request; `Err`: it is the
+/// general path's (an entry to revalidate or to serve stale).
 pub(super) fn visit(
     up: &Upstream,
     t: &RequestTarget<'_>,
