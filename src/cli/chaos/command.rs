@@ -30,6 +30,12 @@ pub struct ChaosArgs {
     /// The replica scenarios: weir speaks h2c to the replicas.
     #[arg(long)]
     pub h2c: bool,
+    /// `overload`: add a column for a proxy already running, NAME=PROXY,UPSTREAM
+    /// (repeatable). Load level i (from 0) is sent to PROXY's port + i, and
+    /// that level's fresh upstream listens on UPSTREAM's port + i, where the
+    /// proxy is to forward it.
+    #[arg(long, value_name = "NAME=PROXY,UPSTREAM", value_parser = crate::cli::chaos::overload::Via::parse)]
+    pub via: Vec<crate::cli::chaos::overload::Via>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -275,6 +281,10 @@ pub fn run(args: ChaosArgs) -> ExitCode {
             ExitCode::SUCCESS
         });
     }
+    if !args.via.is_empty() && args.scenario != Some(crate::cli::chaos::Scenario::Overload) {
+        eprintln!("--via applies to `weir chaos overload` only");
+        return ExitCode::FAILURE;
+    }
     let opts = crate::cli::chaos::ScenarioOptions {
         requests: args.requests,
         rate: args.rate,
@@ -282,6 +292,7 @@ pub fn run(args: ChaosArgs) -> ExitCode {
         config: args.config,
         weir_only: false,
         h2c: args.h2c,
+        via: args.via,
     };
     let scenarios: Vec<crate::cli::chaos::Scenario> = match args.scenario {
         Some(s) => vec![s],

@@ -258,6 +258,8 @@ pub struct ScenarioOptions {
     pub weir_only: bool,
     /// The replica scenarios: weir speaks h2c to the replicas.
     pub h2c: bool,
+    /// `overload`: proxies already running, measured beside weir's columns.
+    pub via: Vec<overload::Via>,
 }
 
 /// One column of the report.

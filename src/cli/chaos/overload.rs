@@ -14,6 +14,14 @@
 //! A second phase runs the adaptive column alone at 2× the capacity and
 //! halves the upstream's slots part-way through: how long the limit takes
 //! to follow. The gates are in `tests/chaos.rs`.
+//!
+//! `--via NAME=PROXY,UPSTREAM` adds a column for a proxy that is already
+//! running (`bench/overload.sh` runs Envoy's adaptive concurrency filter
+//! this way): the same driver sends each level's load to it, and that
+//! level's fresh upstream listens where the proxy forwards. Level `i` (from
+//! 0, in the order of `levels`) uses PROXY's port + `i` and UPSTREAM's
+//! port + `i`, so the proxy can give each level a listener, and a
+//! controller, of its own, as weir's columns get a fresh weir per level.
 
 use super::driver::{drive, Load, Mode, Observed, Target};
 use super::upstream::{Capacity, ChaosUpstream, Latency, Profile};
@@ -22,6 +30,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use http::Method;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,6 +42,52 @@ pub const ADAPTIVE: &str = "[upstreams.chaos.concurrency]\nlimit = \"adaptive\"\
 pub const NO_WEIR: &str = "no weir";
 pub const FIXED: &str = "weir, fixed limit (default)";
 pub const ADAPTIVE_COLUMN: &str = "weir, adaptive";
+
+/// A proxy measured beside weir's columns (`--via NAME=PROXY,UPSTREAM`):
+/// at load level `i` requests go to `proxy`'s port + `i`, and that level's
+/// upstream listens on `upstream`'s port + `i`, where the proxy forwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Via {
+    /// The column's name.
+    pub name: String,
+    pub proxy: SocketAddr,
+    pub upstream: SocketAddr,
+}
+
+impl Via {
+    /// `NAME=PROXY,UPSTREAM`, e.g. `envoy=127.0.0.1:18500,127.0.0.1:18510`.
+    pub fn parse(s: &str) -> Result<Via, String> {
+        let usage = "NAME=PROXY,UPSTREAM, e.g. envoy=127.0.0.1:18500,127.0.0.1:18510";
+        let (name, addrs) = s.split_once('=').ok_or(usage)?;
+        let (proxy, upstream) = addrs.split_once(',').ok_or(usage)?;
+        let addr = |a: &str| {
+            a.trim()
+                .parse::<SocketAddr>()
+                .map_err(|e| format!("{a:?}: {e} ({usage})"))
+        };
+        let name = name.trim();
+        if name.is_empty() {
+            return Err(usage.into());
+        }
+        Ok(Via {
+            name: name.to_string(),
+            proxy: addr(proxy)?,
+            upstream: addr(upstream)?,
+        })
+    }
+
+    /// Level `i`'s proxy and upstream addresses.
+    pub fn at(&self, i: usize) -> Result<(SocketAddr, SocketAddr), String> {
+        let shift = |a: SocketAddr| {
+            u16::try_from(i)
+                .ok()
+                .and_then(|i| a.port().checked_add(i))
+                .map(|p| SocketAddr::new(a.ip(), p))
+                .ok_or_else(|| format!("{}: no port {} + {i}", self.name, a.port()))
+        };
+        Ok((shift(self.proxy)?, shift(self.upstream)?))
+    }
+}
 
 /// What the scenario runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,12 +133,14 @@ impl Shape {
 /// One column at one level.
 #[derive(Debug, Clone)]
 pub struct Cell {
-    pub column: &'static str,
+    pub column: String,
     pub observed: Observed,
     /// How long the load was offered.
     pub step: Duration,
     pub client_timeout: Duration,
-    /// weir's 503 `overloaded` (weir's columns only).
+    /// weir's 503 `overloaded` (weir's columns); for a `--via` proxy, its
+    /// answers other than 2xx that came before the client's timeout (its
+    /// refusals, as far as the client can tell).
     pub refusals: Option<u64>,
     /// weir's limit, sampled every 50 ms, from the upstream's start.
     pub limits: Vec<(Duration, u32)>,
@@ -252,6 +309,18 @@ fn config(up: &ChaosUpstream, opts: &ScenarioOptions, extra: &str) -> Result<Con
     Config::parse(&PathBuf::from("<chaos overload>"), &src).map_err(|e| e.to_string())
 }
 
+/// `rate` requests a second for `length`, open loop, with the app's timeout.
+fn load(shape: &Shape, rate: f64, length: Duration) -> Load {
+    Load {
+        requests: (rate * length.as_secs_f64()).round() as usize,
+        mode: Mode::Open(rate),
+        max_time: length,
+        method: Method::GET,
+        client_timeout: shape.client_timeout,
+        keys: None,
+    }
+}
+
 /// One column at `rate` requests a second for `length`, on a fresh upstream.
 async fn measure(
     shape: &Shape,
@@ -268,14 +337,7 @@ async fn measure(
     )
     .await
     .map_err(|e| format!("cannot start the chaos upstream: {e}"))?;
-    let load = Load {
-        requests: (rate * length.as_secs_f64()).round() as usize,
-        mode: Mode::Open(rate),
-        max_time: length,
-        method: Method::GET,
-        client_timeout: shape.client_timeout,
-        keys: None,
-    };
+    let load = load(shape, rate, length);
     let extra = match column {
         NO_WEIR => {
             let observed = drive(Target::Direct(up.addr), load).await;
@@ -326,8 +388,61 @@ async fn measure(
     ))
 }
 
+/// A `--via` proxy's column at level `level`: a fresh upstream on that
+/// level's upstream address, the load sent to that level's proxy address.
+async fn measure_via(
+    shape: &Shape,
+    opts: &ScenarioOptions,
+    via: &Via,
+    level: usize,
+    rate: f64,
+) -> Result<Cell, String> {
+    let (proxy, upstream) = via.at(level)?;
+    let up = ChaosUpstream::start(upstream, profile(shape, None), opts.seed)
+        .await
+        .map_err(|e| {
+            format!(
+                "{}: cannot start the chaos upstream on {upstream}: {e}",
+                via.name
+            )
+        })?;
+    // Fail at once when nothing listens there, rather than print a column
+    // of connection errors (a connection alone: no request, so the proxy's
+    // controller sees no sample).
+    let mut reached = false;
+    for _ in 0..50 {
+        if tokio::net::TcpStream::connect(proxy).await.is_ok() {
+            reached = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if !reached {
+        return Err(format!("{}: nothing listens on {proxy}", via.name));
+    }
+    let target = Target::Weir {
+        addr: proxy,
+        host: "chaos".into(),
+    };
+    let observed = drive(target, load(shape, rate, shape.step)).await;
+    drop(up);
+    let failed = observed
+        .records
+        .iter()
+        .filter(|r| !r.ok && r.latency < shape.client_timeout)
+        .count() as u64;
+    Ok(cell(
+        &via.name,
+        observed,
+        shape.step,
+        shape,
+        Some(failed),
+        Vec::new(),
+    ))
+}
+
 fn cell(
-    column: &'static str,
+    column: &str,
     observed: Observed,
     step: Duration,
     shape: &Shape,
@@ -335,7 +450,7 @@ fn cell(
     limits: Vec<(Duration, u32)>,
 ) -> Cell {
     Cell {
-        column,
+        column: column.to_string(),
         observed,
         step,
         client_timeout: shape.client_timeout,
@@ -346,17 +461,22 @@ fn cell(
 
 /// Runs the levels, then the halving phase.
 pub async fn measure_all(shape: &Shape, opts: &ScenarioOptions) -> Result<OverloadReport, String> {
-    let columns: &[&'static str] = if shape.adaptive_only || opts.weir_only {
+    let alone = shape.adaptive_only || opts.weir_only;
+    let columns: &[&'static str] = if alone {
         &[ADAPTIVE_COLUMN]
     } else {
         &[NO_WEIR, FIXED, ADAPTIVE_COLUMN]
     };
+    let vias: &[Via] = if alone { &[] } else { &opts.via };
     let mut levels = Vec::new();
-    for &load in &shape.levels {
+    for (i, &load) in shape.levels.iter().enumerate() {
         let rate = shape.capacity() * load;
         let mut cells = Vec::new();
         for &c in columns {
             cells.push(measure(shape, opts, c, rate, shape.step, None).await?);
+        }
+        for via in vias {
+            cells.push(measure_via(shape, opts, via, i, rate).await?);
         }
         levels.push(Level { load, cells });
     }
@@ -425,7 +545,7 @@ pub fn table(r: &OverloadReport) -> String {
     let heads: Vec<&str> = r
         .levels
         .first()
-        .map(|l| l.cells.iter().map(|c| c.column).collect())
+        .map(|l| l.cells.iter().map(|c| c.column.as_str()).collect())
         .unwrap_or_default();
     let _ = writeln!(out, "| load | | {} |", heads.join(" | "));
     let _ = writeln!(out, "|---|---|{}", "---|".repeat(heads.len()));
@@ -453,7 +573,7 @@ pub fn table(r: &OverloadReport) -> String {
         let limits: Vec<String> = l
             .cells
             .iter()
-            .map(|c| match (c.column, c.settled_limit()) {
+            .map(|c| match (c.column.as_str(), c.settled_limit()) {
                 (ADAPTIVE_COLUMN, Some(n)) => n.to_string(),
                 _ => "—".into(),
             })
@@ -462,6 +582,24 @@ pub fn table(r: &OverloadReport) -> String {
             out,
             "| | adaptive limit (second half) | {} |",
             limits.join(" | ")
+        );
+    }
+    let vias: Vec<&str> = r
+        .levels
+        .first()
+        .map(|l| {
+            l.cells
+                .iter()
+                .filter(|c| ![NO_WEIR, FIXED, ADAPTIVE_COLUMN].contains(&c.column.as_str()))
+                .map(|c| c.column.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !vias.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{}: \"refused\" counts the answers other than 2xx that came before the app's timeout (the proxy's own count is in its stats); level i reached it on its address's port + i",
+            vias.join(", ")
         );
     }
     if let Some(h) = &r.halving {
@@ -528,4 +666,31 @@ pub fn json(r: &OverloadReport) -> serde_json::Value {
             })).collect::<Vec<_>>(),
         })),
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn via_names_a_proxy_and_an_upstream_shifted_by_the_level() {
+        let v = Via::parse("envoy adaptive=127.0.0.1:18500,127.0.0.1:18510").unwrap();
+        assert_eq!(v.name, "envoy adaptive");
+        let (p, u) = v.at(3).unwrap();
+        assert_eq!(
+            (p.to_string(), u.to_string()),
+            ("127.0.0.1:18503".into(), "127.0.0.1:18513".into())
+        );
+        for bad in [
+            "envoy",
+            "=127.0.0.1:1,127.0.0.1:2",
+            "e=127.0.0.1:1",
+            "e=127.0.0.1,127.0.0.1:2",
+        ] {
+            assert!(Via::parse(bad).is_err(), "{bad}");
+        }
+        let top = Via::parse("e=127.0.0.1:65535,127.0.0.1:1").unwrap();
+        assert!(top.at(1).is_err());
+    }
 }
