@@ -415,7 +415,7 @@ async fn overload_keeps_goodput_and_latency_with_the_adaptive_limit() {
         ..Shape::default()
     };
     let r = measure_all(&shape, &opts(0, true)).await.unwrap();
-    let table = weir::cli::chaos::overload::table(&r);
+    let table = weir::cli::chaos::overload_table::table(&r);
     // Shown with --nocapture.
     eprintln!("{table}");
     let half = r.cell(0.5, ADAPTIVE_COLUMN).unwrap();

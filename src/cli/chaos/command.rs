@@ -34,8 +34,8 @@ pub struct ChaosArgs {
     /// (repeatable). Load level i (from 0) is sent to PROXY's port + i, and
     /// that level's fresh upstream listens on UPSTREAM's port + i, where the
     /// proxy is to forward it.
-    #[arg(long, value_name = "NAME=PROXY,UPSTREAM", value_parser = crate::cli::chaos::overload::Via::parse)]
-    pub via: Vec<crate::cli::chaos::overload::Via>,
+    #[arg(long, value_name = "NAME=PROXY,UPSTREAM", value_parser = crate::cli::chaos::overload::ViaProxy::parse)]
+    pub via: Vec<crate::cli::chaos::overload::ViaProxy>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -12,6 +12,7 @@ mod config;
 pub mod double_submit;
 pub mod driver;
 pub mod overload;
+pub mod overload_table;
 pub mod replicas;
 pub mod report;
 pub mod soak;
@@ -259,7 +260,7 @@ pub struct ScenarioOptions {
     /// The replica scenarios: weir speaks h2c to the replicas.
     pub h2c: bool,
     /// `overload`: proxies already running, measured beside weir's columns.
-    pub via: Vec<overload::Via>,
+    pub via: Vec<overload::ViaProxy>,
 }
 
 /// One column of the report.

@@ -167,7 +167,7 @@ fn per_second_table(r: &ScenarioReport) -> Option<String> {
 /// The table, in Markdown (readable in a terminal, pastable in bench/RESULTS.md).
 pub fn table(r: &ScenarioReport) -> String {
     if let Some(o) = &r.overload {
-        return super::overload::table(o);
+        return super::overload_table::table(o);
     }
     let mut out = String::new();
     let _ = writeln!(out, "scenario: {} (seed {})\n", r.scenario.name(), r.seed);
@@ -236,7 +236,7 @@ fn settings_note(r: &ScenarioReport) -> String {
 /// The same as JSON.
 pub fn json(r: &ScenarioReport) -> serde_json::Value {
     if let Some(o) = &r.overload {
-        return super::overload::json(o);
+        return super::overload_table::json(o);
     }
     let late = r.deadline + Duration::from_millis(50);
     let cols: Vec<serde_json::Value> = r
