@@ -566,3 +566,76 @@ fn no_two_types_share_a_name() {
         shared.join("\n")
     );
 }
+
+/// Every connection weir keeps to an upstream lives under `src/upstream/`:
+/// nothing in the data plane outside it dials, runs hyper's client or
+/// names a pool, and `src/upstream/pool/` has one pool type per protocol.
+/// (`src/cli/` is outside the data plane: `weir health` and the chaos
+/// scenarios are clients of weir.)
+#[test]
+fn every_upstream_connection_lives_under_upstream() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    sources(&root.join("src"), &mut files);
+    files.sort();
+    let dials = [
+        "TcpStream::connect",
+        "client::conn::http1",
+        "client::conn::http2",
+        "legacy::Client",
+        "SendRequest",
+        "TlsConnector",
+    ];
+    let mut outside = Vec::new();
+    let mut pools: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for f in &files {
+        let rel = f.strip_prefix(root).unwrap().display().to_string();
+        let text = std::fs::read_to_string(f).unwrap();
+        let upstream = rel.starts_with("src/upstream/");
+        if !upstream && !rel.starts_with("src/cli/") {
+            for l in code(&text) {
+                if let Some(d) = dials.iter().find(|d| l.contains(*d)) {
+                    outside.push(format!("{rel}: {d}"));
+                }
+            }
+        }
+        for (name, line) in type_definitions(&text) {
+            if name.ends_with("Pool") {
+                pools
+                    .entry(name.to_string())
+                    .or_default()
+                    .push(format!("{rel}:{line}"));
+            }
+        }
+    }
+    assert!(
+        outside.is_empty(),
+        "upstream connections made or kept outside src/upstream/:\n{}",
+        outside.join("\n")
+    );
+    let in_pool: Vec<&String> = pools
+        .iter()
+        .filter(|(_, at)| at.iter().all(|a| a.starts_with("src/upstream/pool/")))
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        in_pool,
+        ["H1Pool", "H2Pool"],
+        "one pool type per protocol under src/upstream/pool/"
+    );
+    // The one pool type elsewhere is the choice, per endpoint, between
+    // hyper-util's pool (an `https://` upstream on `protocol = "auto"`,
+    // where ALPN decides per connection, and a name not resolved yet) and
+    // the HTTP/2 pool.
+    let elsewhere: Vec<(&String, &Vec<String>)> =
+        pools.iter().filter(|(n, _)| !in_pool.contains(n)).collect();
+    assert!(
+        elsewhere.len() == 1
+            && elsewhere[0].0 == "ClientPool"
+            && elsewhere[0]
+                .1
+                .iter()
+                .all(|a| a.starts_with("src/upstream/client.rs:")),
+        "pool types outside src/upstream/pool/: {elsewhere:?}"
+    );
+}

@@ -19,7 +19,6 @@ pub(crate) mod replay;
 pub mod request;
 pub(crate) mod route;
 mod server;
-pub(crate) mod sticky;
 pub(crate) mod traced;
 
 /// The largest upstream response head weir reads, on either path; a larger

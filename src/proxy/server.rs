@@ -447,6 +447,7 @@ async fn serve_connection(
         idle_timeout,
         write_timeout,
         max_resets,
+        pool: pool.clone(),
     };
     match tls {
         None if fast_path => super::fast::serve(stream, conn, pool).await,

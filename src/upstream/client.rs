@@ -16,6 +16,7 @@
 
 use crate::config::{Protocol, Scheme, UpstreamConfig};
 use crate::upstream::connector::{Connector, Dial, Tcp};
+pub use crate::upstream::pool::io::FastTls;
 use crate::upstream::send::classify_as;
 pub use crate::upstream::send::{Body, BoxError, Failure, SendError, MAX_RESPONSE_HEAD};
 use hyper_rustls::HttpsConnector;
@@ -54,56 +55,11 @@ pub struct UpstreamClient {
 
 /// How a client sends: hyper-util's pool (HTTP/1.1, and `auto`, where ALPN
 /// decides per connection), or weir's own HTTP/2 pool for an upstream that
-/// speaks HTTP/2 only ([`crate::upstream::h2pool`]).
+/// speaks HTTP/2 only ([`crate::upstream::pool::h2`]).
 #[derive(Debug, Clone)]
 enum ClientPool {
     Legacy(Box<Client<Connector, Body>>),
-    H2(crate::upstream::h2pool::H2Pool),
-}
-
-/// TLS for the fast path's own upstream connections: the upstream's client
-/// configuration with ALPN `http/1.1` alone (the same roots, client
-/// certificate and session cache), the name to verify, and a tag that keeps
-/// its pooled connections apart from any other upstream's at the same address.
-pub struct FastTls {
-    pub connector: tokio_rustls::TlsConnector,
-    pub name: rustls::pki_types::ServerName<'static>,
-    pub tag: u64,
-}
-
-impl std::fmt::Debug for FastTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FastTls")
-            .field("name", &self.name)
-            .field("tag", &self.tag)
-            .finish_non_exhaustive()
-    }
-}
-
-impl FastTls {
-    fn new(
-        u: &UpstreamConfig,
-        tls: &crate::config::files::ClientTls,
-        name: Option<&str>,
-    ) -> Result<Self, String> {
-        let host = u.url.host.trim_start_matches('[').trim_end_matches(']');
-        let name = name.unwrap_or(host).to_string();
-        let server = rustls::pki_types::ServerName::try_from(name.clone())
-            .map_err(|e| format!("upstream {:?}: TLS server name {name:?}: {e}", u.name))?;
-        let mut config = (*tls.config).clone();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let tag = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            (tls.fingerprint, &name, &u.name).hash(&mut h);
-            h.finish() | 1
-        };
-        Ok(FastTls {
-            connector: tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)),
-            name: server,
-            tag,
-        })
-    }
+    H2(crate::upstream::pool::h2::H2Pool),
 }
 
 /// How an endpoint's pool is built.
@@ -119,7 +75,7 @@ struct PerEndpoint {
 impl PerEndpoint {
     fn build(&self, connector: Connector) -> ClientPool {
         if self.h2_only {
-            ClientPool::H2(crate::upstream::h2pool::H2Pool::new(
+            ClientPool::H2(crate::upstream::pool::h2::H2Pool::new(
                 connector,
                 self.idle_timeout,
             ))

@@ -13,7 +13,7 @@
 pub mod client;
 mod connector;
 mod dial;
-pub mod h2pool;
+pub mod pool;
 pub mod resolve;
 pub mod send;
 

@@ -87,7 +87,7 @@ impl Ctx<'_> {
     pub(super) fn refresh(&self, up: &Upstream, p: &Planned, e: &Arc<CachedResponse>, key: &str) {
         let head = self.bufs.client.get(..p.head_len).unwrap_or_default();
         if let Some(parts) = super::head::cache::request_parts(head) {
-            cached::refresh(up, &parts, key, e);
+            cached::refresh(up, self.pool, &parts, key, e);
         }
         if let Some(c) = up.state.cache().as_mut() {
             c.count(CacheResult::Stale);

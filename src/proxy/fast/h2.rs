@@ -2,7 +2,7 @@
 //! the head `head::plan` carried over into `http` parts, the body held in
 //! the client's buffer, sent as attempts of the one driver through the
 //! general path's transport (`attempt::HyperTransport`: the endpoint's
-//! HTTP/2 pool, `upstream::h2pool`), raced against the client going away
+//! HTTP/2 pool, `upstream::pool::h2`), raced against the client going away
 //! as the fast path's own attempts are. The response is written back as
 //! HTTP/1.1 by [`super::h2relay`].
 
@@ -133,7 +133,7 @@ impl Ctx<'_> {
             continue_gate: None,
         };
         // No held connection: those are HTTP/1.1 (`proxy::sticky`).
-        let conn = crate::proxy::sticky::ConnCtx::default();
+        let conn = crate::upstream::pool::held::ConnCtx::new(self.pool.clone());
         let mut t = H2Transport {
             inner: HyperTransport::new(up, &conn, &mut plan),
             watch: ClientWatch {

@@ -34,11 +34,9 @@ mod h2relay;
 pub mod head;
 mod hit;
 mod io;
-pub(crate) mod pool;
 mod relay;
 mod reply;
 mod rewind;
-mod stream;
 mod transport;
 
 use super::access;
@@ -50,9 +48,9 @@ use super::order;
 use super::Upstream;
 use crate::policy::cache::CacheResult;
 use crate::policy::idempotency::StoredResponse;
+pub(crate) use crate::upstream::pool::H1Pool as Pool;
 use head::{Annotations, Parse, Planned};
 use io::{client_gone, read_more, write_client, Bufs, Timer};
-pub(crate) use pool::Pool;
 use reply::ErrorResponse;
 use std::sync::Arc;
 use std::time::Duration;
@@ -173,7 +171,7 @@ struct Ctx<'c> {
     stream: &'c mut TcpStream,
     bufs: &'c mut Bufs,
     timer: &'c mut Timer,
-    pool: &'c Pool,
+    pool: &'c Arc<Pool>,
     /// Set when weir drains: a response then says `Connection: close`.
     stop: &'c tokio::sync::watch::Receiver<bool>,
     /// `client_write_timeout`: a write to the client that makes no progress

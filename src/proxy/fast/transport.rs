@@ -4,13 +4,13 @@
 //! retried gives its connection back.
 
 use super::head::{self, Framing, Head};
-use super::stream::UpstreamIo;
 use super::{client_gone, read_more, Pool, Timer};
 use crate::policy::{parse_retry_after, Outcome};
 use crate::proxy::attempt;
 use crate::proxy::error::ProxyError;
 use crate::proxy::{Upstream, MAX_RESPONSE_HEAD};
 use crate::upstream::client::{Failure, SendError};
+use crate::upstream::pool::UpstreamIo;
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -448,33 +448,19 @@ async fn read_head(
     }
 }
 
-/// A new connection to `addr`, and its TLS handshake when the upstream
-/// has one, each within `connect_timeout`. A TLS failure is logged once
-/// per cause and answered as a connect failure naming it.
+/// A new connection to `addr` (`upstream::pool::h1::open`); a TLS failure
+/// is logged once per cause and answered as a connect failure naming it.
 async fn connect(
     up: &Upstream,
     addr: SocketAddr,
     tls: Option<&crate::upstream::client::FastTls>,
 ) -> Result<UpstreamIo, Failed> {
     let timeout = up.config.connect_timeout;
-    let failed = |why: String| SendError::new(Failure::Connect, why);
-    let s = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(failed(e.to_string())),
-        Err(_) => return Err(failed(format!("connect timed out after {timeout:?}"))),
-    };
-    let _ = s.set_nodelay(true);
-    let s = crate::metrics::meter::Metered::new(s, &up.state.metrics.wire);
-    let Some(tls) = tls else {
-        return Ok(UpstreamIo::Plain(s));
-    };
-    match tokio::time::timeout(timeout, tls.connector.connect(tls.name.clone(), s)).await {
-        Ok(Ok(t)) => Ok(UpstreamIo::Tls(Box::new(t))),
-        Ok(Err(e)) => {
-            let why = crate::tls::describe_failure(&e).unwrap_or_else(|| e.to_string());
-            up.state.log_tls_failure_once(&why);
-            Err(SendError::tls(why))
+    let r = crate::upstream::pool::h1::open(addr, timeout, tls, &up.state.metrics.wire).await;
+    if let Err(e) = &r {
+        if e.tls {
+            up.state.log_tls_failure_once(&e.message);
         }
-        Err(_) => Err(failed(format!("TLS handshake timed out after {timeout:?}"))),
     }
+    r
 }

@@ -23,8 +23,8 @@ use crate::proxy::attempt::Annotations;
 use crate::proxy::body::{self, Body};
 use crate::proxy::error::ProxyError;
 use crate::proxy::request::Parsed;
-use crate::proxy::sticky::ConnCtx;
 use crate::proxy::Upstream;
+use crate::upstream::pool::held::ConnCtx;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
@@ -141,7 +141,7 @@ pub(crate) async fn serve(
     match (lookup.decision, lookup.entry) {
         (Decision::Fresh, Some(e)) => Ok(x.answer(&e, CacheResult::Hit, None)),
         (Decision::StaleWhileRevalidate, Some(e)) => {
-            refresh(up, &parts, &x.key, &e);
+            refresh(up, conn.pool(), &parts, &x.key, &e);
             Ok(x.answer(&e, CacheResult::Stale, None))
         }
         // A HEAD is answered from a GET's entry, never stored: otherwise
@@ -504,7 +504,13 @@ pub(crate) fn counts_as_failure(e: &ProxyError) -> bool {
 
 /// Starts the one background refresh of `key` (stale-while-revalidate),
 /// unless one is running.
-pub(crate) fn refresh(up: &Upstream, parts: &Parts, key: &str, entry: &Arc<CachedResponse>) {
+pub(crate) fn refresh(
+    up: &Upstream,
+    pool: &Arc<crate::upstream::pool::H1Pool>,
+    parts: &Parts,
+    key: &str,
+    entry: &Arc<CachedResponse>,
+) {
     let first = up
         .state
         .fills
@@ -515,8 +521,9 @@ pub(crate) fn refresh(up: &Upstream, parts: &Parts, key: &str, entry: &Arc<Cache
     }
     let (up, key, entry) = (up.clone(), key.to_owned(), entry.clone());
     let parts = copy(parts, Method::GET);
+    let pool = pool.clone();
     tokio::spawn(async move {
-        let conn = ConnCtx::default();
+        let conn = ConnCtx::new(pool);
         let req = CacheRequest::parse("GET", pairs(&parts.headers)).unwrap_or_default();
         let x = Visit {
             up: &up,

@@ -71,6 +71,8 @@ pub(in crate::proxy) struct ClientConn {
     pub(in crate::proxy) write_timeout: Duration,
     /// Abandoned requests per second that end the connection.
     pub(in crate::proxy) max_resets: u32,
+    /// The worker's idle upstream connections (`upstream::pool`).
+    pub(in crate::proxy) pool: Arc<crate::upstream::pool::H1Pool>,
 }
 
 pub(in crate::proxy) async fn serve_io<I>(io: I, conn: ClientConn)
@@ -88,8 +90,9 @@ where
         idle_timeout,
         write_timeout,
         max_resets,
+        pool,
     } = conn;
-    let ctx = Arc::new(crate::proxy::sticky::ConnCtx::default());
+    let ctx = Arc::new(crate::upstream::pool::held::ConnCtx::new(pool));
     let guard = FramingGuard::new(io, max_head, head_timeout);
     let h2 = guard.h2_flag();
     // Which HTTP/1 request is the guard's marker for a head it refused.

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 /// 400 it earned. A keyed write's is [`keyed`]'s.
 pub(crate) async fn with_upstream(
     up: &Upstream,
-    conn: &crate::proxy::sticky::ConnCtx,
+    conn: &crate::upstream::pool::held::ConnCtx,
     parts: http::request::Parts,
     body: Body,
     start: Instant,
@@ -48,7 +48,7 @@ pub(crate) async fn with_upstream(
 /// recorded (a replay, weir's own error, no record).
 pub(crate) async fn keyed(
     up: &Upstream,
-    conn: &crate::proxy::sticky::ConnCtx,
+    conn: &crate::upstream::pool::held::ConnCtx,
     parts: http::request::Parts,
     body: Body,
     start: Instant,
@@ -63,7 +63,7 @@ pub(crate) async fn keyed(
 /// `proxy::order` by [`HyperRequest`].
 async fn exchange(
     up: &Upstream,
-    conn: &crate::proxy::sticky::ConnCtx,
+    conn: &crate::upstream::pool::held::ConnCtx,
     mut parts: http::request::Parts,
     body: Body,
     start: Instant,
@@ -133,7 +133,7 @@ async fn exchange(
 
 /// One request on the general path, as the order serves it.
 struct HyperRequest<'r> {
-    conn: &'r crate::proxy::sticky::ConnCtx,
+    conn: &'r crate::upstream::pool::held::ConnCtx,
     start: Instant,
     /// `x-weir-timeout-ms`, `grpc-timeout`.
     asked: [Option<Duration>; 2],

@@ -44,7 +44,7 @@ use tokio::time::Instant;
 pub(crate) async fn handle(
     snap: &Snapshot,
     role: &ListenerRole,
-    conn: &super::sticky::ConnCtx,
+    conn: &crate::upstream::pool::held::ConnCtx,
     req: Request<Incoming>,
     refused: Option<Refusal>,
 ) -> Response<Body> {
@@ -69,7 +69,7 @@ pub(crate) async fn handle(
 async fn serve(
     snap: &Snapshot,
     role: &ListenerRole,
-    conn: &super::sticky::ConnCtx,
+    conn: &crate::upstream::pool::held::ConnCtx,
     req: Request<Incoming>,
     refused: Option<Refusal>,
 ) -> Response<Body> {
@@ -155,7 +155,7 @@ async fn serve(
     // conditional…): its answer, weir's errors included, says how.
     let mut handled = false;
     let forwarded = match parsed {
-        Ok(p) if p.key.is_some() => detached(up, parts, body, start, grpc, p).await,
+        Ok(p) if p.key.is_some() => detached(up, conn.pool(), parts, body, start, grpc, p).await,
         // Boxed, each: an awaited future is held twice in its caller's (once
         // made, once pinned), and this one's caller is every request's
         // future, which hyper moves per request (`SHAPE=h2-in
@@ -317,17 +317,18 @@ fn access_log(
 /// ([`idempotent::detach`]), so that their outcome is recorded for a re-send.
 async fn detached(
     up: &Upstream,
+    pool: &std::sync::Arc<crate::upstream::pool::H1Pool>,
     parts: http::request::Parts,
     body: Body,
     start: Instant,
     grpc: bool,
     parsed: Parsed,
 ) -> Result<Response<Body>, ProxyError> {
-    let up = up.clone();
+    let (up, pool) = (up.clone(), pool.clone());
     let exchange = async move {
-        // No held connection: it belongs to a client connection, which this
-        // exchange may outlive.
-        let conn = super::sticky::ConnCtx::default();
+        // Not the client connection's held connections: this exchange may
+        // outlive it. What it holds goes back to the pool when it ends.
+        let conn = crate::upstream::pool::held::ConnCtx::new(pool);
         self::exchange::keyed(&up, &conn, parts, body, start, grpc, parsed).await
     };
     match idempotent::detach(exchange).await? {

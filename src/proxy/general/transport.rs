@@ -10,9 +10,11 @@ use crate::proxy::error::ProxyError;
 use crate::proxy::replay::RequestBody;
 use crate::proxy::Upstream;
 use crate::state::UpstreamState;
+use crate::upstream::pool::held::ConnCtx;
 use http::request::Parts;
 use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -44,18 +46,14 @@ pub(crate) struct Outbound {
 /// wrapped in a watch on its client (`proxy::fast::h2`).
 pub(crate) struct HyperTransport<'p, 'a> {
     up: &'a Upstream,
-    conn: &'p crate::proxy::sticky::ConnCtx,
+    conn: &'p ConnCtx,
     plan: &'p mut Outbound,
     /// Endpoints that failed this request (a retry goes elsewhere).
     avoid: Vec<std::net::SocketAddr>,
 }
 
 impl<'p, 'a> HyperTransport<'p, 'a> {
-    pub(crate) fn new(
-        up: &'a Upstream,
-        conn: &'p crate::proxy::sticky::ConnCtx,
-        plan: &'p mut Outbound,
-    ) -> Self {
+    pub(crate) fn new(up: &'a Upstream, conn: &'p ConnCtx, plan: &'p mut Outbound) -> Self {
         HyperTransport {
             up,
             conn,
@@ -178,7 +176,7 @@ impl Transport for HyperTransport<'_, '_> {
 /// (`proxy::order` has begun them): the request rebuilt from `plan` for each.
 pub(crate) async fn run(
     up: &Upstream,
-    conn: &crate::proxy::sticky::ConnCtx,
+    conn: &ConnCtx,
     mut plan: Outbound,
     attempts: &mut Attempts<'_>,
 ) -> Attempted<Response<UpstreamBody>> {
@@ -290,7 +288,7 @@ fn build(plan: &mut Outbound) -> Request<crate::proxy::body::Body> {
 /// `seen` learns the endpoint picked while the attempt is in flight.
 async fn send(
     up: &Upstream,
-    conn: &crate::proxy::sticky::ConnCtx,
+    conn: &ConnCtx,
     req: Request<crate::proxy::body::Body>,
     (grpc_trailers, deadline): (bool, Instant),
     try_deadline: Instant,
@@ -403,17 +401,21 @@ async fn judge(
 }
 
 /// Sends to an endpoint the balancer picks (left in `picked` for its
-/// outcome): on the client connection's own upstream connection to it when
-/// weir speaks cleartext HTTP/1.1 to the upstream (see
-/// [`crate::proxy::sticky`]), else through the endpoint's pool.
+/// outcome). To an upstream weir speaks HTTP/1.1 to on connections of its
+/// own, on a lease from the worker's pool (`upstream::pool`): the one this
+/// client connection holds to that endpoint, else a new one it keeps (up to
+/// the upstream's cap of held connections), else one for this request. An
+/// upgrade gets a connection of its own, never pooled. Anything else goes
+/// through the endpoint's client.
 async fn dispatch(
     up: &Upstream,
-    conn: &crate::proxy::sticky::ConnCtx,
+    conn: &ConnCtx,
     mut req: Request<Body>,
     avoid: &mut Vec<std::net::SocketAddr>,
     picked: &mut Option<crate::upstream::Picked>,
     seen: Option<&crate::proxy::attempt::Seen>,
 ) -> Result<Response<Incoming>, crate::upstream::client::SendError> {
+    use crate::upstream::pool::{held, lease::H1Lease};
     let publish = |p: &crate::upstream::Picked| {
         if let Some(s) = seen {
             s.set(p.addr());
@@ -423,8 +425,7 @@ async fn dispatch(
         // A name not resolved yet: the upstream-wide client resolves it.
         return up.client.send(req).await;
     }
-    let held = up.own_h1 && up.scheme == http::uri::Scheme::HTTP;
-    if !held {
+    if !up.own_h1 {
         let Some(p) = up.endpoints.pick(avoid) else {
             return up.client.send(req).await;
         };
@@ -433,30 +434,48 @@ async fn dispatch(
         *picked = Some(p);
         return client.send(req).await;
     }
-    enum Via {
-        Held(hyper::client::conn::http1::SendRequest<Body>),
-        Pool,
+    enum Got {
+        Held(H1Lease, held::Place),
+        Once(H1Lease),
     }
-    // The connection this client connection holds to the picked endpoint,
-    // else a new one; over the cap of held connections, the endpoint's pool.
-    // (A failed connect gives its place back.)
+    let upgrade = super::upgrade::requested(req.headers()).is_some();
+    let tls = up.client.fast_tls.as_deref();
+    let tag = tls.map_or(0, |t| t.tag);
+    let id = Arc::as_ptr(&up.state) as usize;
     let places = &up.state.sticky_conns;
-    let timeout = up.config.connect_timeout;
-    let via = crate::upstream::dial(
+    let got = crate::upstream::dial(
         &up.endpoints,
         avoid,
         Instant::now(),
         picked,
         |addr| async move {
-            if let Some(s) = conn.take(&up.state, addr) {
-                return Ok(Via::Held(s));
+            if !upgrade {
+                if let Some((lease, place)) = conn.take(id, addr) {
+                    return Ok(Got::Held(lease, place));
+                }
             }
-            if !crate::proxy::sticky::reserve(places) {
-                return Ok(Via::Pool);
+            let io = match conn.pool().take(addr, tag, Instant::now()) {
+                Some(io) => io,
+                None => {
+                    let timeout = up.config.connect_timeout;
+                    let meter = &up.state.metrics.wire;
+                    let opened = crate::upstream::pool::h1::open(addr, timeout, tls, meter).await;
+                    if let Err(e) = &opened {
+                        if e.tls {
+                            up.state.log_tls_failure_once(&e.message);
+                        }
+                    }
+                    opened?
+                }
+            };
+            if upgrade {
+                return H1Lease::upgradable(io).await.map(Got::Once);
             }
-            crate::proxy::sticky::connect(addr, timeout, places.clone(), &up.state.metrics.wire)
-                .await
-                .map(Via::Held)
+            let lease = H1Lease::over(io, conn.pool(), addr, tag).await?;
+            Ok(match held::reserve(places) {
+                Some(place) => Got::Held(lease, place),
+                None => Got::Once(lease),
+            })
         },
     )
     .await?;
@@ -465,13 +484,6 @@ async fn dispatch(
     };
     publish(p);
     let addr = p.addr();
-    let mut sender = match via {
-        Via::Held(s) => s,
-        Via::Pool => {
-            let client = p.endpoint.client();
-            return client.send(req).await;
-        }
-    };
     // A connection of our own (always HTTP/1.1) takes the origin form of the
     // target and the authority as Host, as the shared pool's client does.
     if let Some(a) = req.uri().authority() {
@@ -482,9 +494,16 @@ async fn dispatch(
     if let Some(pq) = req.uri().path_and_query().cloned() {
         *req.uri_mut() = http::Uri::from(pq);
     }
-    let resp = crate::proxy::sticky::send(&mut sender, req).await?;
-    conn.keep(&up.state, addr, sender);
-    Ok(resp)
+    match got {
+        Got::Held(mut lease, place) => {
+            let resp = lease.send(req).await?;
+            conn.keep(id, addr, lease, place);
+            Ok(resp)
+        }
+        // Given back when dropped: its connection returns to the pool once
+        // the response has ended.
+        Got::Once(mut lease) => lease.send(req).await,
+    }
 }
 
 pub(crate) fn retry_after(h: &HeaderMap, state: &UpstreamState) -> Option<Duration> {

@@ -166,9 +166,9 @@ impl attempt::Transport for Connect {
         deadline: Instant,
     ) -> Option<(Outcome, Result<TcpStream, ProxyError>)> {
         let give_up = try_deadline.min(started + self.connect_timeout);
-        let connected = tokio::time::timeout_at(give_up, TcpStream::connect(&self.target)).await;
+        let connected = crate::upstream::pool::tunnel(&self.target, give_up).await;
         let error = match connected {
-            Ok(Ok(upstream)) => {
+            Ok(Some(upstream)) => {
                 let ok = Outcome::Response {
                     status: 200,
                     retry_after: None,
@@ -176,9 +176,9 @@ impl attempt::Transport for Connect {
                 };
                 return Some((ok, Ok(upstream)));
             }
-            Ok(Err(e)) => ProxyError::ConnectFailed(e.to_string()),
-            Err(_) if give_up >= deadline => ProxyError::DeadlineExceeded,
-            Err(_) => ProxyError::ConnectFailed(format!(
+            Err(e) => ProxyError::ConnectFailed(e.to_string()),
+            Ok(None) if give_up >= deadline => ProxyError::DeadlineExceeded,
+            Ok(None) => ProxyError::ConnectFailed(format!(
                 "connect timed out after {:?}",
                 Instant::now().saturating_duration_since(started)
             )),

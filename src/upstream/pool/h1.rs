@@ -1,6 +1,9 @@
-//! Idle upstream connections of the fast path, by endpoint, one pool per accept loop (so
-//! per worker runtime: a socket is only ever used on the runtime whose I/O
-//! driver it is registered with).
+//! Idle HTTP/1.1 upstream connections, by endpoint and TLS, one pool per
+//! accept loop (so per worker runtime: a socket is only ever used on the
+//! runtime whose I/O driver it is registered with), and [`open`], the one
+//! dialler of HTTP/1.1 connections. Both data paths take from it: the fast
+//! path for one exchange, the general path for a lease
+//! ([`super::lease`]).
 //!
 //! A request takes a connection for its exchange and gives it back when the
 //! response body has been read to its end, so the number of upstream
@@ -8,10 +11,13 @@
 //! client connections. The newest idle connection is taken first, which
 //! keeps few connections warm and lets the rest age out.
 
-use super::stream::UpstreamIo;
+use super::io::FastTls;
+use super::io::UpstreamIo;
+use crate::upstream::send::{Failure, SendError};
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Idle connections kept per pool; more are closed.
@@ -32,11 +38,11 @@ struct Idle {
 
 /// A pool of idle HTTP/1.1 connections to upstreams, cleartext or TLS.
 #[derive(Debug, Default)]
-pub(crate) struct Pool {
+pub(crate) struct H1Pool {
     idle: Mutex<Vec<Idle>>,
 }
 
-impl Pool {
+impl H1Pool {
     /// The newest idle connection to the endpoint at `addr`, made with
     /// `tag`'s TLS (0: cleartext), that is still open.
     pub(crate) fn take(&self, addr: SocketAddr, tag: u64, now: Instant) -> Option<UpstreamIo> {
@@ -85,7 +91,7 @@ impl Pool {
     }
 
     /// Reaps `pool` every `IDLE_FOR` / 3 for as long as it exists.
-    pub(crate) async fn reaper(pool: std::sync::Weak<Pool>) {
+    pub(crate) async fn reaper(pool: std::sync::Weak<H1Pool>) {
         let mut tick = tokio::time::interval(IDLE_FOR / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -95,5 +101,35 @@ impl Pool {
                 None => return,
             }
         }
+    }
+}
+
+/// A new HTTP/1.1 connection to `addr`, and its TLS handshake when `tls`
+/// says (ALPN `http/1.1` alone), each within `timeout`; the socket is
+/// metered by `meter`. A TLS failure is [`SendError::tls`], naming its cause
+/// (the caller logs it once per cause).
+pub(crate) async fn open(
+    addr: SocketAddr,
+    timeout: Duration,
+    tls: Option<&FastTls>,
+    meter: &crate::metrics::meter::Meter,
+) -> Result<UpstreamIo, SendError> {
+    let failed = |why: String| SendError::new(Failure::Connect, why);
+    let s = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(failed(e.to_string())),
+        Err(_) => return Err(failed(format!("connect timed out after {timeout:?}"))),
+    };
+    let _ = s.set_nodelay(true);
+    let s = crate::metrics::meter::Metered::new(s, meter);
+    let Some(tls) = tls else {
+        return Ok(UpstreamIo::Plain(s));
+    };
+    match tokio::time::timeout(timeout, tls.connector.connect(tls.name.clone(), s)).await {
+        Ok(Ok(t)) => Ok(UpstreamIo::Tls(Box::new(t))),
+        Ok(Err(e)) => Err(SendError::tls(
+            crate::tls::describe_failure(&e).unwrap_or_else(|| e.to_string()),
+        )),
+        Err(_) => Err(failed(format!("TLS handshake timed out after {timeout:?}"))),
     }
 }

@@ -1,6 +1,6 @@
-//! The fast path's upstream connections: cleartext TCP, or TLS (rustls)
-//! for an `https://` upstream pinned to HTTP/1.1. One type, so the pool,
-//! the exchange and the relay are written once for both.
+//! weir's own HTTP/1.1 upstream connections: cleartext TCP, or TLS (rustls)
+//! for an `https://` upstream pinned to HTTP/1.1 ([`FastTls`]). One type,
+//! so the pool, the exchange and the relay are written once for both.
 
 use crate::metrics::meter::Metered;
 use std::io;
@@ -87,5 +87,50 @@ impl AsyncWrite for UpstreamIo {
             UpstreamIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
             UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
+    }
+}
+
+/// TLS for weir's own HTTP/1.1 upstream connections (both paths'): the upstream's client
+/// configuration with ALPN `http/1.1` alone (the same roots, client
+/// certificate and session cache), the name to verify, and a tag that keeps
+/// its pooled connections apart from any other upstream's at the same address.
+pub struct FastTls {
+    pub connector: tokio_rustls::TlsConnector,
+    pub name: rustls::pki_types::ServerName<'static>,
+    pub tag: u64,
+}
+
+impl std::fmt::Debug for FastTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FastTls")
+            .field("name", &self.name)
+            .field("tag", &self.tag)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FastTls {
+    pub(crate) fn new(
+        u: &crate::config::UpstreamConfig,
+        tls: &crate::config::files::ClientTls,
+        name: Option<&str>,
+    ) -> Result<Self, String> {
+        let host = u.url.host.trim_start_matches('[').trim_end_matches(']');
+        let name = name.unwrap_or(host).to_string();
+        let server = rustls::pki_types::ServerName::try_from(name.clone())
+            .map_err(|e| format!("upstream {:?}: TLS server name {name:?}: {e}", u.name))?;
+        let mut config = (*tls.config).clone();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let tag = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (tls.fingerprint, &name, &u.name).hash(&mut h);
+            h.finish() | 1
+        };
+        Ok(FastTls {
+            connector: tokio_rustls::TlsConnector::from(std::sync::Arc::new(config)),
+            name: server,
+            tag,
+        })
     }
 }
