@@ -14,11 +14,12 @@
 //!
 //! ```text
 //! gradient = clamp(base × (1 + tolerance) / m, 0.5, 2.0)
-//! limit    = (limit + limit × gradient) / 2        within [min, max]
+//! limit    = limit × gradient                      when gradient < 1
+//!            (limit + limit × gradient) / 2        otherwise, within [min, max]
 //! ```
 //!
 //! so the limit grows while latency stays within `tolerance` of its
-//! no-load level and shrinks when the upstream starts queueing. Past an
+//! no-load level and shrinks, at once, when the upstream starts queueing. Past an
 //! upstream's capacity `N`, latency is `S × limit / N`, and the limit
 //! settles where `limit = N × (1 + tolerance)`: the upstream stays busy,
 //! its queue short. It grows only while in use (the window's peak in flight
@@ -31,8 +32,10 @@
 //! otherwise a probe holds the limit at `min` until [`MIN_SAMPLES`]
 //! attempts begun after the probe started have answered (or
 //! [`PROBE_MAX`] passed), and their median is the new `base`. The first
-//! `base` is taken at the initial limit, which may already queue, so it is
-//! rechecked after ten windows rather than a whole `recheck`.
+//! `base` is the first window's fastest answer (the window began on an
+//! idle upstream, but at the initial limit, which may already queue), and
+//! it is rechecked after ten windows rather than a whole `recheck`.
+//! The defaults were chosen with the simulation in `adaptive_sim.rs`.
 
 use super::{Now, PolicyErrors};
 use std::time::Duration;
@@ -234,6 +237,7 @@ impl AdaptiveLimit {
 
     fn close_window(&mut self, now: Now) {
         let m = median(&mut self.samples);
+        let low = self.samples.iter().copied().min().unwrap_or(m);
         self.samples.clear();
         self.opened = None;
         let peak = std::mem::take(&mut self.peak);
@@ -241,14 +245,17 @@ impl AdaptiveLimit {
         self.period_min = Some(self.period_min.map_or(m, |p| p.min(m)));
         let base = match self.base {
             Some(b) if b <= m => b,
-            first => {
-                if first.is_none() {
-                    // The first base was taken at the initial limit, which
-                    // may already queue: look again soon.
-                    self.check_at = now + self.p.window * 10;
-                }
+            Some(_) => {
                 self.base = Some(m);
                 m
+            }
+            None => {
+                // The first window began on an idle upstream, but at the
+                // initial limit, which may already queue: its fastest
+                // answer is the no-load latency, looked at again soon.
+                self.check_at = now + self.p.window * 10;
+                self.base = Some(low);
+                low
             }
         };
         let mut gradient = (base as f64 * (1.0 + self.p.tolerance) / m as f64).clamp(0.5, 2.0);
@@ -257,8 +264,14 @@ impl AdaptiveLimit {
             gradient = gradient.min(1.0);
         }
         let target = self.limit * gradient;
-        self.limit =
-            ((self.limit + target) / 2.0).clamp(f64::from(self.p.min), f64::from(self.p.max));
+        // Down at once, up by half the way: a queue is cut within a
+        // window, and growth is checked before it goes on.
+        let next = if gradient < 1.0 {
+            target
+        } else {
+            (self.limit + target) / 2.0
+        };
+        self.limit = next.clamp(f64::from(self.p.min), f64::from(self.p.max));
         if now >= self.check_at {
             self.recheck(now);
         }

@@ -34,6 +34,8 @@
 //! | [`random`] | the injected random source |
 
 pub mod adaptive;
+#[cfg(test)]
+pub mod adaptive_sim;
 pub mod backoff;
 pub mod balance;
 pub mod breaker;
