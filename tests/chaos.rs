@@ -405,9 +405,9 @@ async fn overload_keeps_goodput_and_latency_with_the_adaptive_limit() {
     // 40 ms rather than the scenario's 20 (500/s): the same story at half
     // the requests a second, which a debug build on two shared cores
     // drives without measuring its own CPU instead of the upstream (at
-    // 4000/s it did, once in three: limit 5, goodput 10 %). Not fewer
-    // slots: with 10, the default initial_limit (20) queues the first
-    // second and its p99 is 2.7× (docs/reference/admission.md).
+    // 4000/s it did, once in three: limit 5, goodput 10 %). How the
+    // defaults do on fewer or more slots is the simulation's to say
+    // (src/policy/adaptive_sim.rs, docs/reference/admission.md).
     let shape = Shape {
         service: Duration::from_millis(40),
         levels: vec![0.5, 2.0, 4.0],

@@ -8,7 +8,8 @@
 //! [`AdaptiveLimit::limit`] when a request asks for a slot.
 //!
 //! How it moves: completions are gathered into windows (`window` long, at
-//! least [`MIN_SAMPLES`] answers). At each window's close its median
+//! least [`MIN_SAMPLES`] answers; only attempts begun since the limit last
+//! moved count, so a window judges the limit in force). At each window's close its median
 //! latency `m` is compared with the no-load latency `base` (the lowest
 //! window median seen since `base` was last measured):
 //!
@@ -24,6 +25,10 @@
 //! settles where `limit = N × (1 + tolerance)`: the upstream stays busy,
 //! its queue short. It grows only while in use (the window's peak in flight
 //! reached half the limit), so a quiet spell does not leave it wide open.
+//! Until a window's 90th percentile first rises above the tolerance (slow
+//! start), it grows by [`SLOW_START`] a window while in use, and a window
+//! lasts at least two no-load latencies, so that a queue shows before it
+//! grows again.
 //!
 //! `base` goes stale: an upstream can get slower for good (a deploy), and
 //! while the limit binds, every window sees some queueing. So every
@@ -142,7 +147,15 @@ pub struct AdaptiveLimit {
     last: Option<u64>,
     /// The latest `now` seen (a clock stepping back counts as this).
     seen: Now,
+    /// No window has seen latency over the tolerance yet: the limit grows
+    /// by [`SLOW_START`] a window while in use.
+    starting: bool,
+    /// When the limit last moved.
+    moved: Now,
 }
+
+/// Growth a window during slow start.
+pub const SLOW_START: f64 = 1.5;
 
 impl AdaptiveLimit {
     pub fn new(p: AdaptiveParams) -> Self {
@@ -159,6 +172,8 @@ impl AdaptiveLimit {
             refused: false,
             last: None,
             seen: Duration::ZERO,
+            starting: true,
+            moved: Duration::ZERO,
         }
     }
 
@@ -217,10 +232,19 @@ impl AdaptiveLimit {
             return;
         }
         self.peak = self.peak.max(in_flight);
+        if started < self.moved {
+            // Only what began at the latest limit says what it does.
+            return;
+        }
         let opened = *self.opened.get_or_insert(now);
         self.samples.push(us);
         let full = self.samples.len() >= MAX_SAMPLES;
-        let due = now.saturating_sub(opened) >= self.p.window && self.samples.len() >= MIN_SAMPLES;
+        let mut long = self.p.window;
+        if self.starting {
+            // Long enough for what queues to show: two no-load latencies.
+            long = long.max(self.baseline().unwrap_or_default() * 2);
+        }
+        let due = now.saturating_sub(opened) >= long && self.samples.len() >= MIN_SAMPLES;
         if full || due {
             self.close_window(now);
         }
@@ -238,6 +262,10 @@ impl AdaptiveLimit {
     fn close_window(&mut self, now: Now) {
         let m = median(&mut self.samples);
         let low = self.samples.iter().copied().min().unwrap_or(m);
+        let high = {
+            let i = (self.samples.len() * 9 / 10).min(self.samples.len().saturating_sub(1));
+            self.samples.select_nth_unstable(i).1.to_owned()
+        };
         self.samples.clear();
         self.opened = None;
         let peak = std::mem::take(&mut self.peak);
@@ -266,12 +294,21 @@ impl AdaptiveLimit {
         let target = self.limit * gradient;
         // Down at once, up by half the way: a queue is cut within a
         // window, and growth is checked before it goes on.
+        if high as f64 > base as f64 * (1.0 + self.p.tolerance) {
+            self.starting = false;
+        }
         let next = if gradient < 1.0 {
             target
+        } else if self.starting && f64::from(peak) * 2.0 >= self.limit {
+            self.limit * SLOW_START
         } else {
             (self.limit + target) / 2.0
         };
+        let before = self.limit();
         self.limit = next.clamp(f64::from(self.p.min), f64::from(self.p.max));
+        if self.limit() != before {
+            self.moved = now;
+        }
         if now >= self.check_at {
             self.recheck(now);
         }
