@@ -33,8 +33,8 @@
 //! `base` goes stale: an upstream can get slower for good (a deploy), and
 //! while the limit binds, every window sees some queueing. So every
 //! `recheck` it is measured again: when nothing was refused since the last
-//! measurement the lowest window median of the period is taken as it is;
-//! otherwise a probe holds the limit at `min` until [`MIN_SAMPLES`]
+//! measurement (slow start's refusals do not count) the lowest window
+//! median of the period is taken as it is; otherwise a probe holds the limit at `min` until [`MIN_SAMPLES`]
 //! attempts begun after the probe started have answered (or
 //! [`PROBE_MAX`] passed), and their median is the new `base`. The first
 //! `base` is the first window's fastest answer (the window began on an
@@ -214,7 +214,12 @@ impl AdaptiveLimit {
 
     /// A request was refused at `now` because the limit was reached.
     pub fn refused(&mut self, now: Now) {
-        self.refused = true;
+        // During slow start latency has not yet risen: a refusal then is
+        // the limit still growing to the upstream, and calls for no probe
+        // (which would only refuse more).
+        if !self.starting {
+            self.refused = true;
+        }
         self.tick(now);
     }
 
