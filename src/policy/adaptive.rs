@@ -497,6 +497,65 @@ mod tests {
         assert!(a.limit() >= 20, "limit {}", a.limit());
     }
 
+    /// Answers, each `took`, begun 10 ms apart from `at` with the limit's
+    /// worth in flight (the eleventh closes a 100 ms window); returns a
+    /// time after the last.
+    fn window_of(a: &mut AdaptiveLimit, at: Now, took: &[Duration]) -> Now {
+        let in_flight = a.limit();
+        let mut end = at;
+        for (i, t) in (0u32..).zip(took) {
+            let started = at + 10 * MS * i;
+            end = started + *t;
+            a.record(started, *t, in_flight, end);
+        }
+        end + MS
+    }
+
+    #[test]
+    fn the_first_base_is_the_first_windows_fastest_answer() {
+        // 12 let in on an upstream of 5 slots: five answer at once, the
+        // rest queued behind them.
+        let mut a = AdaptiveLimit::new(params(3, 1000, 12));
+        let took: Vec<Duration> = (0..12u32).map(|i| 20 * MS * (i / 5 + 1)).collect();
+        window_of(&mut a, Duration::ZERO, &took);
+        assert_eq!(a.baseline(), Some(20 * MS));
+        // The median (40 ms) is 2× that: cut at once to 12 × 1.25 / 2.
+        assert_eq!(a.limit(), 8);
+    }
+
+    #[test]
+    fn slow_start_grows_by_half_a_window_and_ends_at_the_first_rise() {
+        let mut a = AdaptiveLimit::new(params(1, 1000, 12));
+        let mut at = Duration::ZERO;
+        for want in [18, 27] {
+            at = window_of(&mut a, at, &[20 * MS; 12]);
+            assert_eq!(a.limit(), want);
+        }
+        // A window whose slowest tenth queued: slow start is over, and
+        // the limit moves half way to the gradient's (1.25 at the median).
+        let mut took = vec![20 * MS; 8];
+        took.extend([50 * MS; 4]);
+        at = window_of(&mut a, at, &took);
+        assert_eq!(a.limit(), 30);
+        // Twice the no-load latency: cut at once, × 1.25 / 2.
+        window_of(&mut a, at, &[40 * MS; 12]);
+        assert_eq!(a.limit(), 19);
+    }
+
+    #[test]
+    fn refusals_in_slow_start_call_for_no_probe() {
+        // At half the load of an upstream far bigger than the limit:
+        // refused while the limit grows, latency never rising.
+        let mut a = AdaptiveLimit::new(params(3, 30, 12));
+        let mut at = Duration::ZERO;
+        for _ in 0..30 {
+            a.refused(at);
+            at = window_of(&mut a, at, &[20 * MS; 12]);
+            assert!(!a.probing());
+        }
+        assert_eq!(a.limit(), 30);
+    }
+
     #[test]
     fn a_clock_stepping_back_is_the_latest_seen() {
         let mut a = AdaptiveLimit::new(params(1, 100, 10));
