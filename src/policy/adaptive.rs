@@ -8,31 +8,39 @@
 //! [`AdaptiveLimit::limit`] when a request asks for a slot.
 //!
 //! How it moves: completions are gathered into windows (`window` long, at
-//! least [`MIN_SAMPLES`] answers). At each window's close its median
+//! least [`MIN_SAMPLES`] answers; only attempts begun since the limit last
+//! moved count, so a window judges the limit in force). At each window's close its median
 //! latency `m` is compared with the no-load latency `base` (the lowest
 //! window median seen since `base` was last measured):
 //!
 //! ```text
 //! gradient = clamp(base × (1 + tolerance) / m, 0.5, 2.0)
-//! limit    = (limit + limit × gradient) / 2        within [min, max]
+//! limit    = limit × gradient                      when gradient < 1
+//!            (limit + limit × gradient) / 2        otherwise, within [min, max]
 //! ```
 //!
 //! so the limit grows while latency stays within `tolerance` of its
-//! no-load level and shrinks when the upstream starts queueing. Past an
+//! no-load level and shrinks, at once, when the upstream starts queueing. Past an
 //! upstream's capacity `N`, latency is `S × limit / N`, and the limit
 //! settles where `limit = N × (1 + tolerance)`: the upstream stays busy,
 //! its queue short. It grows only while in use (the window's peak in flight
 //! reached half the limit), so a quiet spell does not leave it wide open.
+//! Until a window's 90th percentile first rises above the tolerance (slow
+//! start), it grows by [`SLOW_START`] a window while in use, and a window
+//! lasts at least two no-load latencies, so that a queue shows before it
+//! grows again.
 //!
 //! `base` goes stale: an upstream can get slower for good (a deploy), and
 //! while the limit binds, every window sees some queueing. So every
 //! `recheck` it is measured again: when nothing was refused since the last
-//! measurement the lowest window median of the period is taken as it is;
-//! otherwise a probe holds the limit at `min` until [`MIN_SAMPLES`]
+//! measurement (slow start's refusals do not count) the lowest window
+//! median of the period is taken as it is; otherwise a probe holds the limit at `min` until [`MIN_SAMPLES`]
 //! attempts begun after the probe started have answered (or
 //! [`PROBE_MAX`] passed), and their median is the new `base`. The first
-//! `base` is taken at the initial limit, which may already queue, so it is
-//! rechecked after ten windows rather than a whole `recheck`.
+//! `base` is the first window's fastest answer (the window began on an
+//! idle upstream, but at the initial limit, which may already queue), and
+//! it is rechecked after ten windows rather than a whole `recheck`.
+//! The defaults were chosen with the simulation in `adaptive_sim.rs`.
 
 use super::{Now, PolicyErrors};
 use std::time::Duration;
@@ -139,7 +147,15 @@ pub struct AdaptiveLimit {
     last: Option<u64>,
     /// The latest `now` seen (a clock stepping back counts as this).
     seen: Now,
+    /// No window has seen latency over the tolerance yet: the limit grows
+    /// by [`SLOW_START`] a window while in use.
+    starting: bool,
+    /// When the limit last moved.
+    moved: Now,
 }
+
+/// Growth a window during slow start.
+pub const SLOW_START: f64 = 1.5;
 
 impl AdaptiveLimit {
     pub fn new(p: AdaptiveParams) -> Self {
@@ -156,6 +172,8 @@ impl AdaptiveLimit {
             refused: false,
             last: None,
             seen: Duration::ZERO,
+            starting: true,
+            moved: Duration::ZERO,
         }
     }
 
@@ -196,7 +214,12 @@ impl AdaptiveLimit {
 
     /// A request was refused at `now` because the limit was reached.
     pub fn refused(&mut self, now: Now) {
-        self.refused = true;
+        // During slow start latency has not yet risen: a refusal then is
+        // the limit still growing to the upstream, and calls for no probe
+        // (which would only refuse more).
+        if !self.starting {
+            self.refused = true;
+        }
         self.tick(now);
     }
 
@@ -214,10 +237,19 @@ impl AdaptiveLimit {
             return;
         }
         self.peak = self.peak.max(in_flight);
+        if started < self.moved {
+            // Only what began at the latest limit says what it does.
+            return;
+        }
         let opened = *self.opened.get_or_insert(now);
         self.samples.push(us);
         let full = self.samples.len() >= MAX_SAMPLES;
-        let due = now.saturating_sub(opened) >= self.p.window && self.samples.len() >= MIN_SAMPLES;
+        let mut long = self.p.window;
+        if self.starting {
+            // Long enough for what queues to show: two no-load latencies.
+            long = long.max(self.baseline().unwrap_or_default() * 2);
+        }
+        let due = now.saturating_sub(opened) >= long && self.samples.len() >= MIN_SAMPLES;
         if full || due {
             self.close_window(now);
         }
@@ -234,6 +266,11 @@ impl AdaptiveLimit {
 
     fn close_window(&mut self, now: Now) {
         let m = median(&mut self.samples);
+        let low = self.samples.iter().copied().min().unwrap_or(m);
+        let high = {
+            let i = (self.samples.len() * 9 / 10).min(self.samples.len().saturating_sub(1));
+            self.samples.select_nth_unstable(i).1.to_owned()
+        };
         self.samples.clear();
         self.opened = None;
         let peak = std::mem::take(&mut self.peak);
@@ -241,14 +278,17 @@ impl AdaptiveLimit {
         self.period_min = Some(self.period_min.map_or(m, |p| p.min(m)));
         let base = match self.base {
             Some(b) if b <= m => b,
-            first => {
-                if first.is_none() {
-                    // The first base was taken at the initial limit, which
-                    // may already queue: look again soon.
-                    self.check_at = now + self.p.window * 10;
-                }
+            Some(_) => {
                 self.base = Some(m);
                 m
+            }
+            None => {
+                // The first window began on an idle upstream, but at the
+                // initial limit, which may already queue: its fastest
+                // answer is the no-load latency, looked at again soon.
+                self.check_at = now + self.p.window * 10;
+                self.base = Some(low);
+                low
             }
         };
         let mut gradient = (base as f64 * (1.0 + self.p.tolerance) / m as f64).clamp(0.5, 2.0);
@@ -257,8 +297,23 @@ impl AdaptiveLimit {
             gradient = gradient.min(1.0);
         }
         let target = self.limit * gradient;
-        self.limit =
-            ((self.limit + target) / 2.0).clamp(f64::from(self.p.min), f64::from(self.p.max));
+        // Down at once, up by half the way: a queue is cut within a
+        // window, and growth is checked before it goes on.
+        if high as f64 > base as f64 * (1.0 + self.p.tolerance) {
+            self.starting = false;
+        }
+        let next = if gradient < 1.0 {
+            target
+        } else if self.starting && f64::from(peak) * 2.0 >= self.limit {
+            self.limit * SLOW_START
+        } else {
+            (self.limit + target) / 2.0
+        };
+        let before = self.limit();
+        self.limit = next.clamp(f64::from(self.p.min), f64::from(self.p.max));
+        if self.limit() != before {
+            self.moved = now;
+        }
         if now >= self.check_at {
             self.recheck(now);
         }
@@ -440,6 +495,65 @@ mod tests {
         drive(&mut a, 20, 50 * MS, 100, Duration::from_secs(60), t);
         assert_eq!(a.baseline(), Some(50 * MS));
         assert!(a.limit() >= 20, "limit {}", a.limit());
+    }
+
+    /// Answers, each `took`, begun 10 ms apart from `at` with the limit's
+    /// worth in flight (the eleventh closes a 100 ms window); returns a
+    /// time after the last.
+    fn window_of(a: &mut AdaptiveLimit, at: Now, took: &[Duration]) -> Now {
+        let in_flight = a.limit();
+        let mut end = at;
+        for (i, t) in (0u32..).zip(took) {
+            let started = at + 10 * MS * i;
+            end = started + *t;
+            a.record(started, *t, in_flight, end);
+        }
+        end + MS
+    }
+
+    #[test]
+    fn the_first_base_is_the_first_windows_fastest_answer() {
+        // 12 let in on an upstream of 5 slots: five answer at once, the
+        // rest queued behind them.
+        let mut a = AdaptiveLimit::new(params(3, 1000, 12));
+        let took: Vec<Duration> = (0..12u32).map(|i| 20 * MS * (i / 5 + 1)).collect();
+        window_of(&mut a, Duration::ZERO, &took);
+        assert_eq!(a.baseline(), Some(20 * MS));
+        // The median (40 ms) is 2× that: cut at once to 12 × 1.25 / 2.
+        assert_eq!(a.limit(), 8);
+    }
+
+    #[test]
+    fn slow_start_grows_by_half_a_window_and_ends_at_the_first_rise() {
+        let mut a = AdaptiveLimit::new(params(1, 1000, 12));
+        let mut at = Duration::ZERO;
+        for want in [18, 27] {
+            at = window_of(&mut a, at, &[20 * MS; 12]);
+            assert_eq!(a.limit(), want);
+        }
+        // A window whose slowest tenth queued: slow start is over, and
+        // the limit moves half way to the gradient's (1.25 at the median).
+        let mut took = vec![20 * MS; 8];
+        took.extend([50 * MS; 4]);
+        at = window_of(&mut a, at, &took);
+        assert_eq!(a.limit(), 30);
+        // Twice the no-load latency: cut at once, × 1.25 / 2.
+        window_of(&mut a, at, &[40 * MS; 12]);
+        assert_eq!(a.limit(), 19);
+    }
+
+    #[test]
+    fn refusals_in_slow_start_call_for_no_probe() {
+        // At half the load of an upstream far bigger than the limit:
+        // refused while the limit grows, latency never rising.
+        let mut a = AdaptiveLimit::new(params(3, 30, 12));
+        let mut at = Duration::ZERO;
+        for _ in 0..30 {
+            a.refused(at);
+            at = window_of(&mut a, at, &[20 * MS; 12]);
+            assert!(!a.probing());
+        }
+        assert_eq!(a.limit(), 30);
     }
 
     #[test]

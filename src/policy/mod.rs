@@ -20,6 +20,7 @@
 //! | [`breaker`] | the circuit breaker state machine |
 //! | [`limiter`] | token bucket, sliding window, both combined |
 //! | [`adaptive`] | the adaptive concurrency limit: a gradient controller over latency |
+//! | `adaptive_sim` | (tests only) a deterministic simulation of the adaptive limit before a queueing upstream, and the sweep its defaults come from |
 //! | [`throttle`] | client-side throttling: the SRE book's adaptive throttling for an upstream that sheds |
 //! | [`balance`] | the balancer's choice among endpoints: peak-EWMA estimates, two random choices |
 //! | [`eject`] | outlier ejection: when an endpoint is taken out and let back |
@@ -34,6 +35,8 @@
 //! | [`random`] | the injected random source |
 
 pub mod adaptive;
+#[cfg(test)]
+pub mod adaptive_sim;
 pub mod backoff;
 pub mod balance;
 pub mod breaker;

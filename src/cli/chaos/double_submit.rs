@@ -134,6 +134,7 @@ pub(super) async fn run(opts: &ScenarioOptions) -> Result<ScenarioReport, String
         columns,
         breaker: BreakerTrace::default(),
         overload: None,
+        shed: None,
     })
 }
 

@@ -15,6 +15,7 @@ pub mod overload;
 pub mod overload_table;
 pub mod replicas;
 pub mod report;
+pub mod shed;
 pub mod soak;
 pub mod timeline;
 pub mod upstream;
@@ -77,10 +78,13 @@ pub enum Scenario {
     SlowTail,
     /// An upstream serving 20 at once for 20 ms each, at 0.5×–4× its capacity.
     Overload,
+    /// The same upstream answering 503 at once past its capacity, at 2× and 4×: weir with and without client-side throttling.
+    #[value(name = "overload-shed")]
+    OverloadShed,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 16] = [
+    pub const ALL: [Scenario; 17] = [
         Scenario::Transient5,
         Scenario::Transient30,
         Scenario::Outage,
@@ -97,6 +101,7 @@ impl Scenario {
         Scenario::FlakyReplica,
         Scenario::SlowTail,
         Scenario::Overload,
+        Scenario::OverloadShed,
     ];
 
     /// The name of weir's column.
@@ -125,6 +130,7 @@ impl Scenario {
             Scenario::FlakyReplica => "flaky-replica",
             Scenario::SlowTail => "slow-tail",
             Scenario::Overload => "overload",
+            Scenario::OverloadShed => "overload-shed",
         }
     }
 
@@ -186,6 +192,7 @@ impl Scenario {
                 ..base
             },
             Scenario::Overload => overload::profile(&overload::Shape::default(), None),
+            Scenario::OverloadShed => shed::profile(&shed::ShedShape::default()),
             // The misbehaving one of three (the others are healthy).
             s => replicas::faulty(s),
         }
@@ -235,7 +242,8 @@ impl Scenario {
             | Scenario::SlowReplica
             | Scenario::FlakyReplica
             | Scenario::SlowTail
-            | Scenario::Overload => "",
+            | Scenario::Overload
+            | Scenario::OverloadShed => "",
             Scenario::Brownout => "[defaults]\ntimeout = \"2s\"\n",
             Scenario::RateLimited => {
                 "[defaults.retry]\nretry_on = [\"connect-failure\", \"reset\", \"timeout\", \"429\", \"502\", \"503\", \"504\"]\nmax_retry_after = \"2s\"\n"
@@ -342,6 +350,8 @@ pub struct ScenarioReport {
     pub breaker: BreakerTrace,
     /// `overload`'s own figures (it has no columns of its own).
     pub overload: Option<overload::OverloadReport>,
+    /// `overload-shed`'s own figures.
+    pub shed: Option<shed::ShedReport>,
 }
 
 /// Runs one scenario: three columns, one after the other.
@@ -354,6 +364,9 @@ pub async fn run(scenario: Scenario, opts: &ScenarioOptions) -> Result<ScenarioR
     }
     if scenario == Scenario::Overload {
         return overload::run(opts).await;
+    }
+    if scenario == Scenario::OverloadShed {
+        return shed::run(opts).await;
     }
     let mut load = scenario.load(opts.requests, opts.rate);
     load.keys = catalogue::keys(scenario, opts.seed, load.requests);
@@ -430,6 +443,7 @@ pub async fn run(scenario: Scenario, opts: &ScenarioOptions) -> Result<ScenarioR
         columns,
         breaker: trace,
         overload: None,
+        shed: None,
     })
 }
 

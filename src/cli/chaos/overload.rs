@@ -292,6 +292,7 @@ pub fn profile(shape: &Shape, halve_at: Option<Duration>) -> Profile {
         capacity: Some(Capacity {
             slots: shape.slots,
             halve_at,
+            shed: None,
         }),
         ..Profile::default()
     }
@@ -299,7 +300,11 @@ pub fn profile(shape: &Shape, halve_at: Option<Duration>) -> Profile {
 
 /// weir's config: its defaults, `--config`'s `[defaults]` over them, one
 /// upstream at `up`, and `extra`.
-fn config(up: &ChaosUpstream, opts: &ScenarioOptions, extra: &str) -> Result<Config, String> {
+pub(super) fn config(
+    up: &ChaosUpstream,
+    opts: &ScenarioOptions,
+    extra: &str,
+) -> Result<Config, String> {
     let defaults = toml::to_string(&super::config::user_defaults(opts.config.as_deref())?)
         .map_err(|e| e.to_string())?;
     let src = format!(
@@ -517,6 +522,7 @@ pub async fn run(opts: &ScenarioOptions) -> Result<super::ScenarioReport, String
         columns: Vec::new(),
         breaker: super::BreakerTrace::default(),
         overload: Some(report),
+        shed: None,
     })
 }
 

@@ -242,6 +242,7 @@ pub async fn run(s: Scenario, opts: &ScenarioOptions) -> Result<ScenarioReport, 
         columns,
         breaker: super::BreakerTrace::default(),
         overload: None,
+        shed: None,
     })
 }
 

@@ -166,6 +166,9 @@ fn per_second_table(r: &ScenarioReport) -> Option<String> {
 
 /// The table, in Markdown (readable in a terminal, pastable in bench/RESULTS.md).
 pub fn table(r: &ScenarioReport) -> String {
+    if let Some(o) = &r.shed {
+        return super::shed::table(o);
+    }
     if let Some(o) = &r.overload {
         return super::overload_table::table(o);
     }
@@ -235,6 +238,9 @@ fn settings_note(r: &ScenarioReport) -> String {
 
 /// The same as JSON.
 pub fn json(r: &ScenarioReport) -> serde_json::Value {
+    if let Some(o) = &r.shed {
+        return super::shed::json(o);
+    }
     if let Some(o) = &r.overload {
         return super::overload_table::json(o);
     }

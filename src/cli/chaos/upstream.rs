@@ -58,11 +58,14 @@ pub struct Throttle {
 /// once, each for the profile's latency, the rest queued in arrival order.
 /// A queued request is served when its turn comes whether or not its
 /// client is still waiting, as a thread pool's queue is. From `halve_at`
-/// after the start, half the slots.
+/// after the start, half the slots. With `shed`, nothing is queued: a
+/// request that finds every slot taken is answered that status at once
+/// (`weir chaos overload-shed`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Capacity {
     pub slots: u32,
     pub halve_at: Option<Duration>,
+    pub shed: Option<u16>,
 }
 
 /// What the upstream does wrong.
@@ -114,6 +117,8 @@ pub struct Counters {
     pub received: AtomicU64,
     /// Connections accepted.
     pub connections: AtomicU64,
+    /// Requests a full capacity with `shed` refused.
+    pub shed: AtomicU64,
     /// Requests received before the first outage began (set when it does).
     pub before_outage: std::sync::OnceLock<u64>,
     /// Deliveries per request id, for non-idempotent methods.
@@ -406,7 +411,22 @@ async fn handle(req: Request<Incoming>, faults: &Faults, reset: &Notify) -> Resp
             retry_after,
             delay,
         } => {
-            if let Some(pool) = faults.pool.clone() {
+            let shed = faults.profile.capacity.and_then(|c| c.shed);
+            if let (Some(pool), Some(shed)) = (faults.pool.clone(), shed) {
+                // Shedding: a slot now, or the refusal at once.
+                let Ok(slot) = pool.try_acquire_owned() else {
+                    faults.counters.shed.fetch_add(1, Ordering::Relaxed);
+                    let mut r = Response::new(Full::new(Bytes::from_static(b"shed\n")));
+                    *r.status_mut() =
+                        StatusCode::from_u16(shed).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+                    return r;
+                };
+                let work = tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    drop(slot);
+                });
+                let _ = work.await;
+            } else if let Some(pool) = faults.pool.clone() {
                 // Queued for a slot, and served once it has one, whether or
                 // not the client is still there.
                 let work = tokio::spawn(async move {
