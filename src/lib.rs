@@ -58,8 +58,11 @@
 //!   [`trace`]: W3C/B3 trace context, a traced request's spans, and the
 //!   OTLP exporter behind a bounded queue; the data plane calls it.
 //! - [`upstream`]: the upstream side — endpoints (resolution, static lists;
-//!   `resolve`), the dial loop (`dial`), `client` (each endpoint's general
-//!   path pool) and `h2pool`; both paths pick an endpoint there. It never
+//!   `resolve`), the dial loop (`dial`), `pool` (every connection weir
+//!   keeps to an upstream: `h1` the worker's idle HTTP/1.1 connections and
+//!   their dialler, `lease` hyper's client over one, `held` a client
+//!   connection's leases, `h2` the HTTP/2 pool) and `client` (hyper-util's
+//!   pool, for `auto` over TLS); both paths pick an endpoint there. It never
 //!   imports the request side or the live state.
 //! - [`state`]: live per-upstream state keyed by name, surviving reloads
 //!   (breaker, budget, limiters, `state::gate` the concurrency gate,
@@ -72,13 +75,12 @@
 //!   one order every request to an upstream is served in, over a `Codec`),
 //!   `attempt` (`admit`, `drive`, `hedge`: the pipeline), `request` (the
 //!   rules read off a request head, once for every codec), and a folder per
-//!   codec: `fast` (the HTTP/1.1 fast path: `head`, `transport`, `pool`)
+//!   codec: `fast` (the HTTP/1.1 fast path: `head`, `transport`)
 //!   and `general` (the general path on hyper: `conn`, `guard` the
 //!   request-smuggling guard, `exchange` its codec, `transport` its
 //!   attempts, `cached` the response cache's serve, `tunnel` CONNECT,
 //!   `upgrade` WebSocket pass-through). Beside them: `h1` (HTTP/1
-//!   framing), `replay` (bodies kept for a retry), `sticky` (a client
-//!   connection's held upstream connections), `idempotent` (keyed writes),
+//!   framing), `replay` (bodies kept for a retry), `idempotent` (keyed writes),
 //!   `error` (weir's own responses), `access` (the access log), `headers`,
 //!   `route`, `body`, `traced`.
 //! - [`admin`]: the admin endpoints; `admin::status`, the status page they

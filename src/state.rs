@@ -51,7 +51,7 @@ pub struct UpstreamState {
     /// Client-side throttling (docs/reference/admission.md#client-side-throttling).
     pub throttle: ThrottleGate,
     pub metrics: UpstreamMetrics,
-    /// Upstream connections held by client connections (proxy::sticky).
+    /// Upstream connections held by client connections (upstream::pool::held).
     pub sticky_conns: Arc<std::sync::atomic::AtomicUsize>,
     client: Mutex<UpstreamClient>,
     /// TLS failures already logged, so each cause is logged once, not per request.

@@ -132,7 +132,7 @@ impl Ctx<'_> {
             grpc_trailers: false,
             continue_gate: None,
         };
-        // No held connection: those are HTTP/1.1 (`proxy::sticky`).
+        // No held connection: those are HTTP/1.1 (`upstream::pool::held`).
         let conn = crate::upstream::pool::held::ConnCtx::new(self.pool.clone());
         let mut t = H2Transport {
             inner: HyperTransport::new(up, &conn, &mut plan),
