@@ -109,10 +109,18 @@ impl H1Lease {
                 "the connection was given back",
             ));
         };
-        sender.send_request(req).await.map_err(|e| SendError {
-            kind: Failure::of(&e),
-            message: root_cause(&e),
-            tls: false,
+        sender.send_request(req).await.map_err(|e| {
+            // A TLS alert after the handshake (TLS 1.3: a client
+            // certificate refused): the request was never processed, as
+            // on the fast path.
+            if let Some(why) = crate::tls::describe_failure(&e) {
+                return SendError::tls(why);
+            }
+            SendError {
+                kind: Failure::of(&e),
+                message: root_cause(&e),
+                tls: false,
+            }
         })
     }
 }
