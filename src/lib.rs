@@ -72,13 +72,17 @@
 //!   the one half-open probe, leased rate-limit tokens, the idempotency
 //!   store; every call bounded by `[state] timeout`).
 //! - [`proxy`]: the data plane. `server` (listeners, workers), `order` (the
-//!   one order every request to an upstream is served in, over a `Codec`),
+//!   one order every request to an upstream is served in, over a `Codec`,
+//!   with the response cache's steps in it: `order::cache`), `cached`
+//!   (what the cache does with a request, a key's fill, answers from an
+//!   entry),
 //!   `attempt` (`admit`, `drive`, `hedge`: the pipeline), `request` (the
 //!   rules read off a request head, once for every codec), and a folder per
 //!   codec: `fast` (the HTTP/1.1 fast path: `head`, `transport`)
 //!   and `general` (the general path on hyper: `conn`, `guard` the
 //!   request-smuggling guard, `exchange` its codec, `transport` its
-//!   attempts, `cached` the response cache's serve, `tunnel` CONNECT,
+//!   attempts, `exchange::refresh` a stale entry's background refresh,
+//!   `tunnel` CONNECT,
 //!   `upgrade` WebSocket pass-through). Beside them: `h1` (HTTP/1
 //!   framing), `replay` (bodies kept for a retry), `idempotent` (keyed writes),
 //!   `error` (weir's own responses), `access` (the access log), `headers`,

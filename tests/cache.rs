@@ -538,3 +538,99 @@ async fn a_body_over_max_object_bytes_is_relayed_whole_not_stored(path: DataPath
         assert_eq!(header(&again, "x-weir-cache"), expect, "{len} {sent}");
     }
 }
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_304_that_matches_no_entry_is_asked_again_plainly
+);
+/// A 304 whose validator is not the entry's (the upstream moved on): the
+/// entry is dropped and the request is sent again without validators, on
+/// the same path, within the one request; the client gets the new
+/// response, a miss, never the 304.
+async fn a_304_that_matches_no_entry_is_asked_again_plainly(path: DataPath) {
+    let conditionals = Arc::new(AtomicUsize::new(0));
+    let seen = conditionals.clone();
+    let n = Arc::new(AtomicUsize::new(0));
+    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        let (seen, n) = (seen.clone(), n.clone());
+        async move {
+            let b = Response::builder().header("cache-control", "max-age=5");
+            if req.headers().contains_key("if-none-match") {
+                seen.fetch_add(1, Ordering::SeqCst);
+                return b
+                    .status(304)
+                    .header("etag", "\"v2\"")
+                    .body(body(""))
+                    .unwrap();
+            }
+            let i = n.fetch_add(1, Ordering::SeqCst) + 1;
+            let etag = if i == 1 { "\"v1\"" } else { "\"v2\"" };
+            b.header("etag", etag)
+                .body(body(format!("item {i}")))
+                .unwrap()
+        }
+    })
+    .await;
+    let weir = Weir::single_on(path, &up.url(), CACHE).await;
+    assert_eq!(fetch(&weir, "/item/1").await.2, "item 1");
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let (s, parts, b) = fetch(&weir, "/item/1").await;
+    assert_eq!((s, b.as_str()), (200, "item 2"));
+    assert_eq!(header(&parts, "x-weir-cache"), "miss");
+    assert_eq!(header(&parts, "etag"), "\"v2\"");
+    assert_eq!(conditionals.load(Ordering::SeqCst), 1);
+    assert_eq!(up.requests(), 3);
+    // What the plain request brought was stored: a hit now.
+    let (_, parts, b) = fetch(&weir, "/item/1").await;
+    assert_eq!(
+        (header(&parts, "x-weir-cache").as_str(), b.as_str()),
+        ("hit", "item 2")
+    );
+    assert_eq!(up.requests(), 3);
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    an_h2c_upstreams_responses_are_cached_on_the_path_they_arrive_on
+);
+/// An `h2c` upstream's misses are stored, revalidated and invalidated as
+/// an HTTP/1.1 upstream's are, on either path (the fast path used to hand
+/// such a miss to the general path).
+async fn an_h2c_upstreams_responses_are_cached_on_the_path_they_arrive_on(path: DataPath) {
+    let (up, k) = catalogue("max-age=5").await;
+    *k.etag.lock().unwrap() = Some("\"v1\"".into());
+    let extra = format!("protocol = \"h2c\"\n{CACHE}");
+    let weir = Weir::single_on(path, &up.url(), &extra).await;
+    let (s, parts, b) = fetch(&weir, "/item/1").await;
+    assert_eq!((s, b.as_str()), (200, "item 1"));
+    assert_eq!(header(&parts, "x-weir-cache"), "miss");
+    let (_, parts, b) = fetch(&weir, "/item/1").await;
+    assert_eq!(
+        (header(&parts, "x-weir-cache").as_str(), b.as_str()),
+        ("hit", "item 1")
+    );
+    assert_eq!(up.requests(), 1);
+    // Stale: revalidated with the entry's validators, a 304 refreshes it.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let (_, parts, b) = fetch(&weir, "/item/1").await;
+    assert_eq!(
+        (header(&parts, "x-weir-cache").as_str(), b.as_str()),
+        ("revalidated", "item 1")
+    );
+    assert_eq!(k.conditionals.load(Ordering::SeqCst), 1);
+    // A write's success drops the entry.
+    let req = Request::builder()
+        .method("DELETE")
+        .uri(weir.url("/item/1"))
+        .header("host", "svc")
+        .body(body(""))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    *k.etag.lock().unwrap() = None;
+    let (_, parts, b) = fetch(&weir, "/item/1").await;
+    assert_eq!(
+        (header(&parts, "x-weir-cache").as_str(), b.as_str()),
+        ("miss", "item 3")
+    );
+}

@@ -8,6 +8,7 @@
 pub(crate) mod access;
 pub(crate) mod attempt;
 pub(crate) mod body;
+pub mod cached;
 pub(crate) mod error;
 pub mod fast;
 pub(crate) mod general;

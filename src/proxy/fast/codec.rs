@@ -5,7 +5,8 @@
 
 use super::head::{self, Annotations, Planned};
 use super::transport::{ClientWatch, FastTransport};
-use super::{fill, CacheResult, Ctx, Kept, OwnError, UpstreamAnswer};
+use super::{CacheResult, Ctx, Kept, OwnError, UpstreamAnswer};
+use crate::policy::cache::CachedResponse;
 use crate::policy::idempotency::StoredResponse;
 use crate::policy::RequestFacts;
 use crate::proxy::access;
@@ -13,10 +14,13 @@ use crate::proxy::attempt::Attempted;
 use crate::proxy::attempt::{self, Admitted, Attempts};
 use crate::proxy::error::ProxyError;
 use crate::proxy::idempotent::{self, Begun, Recorder};
+use crate::proxy::order::cache::{CacheFields, CacheIo};
 use crate::proxy::order::{Codec, KeyedWrites};
 use crate::proxy::Upstream;
 use crate::state::gate::Slot;
+use bytes::Bytes;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -27,6 +31,14 @@ pub(super) struct FastRequest<'r, 'c> {
     pub(super) start: Instant,
     /// A keyed write's body was read before admission, for its fingerprint.
     pub(super) read_first: bool,
+    /// How the response cache took part, for the answer to say.
+    pub(super) mark: Option<CacheResult>,
+    /// What was read of an HTTP/2 upstream's response body for the cache,
+    /// relayed first.
+    pub(super) ahead: Option<crate::proxy::cached::whole::ReadBefore>,
+    /// An HTTP/2 upstream's request head without the validators it was
+    /// sent with, should the 304 match no entry any more.
+    pub(super) plain_h2: H2Head,
 }
 
 impl FastRequest<'_, '_> {
@@ -39,7 +51,20 @@ impl FastRequest<'_, '_> {
 /// The request head the fast path carries into the order: an HTTP/2
 /// upstream's (`None`: an HTTP/1.1 upstream's head is the bytes in the
 /// client's buffer, rewritten there).
-type H2Head = Option<Box<http::request::Parts>>;
+pub(super) type H2Head = Option<Box<http::request::Parts>>;
+
+/// An HTTP/2 upstream's request head without the validators of the entry
+/// it revalidates.
+pub(super) fn without_validators(p: &http::request::Parts) -> Box<http::request::Parts> {
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method = p.method.clone();
+    parts.uri = p.uri.clone();
+    parts.version = p.version;
+    parts.headers = p.headers.clone();
+    parts.headers.remove(http::header::IF_NONE_MATCH);
+    parts.headers.remove(http::header::IF_MODIFIED_SINCE);
+    Box::new(parts)
+}
 
 impl KeyedWrites for FastRequest<'_, '_> {
     async fn begin_keyed(
@@ -173,6 +198,7 @@ impl Codec for FastRequest<'_, '_> {
             error,
             attempts,
             endpoint,
+            cache: self.mark,
         };
         self.ctx.fail(up, self.start, self.p, f).await
     }
@@ -206,45 +232,20 @@ impl Codec for FastRequest<'_, '_> {
                     error,
                     attempts: Some(spent),
                     endpoint: last_failed,
+                    cache: self.mark,
                 };
                 return ctx.fail(up, start, p, f).await;
             }
         };
         // Each kind relayed where it is matched: moved once, into its relay.
         let (status, addr, relayed) = match x {
-            UpstreamAnswer::H1(mut x) => {
-                // The cache takes part in an HTTP/1.1 upstream's answers (a
-                // cached HTTP/2 upstream's requests are the general path's).
-                let mut cache = None;
-                if !matches!(p.cache, head::cache::Cached::Off) {
-                    match Box::pin(ctx.cache_response(up, p, &mut x)).await {
-                        Ok(fill::FillStep::Relay(mark)) => cache = mark,
-                        Ok(fill::FillStep::Answer(e, result)) => {
-                            x.let_go(ctx.pool, &ctx.bufs.upstream);
-                            let spent = Some(spent);
-                            return (ctx.cache_answer(up, start, p, &e, result, spent)).await;
-                        }
-                        Ok(fill::FillStep::HandOver) => {
-                            x.let_go(ctx.pool, &ctx.bufs.upstream);
-                            ctx.hand_over = true;
-                            return false;
-                        }
-                        Err(error) => {
-                            let f = OwnError {
-                                error,
-                                attempts: None,
-                                endpoint: Some(x.addr),
-                            };
-                            return ctx.fail(up, start, p, f).await;
-                        }
-                    }
-                }
+            UpstreamAnswer::H1(x) => {
                 let (status, addr) = (x.status, x.addr);
                 up.state.metrics.status(status, took);
                 let kept = Kept {
                     annotations,
                     recorder,
-                    cache: cache.filter(|_: &CacheResult| cfg.annotate),
+                    cache: self.mark.filter(|_| cfg.annotate),
                 };
                 let relayed = ctx.relay(up, addr, x, kept, p, ended).await;
                 (status, Some(addr), relayed)
@@ -256,9 +257,18 @@ impl Codec for FastRequest<'_, '_> {
                 let kept = Kept {
                     annotations,
                     recorder,
-                    cache: None,
+                    cache: self.mark.filter(|_| cfg.annotate),
                 };
-                (status, addr, ctx.relay_h2(up, r, kept, p).await)
+                let relayed = match self.ahead.take() {
+                    None => ctx.relay_h2(up, r, kept, p).await,
+                    Some(ahead) => {
+                        let (parts, body) = r.into_parts();
+                        let body = ahead.before(crate::proxy::body::boxed(body));
+                        let r = http::Response::from_parts(parts, body);
+                        ctx.relay_h2(up, r, kept, p).await
+                    }
+                };
+                (status, addr, relayed)
             }
         };
         if let Some(code) = relayed.error {
@@ -280,5 +290,104 @@ impl Codec for FastRequest<'_, '_> {
         };
         ctx.access_log(p, entry);
         relayed.open && !p.close
+    }
+}
+
+impl CacheIo for FastRequest<'_, '_> {
+    fn request_fields<R>(&self, f: impl FnOnce(&CacheFields<'_>) -> R) -> R {
+        let head = self.ctx.bufs.client.get(..self.p.head_len);
+        head::cache::request_fields(head.unwrap_or_default(), |fields| {
+            let pairs: Vec<_> = fields
+                .iter()
+                .map(|h| (h.name.as_bytes(), h.value))
+                .collect();
+            f(&pairs)
+        })
+    }
+
+    fn response_fields<R>(
+        &self,
+        r: &UpstreamAnswer,
+        f: impl FnOnce(u16, &CacheFields<'_>) -> R,
+    ) -> R {
+        match r {
+            UpstreamAnswer::H1(x) => {
+                // The response head, as it was begun for the client.
+                let fields: Vec<_> = head::cache::response_fields(&self.ctx.bufs.out).collect();
+                f(x.status, &fields)
+            }
+            UpstreamAnswer::H2(r) => f(
+                r.status().as_u16(),
+                &crate::proxy::cached::pairs(r.headers()),
+            ),
+        }
+    }
+
+    async fn answer_entry(
+        &mut self,
+        up: &Upstream,
+        e: &CachedResponse,
+        result: CacheResult,
+        attempts: Option<Annotations>,
+    ) -> bool {
+        let (p, start) = (self.p, self.start);
+        self.ctx
+            .cache_answer(up, start, p, e, result, attempts)
+            .await
+    }
+
+    fn refresh(&self, up: &Upstream, e: &Arc<CachedResponse>, key: &str) {
+        let head = self.ctx.bufs.client.get(..self.p.head_len);
+        if let Some(parts) = head::cache::request_parts(head.unwrap_or_default()) {
+            crate::proxy::general::refresh(up, self.ctx.pool, &parts, key, e);
+        }
+    }
+
+    async fn read_whole(
+        &mut self,
+        up: &Upstream,
+        r: &mut UpstreamAnswer,
+        limit: usize,
+    ) -> Result<Option<Vec<Bytes>>, ProxyError> {
+        match r {
+            UpstreamAnswer::H1(x) => {
+                let whole = Box::pin(self.ctx.read_whole(up, x, limit)).await?;
+                Ok(whole.map(|b| vec![Bytes::from(b)]))
+            }
+            UpstreamAnswer::H2(r) => {
+                let mut ahead = crate::proxy::cached::whole::ReadBefore::default();
+                let ended = crate::proxy::cached::whole::read(r.body_mut(), limit, &mut ahead);
+                let ended = ended.await?;
+                let data = ended.then(|| ahead.data.clone());
+                self.ahead = Some(ahead);
+                Ok(data)
+            }
+        }
+    }
+
+    fn let_go(&mut self, r: UpstreamAnswer) {
+        if let UpstreamAnswer::H1(x) = r {
+            x.let_go(self.ctx.pool, &self.ctx.bufs.upstream);
+        }
+    }
+
+    fn mark(&mut self, result: CacheResult) {
+        self.mark = Some(result);
+    }
+
+    fn plain(&mut self) -> Option<H2Head> {
+        if let Some(parts) = self.plain_h2.take() {
+            return Some(Some(parts));
+        }
+        // A request without a body, to an HTTP/1.1 upstream: its head
+        // written again without the validators.
+        let len = self.p.validators_len.filter(|_| self.p.body_len == 0)?;
+        let request = &mut self.ctx.bufs.request;
+        let end = request.len().checked_sub(2)?;
+        if !request.ends_with(b"\r\n\r\n") {
+            return None;
+        }
+        request.drain(end.checked_sub(len)?..end);
+        Some(None)
     }
 }

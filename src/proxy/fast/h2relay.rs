@@ -14,10 +14,8 @@ use super::head::{self, Framing, Planned};
 use super::io::{client_gone, write_client};
 use super::relay::Relayed;
 use super::{Ctx, Kept};
-use crate::proxy::body::UpstreamBody;
 use crate::proxy::{headers, idempotent, Upstream};
 use http::header::{CONTENT_LENGTH, DATE};
-use http_body::Body as _;
 use std::pin::Pin;
 use std::task::Poll;
 use tokio::time::Instant;
@@ -29,13 +27,16 @@ const FLUSH_AT: usize = 64 * 1024;
 impl Ctx<'_> {
     /// Writes the response head and relays the body. Returns whether the
     /// client connection can carry another request.
-    pub(super) async fn relay_h2(
+    pub(super) async fn relay_h2<B>(
         &mut self,
         up: &Upstream,
-        resp: http::Response<UpstreamBody>,
+        resp: http::Response<B>,
         kept: Kept,
         p: &Planned,
-    ) -> Relayed {
+    ) -> Relayed
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Unpin,
+    {
         let (mut parts, mut body) = resp.into_parts();
         headers::restate_length(&mut parts.headers);
         headers::strip_hop_by_hop(&mut parts.headers, false);
@@ -81,6 +82,9 @@ impl Ctx<'_> {
         // A body-less response keeps the length it announced to a HEAD
         // only, as hyper's server does with a body already at its end.
         let empty_length = field.filter(|_| p.is_head_request && status != 204);
+        if let Some(r) = kept.cache {
+            head::header(out, b"x-weir-cache", r.name().as_bytes());
+        }
         head::restate_framing(framing, empty_length, out);
         head::finish_response(out, kept.annotations, close);
         drop(parts);

@@ -1,7 +1,7 @@
 //! Answers from the response cache on the fast path
-//! (docs/reference/cache.md#response-cache): a fresh hit (`head::cache`
-//! finds it) and a miss coalesced with one that stored its entry
-//! (`fast::fill`), written as they are with `Age` and weir's marks.
+//! (docs/reference/cache.md#response-cache): whenever the order's cache
+//! step (`proxy::order::cache`) answers from an entry, it is written as it
+//! is with `Age` and weir's marks.
 
 use super::head::Planned;
 use super::{access, reply, write_client, Ctx};
@@ -26,7 +26,7 @@ impl Ctx<'_> {
         // The whole entry: `write_parts` states the length (for a HEAD
         // too) and sends the body only to a GET.
         let (mut parts, body) =
-            crate::proxy::general::cached::entry_parts(up, e, result, false, attempts, now);
+            crate::proxy::cached::entry_parts(up, e, result, false, attempts, now);
         parts.headers.remove(http::header::CONTENT_LENGTH);
         self.answer_stored(up, start, p, &parts, &body, !p.is_head_request)
             .await

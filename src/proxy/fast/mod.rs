@@ -28,7 +28,6 @@
 //! general one).
 
 mod codec;
-mod fill;
 mod h2;
 mod h2relay;
 pub mod head;
@@ -38,9 +37,9 @@ mod relay;
 mod reply;
 mod rewind;
 mod transport;
+mod whole;
 
 use super::access;
-use super::attempt;
 use super::error::ProxyError;
 use super::general::conn::{serve_io, ClientConn};
 use super::idempotent::{self, Recorder};
@@ -148,14 +147,8 @@ pub(super) async fn serve(mut stream: TcpStream, conn: ClientConn, pool: Arc<Poo
             write_timeout: conn.write_timeout,
             access: snap.config.server.access_log,
             peer: conn.peer,
-            hand_over: false,
         };
         let open = ctx.serve(up, planned).await;
-        if ctx.hand_over {
-            drop(snap);
-            let io = rewind::Rewind::new(std::mem::take(&mut bufs.client), stream);
-            return serve_io(io, conn).await;
-        }
         if !open || *conn.stop.borrow() {
             let _ = stream.shutdown().await;
             return;
@@ -181,9 +174,6 @@ struct Ctx<'c> {
     access: crate::config::AccessLog,
     /// The client's address, for the access log.
     peer: std::net::SocketAddr,
-    /// The request is to be served again from the start on the general path
-    /// (`fill::FillStep::HandOver`): nothing of it has been answered.
-    hand_over: bool,
 }
 
 impl Ctx<'_> {
@@ -222,32 +212,13 @@ impl Ctx<'_> {
     /// stays open for the next one.
     async fn serve(&mut self, up: &Upstream, mut p: Planned) -> bool {
         let start = Instant::now();
-        // An HTTP/2 upstream's request head, taken before anything borrows
-        // the plan for the length of the request.
+        // An HTTP/2 upstream's request head and the cache's part, taken
+        // before anything borrows the plan for the length of the request.
         let h2_parts = p.h2.take();
-        match &p.cache {
-            head::cache::Cached::Hit(e) => {
-                return (self.cache_answer(up, start, &p, e, CacheResult::Hit, None)).await;
-            }
-            head::cache::Cached::Stale(e, key) => {
-                self.refresh(up, &p, e, key);
-                return (self.cache_answer(up, start, &p, e, CacheResult::Stale, None)).await;
-            }
-            _ => {}
-        }
-        // A miss whose response may be stored leads its key's fill, or
-        // waits for the one that does, within the request's deadline.
-        // (Boxed, as the cache's other futures: only a cached upstream's
-        // requests make them, and every request's future would hold them.)
-        let _lead = match p.cache.filling_get() {
-            Some(f) => {
-                let (deadline, _) = attempt::deadline(&up.config, start, [p.asked.lowered, None]);
-                match Box::pin(self.take_turn(up, start, &p, f, deadline)).await {
-                    Ok(lead) => lead,
-                    Err(open) => return open,
-                }
-            }
-            None => None,
+        let cached = std::mem::take(&mut p.cache);
+        let plain_h2 = match (&h2_parts, cached.validated()) {
+            (Some(parts), Some(_)) => Some(codec::without_validators(parts)),
+            _ => None,
         };
         // Room for the whole body at once: grown by doubling as it arrives,
         // a 64 KiB body would be copied over and over.
@@ -262,8 +233,11 @@ impl Ctx<'_> {
             p: &p,
             start,
             read_first: false,
+            mark: None,
+            ahead: None,
+            plain_h2,
         };
-        order::serve_keyed(up, &mut request, h2_parts, start, key).await
+        order::serve_http(up, &mut request, h2_parts, start, key, cached).await
     }
 
     /// Reads the rest of the request's body, within the request's deadline.
@@ -288,7 +262,7 @@ impl Ctx<'_> {
                     Ok(_) => {}
                 },
                 () = self.timer.at(deadline) => {
-                    let f = OwnError { error: ProxyError::DeadlineExceeded, attempts: None, endpoint: None };
+                    let f = OwnError { error: ProxyError::DeadlineExceeded, attempts: None, endpoint: None, cache: None };
                     return Err(self.fail(up, start, p, f).await);
                 }
             }
@@ -313,20 +287,7 @@ impl Ctx<'_> {
     /// Answers with weir's own error. Returns whether the connection stays
     /// open: not when the request's body is still unread, nor after a 400.
     async fn fail(&mut self, up: &Upstream, start: Instant, p: &Planned, f: OwnError) -> bool {
-        // An entry within its `stale-if-error` answers a failure
-        // (docs/reference/cache.md#response-cache).
-        if let Some(e) = self.stale_if_error(up, p, &f.error) {
-            let result = CacheResult::StaleIfError;
-            return (self.cache_answer(up, start, p, &e, result, None)).await;
-        }
         let took = start.elapsed();
-        // A miss weir answers itself is the cache's miss too.
-        let cache = matches!(p.cache, head::cache::Cached::Fill(_)).then(|| {
-            if let Some(c) = up.state.cache().as_mut() {
-                c.count(CacheResult::Miss);
-            }
-            CacheResult::Miss
-        });
         up.state.metrics.error(f.error.code(), took);
         let (made, stop, hedge) = match f.attempts {
             Some(a) => (Some(a.attempts), a.stop.map(|s| s.as_str()), a.hedge),
@@ -358,7 +319,7 @@ impl Ctx<'_> {
             close,
             is_head_request: p.is_head_request,
             date: up.state.clock.wall(),
-            cache: cache.filter(|_| up.config.annotate),
+            cache: f.cache.filter(|_| up.config.annotate),
         };
         e.write(&mut self.bufs.out);
         let ok = write_client(self.stream, &self.bufs.out, self.write_timeout).await;
@@ -387,4 +348,6 @@ struct OwnError {
     attempts: Option<Annotations>,
     /// The endpoint of the last attempt, if one was made.
     endpoint: Option<std::net::SocketAddr>,
+    /// How the response cache took part (a miss).
+    cache: Option<CacheResult>,
 }

@@ -26,7 +26,7 @@ impl ErrorResponse<'_> {
             attempt::annotate(&mut parts.headers, &a);
         }
         if let Some(r) = self.cache {
-            crate::proxy::general::cached::mark(&mut parts.headers, r);
+            crate::proxy::cached::mark(&mut parts.headers, r);
         }
         let date = httpdate::fmt_http_date(self.date);
         let date = http::HeaderValue::from_str(&date).ok();

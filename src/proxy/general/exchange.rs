@@ -2,15 +2,18 @@
 //! upstream request hygiene, then the one order of `proxy::order` (deadline
 //! → a keyed write's record → admission → body → breaker → attempts), for
 //! which this module is hyper's codec ([`HyperRequest`]: the body prepared
-//! for a replay, attempts through hyper's client, response hygiene). Both
-//! the plain request path (`proxy::general`) and the response cache
-//! (`proxy::general::cached`) go upstream through [`with_upstream`].
+//! for a replay, attempts through hyper's client, response hygiene, and
+//! what the response cache's steps ask of a codec). Both a client's
+//! request (`proxy::general`) and a stale entry's background refresh
+//! (`proxy::general::refresh`) go upstream through [`with_upstream`].
 
 use super::transport::Outbound;
+use crate::policy::cache::CacheResult;
 use crate::policy::idempotency::StoredResponse;
 use crate::policy::RequestFacts;
 use crate::proxy::attempt::{self, Annotations, Attempted, Attempts};
 use crate::proxy::body::{boxed, Body, IdleTimeout, UpstreamBody};
+use crate::proxy::cached::{self, whole, Cached};
 use crate::proxy::error::ProxyError;
 use crate::proxy::headers;
 use crate::proxy::idempotent::{self, Begun, Forwarded};
@@ -27,8 +30,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+mod cache_io;
+pub(crate) mod refresh;
+
 /// `parsed`: what the request says of itself ([`request::read`]), or the
-/// 400 it earned. A keyed write's is [`keyed`]'s.
+/// 400 it earned; `cached`: what the response cache does with it
+/// (`proxy::cached::lookup`). A keyed write's is [`keyed`]'s.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn with_upstream(
     up: &Upstream,
     conn: &crate::upstream::pool::held::ConnCtx,
@@ -37,8 +45,10 @@ pub(crate) async fn with_upstream(
     start: Instant,
     is_grpc_request: bool,
     parsed: Result<Parsed, ProxyError>,
+    cached: Cached,
 ) -> Result<Response<Body>, ProxyError> {
-    let forwarded = exchange(up, conn, parts, body, start, is_grpc_request, parsed).await;
+    let grpc = is_grpc_request;
+    let forwarded = exchange(up, conn, parts, body, start, grpc, parsed, cached).await;
     forwarded.map(|(resp, _)| resp)
 }
 
@@ -46,6 +56,7 @@ pub(crate) async fn with_upstream(
 /// with the keeping of its response, whose body the caller relays while it
 /// records it (`general::detached`); `None` when the response is not to be
 /// recorded (a replay, weir's own error, no record).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn keyed(
     up: &Upstream,
     conn: &crate::upstream::pool::held::ConnCtx,
@@ -54,13 +65,16 @@ pub(crate) async fn keyed(
     start: Instant,
     is_grpc_request: bool,
     parsed: Parsed,
+    cached: Cached,
 ) -> Result<(Response<Body>, Option<idempotent::Capture>), ProxyError> {
-    exchange(up, conn, parts, body, start, is_grpc_request, Ok(parsed)).await
+    let grpc = is_grpc_request;
+    exchange(up, conn, parts, body, start, grpc, Ok(parsed), cached).await
 }
 
 /// The exchange itself: the request made ready for the upstream (its
 /// target, its host, hop-by-hop hygiene), then served in the one order of
 /// `proxy::order` by [`HyperRequest`].
+#[allow(clippy::too_many_arguments)]
 async fn exchange(
     up: &Upstream,
     conn: &crate::upstream::pool::held::ConnCtx,
@@ -69,9 +83,17 @@ async fn exchange(
     start: Instant,
     is_grpc_request: bool,
     parsed: Result<Parsed, ProxyError>,
+    cached: Cached,
 ) -> Forwarded {
     let cfg = &up.config;
     let parsed = parsed?;
+    // The request as the client sent it, when the cache takes part: its
+    // fields select an entry's variant, and a background refresh asks
+    // for its target again.
+    let client = match cached {
+        Cached::Off => None,
+        _ => Some(copy(&parts)),
+    };
     let grpc = headers::grpc_timeout(&parts.headers);
     // A keyed write, with the target the client sent, for its fingerprint.
     let keyed = parsed.key.map(|k| {
@@ -112,9 +134,21 @@ async fn exchange(
     } else {
         Version::HTTP_11
     };
+    // An entry to revalidate: asked with its validators; the request
+    // without them is kept, should the 304 match no entry any more.
+    let plain = cached.validated().map(|e| {
+        let plain = copy(&parts);
+        cached::add_validators(&mut parts.headers, e);
+        plain
+    });
     let mut request = HyperRequest {
         conn,
         start,
+        head: parts.method == http::Method::HEAD,
+        client,
+        plain,
+        mark: None,
+        ahead: None,
         asked: [parsed.lowered, grpc],
         keyed,
         has_idempotency_key: parsed.carries_key,
@@ -128,13 +162,35 @@ async fn exchange(
         parts,
         body: UnreadBody::Streaming(body),
     };
-    order::serve_keyed(up, &mut request, arrived, start, key.as_deref()).await
+    order::serve_http(up, &mut request, arrived, start, key.as_deref(), cached).await
+}
+
+/// A copy of a request head without a body (its extensions, which only
+/// upgrades use, are not copied).
+fn copy(p: &http::request::Parts) -> http::request::Parts {
+    let (mut parts, ()) = http::Request::new(()).into_parts();
+    parts.method = p.method.clone();
+    parts.uri = p.uri.clone();
+    parts.version = p.version;
+    parts.headers = p.headers.clone();
+    parts
 }
 
 /// One request on the general path, as the order serves it.
 struct HyperRequest<'r> {
     conn: &'r crate::upstream::pool::held::ConnCtx,
     start: Instant,
+    /// A HEAD: an answer from an entry has no body.
+    head: bool,
+    /// The request as the client sent it, when the response cache takes
+    /// part.
+    client: Option<http::request::Parts>,
+    /// The request without the validators it was sent with.
+    plain: Option<http::request::Parts>,
+    /// How the response cache took part, for the answer to say.
+    mark: Option<CacheResult>,
+    /// What was read of the response's body for the cache, relayed first.
+    ahead: Option<whole::ReadBefore>,
     /// `x-weir-timeout-ms`, `grpc-timeout`.
     asked: [Option<Duration>; 2],
     /// A keyed write's key and target, until its record is begun.
@@ -185,6 +241,9 @@ impl HyperRequest<'_> {
             .into_parts();
         let annotate = up.config.annotate;
         attempt::annotate_response(&mut parts.headers, &mut parts.extensions, spent, annotate);
+        if let Some(m) = self.mark.filter(|_| annotate) {
+            cached::mark(&mut parts.headers, m);
+        }
         Ok((Response::from_parts(parts, body), None))
     }
 }
@@ -377,10 +436,17 @@ impl Codec for HyperRequest<'_> {
             spent,
             cfg.annotate,
         );
+        if let Some(m) = self.mark.filter(|_| cfg.annotate) {
+            cached::mark(&mut rparts.headers, m);
+        }
         let took = attempted.ended.saturating_duration_since(self.start);
         up.state.metrics.status(rparts.status.as_u16(), took);
         let first = attempted.ended + cfg.idle_timeout;
-        let body = IdleTimeout::new(rbody, first, cfg.idle_timeout, Some(slot));
+        let body = match self.ahead.take() {
+            None => boxed(rbody),
+            Some(ahead) => ahead.before(boxed(rbody)),
+        };
+        let body = IdleTimeout::new(body, first, cfg.idle_timeout, Some(slot));
         Ok((Response::from_parts(rparts, boxed(body)), capture))
     }
 }

@@ -14,7 +14,6 @@
 //! - `transport`: one attempt sent on the upstream layer's connections
 //!   (the attempt driver's transport for this path).
 
-pub(crate) mod cached;
 pub(crate) mod conn;
 pub(crate) mod exchange;
 pub(crate) mod guard;
@@ -22,10 +21,12 @@ pub(crate) mod transport;
 pub(crate) mod tunnel;
 pub(crate) mod upgrade;
 
+pub(crate) use self::exchange::refresh::refresh;
 use self::exchange::with_upstream;
 use self::guard::Refusal;
 use super::attempt;
 use super::body::Body;
+use super::cached::{self, Cached};
 use super::error::{ErrorCode, ProxyError};
 use super::idempotent;
 use super::request::{self, Parsed};
@@ -119,13 +120,7 @@ async fn serve(
         let resp = ProxyError::NoRoute.respond(None, grpc);
         return log(NO_UPSTREAM, &asker, resp);
     };
-    let (method, uri) = (asker.method.clone(), asker.uri.clone());
     let cfg = &up.config;
-    // For the response cache's key, should this request invalidate it.
-    let host = cfg
-        .cache
-        .as_ref()
-        .and_then(|_| parts.headers.get(header::HOST).cloned());
     // The client's deadline, its rate key, and a keyed write's key
     // (docs/reference/idempotency.md#idempotency-keys); a 400 is the exchange's to answer.
     let parsed = request::read(cfg, &parts);
@@ -150,33 +145,39 @@ async fn serve(
     // Counted as it passes; its length, when known, stays known, so the
     // upstream gets the client's `Content-Length` (docs/reference/protocols.md#framing).
     let body = super::body::boxed(super::body::Counted::new(body, asker.bytes_in.clone()));
-    let cached = cfg.cache.is_some() && matches!(method, http::Method::GET | http::Method::HEAD);
-    // Whether the cache takes it up (not a Range, the client's own
-    // conditional…): its answer, weir's errors included, says how.
-    let mut handled = false;
+    // What the response cache does with it
+    // (docs/reference/cache.md#response-cache): its steps are the order's.
+    let cached = match &parsed {
+        Ok(p) => {
+            let key = || cached::key(up, &parts.uri, parts.headers.get(header::HOST));
+            let fields = cached::pairs(&parts.headers);
+            let fields = || fields.iter().copied();
+            cached::lookup(up, parts.method.as_str(), p.key.is_some(), key, fields)
+        }
+        Err(_) => Cached::Off,
+    };
+    // A miss: weir's own error to it says so too.
+    let miss = matches!(cached, Cached::Fill(_));
     let forwarded = match parsed {
-        Ok(p) if p.key.is_some() => detached(up, conn.pool(), parts, body, start, grpc, p).await,
-        // Boxed, each: an awaited future is held twice in its caller's (once
+        Ok(p) if p.key.is_some() => {
+            detached(up, conn.pool(), parts, body, start, grpc, p, cached).await
+        }
+        // Boxed: an awaited future is held twice in its caller's (once
         // made, once pinned), and this one's caller is every request's
         // future, which hyper moves per request (`SHAPE=h2-in
         // bench/callgrind.sh`).
-        Ok(p) if cached => {
-            let serve = self::cached::serve(up, conn, parts, body, start, grpc, p, &mut handled);
-            Box::pin(serve).await
+        parsed => {
+            let exchange = with_upstream(up, conn, parts, body, start, grpc, parsed, cached);
+            Box::pin(exchange).await
         }
-        parsed => Box::pin(with_upstream(up, conn, parts, body, start, grpc, parsed)).await,
     };
     let resp = match forwarded {
-        Ok(resp) if !cached && cfg.cache.is_some() => {
-            self::cached::invalidate(up, &method, &uri, host.as_ref(), resp.status().as_u16());
-            resp
-        }
         Ok(resp) => resp,
         Err(e) => {
             up.state.metrics.error(e.code(), start.elapsed());
             let mut resp = e.respond(Some(&up.config.name), grpc);
-            if handled {
-                self::cached::mark_error(up, &mut resp);
+            if miss && up.config.annotate {
+                cached::mark(resp.headers_mut(), crate::policy::cache::CacheResult::Miss);
             }
             resp
         }
@@ -315,6 +316,7 @@ fn access_log(
 /// A keyed write (docs/reference/idempotency.md#idempotency-keys): its exchange
 /// and its response body outlive the client when it leaves
 /// ([`idempotent::detach`]), so that their outcome is recorded for a re-send.
+#[allow(clippy::too_many_arguments)]
 async fn detached(
     up: &Upstream,
     pool: &std::sync::Arc<crate::upstream::pool::H1Pool>,
@@ -323,13 +325,14 @@ async fn detached(
     start: Instant,
     grpc: bool,
     parsed: Parsed,
+    cached: Cached,
 ) -> Result<Response<Body>, ProxyError> {
     let (up, pool) = (up.clone(), pool.clone());
     let exchange = async move {
         // Not the client connection's held connections: this exchange may
         // outlive it. What it holds goes back to the pool when it ends.
         let conn = crate::upstream::pool::held::ConnCtx::new(pool);
-        self::exchange::keyed(&up, &conn, parts, body, start, grpc, parsed).await
+        self::exchange::keyed(&up, &conn, parts, body, start, grpc, parsed, cached).await
     };
     match idempotent::detach(exchange).await? {
         (resp, Some(capture)) => Ok(idempotent::recorded(resp, capture)),

@@ -81,7 +81,10 @@ pub struct Planned {
     /// A keyed write, for the upstream's idempotency store.
     pub idem: Option<Keyed>,
     /// What the upstream's response cache does with it.
-    pub cache: cache::Cached,
+    pub cache: crate::proxy::cached::Cached,
+    /// The length of the validators of the entry it revalidates, the last
+    /// fields of the upstream's head (`cache::add_validators`).
+    pub validators_len: Option<usize>,
     /// Its spans, when weir traces it (docs/reference/tracing.md#spans).
     pub trace: Option<crate::trace::Trace>,
     /// To an HTTP/2 upstream: the request's head for hyper's HTTP/2 client
@@ -243,9 +246,8 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     if body_len > cap {
         return Parse::Fallback("a body too large to hold");
     }
-    // An entry to revalidate or to serve stale is the general path's to use.
     let cache = match up.config.cache {
-        None => cache::Cached::Off,
+        None => crate::proxy::cached::Cached::Off,
         Some(_) => {
             let target = cache::RequestTarget {
                 method: req.method,
@@ -253,22 +255,9 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
                 host: req.host,
                 path_and_query: req.path_and_query,
             };
-            match cache::visit(up, &target, asked.key.is_some(), req.fields) {
-                Ok(c) => c,
-                Err(why) => return Parse::Fallback(why),
-            }
+            cache::visit(up, &target, asked.key.is_some(), req.fields)
         }
     };
-    // The fast path stores and invalidates from an HTTP/1.1 upstream's
-    // answers only; an HTTP/2 upstream's are the general path's to keep.
-    if up.h2
-        && matches!(
-            cache,
-            cache::Cached::Fill(_) | cache::Cached::Invalidates(_)
-        )
-    {
-        return Parse::Fallback("a cached HTTP/2 upstream's miss or write");
-    }
     if body_len > MAX_TLS_BODY && up.client.fast_tls.is_some() {
         // Over TLS the fast path cannot hear an upstream that answers (413,
         // 401) before reading a large body; hyper's client does.
@@ -276,7 +265,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
     }
     let trace = crate::proxy::traced::begin(snap, up, &req, asked.lowered, "1.1");
     write(up, &req, &asked, trace.as_ref(), out);
-    cache::add_validators(&cache, out);
+    let validators_len = cache::add_validators(&cache, out);
     let h2 = match up.h2 {
         false => None,
         true => match h2::request_parts(up, out) {
@@ -316,6 +305,7 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         asked,
         idem,
         cache,
+        validators_len,
         trace,
         h2,
     })

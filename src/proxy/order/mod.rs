@@ -1,24 +1,31 @@
 //! The one order a request to an upstream is served in, whichever codec
 //! carried it (docs/reference/life-of-a-request.md#the-life-of-a-request):
 //!
-//! deadline → a keyed write's record → admission (client-side throttling,
-//! rate limit, concurrency) → the request body → the breaker → the
-//! attempts → the answer, with a keyed write's outcome recorded (forgotten
-//! when it ends before any attempt).
+//! deadline → the response cache (an entry answers, or a miss takes its
+//! turn at its key's fill) → a keyed write's record → admission
+//! (client-side throttling, rate limit, concurrency) → the request body →
+//! the breaker → the attempts → the cache again (the response stored, or a
+//! stale entry answering a failure) → the answer, with a keyed write's
+//! outcome recorded (forgotten when it ends before any attempt).
 //!
 //! The codecs supply how each step reads, waits, sends and answers
 //! ([`Codec`]): the fast path's HTTP/1.1 (`proxy::fast`), hyper's HTTP/1.1
 //! and HTTP/2 (`proxy::general::exchange`), and CONNECT tunnels (`proxy::general::tunnel`).
-//! None of them orders the steps itself. (The response cache stands in
-//! front of this order on both paths: a request it answers never reaches it.)
+//! None of them orders the steps itself. Keyed writes ([`KeyedWrites`]) and
+//! the response cache ([`cache::CacheIo`]) are a codec's options: the
+//! HTTP codecs take them ([`serve_http`]), a tunnel does not ([`serve`]).
+
+pub(crate) mod cache;
 
 use super::attempt::{self, Admitted, Annotations, Attempted, Attempts};
+use super::cached::Cached;
 use super::error::ProxyError;
 use super::idempotent::{self, Begun, Recorder};
 use super::Upstream;
 use crate::policy::idempotency::{Ending, StoredResponse};
 use crate::policy::RequestFacts;
 use crate::state::gate::Slot;
+use cache::{CacheIo, CacheStep};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -128,9 +135,71 @@ pub(crate) trait KeyedWrites: Codec {
     async fn replay(&mut self, up: &Upstream, stored: StoredResponse) -> Self::Out;
 }
 
+/// How the steps after admission end: the codec's own ([`Plain`]), or
+/// with the response cache's around them ([`CacheStep`]).
+pub(crate) trait Steps<C: Codec> {
+    /// weir's error `e` before or instead of an upstream's answer.
+    async fn refuse(
+        &self,
+        up: &Upstream,
+        codec: &mut C,
+        e: ProxyError,
+        spent: Option<Annotations>,
+        endpoint: Option<SocketAddr>,
+    ) -> C::Out;
+
+    /// The attempts' outcome answered.
+    async fn finish(
+        &self,
+        up: &Upstream,
+        codec: &mut C,
+        attempted: Attempted<C::Response>,
+        spent: Annotations,
+        recorder: Option<Recorder>,
+        slot: Slot,
+    ) -> Finished<C>;
+}
+
+/// How the steps after the attempts ended.
+pub(crate) enum Finished<C: Codec> {
+    /// The request ended: answered, or its client gone.
+    Out(C::Out),
+    /// The request is to be served again from admission on (a 304 that
+    /// validated no entry, asked again without validators).
+    Again(C::Arrived),
+}
+
+/// The codec's own steps, nothing around them.
+pub(crate) struct Plain;
+
+impl<C: Codec> Steps<C> for Plain {
+    async fn refuse(
+        &self,
+        up: &Upstream,
+        codec: &mut C,
+        e: ProxyError,
+        spent: Option<Annotations>,
+        endpoint: Option<SocketAddr>,
+    ) -> C::Out {
+        codec.refuse(up, e, spent, endpoint).await
+    }
+
+    async fn finish(
+        &self,
+        up: &Upstream,
+        codec: &mut C,
+        attempted: Attempted<C::Response>,
+        spent: Annotations,
+        recorder: Option<Recorder>,
+        slot: Slot,
+    ) -> Finished<C> {
+        Finished::Out(codec.answer(up, attempted, spent, recorder, slot).await)
+    }
+}
+
 /// Serves one request to `up` in the order of this module's summary, a
-/// codec without keyed writes. `start`: when the request arrived; `key`:
-/// its rate-limit key.
+/// codec without keyed writes or a cache. `start`: when the request
+/// arrived; `key`: its rate-limit key.
 pub(crate) async fn serve<C: Codec>(
     up: &Upstream,
     codec: &mut C,
@@ -139,20 +208,33 @@ pub(crate) async fn serve<C: Codec>(
     key: Option<&str>,
 ) -> C::Out {
     let deadline = attempt::deadline(&up.config, start, codec.asked());
-    admitted(up, codec, arrived, start, key, deadline, None).await
+    match admitted(up, codec, arrived, start, key, deadline, None, &Plain).await {
+        Finished::Out(out) => out,
+        // Plain steps never ask again.
+        Finished::Again(_) => codec.gone(),
+    }
 }
 
-/// [`serve`] for a codec with keyed writes: a keyed write's body is read
-/// first, for its fingerprint, and a repeat is answered from the record
-/// before admission could hold it back.
-pub(crate) async fn serve_keyed<C: KeyedWrites>(
+/// [`serve`] for an HTTP codec, with its steps in order: the cache's part
+/// (`cached`, what the cache found for the request) first — a request an
+/// entry answers is never admitted — then a keyed write's body, read for
+/// its fingerprint, so that a repeat is answered from the record before
+/// admission could hold it back.
+pub(crate) async fn serve_http<C: KeyedWrites + CacheIo>(
     up: &Upstream,
     codec: &mut C,
     arrived: C::Arrived,
     start: Instant,
     key: Option<&str>,
+    cached: Cached,
 ) -> C::Out {
     let deadline = attempt::deadline(&up.config, start, codec.asked());
+    // Held until the request ends: the key's other misses wait for what
+    // this one stores.
+    let _lead = match cache::before(up, codec, &cached, deadline.0).await {
+        Err(out) => return out,
+        Ok(lead) => lead,
+    };
     let (begun, arrived) = match codec.begin_keyed(up, arrived, deadline.0).await {
         Err(out) => return out,
         Ok(b) => b,
@@ -163,12 +245,27 @@ pub(crate) async fn serve_keyed<C: KeyedWrites>(
         Some(Begun::Refused(e)) => return codec.refuse(up, e, None, None).await,
         Some(Begun::Forward(r)) => Some(r),
     };
-    admitted(up, codec, arrived, start, key, deadline, recorder).await
+    let step = CacheStep { cached: &cached };
+    let again = match admitted(up, codec, arrived, start, key, deadline, recorder, &step).await {
+        Finished::Out(out) => return out,
+        Finished::Again(again) => again,
+    };
+    // Asked again without validators: a miss, as the cache sees it now.
+    let plain = match &cached {
+        Cached::Fill(f) => Cached::Fill(Box::new(f.plain())),
+        _ => Cached::Off,
+    };
+    let step = CacheStep { cached: &plain };
+    match admitted(up, codec, again, start, key, deadline, None, &step).await {
+        Finished::Out(out) => out,
+        Finished::Again(_) => codec.gone(),
+    }
 }
 
 /// The order from admission on; `deadline`: the request's, and whether
 /// the client lowered it.
-async fn admitted<C: Codec>(
+#[allow(clippy::too_many_arguments)]
+async fn admitted<C: Codec, S: Steps<C>>(
     up: &Upstream,
     codec: &mut C,
     arrived: C::Arrived,
@@ -176,7 +273,8 @@ async fn admitted<C: Codec>(
     key: Option<&str>,
     (deadline, lowered): (Instant, bool),
     mut recorder: Option<Recorder>,
-) -> C::Out {
+    steps: &S,
+) -> Finished<C> {
     // Until the first attempt nothing has reached the upstream: a keyed
     // write that ends before it is forgotten, so its key may be tried again
     // (docs/reference/idempotency.md#idempotency-keys).
@@ -192,11 +290,11 @@ async fn admitted<C: Codec>(
     let (slot, waited, taken) = match codec.admit(up, key, start, deadline).await {
         None => {
             unsent(&mut recorder);
-            return codec.gone();
+            return Finished::Out(codec.gone());
         }
         Some(Err(e)) => {
             unsent(&mut recorder);
-            return codec.refuse(up, e, None, None).await;
+            return Finished::Out(steps.refuse(up, codec, e, None, None).await);
         }
         Some(Ok(a)) => (a.slot, a.waited, a.taken),
     };
@@ -204,7 +302,7 @@ async fn admitted<C: Codec>(
         Ok(r) => r,
         Err(out) => {
             unsent(&mut recorder);
-            return out;
+            return Finished::Out(out);
         }
     };
     // Nothing waited for: `start` still tells the time.
@@ -217,7 +315,7 @@ async fn admitted<C: Codec>(
         Err(e) => {
             attempt::refund(up, key, taken);
             unsent(&mut recorder);
-            return codec.refuse(up, e, None, None).await;
+            return Finished::Out(steps.refuse(up, codec, e, None, None).await);
         }
     };
     let facts = codec.facts(&ready);
@@ -230,11 +328,11 @@ async fn admitted<C: Codec>(
         };
         let e = ProxyError::DeadlineExceeded;
         unsent(&mut recorder);
-        return codec.refuse(up, e, Some(none), None).await;
+        return Finished::Out(steps.refuse(up, codec, e, Some(none), None).await);
     };
     let detached = recorder.is_some();
     let Some(attempted) = codec.drive(up, ready, &mut attempts, t0, detached).await else {
-        return codec.gone();
+        return Finished::Out(codec.gone());
     };
     let spent = Annotations {
         attempts: attempts.made(),
@@ -247,5 +345,7 @@ async fn admitted<C: Codec>(
             r.finish(idempotent::ending_of(e), None);
         }
     }
-    codec.answer(up, attempted, spent, recorder, slot).await
+    steps
+        .finish(up, codec, attempted, spent, recorder, slot)
+        .await
 }

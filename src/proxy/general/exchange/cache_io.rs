@@ -1,0 +1,81 @@
+//! What the response cache's steps (`proxy::order::cache`) ask of the
+//! general path's codec: the client's fields, a response's fields and its
+//! body read whole (relayed after, from what was read), an answer from an
+//! entry, the background refresh, and the request asked again plainly.
+
+use super::{ArrivedRequest, HyperRequest, UnreadBody};
+use crate::policy::cache::{CacheResult, CachedResponse};
+use crate::proxy::attempt::Annotations;
+use crate::proxy::body::UpstreamBody;
+use crate::proxy::cached::{self, whole};
+use crate::proxy::error::ProxyError;
+use crate::proxy::idempotent::Forwarded;
+use crate::proxy::order::cache::{CacheFields, CacheIo};
+use crate::proxy::Upstream;
+use bytes::Bytes;
+use http::Response;
+use std::sync::Arc;
+
+impl CacheIo for HyperRequest<'_> {
+    fn request_fields<R>(&self, f: impl FnOnce(&CacheFields<'_>) -> R) -> R {
+        let pairs = self.client.as_ref().map(|c| cached::pairs(&c.headers));
+        f(pairs.as_deref().unwrap_or_default())
+    }
+
+    fn response_fields<R>(
+        &self,
+        r: &Response<UpstreamBody>,
+        f: impl FnOnce(u16, &CacheFields<'_>) -> R,
+    ) -> R {
+        f(r.status().as_u16(), &cached::pairs(r.headers()))
+    }
+
+    async fn answer_entry(
+        &mut self,
+        up: &Upstream,
+        e: &CachedResponse,
+        result: CacheResult,
+        attempts: Option<Annotations>,
+    ) -> Forwarded {
+        let now = up.state.now();
+        let (parts, bytes) = cached::entry_parts(up, e, result, self.head, attempts, now);
+        up.state.metrics.status(e.status, self.start.elapsed());
+        Ok((
+            Response::from_parts(parts, crate::proxy::body::full(bytes)),
+            None,
+        ))
+    }
+
+    fn refresh(&self, up: &Upstream, e: &Arc<CachedResponse>, key: &str) {
+        if let Some(client) = &self.client {
+            super::refresh::refresh(up, self.conn.pool(), client, key, e);
+        }
+    }
+
+    async fn read_whole(
+        &mut self,
+        _up: &Upstream,
+        r: &mut Response<UpstreamBody>,
+        limit: usize,
+    ) -> Result<Option<Vec<Bytes>>, ProxyError> {
+        let mut ahead = whole::ReadBefore::default();
+        let ended = whole::read(r.body_mut(), limit, &mut ahead).await?;
+        let data = ended.then(|| ahead.data.clone());
+        self.ahead = Some(ahead);
+        Ok(data)
+    }
+
+    fn let_go(&mut self, r: Response<UpstreamBody>) {
+        drop(r);
+    }
+
+    fn mark(&mut self, result: CacheResult) {
+        self.mark = Some(result);
+    }
+
+    fn plain(&mut self) -> Option<ArrivedRequest> {
+        let parts = self.plain.take()?;
+        let body = UnreadBody::Streaming(crate::proxy::body::empty());
+        Some(ArrivedRequest { parts, body })
+    }
+}
