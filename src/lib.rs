@@ -61,8 +61,10 @@
 //!   `resolve`), the dial loop (`dial`), `pool` (every connection weir
 //!   keeps to an upstream: `h1` the worker's idle HTTP/1.1 connections and
 //!   their dialler, `lease` hyper's client over one, `held` a client
-//!   connection's leases, `h2` the HTTP/2 pool) and `client` (hyper-util's
-//!   pool, for `auto` over TLS); both paths pick an endpoint there. It never
+//!   connection's leases, `h2` the HTTP/2 pool, `open` the one dialler)
+//!   and `client` (how an endpoint is reached: its TLS, its HTTP/2 pool,
+//!   what an `auto` endpoint chose by ALPN); both paths pick an endpoint
+//!   there. It never
 //!   imports the request side or the live state.
 //! - [`state`]: live per-upstream state keyed by name, surviving reloads
 //!   (breaker, budget, limiters, `state::gate` the concurrency gate,

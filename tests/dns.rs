@@ -1,13 +1,14 @@
 //! Upstreams named by DNS (`url = "http://localhost:PORT"`) take the fast
 //! path once their name has resolved: resolution runs in the background and
 //! is counted; a name that does not resolve is counted as an error and its
-//! requests still get an answer (the general path's, which resolves for
-//! itself).
+//! requests still get an answer (weir's `connect_failed`, with the
+//! resolver's reason); one that resolves later is served once it does.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use common::*;
+use hyper::Response;
 use std::time::Duration;
 use weir::proxy::fast::head::{plan, Parse};
 use weir::proxy::ListenerRole;
@@ -88,4 +89,41 @@ async fn a_name_that_does_not_resolve_is_counted_and_still_answered() {
     .await;
     assert!(out.starts_with("HTTP/1.1 502"), "{out}");
     assert!(out.contains("x-weir-error: connect_failed"), "{out}");
+}
+
+/// A name that does not resolve yet: an attempt fails at once with the
+/// resolver's reason (`connect_failed`), as long as no resolution has
+/// answered; once the name resolves (a line added to `/etc/hosts`), it is
+/// served within a second, without a reload: a name never resolved is
+/// asked again every second, and an attempt waits for the resolver rather
+/// than resolving for itself.
+#[tokio::test]
+async fn a_name_that_resolves_late_is_served_once_it_does() {
+    let name = format!("weir-late-{}.test", std::process::id());
+    let Some(hosts) = HostsLines::new(&name) else {
+        eprintln!("SKIPPED: /etc/hosts is not writable here");
+        return;
+    };
+    let up = TestUpstream::start(|_| async { Response::new(body("ok")) }).await;
+    let port = up.url().rsplit(':').next().unwrap().to_string();
+    let url = format!("http://{name}:{port}");
+    // Resolved rarely: only the first-resolution retry can bring it in time.
+    let weir = Weir::single(&url, "resolve_every = \"60s\"").await;
+    resolutions(&weir, |_, err| err >= 1.0).await;
+    let out = exchange_raw(
+        weir.addr,
+        b"GET / HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 502"), "{out}");
+    assert!(out.contains("has not resolved"), "{out}");
+    hosts.set(&["127.0.0.1"]).unwrap();
+    resolutions(&weir, |ok, _| ok >= 1.0).await;
+    let out = exchange_raw(
+        weir.addr,
+        b"GET / HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert_eq!(up.requests(), 1);
 }

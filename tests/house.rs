@@ -623,19 +623,25 @@ fn every_upstream_connection_lives_under_upstream() {
         ["H1Pool", "H2Pool"],
         "one pool type per protocol under src/upstream/pool/"
     );
-    // The one pool type elsewhere is the choice, per endpoint, between
-    // hyper-util's pool (an `https://` upstream on `protocol = "auto"`,
-    // where ALPN decides per connection, and a name not resolved yet) and
-    // the HTTP/2 pool.
+    // No pool type anywhere else: hyper-util's pool is gone (an `auto`
+    // endpoint over TLS is dialled by the one dialler and its ALPN answer
+    // picks the pool; a name not resolved yet is waited for).
     let elsewhere: Vec<(&String, &Vec<String>)> =
         pools.iter().filter(|(n, _)| !in_pool.contains(n)).collect();
     assert!(
-        elsewhere.len() == 1
-            && elsewhere[0].0 == "ClientPool"
-            && elsewhere[0]
-                .1
-                .iter()
-                .all(|a| a.starts_with("src/upstream/client.rs:")),
+        elsewhere.is_empty(),
         "pool types outside src/upstream/pool/: {elsewhere:?}"
     );
+    // And nothing in the data plane or the upstream layer uses hyper-util's
+    // client (the command line's load drivers aside).
+    let legacy: Vec<String> = files
+        .iter()
+        .filter(|f| !f.starts_with(root.join("src/cli")))
+        .filter(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            code(&text).iter().any(|l| l.contains("client::legacy"))
+        })
+        .map(|f| f.strip_prefix(root).unwrap().display().to_string())
+        .collect();
+    assert!(legacy.is_empty(), "hyper-util's pool used in: {legacy:?}");
 }

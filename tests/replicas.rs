@@ -488,41 +488,6 @@ async fn each_endpoint_has_its_series() {
     }
 }
 
-/// Lines this test adds to `/etc/hosts` for one name, removed on drop (also
-/// when the test fails).
-struct HostsLines {
-    name: String,
-}
-
-impl HostsLines {
-    /// `None` when `/etc/hosts` cannot be written (not root).
-    fn new(name: &str) -> Option<HostsLines> {
-        let h = HostsLines {
-            name: name.to_string(),
-        };
-        h.set(&[]).ok()?;
-        Some(h)
-    }
-
-    /// Makes `ips` the name's addresses.
-    fn set(&self, ips: &[&str]) -> std::io::Result<()> {
-        let text = std::fs::read_to_string("/etc/hosts")?;
-        let mut out: Vec<String> = text
-            .lines()
-            .filter(|l| !l.split_whitespace().any(|w| w == self.name))
-            .map(String::from)
-            .collect();
-        out.extend(ips.iter().map(|ip| format!("{ip} {}", self.name)));
-        std::fs::write("/etc/hosts", out.join("\n") + "\n")
-    }
-}
-
-impl Drop for HostsLines {
-    fn drop(&mut self) {
-        let _ = self.set(&[]);
-    }
-}
-
 /// A name with several addresses (lines in `/etc/hosts`): each address is
 /// an endpoint; one added gets requests within `resolve_every` + 1 s; one
 /// removed gets no new request after `resolve_every`, and the requests in

@@ -1,27 +1,27 @@
-//! The upstream client: pooled connections to one endpoint, with its
-//! upstream's `connect_timeout`, protocol and, for `https://`, TLS
-//! configuration (ALPN offers h2 and http/1.1 unless the protocol pins one;
-//! hyper uses h2 when the upstream picks it). One per endpoint (kept by
-//! `upstream::Endpoint`), rebuilt only when how the upstream is reached
-//! changes. How a send failed ([`SendError`]) is classified here; the
-//! request side turns it into weir's error (`proxy::error`).
+//! How an upstream's endpoints are reached (docs/reference/endpoints.md#connections):
+//! its TLS, with ALPN by its protocol (`pool::io::FastTls`), and per
+//! endpoint what speaks to it: the endpoint's HTTP/2 pool (`pool::h2`) for
+//! an upstream that speaks HTTP/2, and, for an `https://` upstream on
+//! `protocol = "auto"`, which protocol the endpoint chose by ALPN. HTTP/1.1
+//! connections are the worker's (`pool::h1`), opened by the same dialler
+//! (`pool::open`). One per endpoint (kept by `upstream::Endpoint`), rebuilt
+//! only when how the upstream is reached changes. How a send failed
+//! ([`SendError`]) is classified here; the request side turns it into
+//! weir's error (`proxy::error`).
 //!
-//! The host an attempt names travels in its URI's authority, never in a
-//! `Host` header: on an HTTP/2 connection it becomes `:authority` (a `Host`
-//! beside it is refused by nginx, RFC 9113 §8.3.1), on HTTP/1.1 hyper-util
-//! writes it as `Host`. Which of the two a connection speaks is known only
-//! after connecting (ALPN), so the choice is left to that point. The
-//! connector dials the upstream's configured address whatever the URI says,
-//! so a preserved client host never changes where weir connects.
+//! The host an attempt names travels in its URI's authority: on an HTTP/2
+//! connection it becomes `:authority` (a `Host` beside it is refused by
+//! nginx, RFC 9113 §8.3.1), on HTTP/1.1 the `Host` field. The dialler
+//! connects to the endpoint's address whatever the URI says, so a
+//! preserved client host never changes where weir connects.
 
 use crate::config::{Protocol, Scheme, UpstreamConfig};
-use crate::upstream::connector::{Connector, Dial, Tcp};
+use crate::upstream::pool::h2::{DialTo, H2Pool, CHOSE_H1, CHOSE_H2, CHOSE_NONE};
 pub use crate::upstream::pool::io::FastTls;
-use crate::upstream::send::classify_as;
 pub use crate::upstream::send::{Body, BoxError, Failure, SendError, MAX_RESPONSE_HEAD};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How an upstream is reached; a reload that changes any of these gets a new
@@ -38,144 +38,53 @@ pub struct ClientKey {
     tls_files: u64,
 }
 
+/// What an attempt to an endpoint goes over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Speaks {
+    /// HTTP/1.1 on the worker's connections: a cleartext `http1`/`auto`
+    /// upstream, or TLS pinned to `http1`.
+    H1,
+    /// The endpoint's HTTP/2 pool: `h2c`, `grpc`, or an `auto` endpoint
+    /// that chose `h2`.
+    H2,
+    /// An `auto` endpoint over TLS not dialled yet: the first connection's
+    /// ALPN decides.
+    Unknown,
+}
+
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
     pub key: ClientKey,
-    inner: ClientPool,
-    /// What [`UpstreamClient::for_addr`] builds an endpoint's pool from: the
-    /// client settings, and a connector whose TLS server name is fixed (the
-    /// `url`'s host or `tls.server_name`), since an endpoint is dialled by
-    /// its address.
-    per_endpoint: std::sync::Arc<PerEndpoint>,
-    scheme: &'static str,
+    /// TLS for every connection to an `https://` upstream.
+    pub tls: Option<Arc<FastTls>>,
     /// For an `https://` upstream pinned to `protocol = "http1"`: what the
-    /// fast path's own TLS connections use.
-    pub fast_tls: Option<std::sync::Arc<FastTls>>,
-}
-
-/// How a client sends: hyper-util's pool (HTTP/1.1, and `auto`, where ALPN
-/// decides per connection), or weir's own HTTP/2 pool for an upstream that
-/// speaks HTTP/2 only ([`crate::upstream::pool::h2`]).
-#[derive(Debug, Clone)]
-enum ClientPool {
-    Legacy(Box<Client<Connector, Body>>),
-    H2(crate::upstream::pool::h2::H2Pool),
-}
-
-/// How an endpoint's pool is built.
-#[derive(Debug)]
-struct PerEndpoint {
-    legacy: hyper_util::client::legacy::Builder,
-    connector: HttpsConnector<Tcp>,
-    /// HTTP/2 only: weir's own pool.
-    h2_only: bool,
+    /// fast path's own TLS connections use (the same as `tls`).
+    pub fast_tls: Option<Arc<FastTls>>,
+    protocol: Protocol,
+    connect_timeout: Duration,
     idle_timeout: Duration,
-}
-
-impl PerEndpoint {
-    fn build(&self, connector: Connector) -> ClientPool {
-        if self.h2_only {
-            ClientPool::H2(crate::upstream::pool::h2::H2Pool::new(
-                connector,
-                self.idle_timeout,
-            ))
-        } else {
-            ClientPool::Legacy(Box::new(self.legacy.build(connector)))
-        }
-    }
+    meter: crate::metrics::meter::Meter,
+    /// The endpoint's HTTP/2 pool ([`UpstreamClient::for_addr`]; none for
+    /// an upstream that never speaks HTTP/2).
+    h2: Option<H2Pool>,
+    /// An `auto` endpoint over TLS: what it chose by ALPN (`CHOSE_*`).
+    chose: Option<Arc<AtomicU8>>,
 }
 
 impl UpstreamClient {
-    /// Builds the pool; reads the upstream's TLS files. `meter` counts its
+    /// How `u` is reached; reads its TLS files. `meter` counts its
     /// connections and their bytes.
     pub fn new(u: &UpstreamConfig, meter: crate::metrics::meter::Meter) -> Result<Self, String> {
         let tls =
             crate::tls::client_config(u).map_err(|e| format!("upstream {:?}: {e}", u.name))?;
         let server_name = u.tls.as_ref().and_then(|t| t.server_name.clone());
-        let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(u.connect_timeout));
-        http.set_nodelay(true);
-        http.enforce_http(false);
-        let http = crate::metrics::meter::MeteredConnector { inner: http, meter };
-        let base = || {
-            hyper_rustls::HttpsConnectorBuilder::new()
-                .with_tls_config((*tls.config).clone())
-                .https_or_http()
+        let upstream_tls = match u.url.scheme {
+            Scheme::Https => Some(Arc::new(FastTls::new(u, &tls, server_name.as_deref())?)),
+            Scheme::Http => None,
         };
-        let builder = base();
-        // An endpoint is dialled by its address: the name to verify is the
-        // url's host, unless `tls.server_name` says otherwise.
-        let fixed_name = server_name.clone().unwrap_or_else(|| {
-            u.url
-                .host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string()
-        });
-        let fixed_name = rustls::pki_types::ServerName::try_from(fixed_name.clone())
-            .map_err(|e| format!("upstream {:?}: TLS server name {fixed_name:?}: {e}", u.name))?;
-        let endpoint_builder = base()
-            .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(fixed_name));
-        let builder = match &server_name {
-            Some(n) => {
-                let name = rustls::pki_types::ServerName::try_from(n.clone())
-                    .map_err(|e| format!("upstream {:?}: tls.server_name {n:?}: {e}", u.name))?;
-                builder.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
-            }
-            None => builder,
-        };
-        // ALPN by protocol: both (h2 preferred), http/1.1 only, or h2 only.
-        let alpn = |b: hyper_rustls::HttpsConnectorBuilder<
-            hyper_rustls::builderstates::WantsProtocols1,
-        >,
-                    http| match u.protocol {
-            Protocol::Auto => b.enable_http1().enable_http2().wrap_connector(http),
-            Protocol::Http1 => b.enable_http1().wrap_connector(http),
-            Protocol::H2c | Protocol::Grpc => b.enable_http2().wrap_connector(http),
-        };
-        let endpoint_connector = alpn(endpoint_builder, http.clone());
-        let connector = alpn(builder, http);
-        let scheme = match u.url.scheme {
-            Scheme::Http => "http",
-            Scheme::Https => "https",
-        };
-        let target = http::Uri::builder()
-            .scheme(scheme)
-            .authority(u.url.authority.clone())
-            .path_and_query("/")
-            .build()
-            .map_err(|e| format!("upstream {:?}: url: {e}", u.name))?;
-        let connector = Dial {
-            inner: connector,
-            target,
-        };
-        let mut b = Client::builder(TokioExecutor::new());
-        b.timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(256)
-            // The same response-head limit as the fast path.
-            .http1_max_buf_size(MAX_RESPONSE_HEAD)
-            // Header names as the client wrote them (hyper keeps the case in
-            // the request's extensions); responses keep the upstream's.
-            .http1_preserve_header_case(true)
-            // HTTP/1.1 connections get `Host` from the URI's authority; on
-            // HTTP/2 it is `:authority` alone (see the module docs).
-            .set_host(true);
-        let per_endpoint = PerEndpoint {
-            legacy: b,
-            connector: endpoint_connector,
-            h2_only: matches!(u.protocol, Protocol::H2c | Protocol::Grpc),
-            idle_timeout: u.idle_timeout,
-        };
-        let fast_tls = match (u.url.scheme, u.protocol) {
-            (Scheme::Https, Protocol::Http1) => Some(std::sync::Arc::new(FastTls::new(
-                u,
-                &tls,
-                server_name.as_deref(),
-            )?)),
-            _ => None,
-        };
+        let fast_tls = upstream_tls
+            .clone()
+            .filter(|_| u.protocol == Protocol::Http1);
         Ok(UpstreamClient {
             key: ClientKey {
                 scheme: u.url.scheme,
@@ -185,31 +94,37 @@ impl UpstreamClient {
                 server_name,
                 tls_files: tls.fingerprint,
             },
-            inner: per_endpoint.build(connector),
-            per_endpoint: std::sync::Arc::new(per_endpoint),
-            scheme,
+            tls: upstream_tls,
             fast_tls,
+            protocol: u.protocol,
+            connect_timeout: u.connect_timeout,
+            idle_timeout: u.idle_timeout,
+            meter,
+            h2: None,
+            chose: None,
         })
     }
 
-    /// The same client, with a pool of its own, dialling `addr` (one of the
-    /// upstream's endpoints) whatever a request names.
-    pub fn for_addr(&self, addr: std::net::SocketAddr) -> UpstreamClient {
-        let target = http::Uri::builder()
-            .scheme(self.scheme)
-            .authority(addr.to_string())
-            .path_and_query("/")
-            .build()
-            .unwrap_or_else(|_| http::Uri::from_static("http://127.0.0.1/"));
+    /// The same client for `addr`, one of the upstream's endpoints: with a
+    /// pool of its own when it may speak HTTP/2.
+    pub fn for_addr(&self, addr: SocketAddr) -> UpstreamClient {
+        let auto_tls = self.protocol == Protocol::Auto && self.tls.is_some();
+        let h2_only = matches!(self.protocol, Protocol::H2c | Protocol::Grpc);
+        let chose = auto_tls.then(|| Arc::new(AtomicU8::new(CHOSE_NONE)));
+        let h2 = (h2_only || auto_tls).then(|| {
+            let dial = DialTo {
+                addr,
+                tls: self.tls.clone(),
+                connect_timeout: self.connect_timeout,
+                meter: self.meter.clone(),
+                chose: chose.clone(),
+            };
+            H2Pool::new(dial, self.idle_timeout)
+        });
         UpstreamClient {
-            key: self.key.clone(),
-            inner: self.per_endpoint.build(Dial {
-                inner: self.per_endpoint.connector.clone(),
-                target,
-            }),
-            per_endpoint: self.per_endpoint.clone(),
-            scheme: self.scheme,
-            fast_tls: self.fast_tls.clone(),
+            h2,
+            chose,
+            ..self.clone()
         }
     }
 
@@ -225,18 +140,51 @@ impl UpstreamClient {
         })
     }
 
-    /// Sends one attempt. Errors are classified here, once, by type — never by
-    /// matching message strings.
+    /// What an attempt to this endpoint goes over now.
+    pub fn speaks(&self) -> Speaks {
+        match (&self.chose, &self.h2) {
+            (Some(c), _) => match c.load(Ordering::Relaxed) {
+                CHOSE_H2 => Speaks::H2,
+                CHOSE_H1 => Speaks::H1,
+                _ => Speaks::Unknown,
+            },
+            (None, Some(_)) => Speaks::H2,
+            (None, None) => Speaks::H1,
+        }
+    }
+
+    /// What a new connection to an `auto` endpoint chose by ALPN: it is
+    /// what the next attempts take.
+    pub(crate) fn learn(&self, h2: bool) {
+        if let Some(c) = &self.chose {
+            c.store(if h2 { CHOSE_H2 } else { CHOSE_H1 }, Ordering::Relaxed);
+        }
+    }
+
+    /// Gives the endpoint's HTTP/2 pool a connection an `auto` dial opened
+    /// and found `h2` on.
+    pub(crate) async fn adopt(
+        &self,
+        io: crate::upstream::pool::UpstreamIo,
+    ) -> Result<(), SendError> {
+        match &self.h2 {
+            Some(pool) => pool.adopt(io).await,
+            None => Err(SendError::new(Failure::NotSent, "no HTTP/2 pool")),
+        }
+    }
+
+    /// Sends one attempt on the endpoint's HTTP/2 pool. Errors are
+    /// classified here, once, by type — never by matching message strings.
     pub async fn send(
         &self,
         req: http::Request<Body>,
     ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
-        match &self.inner {
-            ClientPool::H2(pool) => pool.send(req).await,
-            ClientPool::Legacy(client) => client
-                .request(req)
-                .await
-                .map_err(|e| classify_as(&e, e.is_connect())),
+        match &self.h2 {
+            Some(pool) => pool.send(req).await,
+            None => Err(SendError::new(
+                Failure::NotSent,
+                "the endpoint speaks HTTP/1.1: no HTTP/2 pool",
+            )),
         }
     }
 }

@@ -11,7 +11,6 @@
 //! never across an await.
 
 pub mod client;
-mod connector;
 mod dial;
 pub mod pool;
 pub mod resolve;
@@ -156,6 +155,11 @@ pub struct Endpoints {
     changes: Mutex<()>,
     /// The set is not empty.
     ready: std::sync::atomic::AtomicBool,
+    /// Wakes the attempts waiting for the first endpoint
+    /// ([`Endpoints::first_resolved`]).
+    first: tokio::sync::Notify,
+    /// Why the name has not resolved, while no resolution has answered.
+    unresolved: Mutex<Option<String>>,
     /// Round robin's turn; also the state of the two-choices draws.
     turn: AtomicUsize,
     seed: AtomicU64,
@@ -266,6 +270,8 @@ impl Endpoints {
             out: AtomicUsize::new(0),
             changes: Mutex::new(()),
             ready: std::sync::atomic::AtomicBool::new(false),
+            first: tokio::sync::Notify::new(),
+            unresolved: Mutex::new(None),
             turn: AtomicUsize::new(0),
             seed: AtomicU64::new(crate::clock::fresh_seed()),
             capped: std::sync::atomic::AtomicBool::new(false),
@@ -282,6 +288,12 @@ impl Endpoints {
             let now = self.clock.now();
             ep.stats().ewma.observe_outcome(took, false, now);
         }
+    }
+
+    /// The client of the endpoint at `addr`, if it is one.
+    pub fn client_of(&self, addr: SocketAddr) -> Option<Arc<UpstreamClient>> {
+        let set = self.set.load();
+        set.iter().find(|e| e.addr == addr).map(|e| e.client())
     }
 
     pub fn all(&self) -> Arc<Vec<Arc<Endpoint>>> {
@@ -366,7 +378,12 @@ impl Endpoints {
         self.recount(&next);
         // The set before the flag: a request that sees the flag finds it.
         self.set.store(Arc::new(next));
-        self.ready.store(!empty, Ordering::Relaxed);
+        if !self.ready.swap(!empty, Ordering::Relaxed) && !empty {
+            if let Ok(mut u) = self.unresolved.lock() {
+                *u = None;
+            }
+            self.first.notify_waiters();
+        }
     }
 
     /// Counts the endpoints of `set` that are out (hold `changes`).

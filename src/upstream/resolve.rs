@@ -7,8 +7,10 @@
 //! resolution keeps the last good addresses, is logged once until
 //! resolution works again, and is counted
 //! (`weir_dns_resolutions_total{result="error"}`). Until the first
-//! resolution has answered there is no endpoint, and the general path's
-//! upstream-wide client resolves for itself.
+//! resolution has answered there is no endpoint: an attempt waits for it
+//! (within `connect_timeout`; the fast path hands such a request to the
+//! general path), and one that fails is tried again every second until
+//! one answers.
 
 use super::Endpoints;
 use crate::metrics::DnsMetrics;
@@ -16,6 +18,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+/// How soon a name that has never resolved is asked again.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
 
 /// How long one resolution may take.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -110,6 +115,42 @@ impl Resolver {
     }
 }
 
+/// The first resolution, as the attempts that wait for it see it.
+impl Endpoints {
+    /// Waits, until `until`, for the upstream's name to resolve the first
+    /// time; `Err` says why it has not (its resolution failed, or nothing
+    /// answered by `until`). An attempt never resolves for itself: it
+    /// takes the endpoints the resolver publishes.
+    pub async fn first_resolved(&self, until: tokio::time::Instant) -> Result<(), String> {
+        loop {
+            let woken = self.first.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.ready() {
+                return Ok(());
+            }
+            if let Some(why) = self.unresolved.lock().ok().and_then(|u| u.clone()) {
+                return Err(format!("the upstream's name has not resolved: {why}"));
+            }
+            if tokio::time::timeout_at(until, woken).await.is_err() {
+                return Err("the upstream's name has not resolved yet".into());
+            }
+        }
+    }
+
+    /// A resolution failed: while none has answered, the attempts waiting
+    /// for the first endpoint fail with `why`.
+    pub fn resolve_failed(&self, why: &str) {
+        if self.ready() {
+            return;
+        }
+        if let Ok(mut u) = self.unresolved.lock() {
+            *u = Some(why.to_string());
+        }
+        self.first.notify_waiters();
+    }
+}
+
 async fn refresh(
     r: Weak<Resolver>,
     endpoints: Weak<Endpoints>,
@@ -135,6 +176,7 @@ async fn refresh(
                 }
             }
             Err(e) => {
+                endpoints.resolve_failed(&e);
                 let kept = endpoints.all().len();
                 metrics.resolved(false, kept);
                 if !r.failing.swap(true, Ordering::Relaxed) {
@@ -147,8 +189,13 @@ async fn refresh(
                 }
             }
         }
+        // Never resolved: soon again, since requests wait for it.
+        let next = match endpoints.ready() {
+            true => every,
+            false => every.min(FIRST_RETRY),
+        };
         drop((r, endpoints));
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(next).await;
     }
 }
 

@@ -490,3 +490,79 @@ impl std::io::Write for Captured {
         Ok(())
     }
 }
+
+/// Lines this test adds to `/etc/hosts` for one name, removed on drop (also
+/// when the test fails).
+pub struct HostsLines {
+    name: String,
+}
+
+impl HostsLines {
+    /// `None` when `/etc/hosts` cannot be written (not root).
+    pub fn new(name: &str) -> Option<HostsLines> {
+        let h = HostsLines {
+            name: name.to_string(),
+        };
+        h.set(&[]).ok()?;
+        Some(h)
+    }
+
+    /// Makes `ips` the name's addresses.
+    pub fn set(&self, ips: &[&str]) -> std::io::Result<()> {
+        // Tests run as processes of their own: one edit at a time.
+        let _lock = HostsLock::take();
+        let text = std::fs::read_to_string("/etc/hosts")?;
+        let mut out: Vec<String> = text
+            .lines()
+            .filter(|l| !l.split_whitespace().any(|w| w == self.name))
+            .map(String::from)
+            .collect();
+        out.extend(ips.iter().map(|ip| format!("{ip} {}", self.name)));
+        std::fs::write("/etc/hosts", out.join("\n") + "\n")
+    }
+}
+
+impl Drop for HostsLines {
+    fn drop(&mut self) {
+        let _ = self.set(&[]);
+    }
+}
+
+/// Serialises edits of `/etc/hosts` across test processes: a lock file
+/// made with `create_new`, removed on drop (one older than 5 s is left
+/// over from a crash, and taken over).
+struct HostsLock;
+
+impl HostsLock {
+    const PATH: &'static str = "/tmp/weir-tests-etc-hosts.lock";
+
+    fn take() -> HostsLock {
+        for _ in 0..500 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(Self::PATH)
+            {
+                Ok(_) => return HostsLock,
+                Err(_) => {
+                    let stale = std::fs::metadata(Self::PATH)
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|age| age > std::time::Duration::from_secs(5));
+                    if stale {
+                        let _ = std::fs::remove_file(Self::PATH);
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+        }
+        HostsLock
+    }
+}
+
+impl Drop for HostsLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(Self::PATH);
+    }
+}

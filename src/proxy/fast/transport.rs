@@ -448,7 +448,7 @@ async fn read_head(
     }
 }
 
-/// A new connection to `addr` (`upstream::pool::h1::open`); a TLS failure
+/// A new connection to `addr` (`upstream::pool::open`); a TLS failure
 /// is logged once per cause and answered as a connect failure naming it.
 async fn connect(
     up: &Upstream,
@@ -456,7 +456,7 @@ async fn connect(
     tls: Option<&crate::upstream::client::FastTls>,
 ) -> Result<UpstreamIo, Failed> {
     let timeout = up.config.connect_timeout;
-    let r = crate::upstream::pool::h1::open(addr, timeout, tls, &up.state.metrics.wire).await;
+    let r = crate::upstream::pool::open(addr, timeout, tls, &up.state.metrics.wire).await;
     if let Err(e) = &r {
         if e.tls {
             up.state.log_tls_failure_once(&e.message);

@@ -401,12 +401,13 @@ async fn judge(
 }
 
 /// Sends to an endpoint the balancer picks (left in `picked` for its
-/// outcome). To an upstream weir speaks HTTP/1.1 to on connections of its
-/// own, on a lease from the worker's pool (`upstream::pool`): the one this
-/// client connection holds to that endpoint, else a new one it keeps (up to
-/// the upstream's cap of held connections), else one for this request. An
-/// upgrade gets a connection of its own, never pooled. Anything else goes
-/// through the endpoint's client.
+/// outcome). Over HTTP/1.1, on a lease from the worker's pool
+/// (`upstream::pool`): the one this client connection holds to that
+/// endpoint, else a new one it keeps (up to the upstream's cap of held
+/// connections), else one for this request. An upgrade gets a connection of
+/// its own, never pooled. Over HTTP/2, on the endpoint's HTTP/2 pool. An
+/// `auto` endpoint over TLS not dialled yet is dialled here, and its ALPN
+/// answer decides (an `h2` connection goes to its HTTP/2 pool).
 async fn dispatch(
     up: &Upstream,
     conn: &ConnCtx,
@@ -415,6 +416,7 @@ async fn dispatch(
     picked: &mut Option<crate::upstream::Picked>,
     seen: Option<&crate::proxy::attempt::Seen>,
 ) -> Result<Response<Incoming>, crate::upstream::client::SendError> {
+    use crate::upstream::client::{Failure, SendError, Speaks};
     use crate::upstream::pool::{held, lease::H1Lease};
     let publish = |p: &crate::upstream::Picked| {
         if let Some(s) = seen {
@@ -422,24 +424,39 @@ async fn dispatch(
         }
     };
     if !up.endpoints.ready() {
-        // A name not resolved yet: the upstream-wide client resolves it.
-        return up.client.send(req).await;
+        // A name not resolved yet: the attempt waits for the resolver.
+        let until = Instant::now() + up.config.connect_timeout;
+        let resolved = up.endpoints.first_resolved(until).await;
+        resolved.map_err(|why| SendError::new(Failure::Connect, why))?;
     }
+    // What the endpoint speaks: an upstream of HTTP/1.1 only needs no look
+    // at it.
     if !up.own_h1 {
-        let Some(p) = up.endpoints.pick(avoid) else {
-            return up.client.send(req).await;
-        };
+        let no_endpoint = || SendError::new(Failure::Connect, "the upstream has no endpoint");
+        let p = up.endpoints.pick(avoid).ok_or_else(no_endpoint)?;
         let client = p.endpoint.client();
-        publish(&p);
+        if client.speaks() == Speaks::H2 {
+            publish(&p);
+            *picked = Some(p);
+            return client.send(req).await;
+        }
+        // `auto` over TLS, not dialled yet or HTTP/1.1: a lease, dialled
+        // with the upstream's ALPN.
         *picked = Some(p);
-        return client.send(req).await;
     }
     enum Got {
         Held(H1Lease, held::Place),
         Once(H1Lease),
+        /// An `auto` endpoint chose `h2`: its HTTP/2 pool has the connection.
+        H2,
     }
     let upgrade = super::upgrade::requested(req.headers()).is_some();
-    let tls = up.client.fast_tls.as_deref();
+    // `auto` over TLS: the endpoint dialled says by ALPN what it speaks.
+    let auto = !up.own_h1;
+    let tls = match auto {
+        true => up.client.tls.as_deref(),
+        false => up.client.fast_tls.as_deref(),
+    };
     let tag = tls.map_or(0, |t| t.tag);
     let id = Arc::as_ptr(&up.state) as usize;
     let places = &up.state.sticky_conns;
@@ -459,17 +476,27 @@ async fn dispatch(
                 None => {
                     let timeout = up.config.connect_timeout;
                     let meter = &up.state.metrics.wire;
-                    let opened = crate::upstream::pool::h1::open(addr, timeout, tls, meter).await;
+                    let opened = crate::upstream::pool::open(addr, timeout, tls, meter).await;
                     if let Err(e) = &opened {
                         if e.tls {
                             up.state.log_tls_failure_once(&e.message);
                         }
                     }
-                    opened?
+                    let io = opened?;
+                    // An `auto` endpoint says by ALPN what it speaks from now on.
+                    if let Some(client) = auto.then(|| up.endpoints.client_of(addr)).flatten() {
+                        let h2 = io.chose_h2();
+                        client.learn(h2);
+                        if h2 {
+                            client.adopt(io).await?;
+                            return Ok(Got::H2);
+                        }
+                    }
+                    io
                 }
             };
             if upgrade {
-                return H1Lease::upgradable(io).await.map(Got::Once);
+                return Ok(Got::Once(H1Lease::upgradable(io).await?));
             }
             let lease = H1Lease::over(io, conn.pool(), addr, tag).await?;
             Ok(match held::reserve(places) {
@@ -479,10 +506,13 @@ async fn dispatch(
         },
     )
     .await?;
-    let Some(p) = picked.as_ref() else {
-        return up.client.send(req).await;
-    };
+    let no_endpoint = || SendError::new(Failure::Connect, "the upstream has no endpoint");
+    let p = picked.as_ref().ok_or_else(no_endpoint)?;
     publish(p);
+    if let Got::H2 = got {
+        let client = p.endpoint.client();
+        return client.send(req).await;
+    }
     let addr = p.addr();
     // A connection of our own (always HTTP/1.1) takes the origin form of the
     // target and the authority as Host, as the shared pool's client does.
@@ -503,6 +533,7 @@ async fn dispatch(
         // Given back when dropped: its connection returns to the pool once
         // the response has ended.
         Got::Once(mut lease) => lease.send(req).await,
+        Got::H2 => Err(no_endpoint()),
     }
 }
 

@@ -1,7 +1,7 @@
 //! Idle HTTP/1.1 upstream connections, by endpoint and TLS, one pool per
 //! accept loop (so per worker runtime: a socket is only ever used on the
-//! runtime whose I/O driver it is registered with), and [`open`], the one
-//! dialler of HTTP/1.1 connections. Both data paths take from it: the fast
+//! runtime whose I/O driver it is registered with). Both data paths take
+//! from it (what they open is `pool::open`'s): the fast
 //! path for one exchange, the general path for a lease
 //! ([`super::lease`]).
 //!
@@ -11,13 +11,10 @@
 //! client connections. The newest idle connection is taken first, which
 //! keeps few connections warm and lets the rest age out.
 
-use super::io::FastTls;
 use super::io::UpstreamIo;
-use crate::upstream::send::{Failure, SendError};
 use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Idle connections kept per pool; more are closed.
@@ -101,35 +98,5 @@ impl H1Pool {
                 None => return,
             }
         }
-    }
-}
-
-/// A new HTTP/1.1 connection to `addr`, and its TLS handshake when `tls`
-/// says (ALPN `http/1.1` alone), each within `timeout`; the socket is
-/// metered by `meter`. A TLS failure is [`SendError::tls`], naming its cause
-/// (the caller logs it once per cause).
-pub(crate) async fn open(
-    addr: SocketAddr,
-    timeout: Duration,
-    tls: Option<&FastTls>,
-    meter: &crate::metrics::meter::Meter,
-) -> Result<UpstreamIo, SendError> {
-    let failed = |why: String| SendError::new(Failure::Connect, why);
-    let s = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(failed(e.to_string())),
-        Err(_) => return Err(failed(format!("connect timed out after {timeout:?}"))),
-    };
-    let _ = s.set_nodelay(true);
-    let s = crate::metrics::meter::Metered::new(s, meter);
-    let Some(tls) = tls else {
-        return Ok(UpstreamIo::Plain(s));
-    };
-    match tokio::time::timeout(timeout, tls.connector.connect(tls.name.clone(), s)).await {
-        Ok(Ok(t)) => Ok(UpstreamIo::Tls(Box::new(t))),
-        Ok(Err(e)) => Err(SendError::tls(
-            crate::tls::describe_failure(&e).unwrap_or_else(|| e.to_string()),
-        )),
-        Err(_) => Err(failed(format!("TLS handshake timed out after {timeout:?}"))),
     }
 }

@@ -1,6 +1,9 @@
 //! weir's own HTTP/2 pool for one endpoint of an upstream that speaks
-//! HTTP/2 only (`protocol = "h2c"` or `"grpc"`, cleartext or TLS)
-//! (docs/reference/endpoints.md#http2-connections).
+//! HTTP/2 (`protocol = "h2c"` or `"grpc"`, cleartext or TLS; or `"auto"`
+//! over TLS, once the endpoint chose `h2` by ALPN)
+//! (docs/reference/endpoints.md#http2-connections). Its connections are
+//! opened by `pool::open`, the one dialler, or handed to it open
+//! ([`H2Pool::adopt`]: the `auto` dial that found `h2`).
 //!
 //! Each connection is hyper's `client::conn::http2` handshake: a
 //! `SendRequest` and its connection task. The pool
@@ -22,19 +25,20 @@
 //! No legacy client and no per-request checkout: a send is a lock, a scan of
 //! a handful of connections and hyper's dispatch channel.
 
-use crate::upstream::connector::Connector;
+use super::io::FastTls;
+use super::UpstreamIo;
 use crate::upstream::send::{classify, Body, Failure, SendError};
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
-use tower_service::Service;
 
 /// How many streams a connection is assumed to allow before its peer's
 /// SETTINGS say (RFC 9113 §6.5.2 recommends no fewer than 100).
@@ -65,7 +69,8 @@ impl std::fmt::Debug for H2Pool {
 }
 
 struct Shared {
-    connector: Connector,
+    /// Where its connections go, and how.
+    dial: DialTo,
     /// The stream limit the endpoint's connections last reported: a new
     /// connection assumes it until its own peer's SETTINGS arrive.
     learned_max: Arc<AtomicUsize>,
@@ -80,6 +85,25 @@ struct PoolState {
     /// The dial in progress, if any: every request that finds no room waits
     /// on it.
     dialing: Option<Arc<tokio::sync::OnceCell<Dialled>>>,
+}
+
+/// An `auto` endpoint has not been dialled yet: its protocol is unknown.
+pub(crate) const CHOSE_NONE: u8 = 0;
+/// An `auto` endpoint chose HTTP/1.1 by ALPN.
+pub(crate) const CHOSE_H1: u8 = 1;
+/// An `auto` endpoint chose HTTP/2 by ALPN.
+pub(crate) const CHOSE_H2: u8 = 2;
+
+/// How an endpoint's HTTP/2 connections are opened.
+pub(crate) struct DialTo {
+    pub addr: SocketAddr,
+    /// TLS, for an `https://` upstream.
+    pub tls: Option<Arc<FastTls>>,
+    pub connect_timeout: Duration,
+    pub meter: crate::metrics::meter::Meter,
+    /// An `auto` upstream's endpoint: what it chose by ALPN, set to
+    /// HTTP/1.1 when a dial here finds it chose that.
+    pub chose: Option<Arc<std::sync::atomic::AtomicU8>>,
 }
 
 /// One HTTP/2 connection.
@@ -133,8 +157,8 @@ struct ConnTask<F> {
     learned: Arc<AtomicUsize>,
 }
 
-/// What the pool's connector yields: a TCP (or TLS) connection.
-type Io = <Connector as Service<http::Uri>>::Response;
+/// What a connection runs over: a TCP (or TLS) connection, as hyper reads it.
+type Io = hyper_util::rt::TokioIo<UpstreamIo>;
 
 impl Future for ConnTask<http2::Connection<Io, Body, TokioExecutor>> {
     type Output = ();
@@ -171,12 +195,12 @@ impl Drop for InFlight<'_> {
 }
 
 impl H2Pool {
-    /// A pool dialling through `connector`; connections idle longer than
+    /// A pool dialling as `dial` says; connections idle longer than
     /// `idle_timeout` are closed.
-    pub(crate) fn new(connector: Connector, idle_timeout: Duration) -> Self {
+    pub(crate) fn new(dial: DialTo, idle_timeout: Duration) -> Self {
         H2Pool {
             shared: Arc::new(Shared {
-                connector,
+                dial,
                 learned_max: Arc::new(AtomicUsize::new(INITIAL_MAX_STREAMS)),
                 builder: builder(),
                 idle_timeout,
@@ -281,24 +305,36 @@ impl H2Pool {
         conn.reserve(Instant::now());
         Ok(conn)
     }
+    /// Takes a connection already open to the endpoint (an `auto` dial
+    /// that found `h2`): its handshake, then it serves as any other.
+    pub(crate) async fn adopt(&self, io: UpstreamIo) -> Result<(), SendError> {
+        let conn = self.shared.handshake(io).await?;
+        if let Ok(state) = &mut self.shared.state.lock() {
+            state.conns.push(conn);
+        }
+        Ok(())
+    }
 }
 
 impl Shared {
     /// Connects, shakes hands and starts the connection's task.
     async fn dial(&self) -> Dialled {
-        let mut connector = self.connector.clone();
-        let uri = http::Uri::from_static("http://upstream/");
-        let io = connector.call(uri).await.map_err(|e| {
-            let e: &(dyn std::error::Error + 'static) = &*e;
-            let tls = crate::tls::describe_failure(e);
-            SendError {
-                kind: Failure::Connect,
-                message: tls
-                    .clone()
-                    .unwrap_or_else(|| crate::upstream::send::root_cause(e)),
-                tls: tls.is_some(),
+        let d = &self.dial;
+        let io = super::open(d.addr, d.connect_timeout, d.tls.as_deref(), &d.meter).await?;
+        if let Some(chose) = &d.chose {
+            if !io.chose_h2() {
+                // The endpoint speaks HTTP/1.1 now: the next attempt leases.
+                chose.store(CHOSE_H1, Ordering::Relaxed);
+                let why = "the endpoint chose HTTP/1.1 by ALPN";
+                return Err(SendError::new(Failure::Connect, why));
             }
-        })?;
+        }
+        self.handshake(io).await
+    }
+
+    /// The HTTP/2 handshake over `io`, and the connection's task started.
+    async fn handshake(&self, io: UpstreamIo) -> Dialled {
+        let io = hyper_util::rt::TokioIo::new(io);
         let assumed = self.learned_max.load(Ordering::Relaxed).max(1);
         let mut builder = self.builder.clone();
         builder.initial_max_send_streams(assumed);

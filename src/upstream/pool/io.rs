@@ -1,6 +1,7 @@
-//! weir's own HTTP/1.1 upstream connections: cleartext TCP, or TLS (rustls)
-//! for an `https://` upstream pinned to HTTP/1.1 ([`FastTls`]). One type,
-//! so the pool, the exchange and the relay are written once for both.
+//! weir's upstream connections, of either protocol: cleartext TCP, or TLS
+//! (rustls) for an `https://` upstream ([`FastTls`], ALPN by the upstream's
+//! protocol). One type, so the pools, the exchange and the relay are written
+//! once for both.
 
 use crate::metrics::meter::Metered;
 use std::io;
@@ -19,6 +20,14 @@ pub(crate) enum UpstreamIo {
 }
 
 impl UpstreamIo {
+    /// Whether the upstream chose HTTP/2 by ALPN (never over cleartext).
+    pub(crate) fn chose_h2(&self) -> bool {
+        match self {
+            UpstreamIo::Plain(_) => false,
+            UpstreamIo::Tls(s) => s.get_ref().1.alpn_protocol() == Some(b"h2"),
+        }
+    }
+
     /// Whether an idle connection is still open, without a system call in
     /// the common case. Cleartext: nothing has been seen on it since its
     /// last read, so the runtime reports it not readable; when it is, a read
@@ -90,10 +99,12 @@ impl AsyncWrite for UpstreamIo {
     }
 }
 
-/// TLS for weir's own HTTP/1.1 upstream connections (both paths'): the upstream's client
-/// configuration with ALPN `http/1.1` alone (the same roots, client
-/// certificate and session cache), the name to verify, and a tag that keeps
-/// its pooled connections apart from any other upstream's at the same address.
+/// TLS for weir's upstream connections (both paths', both protocols): the
+/// upstream's client configuration (its roots, client certificate and
+/// session cache) with ALPN by its protocol — `http/1.1` alone for
+/// `http1`, `h2` alone for `h2c`/`grpc`, `h2` then `http/1.1` for `auto`
+/// — the name to verify, and a tag that keeps its pooled connections apart
+/// from any other upstream's at the same address.
 pub struct FastTls {
     pub connector: tokio_rustls::TlsConnector,
     pub name: rustls::pki_types::ServerName<'static>,
@@ -120,11 +131,16 @@ impl FastTls {
         let server = rustls::pki_types::ServerName::try_from(name.clone())
             .map_err(|e| format!("upstream {:?}: TLS server name {name:?}: {e}", u.name))?;
         let mut config = (*tls.config).clone();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        use crate::config::Protocol;
+        config.alpn_protocols = match u.protocol {
+            Protocol::Http1 => vec![b"http/1.1".to_vec()],
+            Protocol::H2c | Protocol::Grpc => vec![b"h2".to_vec()],
+            Protocol::Auto => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        };
         let tag = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
-            (tls.fingerprint, &name, &u.name).hash(&mut h);
+            (tls.fingerprint, &name, &u.name, u.protocol as u8).hash(&mut h);
             h.finish() | 1
         };
         Ok(FastTls {

@@ -9,12 +9,11 @@
 //! - [`held`]: a client connection's own leases (the general path keeps the
 //!   connection it used last, per endpoint, for its next request); they go
 //!   back to [`h1`]'s pool when the client connection ends.
-//! - [`h2`]: the HTTP/2 connections of an endpoint of an HTTP/2-only
-//!   upstream.
+//! - [`h2`]: the HTTP/2 connections of an endpoint of an upstream that
+//!   speaks HTTP/2 (`h2c`, `grpc`, or `auto` over TLS where the endpoint
+//!   chose `h2` by ALPN).
 //!
-//! What still goes through hyper-util's pool (`upstream::client`): an
-//! `https://` upstream on `protocol = "auto"`, where ALPN picks HTTP/2 or
-//! HTTP/1.1 per connection, and a name that has not resolved yet.
+//! Every one of them is opened by [`open`], the one dialler.
 
 pub(crate) mod h1;
 pub mod h2;
@@ -24,6 +23,44 @@ pub(crate) mod lease;
 
 pub(crate) use h1::H1Pool;
 pub(crate) use io::UpstreamIo;
+
+use crate::upstream::send::{Failure, SendError};
+use io::FastTls;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::net::TcpStream;
+
+/// The one dialler of upstream connections, of either protocol: a new
+/// connection to `addr`, and its TLS handshake when `tls` says (ALPN by
+/// the upstream's protocol: [`UpstreamIo::chose_h2`] tells what the
+/// upstream chose), each within `timeout`; the socket is
+/// metered by `meter`. A TLS failure is [`SendError::tls`], naming its cause
+/// (the caller logs it once per cause).
+pub(crate) async fn open(
+    addr: SocketAddr,
+    timeout: Duration,
+    tls: Option<&FastTls>,
+    meter: &crate::metrics::meter::Meter,
+) -> Result<UpstreamIo, SendError> {
+    let failed = |why: String| SendError::new(Failure::Connect, why);
+    let s = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(failed(e.to_string())),
+        Err(_) => return Err(failed(format!("connect timed out after {timeout:?}"))),
+    };
+    let _ = s.set_nodelay(true);
+    let s = crate::metrics::meter::Metered::new(s, meter);
+    let Some(tls) = tls else {
+        return Ok(UpstreamIo::Plain(s));
+    };
+    match tokio::time::timeout(timeout, tls.connector.connect(tls.name.clone(), s)).await {
+        Ok(Ok(t)) => Ok(UpstreamIo::Tls(Box::new(t))),
+        Ok(Err(e)) => Err(SendError::tls(
+            crate::tls::describe_failure(&e).unwrap_or_else(|| e.to_string()),
+        )),
+        Err(_) => Err(failed(format!("TLS handshake timed out after {timeout:?}"))),
+    }
+}
 
 /// A TCP connection for a `CONNECT` tunnel to `target` (its name resolved
 /// here), made by `give_up`: it becomes the client's byte stream and is
