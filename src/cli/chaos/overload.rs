@@ -13,7 +13,9 @@
 //!
 //! A second phase runs the adaptive column alone at 2× the capacity and
 //! halves the upstream's slots part-way through: how long the limit takes
-//! to follow. The gates are in `tests/chaos.rs`.
+//! to follow. The targets are checked on a release build by
+//! `bench/overload-gate.sh` (and asserted on the simulated upstream in
+//! `policy::adaptive_sim`); `tests/chaos.rs` checks the report's shape.
 //!
 //! `--via NAME=PROXY,UPSTREAM` adds a column for a proxy that is already
 //! running (`bench/overload.sh` runs Envoy's adaptive concurrency filter

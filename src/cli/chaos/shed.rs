@@ -9,8 +9,9 @@
 //! weir with `[upstreams.chaos.throttle] enabled = true`. Rows per level:
 //! what the upstream received and what it refused, per second; goodput (2xx
 //! answers within the app's timeout, per second); and what weir's
-//! throttle refused (503 `overloaded`, never sent). The gate is in
-//! `tests/chaos.rs`.
+//! throttle refused (503 `overloaded`, never sent). The targets are
+//! checked on a release build by `bench/overload-gate.sh`; `tests/chaos.rs`
+//! checks what no timing can change.
 //!
 //! What a shed costs the upstream is not modelled (it answers at once), so
 //! what this shows is the load taken off it, not goodput gained.
