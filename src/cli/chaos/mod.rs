@@ -11,6 +11,7 @@ pub mod command;
 mod config;
 pub mod double_submit;
 pub mod driver;
+pub mod levels;
 pub mod overload;
 pub mod overload_table;
 pub mod replicas;
@@ -356,17 +357,13 @@ pub struct ScenarioReport {
 
 /// Runs one scenario: three columns, one after the other.
 pub async fn run(scenario: Scenario, opts: &ScenarioOptions) -> Result<ScenarioReport, String> {
-    if scenario == Scenario::DoubleSubmit {
-        return double_submit::run(opts).await;
-    }
-    if replicas::is_replica(scenario) {
-        return replicas::run(scenario, opts).await;
-    }
-    if scenario == Scenario::Overload {
-        return overload::run(opts).await;
-    }
-    if scenario == Scenario::OverloadShed {
-        return shed::run(opts).await;
+    // The scenarios with a driver of their own.
+    match scenario {
+        Scenario::DoubleSubmit => return double_submit::run(opts).await,
+        Scenario::Overload => return overload::run(opts).await,
+        Scenario::OverloadShed => return shed::run(opts).await,
+        s if replicas::is_replica(s) => return replicas::run(s, opts).await,
+        _ => {}
     }
     let mut load = scenario.load(opts.requests, opts.rate);
     load.keys = catalogue::keys(scenario, opts.seed, load.requests);

@@ -13,7 +13,9 @@
 //!
 //! A second phase runs the adaptive column alone at 2× the capacity and
 //! halves the upstream's slots part-way through: how long the limit takes
-//! to follow. The gates are in `tests/chaos.rs`.
+//! to follow. The targets are checked on a release build by
+//! `bench/overload-gate.sh` (and asserted on the simulated upstream in
+//! `policy::adaptive_sim`); `tests/chaos.rs` checks the report's shape.
 //!
 //! `--via NAME=PROXY,UPSTREAM` adds a column for a proxy that is already
 //! running (`bench/overload.sh` runs Envoy's adaptive concurrency filter
@@ -23,15 +25,11 @@
 //! port + `i`, so the proxy can give each level a listener, and a
 //! controller, of its own, as weir's columns get a fresh weir per level.
 
-use super::driver::{drive, Load, Mode, Observed, Target};
-use super::upstream::{Capacity, ChaosUpstream, Latency, Profile};
+use super::driver::{drive, Observed, Target};
+use super::levels::{self, LevelCell, LoadLevel};
+use super::upstream::Profile;
 use super::ScenarioOptions;
-use crate::config::Config;
-use crate::metrics::Metrics;
-use crate::proxy::Proxy;
-use http::Method;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -126,7 +124,7 @@ impl Default for Shape {
 impl Shape {
     /// Requests per second the upstream serves.
     pub fn capacity(&self) -> f64 {
-        f64::from(self.slots) / self.service.as_secs_f64()
+        levels::capacity(self.slots, self.service)
     }
 }
 
@@ -201,12 +199,10 @@ impl Cell {
     }
 }
 
-/// One load level: its cells, in column order.
-#[derive(Debug, Clone)]
-pub struct Level {
-    /// Offered load as a multiple of the capacity.
-    pub load: f64,
-    pub cells: Vec<Cell>,
+impl LevelCell for Cell {
+    fn column(&self) -> &str {
+        &self.column
+    }
 }
 
 /// The halving phase (adaptive column).
@@ -269,61 +265,20 @@ impl Halving {
 #[derive(Debug, Clone)]
 pub struct OverloadReport {
     pub shape: Shape,
-    pub levels: Vec<Level>,
+    pub levels: Vec<LoadLevel<Cell>>,
     pub halving: Option<Halving>,
 }
 
 impl OverloadReport {
     /// The cell of `column` at `load`.
     pub fn cell(&self, load: f64, column: &str) -> Option<&Cell> {
-        self.levels
-            .iter()
-            .find(|l| (l.load - load).abs() < 1e-9)?
-            .cells
-            .iter()
-            .find(|c| c.column == column)
+        levels::find(&self.levels, load, column)
     }
 }
 
 /// The upstream: `shape`'s slots and service time, halving at `halve_at`.
 pub fn profile(shape: &Shape, halve_at: Option<Duration>) -> Profile {
-    Profile {
-        latency: Latency::Fixed(shape.service),
-        capacity: Some(Capacity {
-            slots: shape.slots,
-            halve_at,
-            shed: None,
-        }),
-        ..Profile::default()
-    }
-}
-
-/// weir's config: its defaults, `--config`'s `[defaults]` over them, one
-/// upstream at `up`, and `extra`.
-pub(super) fn config(
-    up: &ChaosUpstream,
-    opts: &ScenarioOptions,
-    extra: &str,
-) -> Result<Config, String> {
-    let defaults = toml::to_string(&super::config::user_defaults(opts.config.as_deref())?)
-        .map_err(|e| e.to_string())?;
-    let src = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\n{defaults}\n[upstreams.chaos]\nurl = \"http://{}\"\nhosts = [\"chaos\"]\n{extra}",
-        up.addr
-    );
-    Config::parse(&PathBuf::from("<chaos overload>"), &src).map_err(|e| e.to_string())
-}
-
-/// `rate` requests a second for `length`, open loop, with the app's timeout.
-fn load(shape: &Shape, rate: f64, length: Duration) -> Load {
-    Load {
-        requests: (rate * length.as_secs_f64()).round() as usize,
-        mode: Mode::Open(rate),
-        max_time: length,
-        method: Method::GET,
-        client_timeout: shape.client_timeout,
-        keys: None,
-    }
+    levels::capacity_profile(shape.slots, shape.service, halve_at, None)
 }
 
 /// One column at `rate` requests a second for `length`, on a fresh upstream.
@@ -335,14 +290,9 @@ async fn measure(
     length: Duration,
     halve_at: Option<Duration>,
 ) -> Result<Cell, String> {
-    let up = ChaosUpstream::start(
-        "127.0.0.1:0".parse().map_err(|_| "addr")?,
-        profile(shape, halve_at),
-        opts.seed,
-    )
-    .await
-    .map_err(|e| format!("cannot start the chaos upstream: {e}"))?;
-    let load = load(shape, rate, length);
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let up = levels::start_upstream(any, profile(shape, halve_at), opts.seed).await?;
+    let load = levels::open_load(rate, length, shape.client_timeout);
     let extra = match column {
         NO_WEIR => {
             let observed = drive(Target::Direct(up.addr), load).await;
@@ -351,17 +301,7 @@ async fn measure(
         ADAPTIVE_COLUMN => ADAPTIVE,
         _ => "",
     };
-    let cfg = config(&up, opts, extra)?;
-    let metrics = Arc::new(Metrics::new());
-    let proxy = Proxy::start_with(cfg, metrics)
-        .await
-        .map_err(|e| e.to_string())?;
-    let state = proxy
-        .snapshot()
-        .upstreams
-        .first()
-        .map(|u| u.state.clone())
-        .ok_or("no upstream state")?;
+    let (proxy, state) = levels::start_weir(&up, opts, extra).await?;
     let limits = Arc::new(Mutex::new(Vec::new()));
     let (s, out, started) = (state.clone(), limits.clone(), up.started);
     let sampler = tokio::spawn(async move {
@@ -403,14 +343,9 @@ async fn measure_via(
     rate: f64,
 ) -> Result<Cell, String> {
     let (proxy, upstream) = via.at(level)?;
-    let up = ChaosUpstream::start(upstream, profile(shape, None), opts.seed)
+    let up = levels::start_upstream(upstream, profile(shape, None), opts.seed)
         .await
-        .map_err(|e| {
-            format!(
-                "{}: cannot start the chaos upstream on {upstream}: {e}",
-                via.name
-            )
-        })?;
+        .map_err(|e| format!("{}: {e}", via.name))?;
     // Fail at once when nothing listens there, rather than print a column
     // of connection errors (a connection alone: no request, so the proxy's
     // controller sees no sample).
@@ -429,7 +364,8 @@ async fn measure_via(
         addr: proxy,
         host: "chaos".into(),
     };
-    let observed = drive(target, load(shape, rate, shape.step)).await;
+    let load = levels::open_load(rate, shape.step, shape.client_timeout);
+    let observed = drive(target, load).await;
     drop(up);
     let failed = observed
         .records
@@ -473,18 +409,17 @@ pub async fn measure_all(shape: &Shape, opts: &ScenarioOptions) -> Result<Overlo
         &[NO_WEIR, FIXED, ADAPTIVE_COLUMN]
     };
     let vias: &[ViaProxy] = if alone { &[] } else { &opts.via };
-    let mut levels = Vec::new();
-    for (i, &load) in shape.levels.iter().enumerate() {
+    // weir's columns, then the proxies'.
+    let levels = levels::drive_levels(&shape.levels, columns.len() + vias.len(), |i, load, c| {
         let rate = shape.capacity() * load;
-        let mut cells = Vec::new();
-        for &c in columns {
-            cells.push(measure(shape, opts, c, rate, shape.step, None).await?);
+        async move {
+            match columns.get(c) {
+                Some(&column) => measure(shape, opts, column, rate, shape.step, None).await,
+                None => measure_via(shape, opts, &vias[c - columns.len()], i, rate).await,
+            }
         }
-        for via in vias {
-            cells.push(measure_via(shape, opts, via, i, rate).await?);
-        }
-        levels.push(Level { load, cells });
-    }
+    })
+    .await?;
     let mut halving = None;
     if let Some((length, at)) = shape.halving {
         let rate = shape.capacity() * 2.0;
@@ -506,23 +441,9 @@ pub async fn measure_all(shape: &Shape, opts: &ScenarioOptions) -> Result<Overlo
 pub async fn run(opts: &ScenarioOptions) -> Result<super::ScenarioReport, String> {
     let shape = Shape::default();
     let report = measure_all(&shape, opts).await?;
-    let probe = Config::parse(
-        &PathBuf::from("<chaos overload>"),
-        "[upstreams.chaos]\nurl = \"http://127.0.0.1:9\"\nhosts = [\"chaos\"]\n",
-    )
-    .map_err(|e| e.to_string())?;
-    let up_cfg = probe.upstreams.first().ok_or("no upstream")?.clone();
     Ok(super::ScenarioReport {
-        scenario: super::Scenario::Overload,
-        seed: opts.seed,
-        deadline: up_cfg.timeout,
-        settings: ADAPTIVE,
-        merged: opts.config.clone(),
-        half_open_probes: up_cfg.breaker.half_open_probes,
-        columns: Vec::new(),
-        breaker: super::BreakerTrace::default(),
         overload: Some(report),
-        shed: None,
+        ..levels::scenario_report(super::Scenario::Overload, opts, ADAPTIVE)?
     })
 }
 

@@ -1,6 +1,7 @@
 //! `weir chaos overload`'s report: the table (Markdown) and the JSON of an
 //! [`OverloadReport`] (the scenario itself is `super::overload`).
 
+use super::levels::{self, FigureRow};
 use super::overload::*;
 use std::time::Duration;
 
@@ -10,9 +11,6 @@ fn ms(d: Option<Duration>) -> String {
         Some(d) => format!("{:.1} ms", d.as_secs_f64() * 1000.0),
     }
 }
-
-/// One row's cell, from a [`Cell`].
-type CellText<'a> = dyn Fn(&Cell) -> String + 'a;
 
 /// The table, in Markdown.
 pub fn table(r: &OverloadReport) -> String {
@@ -26,16 +24,9 @@ pub fn table(r: &OverloadReport) -> String {
         s.client_timeout.as_secs_f64(),
         s.step.as_secs_f64()
     );
-    let heads: Vec<&str> = r
-        .levels
-        .first()
-        .map(|l| l.cells.iter().map(|c| c.column.as_str()).collect())
-        .unwrap_or_default();
-    let _ = writeln!(out, "| load | | {} |", heads.join(" | "));
-    let _ = writeln!(out, "|---|---|{}", "---|".repeat(heads.len()));
+    levels::write_head(&mut out, &r.levels);
     for l in &r.levels {
-        let load = format!("{}× ({:.0}/s)", l.load, cap * l.load);
-        let rows: [(&str, &CellText<'_>); 5] = [
+        let rows: [FigureRow<'_, Cell>; 5] = [
             ("goodput", &|c| {
                 format!("{:.0}/s ({:.0} %)", c.goodput(), c.goodput() * 100.0 / cap)
             }),
@@ -49,11 +40,7 @@ pub fn table(r: &OverloadReport) -> String {
                 format!("{} of {}", c.timed_out(), c.observed.requests)
             }),
         ];
-        for (i, (label, f)) in rows.iter().enumerate() {
-            let first = if i == 0 { load.as_str() } else { "" };
-            let cells: Vec<String> = l.cells.iter().map(f).collect();
-            let _ = writeln!(out, "| {first} | {label} | {} |", cells.join(" | "));
-        }
+        levels::write_level(&mut out, l, cap, &rows);
         let limits: Vec<String> = l
             .cells
             .iter()
@@ -112,35 +99,24 @@ pub fn table(r: &OverloadReport) -> String {
 /// The same as JSON.
 pub fn json(r: &OverloadReport) -> serde_json::Value {
     let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
-    let levels: Vec<serde_json::Value> = r
-        .levels
-        .iter()
-        .map(|l| {
-            let cells: Vec<serde_json::Value> = l
-                .cells
-                .iter()
-                .map(|c| {
-                    serde_json::json!({
-                        "column": c.column,
-                        "requests": c.observed.requests,
-                        "goodput_per_sec": c.goodput(),
-                        "p50_answered_ms": ms(c.percentile(0.50)),
-                        "p99_answered_ms": ms(c.percentile(0.99)),
-                        "refused": c.refusals,
-                        "client_gave_up": c.timed_out(),
-                        "settled_limit": c.settled_limit(),
-                    })
-                })
-                .collect();
-            serde_json::json!({ "load": l.load, "cells": cells })
+    let per_level = levels::levels_json(&r.levels, |c| {
+        serde_json::json!({
+            "column": c.column,
+            "requests": c.observed.requests,
+            "goodput_per_sec": c.goodput(),
+            "p50_answered_ms": ms(c.percentile(0.50)),
+            "p99_answered_ms": ms(c.percentile(0.99)),
+            "refused": c.refusals,
+            "client_gave_up": c.timed_out(),
+            "settled_limit": c.settled_limit(),
         })
-        .collect();
+    });
     serde_json::json!({
         "slots": r.shape.slots,
         "service_ms": r.shape.service.as_secs_f64() * 1000.0,
         "capacity_per_sec": r.shape.capacity(),
         "client_timeout_ms": r.shape.client_timeout.as_millis() as u64,
-        "levels": levels,
+        "levels": per_level,
         "halving": r.halving.as_ref().map(|h| serde_json::json!({
             "at_ms": h.at.as_millis() as u64,
             "slots_after": h.slots_after,

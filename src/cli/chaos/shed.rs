@@ -9,21 +9,18 @@
 //! weir with `[upstreams.chaos.throttle] enabled = true`. Rows per level:
 //! what the upstream received and what it refused, per second; goodput (2xx
 //! answers within the app's timeout, per second); and what weir's
-//! throttle refused (503 `overloaded`, never sent). The gate is in
-//! `tests/chaos.rs`.
+//! throttle refused (503 `overloaded`, never sent). The targets are
+//! checked on a release build by `bench/overload-gate.sh`; `tests/chaos.rs`
+//! checks what no timing can change.
 //!
 //! What a shed costs the upstream is not modelled (it answers at once), so
 //! what this shows is the load taken off it, not goodput gained.
 
-use super::driver::{drive, Load, Mode, Observed, Target};
-use super::upstream::{Capacity, ChaosUpstream, Latency, Profile};
+use super::driver::{drive, Observed, Target};
+use super::levels::{self, FigureRow, LevelCell, LoadLevel};
+use super::upstream::{ChaosUpstream, Profile};
 use super::ScenarioOptions;
-use crate::config::Config;
-use crate::metrics::Metrics;
-use crate::proxy::Proxy;
-use http::Method;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 /// The throttling column's setting over weir's defaults.
@@ -67,7 +64,7 @@ impl Default for ShedShape {
 impl ShedShape {
     /// Requests per second the upstream serves.
     pub fn capacity(&self) -> f64 {
-        f64::from(self.slots) / self.service.as_secs_f64()
+        levels::capacity(self.slots, self.service)
     }
 }
 
@@ -106,43 +103,29 @@ impl ShedCell {
     }
 }
 
-/// One load level: its cells, in column order.
-#[derive(Debug, Clone)]
-pub struct ShedLevel {
-    pub load: f64,
-    pub cells: Vec<ShedCell>,
+impl LevelCell for ShedCell {
+    fn column(&self) -> &str {
+        &self.column
+    }
 }
 
 /// What `weir chaos overload-shed` measured.
 #[derive(Debug, Clone)]
 pub struct ShedReport {
     pub shape: ShedShape,
-    pub levels: Vec<ShedLevel>,
+    pub levels: Vec<LoadLevel<ShedCell>>,
 }
 
 impl ShedReport {
     /// The cell of `column` at `load`.
     pub fn cell(&self, load: f64, column: &str) -> Option<&ShedCell> {
-        self.levels
-            .iter()
-            .find(|l| (l.load - load).abs() < 1e-9)?
-            .cells
-            .iter()
-            .find(|c| c.column == column)
+        levels::find(&self.levels, load, column)
     }
 }
 
 /// The upstream: `shape`'s slots and service time, shedding past them.
 pub fn profile(shape: &ShedShape) -> Profile {
-    Profile {
-        latency: Latency::Fixed(shape.service),
-        capacity: Some(Capacity {
-            slots: shape.slots,
-            halve_at: None,
-            shed: Some(shape.status),
-        }),
-        ..Profile::default()
-    }
+    levels::capacity_profile(shape.slots, shape.service, None, Some(shape.status))
 }
 
 /// One column at `rate` requests a second, on a fresh upstream.
@@ -152,21 +135,9 @@ async fn measure(
     column: &'static str,
     rate: f64,
 ) -> Result<ShedCell, String> {
-    let up = ChaosUpstream::start(
-        "127.0.0.1:0".parse().map_err(|_| "addr")?,
-        profile(shape),
-        opts.seed,
-    )
-    .await
-    .map_err(|e| format!("cannot start the chaos upstream: {e}"))?;
-    let load = Load {
-        requests: (rate * shape.step.as_secs_f64()).round() as usize,
-        mode: Mode::Open(rate),
-        max_time: shape.step,
-        method: Method::GET,
-        client_timeout: shape.client_timeout,
-        keys: None,
-    };
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let up = levels::start_upstream(any, profile(shape), opts.seed).await?;
+    let load = levels::open_load(rate, shape.step, shape.client_timeout);
     let counts = |up: &ChaosUpstream| {
         (
             up.counters.received(),
@@ -186,21 +157,11 @@ async fn measure(
         });
     }
     let extra = if column == THROTTLED { THROTTLE } else { "" };
-    let cfg = super::overload::config(&up, opts, extra)?;
-    let metrics = Arc::new(Metrics::new());
-    let proxy = Proxy::start_with(cfg, metrics)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (proxy, state) = levels::start_weir(&up, opts, extra).await?;
     let target = Target::Weir {
         addr: proxy.listen_addr(),
         host: "chaos".into(),
     };
-    let state = proxy
-        .snapshot()
-        .upstreams
-        .first()
-        .map(|u| u.state.clone())
-        .ok_or("no upstream state")?;
     let observed = drive(target, load).await;
     let (received, shed) = counts(&up);
     let throttled = state.throttle.view().map_or(0, |v| v.refusals);
@@ -222,14 +183,10 @@ pub async fn measure_all(shape: &ShedShape, opts: &ScenarioOptions) -> Result<Sh
     } else {
         &[SHED_NO_WEIR, UNTHROTTLED, THROTTLED]
     };
-    let mut levels = Vec::new();
-    for &load in &shape.levels {
-        let mut cells = Vec::new();
-        for &c in columns {
-            cells.push(measure(shape, opts, c, shape.capacity() * load).await?);
-        }
-        levels.push(ShedLevel { load, cells });
-    }
+    let levels = levels::drive_levels(&shape.levels, columns.len(), |_, load, c| {
+        measure(shape, opts, columns[c], shape.capacity() * load)
+    })
+    .await?;
     Ok(ShedReport {
         shape: shape.clone(),
         levels,
@@ -239,29 +196,14 @@ pub async fn measure_all(shape: &ShedShape, opts: &ScenarioOptions) -> Result<Sh
 /// `weir chaos overload-shed`, as a scenario report.
 pub async fn run(opts: &ScenarioOptions) -> Result<super::ScenarioReport, String> {
     let report = measure_all(&ShedShape::default(), opts).await?;
-    let probe = Config::parse(
-        &PathBuf::from("<chaos overload-shed>"),
-        "[upstreams.chaos]\nurl = \"http://127.0.0.1:9\"\nhosts = [\"chaos\"]\n",
-    )
-    .map_err(|e| e.to_string())?;
-    let up_cfg = probe.upstreams.first().ok_or("no upstream")?.clone();
     Ok(super::ScenarioReport {
-        scenario: super::Scenario::OverloadShed,
-        seed: opts.seed,
-        deadline: up_cfg.timeout,
-        settings: THROTTLE,
-        merged: opts.config.clone(),
-        half_open_probes: up_cfg.breaker.half_open_probes,
-        columns: Vec::new(),
-        breaker: super::BreakerTrace::default(),
-        overload: None,
         shed: Some(report),
+        ..levels::scenario_report(super::Scenario::OverloadShed, opts, THROTTLE)?
     })
 }
 
 /// The table, in Markdown.
 pub fn table(r: &ShedReport) -> String {
-    use std::fmt::Write as _;
     let s = &r.shape;
     let cap = s.capacity();
     let mut out = format!(
@@ -272,17 +214,9 @@ pub fn table(r: &ShedReport) -> String {
         s.client_timeout.as_secs_f64(),
         s.step.as_secs_f64()
     );
-    let heads: Vec<&str> = r
-        .levels
-        .first()
-        .map(|l| l.cells.iter().map(|c| c.column.as_str()).collect())
-        .unwrap_or_default();
-    let _ = writeln!(out, "| load | | {} |", heads.join(" | "));
-    let _ = writeln!(out, "|---|---|{}", "---|".repeat(heads.len()));
-    type Row<'a> = (&'a str, &'a dyn Fn(&ShedCell) -> String);
+    levels::write_head(&mut out, &r.levels);
     for l in &r.levels {
-        let load = format!("{}× ({:.0}/s)", l.load, cap * l.load);
-        let rows: [Row<'_>; 4] = [
+        let rows: [FigureRow<'_, ShedCell>; 4] = [
             ("upstream received", &|c| {
                 format!("{:.0}/s", c.received_per_sec())
             }),
@@ -297,44 +231,29 @@ pub fn table(r: &ShedReport) -> String {
                 Some(n) => format!("{:.0}/s", c.per_sec(n)),
             }),
         ];
-        for (i, (label, f)) in rows.iter().enumerate() {
-            let first = if i == 0 { load.as_str() } else { "" };
-            let cells: Vec<String> = l.cells.iter().map(f).collect();
-            let _ = writeln!(out, "| {first} | {label} | {} |", cells.join(" | "));
-        }
+        levels::write_level(&mut out, l, cap, &rows);
     }
     out
 }
 
 /// The same as JSON.
 pub fn json(r: &ShedReport) -> serde_json::Value {
-    let levels: Vec<serde_json::Value> = r
-        .levels
-        .iter()
-        .map(|l| {
-            let cells: Vec<serde_json::Value> = l
-                .cells
-                .iter()
-                .map(|c| {
-                    serde_json::json!({
-                        "column": c.column,
-                        "requests": c.observed.requests,
-                        "upstream_received_per_sec": c.received_per_sec(),
-                        "upstream_refused_per_sec": c.shed_per_sec(),
-                        "goodput_per_sec": c.goodput(),
-                        "throttled": c.throttled,
-                    })
-                })
-                .collect();
-            serde_json::json!({ "load": l.load, "cells": cells })
+    let per_level = levels::levels_json(&r.levels, |c| {
+        serde_json::json!({
+            "column": c.column,
+            "requests": c.observed.requests,
+            "upstream_received_per_sec": c.received_per_sec(),
+            "upstream_refused_per_sec": c.shed_per_sec(),
+            "goodput_per_sec": c.goodput(),
+            "throttled": c.throttled,
         })
-        .collect();
+    });
     serde_json::json!({
         "scenario": "overload-shed",
         "slots": r.shape.slots,
         "service_ms": r.shape.service.as_secs_f64() * 1000.0,
         "status": r.shape.status,
         "capacity_per_sec": r.shape.capacity(),
-        "levels": levels,
+        "levels": per_level,
     })
 }
