@@ -57,22 +57,23 @@
 //! - [`tls`]: certificates, keys and TLS configurations; failures in words.
 //!   [`trace`]: W3C/B3 trace context, a traced request's spans, and the
 //!   OTLP exporter behind a bounded queue; the data plane calls it.
-//! - [`upstream`]: the upstream side — endpoints (resolution, static lists;
-//!   `resolve`), the dial loop (`dial`), `pool` (every connection weir
-//!   keeps to an upstream: `h1` the worker's idle HTTP/1.1 connections and
-//!   their dialler, `lease` hyper's client over one, `held` a client
-//!   connection's leases, `h2` the HTTP/2 pool, `open` the one dialler)
-//!   and `client` (how an endpoint is reached: its TLS, its HTTP/2 pool,
-//!   what an `auto` endpoint chose by ALPN); both paths pick an endpoint
-//!   there. It never
-//!   imports the request side or the live state.
-//! - [`state`]: live per-upstream state keyed by name, surviving reloads
-//!   (breaker, budget, limiters, `state::gate` the concurrency gate,
-//!   endpoints and pools, `state::ring` the status page's samples);
-//!   `state::link` (each upstream's link to the fleet) and `state::fleet`
-//!   (what a fleet of weirs shares on Redis: published breaker trips and
-//!   the one half-open probe, leased rate-limit tokens, the idempotency
-//!   store; every call bounded by `[state] timeout`).
+//! - [`state`]: live per-upstream policy state keyed by name, surviving
+//!   reloads (breaker, budget, limiters, `state::gate` the concurrency
+//!   gate, the cache and idempotency stores, `state::ring` the status
+//!   page's samples); `state::link` (each upstream's link to the fleet) and
+//!   `state::fleet` (what a fleet of weirs shares on Redis: published
+//!   breaker trips and the one half-open probe, leased rate-limit tokens,
+//!   the idempotency store; every call bounded by `[state] timeout`). It
+//!   knows nothing of endpoints or connections.
+//! - [`upstream`]: the upstream side — `reach` (each upstream's endpoints,
+//!   their resolver and client, keyed by name, surviving reloads),
+//!   endpoints (resolution, static lists; `resolve`), the dial loop
+//!   (`dial`), `pool` (every connection weir keeps to an upstream: `h1` the
+//!   worker's idle HTTP/1.1 connections, `lease` hyper's client over one,
+//!   `held` a client connection's leases, `h2` the HTTP/2 pool, `open` the
+//!   one dialler) and `client` (how an endpoint is reached: its TLS, its
+//!   HTTP/2 pool, what an `auto` endpoint chose by ALPN); both paths pick
+//!   an endpoint there. It never imports the request side.
 //! - [`proxy`]: the data plane. `server` (listeners, workers), `order` (the
 //!   one order every request to an upstream is served in, over a `Codec`,
 //!   with the response cache's steps in it: `order::cache`), `cached`

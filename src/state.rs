@@ -1,9 +1,10 @@
-//! Live per-upstream state, keyed by upstream name so that it outlives any one
-//! config snapshot: a reload that keeps an upstream keeps its breaker, retry
-//! budget, limiters, concurrency gate and (when the connection parameters are
-//! unchanged) its warm connections, with the new parameters applied in place;
-//! a new upstream starts fresh; a removed one is dropped when the last
-//! snapshot — and so the last request — holding it goes away.
+//! Live per-upstream policy state, keyed by upstream name so that it
+//! outlives any one config snapshot: a reload that keeps an upstream keeps
+//! its breaker, retry budget, limiters, concurrency gate, caches and stores,
+//! with the new parameters applied in place; a new upstream starts fresh; a
+//! removed one is dropped when the last snapshot — and so the last request —
+//! holding it goes away. Its endpoints and connections are the upstream
+//! layer's (`upstream::reach`), kept the same way.
 
 pub mod fleet;
 pub mod gate;
@@ -20,9 +21,6 @@ use crate::policy::{Breaker, KeyedLimiter, RetryBudget, SeededRandom, Transition
 use crate::state::fleet::Fleet;
 use crate::state::gate::Gate;
 use crate::state::throttle::ThrottleGate;
-use crate::upstream::client::UpstreamClient;
-use crate::upstream::resolve::Resolver;
-use crate::upstream::Endpoints;
 use link::Link;
 use ring::Recent;
 use std::collections::HashMap;
@@ -51,20 +49,9 @@ pub struct UpstreamState {
     /// Client-side throttling (docs/reference/admission.md#client-side-throttling).
     pub throttle: ThrottleGate,
     pub metrics: UpstreamMetrics,
-    /// Upstream connections held by client connections (upstream::pool::held).
-    pub sticky_conns: Arc<std::sync::atomic::AtomicUsize>,
-    client: Mutex<UpstreamClient>,
-    /// TLS failures already logged, so each cause is logged once, not per request.
-    tls_logged: Mutex<std::collections::HashSet<String>>,
     /// The status page's samples and recent breaker transitions
     /// (docs/reference/admin.md#status-page); bounded, never touched per request.
     pub recent: Recent,
-    /// The upstream's endpoints (docs/reference/endpoints.md): kept across reloads,
-    /// with their pools, estimates and ejections.
-    pub endpoints: Arc<Endpoints>,
-    /// What keeps them current, and the config it was made from (a reload
-    /// that keeps those keeps the resolver).
-    resolver: Mutex<(SourceKey, Arc<Resolver>)>,
     /// The idempotency-key store (docs/reference/idempotency.md#idempotency-keys);
     /// `None` when `[idempotency] enabled = false`. With the fleet's store
     /// on Redis, this one decides while Redis is away.
@@ -91,53 +78,9 @@ fn local_rate(u: &UpstreamConfig, fleet: bool) -> Option<crate::policy::RateLimi
     Some(if fleet { p.fallback() } else { p.clone() })
 }
 
-/// What an upstream's [`Resolver`] is made from: its entries and
-/// `resolve_every`.
-type SourceKey = (Vec<(String, u16)>, Duration);
-
-fn source_key(u: &UpstreamConfig) -> SourceKey {
-    (u.endpoints.entries.clone(), u.resolve_every)
-}
-
-/// Starts keeping `endpoints` current from `key`; names get `weir_dns_*`
-/// series, an all-literal source has none.
-fn make_resolver(
-    name: &str,
-    key: &SourceKey,
-    metrics: &Metrics,
-    endpoints: &Arc<Endpoints>,
-) -> Arc<Resolver> {
-    let named = key
-        .0
-        .iter()
-        .any(|e| crate::upstream::resolve::literal(e).is_none());
-    let dns = if named {
-        Some(metrics.dns(name))
-    } else {
-        metrics.forget_dns(name);
-        None
-    };
-    Resolver::start(name, key.0.clone(), key.1, endpoints, dns)
-}
-
 impl UpstreamState {
-    fn new(
-        u: &UpstreamConfig,
-        clock: Clock,
-        metrics: &Metrics,
-        client: UpstreamClient,
-        fleet: bool,
-    ) -> Self {
+    fn new(u: &UpstreamConfig, clock: Clock, metrics: &Metrics, fleet: bool) -> Self {
         let now = clock.now();
-        let key = source_key(u);
-        let endpoints = Endpoints::new(
-            &u.name,
-            clock,
-            u.endpoints.params.clone(),
-            client.clone(),
-            metrics.endpoints().clone(),
-        );
-        let resolver = make_resolver(&u.name, &key, metrics, &endpoints);
         let metrics = metrics.upstream(&u.name);
         metrics.set_breaker(crate::policy::StateKind::Closed);
         metrics.precreate_retries(&u.retry.retry_on.causes());
@@ -159,12 +102,7 @@ impl UpstreamState {
             gate: Gate::new(&u.concurrency, clock),
             throttle: ThrottleGate::new(u.throttle.as_ref(), clock),
             metrics,
-            sticky_conns: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-            client: Mutex::new(client),
-            tls_logged: Mutex::new(std::collections::HashSet::new()),
             recent: Recent::new(now),
-            endpoints,
-            resolver: Mutex::new((key, resolver)),
             idempotency: Mutex::new(u.idempotency.clone().map(MemoryStore::new)),
             fleet: arc_swap::ArcSwapOption::empty(),
             cache: Mutex::new(u.cache.clone().map(CacheStore::new)),
@@ -187,15 +125,8 @@ impl UpstreamState {
         self.fleet.load_full()
     }
 
-    /// Applies a reloaded config's parameters in place (and a new pool, when
-    /// how the upstream is reached changed).
-    fn update(
-        &self,
-        u: &UpstreamConfig,
-        client: Option<UpstreamClient>,
-        metrics: &Metrics,
-        fleet: bool,
-    ) {
+    /// Applies a reloaded config's parameters in place.
+    fn update(&self, u: &UpstreamConfig, fleet: bool) {
         let now = self.clock.now();
         let rate = local_rate(u, fleet);
         self.metrics.precreate_retries(&u.retry.retry_on.causes());
@@ -236,23 +167,6 @@ impl UpstreamState {
                 (_, p) => *cache = p.clone().map(CacheStore::new),
             }
         }
-        self.endpoints.set_params(u.endpoints.params.clone());
-        if let Some(c) = &client {
-            self.endpoints.set_client(c.clone());
-        }
-        let key = source_key(u);
-        let mut resolver = self.resolver.lock().expect("resolver lock poisoned");
-        if resolver.0 != key {
-            // Endpoints the new source still gives keep their state: the
-            // set is published by address.
-            resolver.1.stop();
-            let made = make_resolver(&u.name, &key, metrics, &self.endpoints);
-            *resolver = (key, made);
-        }
-        drop(resolver);
-        if let Some(c) = client {
-            *self.client.lock().expect("client lock poisoned") = c;
-        }
     }
 
     /// The policy state, locked. Keep the guard for a few operations only.
@@ -276,11 +190,6 @@ impl UpstreamState {
         }
     }
 
-    /// The connection pool requests of the next snapshot use.
-    pub fn client(&self) -> UpstreamClient {
-        self.client.lock().expect("client lock poisoned").clone()
-    }
-
     /// Sets the gauges that describe state; called when `/metrics` is scraped.
     pub fn refresh_gauges(&self) {
         let now = self.clock.now();
@@ -298,7 +207,6 @@ impl UpstreamState {
             .show(g.limit, g.latency, g.refusals);
         let t = self.throttle.view().map(|t| (t.probability, t.refusals));
         self.metrics.concurrency.show_throttle(t);
-        self.endpoints.refresh_gauges();
         let cache = self.cache().as_ref().map(|c| c.stats());
         if let Some(stats) = cache {
             self.metrics.cache().show(&stats);
@@ -321,14 +229,6 @@ impl UpstreamState {
     /// Policy-core time for this upstream.
     pub fn now(&self) -> Duration {
         self.clock.now()
-    }
-
-    /// Logs a TLS failure the first time its cause is seen for this upstream.
-    pub fn log_tls_failure_once(&self, cause: &str) {
-        let mut seen = self.tls_logged.lock().expect("tls log lock poisoned");
-        if seen.len() < 64 && seen.insert(cause.to_string()) {
-            tracing::warn!(upstream = %self.name, cause, "TLS to the upstream failed (logged once per cause)");
-        }
     }
 
     /// Logs and counts a breaker transition this instance's evidence caused
@@ -424,41 +324,22 @@ impl StateRegistry {
     }
 
     ///
-    /// Everything that can fail (reading TLS files) happens before anything
-    /// changes: on error nothing is touched and the reload is refused.
+    /// Everything that can fail (starting the fleet's shared state) happens
+    /// before anything changes: on error nothing is touched and the reload
+    /// is refused.
     pub fn sync(&self, config: &Config) -> Result<Vec<Arc<UpstreamState>>, String> {
         let mut map = self.by_name.lock().expect("state registry lock poisoned");
-        enum Change {
-            Keep(Arc<UpstreamState>, Option<UpstreamClient>),
-            New(UpstreamClient),
-        }
-        let mut plans = Vec::with_capacity(config.upstreams.len());
-        for u in &config.upstreams {
-            plans.push(match map.get(&u.name) {
-                Some(s) if s.client().key == UpstreamClient::key_of(u)? => {
-                    Change::Keep(s.clone(), None)
-                }
-                Some(s) => {
-                    let meter = self.metrics.wire(&u.name);
-                    Change::Keep(s.clone(), Some(UpstreamClient::new(u, meter)?))
-                }
-                None => Change::New(UpstreamClient::new(u, self.metrics.wire(&u.name))?),
-            });
-        }
         let run = self.fleet_for(config)?;
         let on = run.is_some();
         let out: Vec<Arc<UpstreamState>> = config
             .upstreams
             .iter()
-            .zip(plans)
-            .map(|(u, plan)| match plan {
-                Change::Keep(s, pool) => {
-                    s.update(u, pool, &self.metrics, on);
-                    s
+            .map(|u| match map.get(&u.name) {
+                Some(s) => {
+                    s.update(u, on);
+                    s.clone()
                 }
-                Change::New(pool) => {
-                    Arc::new(UpstreamState::new(u, self.clock, &self.metrics, pool, on))
-                }
+                None => Arc::new(UpstreamState::new(u, self.clock, &self.metrics, on)),
             })
             .collect();
         // Every upstream gets a new link (a reload may change its scopes).

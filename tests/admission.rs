@@ -396,7 +396,7 @@ async fn an_upstream_that_sheds_is_sent_a_fraction_and_its_recovery_is_seen(path
     tokio::time::sleep(Duration::from_secs(31)).await;
     assert_eq!(offer(&weir, 50).await, (50, 0));
     // The series exist while it is on (brought up to date on a scrape).
-    snap.upstreams[0].state.refresh_gauges();
+    snap.upstreams[0].refresh_gauges();
     let text = weir.handle.as_ref().unwrap().metrics().render();
     assert!(
         text.contains("weir_throttle_refusals_total{upstream=\"svc\"}"),

@@ -76,7 +76,7 @@ async fn catalogue(cache_control: &str) -> (TestUpstream, Knobs) {
 fn metrics(weir: &Weir) -> String {
     let snap = weir.handle.as_ref().unwrap().snapshot();
     for u in &snap.upstreams {
-        u.state.refresh_gauges();
+        u.refresh_gauges();
     }
     snap.metrics.render()
 }
@@ -633,4 +633,43 @@ async fn an_h2c_upstreams_responses_are_cached_on_the_path_they_arrive_on(path: 
         (header(&parts, "x-weir-cache").as_str(), b.as_str()),
         ("miss", "item 3")
     );
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_body_that_stalls_while_it_is_read_for_the_cache_is_cut_at_idle_timeout
+);
+/// A response that may be stored is read whole before it is relayed; a
+/// body that stops arriving meanwhile is bounded by `idle_timeout`, as
+/// when it is relayed: weir's 502, nothing stored, and the key's fill is
+/// not held (the next request goes upstream at once). Over h2c as well,
+/// whose body the cache reads as hyper gives it.
+async fn a_body_that_stalls_while_it_is_read_for_the_cache_is_cut_at_idle_timeout(path: DataPath) {
+    use tokio::io::AsyncWriteExt;
+    let up = RawUpstream::start(|_, mut s| async move {
+        while read_head(&mut s).await {
+            let r = "HTTP/1.1 200 OK\r\ncache-control: max-age=60\r\ncontent-length: 100\r\n\r\n0123456789";
+            if s.write_all(r.as_bytes()).await.is_err() {
+                return;
+            }
+            // Then nothing, for longer than any timeout here.
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+    })
+    .await;
+    let cfg = format!("idle_timeout = \"1s\"\ntimeout = \"30s\"\n{CACHE}");
+    let weir = Weir::single_on(path, &up.url(), &cfg).await;
+    let began = tokio::time::Instant::now();
+    let (s, parts, b) = fetch(&weir, "/stall").await;
+    assert_eq!(s, 502, "{b}");
+    assert!(b.contains("upstream_reset"), "{b}");
+    assert_eq!(header(&parts, "x-weir-cache"), "miss");
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        began.elapsed()
+    );
+    let (s, _, _) = fetch(&weir, "/stall").await;
+    assert_eq!(s, 502);
+    assert_eq!(up.connections(), 2);
 }

@@ -12,6 +12,7 @@ use weir::metrics::Metrics;
 use weir::proxy::fast::head::{self, ChunkedRelay, Framing, Head, Parse};
 use weir::proxy::{ListenerRole, Snapshot};
 use weir::state::StateRegistry;
+use weir::upstream::reach::ReachRegistry;
 
 fn snapshot() -> Snapshot {
     let src = "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
@@ -19,7 +20,10 @@ fn snapshot() -> Snapshot {
     let config = Arc::new(Config::parse(Path::new("t.toml"), src).unwrap());
     let metrics = Arc::new(Metrics::new());
     let states = StateRegistry::new(metrics.clone()).sync(&config).unwrap();
-    Snapshot::build(config, states, metrics).unwrap()
+    let reaches = ReachRegistry::new();
+    let plan = reaches.plan(&config, &metrics).unwrap();
+    let reached = reaches.apply(plan, &config, &metrics);
+    Snapshot::build(config, states, reached, metrics).unwrap()
 }
 
 /// Headers weir never forwards as they came (`x-named` is named by the

@@ -213,9 +213,9 @@ const FORBIDDEN: &[(&str, &str, &str)] = &[
         "the upstream side never imports the request side",
     ),
     (
-        "upstream",
         "state",
-        "endpoints and pools are owned by state, not the reverse",
+        "upstream",
+        "live policy state knows nothing of endpoints or connections: those are the upstream layer's",
     ),
     (
         "state",
@@ -260,9 +260,8 @@ const FORBIDDEN: &[(&str, &str, &str)] = &[
 ];
 
 /// The top level of `src/`, bottom up: a module may import only modules
-/// listed before it. A new top-level module has to be given its place here.
-/// (The upstream side sits under `state`, which owns each upstream's
-/// endpoints and pools; docs/reference/life-of-a-request.md#the-house.)
+/// listed before it. A new top-level module has to be given its place here
+/// (docs/reference/life-of-a-request.md#the-house).
 const LAYERS: &[(&str, &str)] = &[
     (
         "clock",
@@ -275,12 +274,12 @@ const LAYERS: &[(&str, &str)] = &[
     ("tls", "certificates, keys and TLS configurations"),
     ("trace", "trace context, spans and their exporter"),
     (
-        "upstream",
-        "endpoints, the dialler and the upstream connections",
+        "state",
+        "live per-upstream policy state and the fleet's shared state",
     ),
     (
-        "state",
-        "live per-upstream state and the fleet's shared state",
+        "upstream",
+        "endpoints, the dialler and every upstream connection, kept across reloads",
     ),
     ("proxy", "the data plane: one serve order over its codecs"),
     ("admin", "the admin endpoints, the status page, reloads"),

@@ -463,7 +463,7 @@ async fn each_endpoint_has_its_series() {
     // What the admin's `/metrics` does on a scrape.
     let h = w.handle.as_ref().unwrap();
     for u in &h.snapshot().upstreams {
-        u.state.refresh_gauges();
+        u.refresh_gauges();
     }
     let text = h.metrics().render();
     let bad = r.addrs[0];

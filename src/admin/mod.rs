@@ -120,7 +120,7 @@ pub async fn route<B>(reloader: &Reloader, peer: SocketAddr, req: Request<B>) ->
         (&Method::GET, "/metrics") => {
             let snap = proxy.snapshot();
             for u in &snap.upstreams {
-                u.state.refresh_gauges();
+                u.refresh_gauges();
             }
             let mut r = text(StatusCode::OK, snap.metrics.render());
             r.headers_mut().insert(

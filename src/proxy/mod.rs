@@ -63,8 +63,10 @@ pub struct Upstream {
     /// `auto`/`http1`, or TLS pinned to `http1`): the fast path and held
     /// connections apply.
     pub own_h1: bool,
-    /// The connection pool, copied from the state when the snapshot is made.
+    /// How it is reached, copied from its reach when the snapshot is made.
     pub client: crate::upstream::client::UpstreamClient,
+    /// Its endpoints and connections, kept across reloads.
+    pub reach: Arc<crate::upstream::reach::UpstreamReach>,
     /// Precomputed per snapshot so the hot path does no string work.
     pub scheme: http::uri::Scheme,
     /// The `Host` sent upstream (unless `preserve_host`).
@@ -73,6 +75,15 @@ pub struct Upstream {
 }
 
 /// Everything a request needs, published atomically on every (re)load.
+impl Upstream {
+    /// Sets the gauges that describe the upstream's state and endpoints;
+    /// called when `/metrics` is scraped.
+    pub fn refresh_gauges(&self) {
+        self.state.refresh_gauges();
+        self.endpoints.refresh_gauges();
+    }
+}
+
 #[derive(Debug)]
 pub struct Snapshot {
     pub config: Arc<Config>,
@@ -88,9 +99,12 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// Builds a snapshot; reads inbound TLS certificates and keys.
+    /// `states` and `reaches`: each upstream's live state and reach, in
+    /// the config's order.
     pub fn build(
         config: Arc<Config>,
         states: Vec<Arc<UpstreamState>>,
+        reaches: Vec<Arc<crate::upstream::reach::UpstreamReach>>,
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Result<Self, String> {
         let mut acceptors = std::collections::BTreeMap::new();
@@ -109,7 +123,8 @@ impl Snapshot {
             .upstreams
             .iter()
             .zip(states)
-            .map(|(c, s)| Upstream {
+            .zip(reaches)
+            .map(|((c, s), r)| Upstream {
                 scheme: match c.url.scheme {
                     Scheme::Http => http::uri::Scheme::HTTP,
                     Scheme::Https => http::uri::Scheme::HTTPS,
@@ -117,14 +132,15 @@ impl Snapshot {
                 h2: matches!(c.protocol, Protocol::H2c | Protocol::Grpc),
                 host: http::HeaderValue::from_str(c.url.authority.as_str())
                     .unwrap_or_else(|_| http::HeaderValue::from_static("localhost")),
-                endpoints: s.endpoints.clone(),
+                endpoints: r.endpoints.clone(),
                 own_h1: matches!(
                     (c.url.scheme, c.protocol),
                     (Scheme::Http, Protocol::Auto | Protocol::Http1)
                         | (Scheme::Https, Protocol::Http1)
                 ),
                 config: c.clone(),
-                client: s.client(),
+                client: r.client(),
+                reach: r,
                 state: s,
             })
             .collect();

@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::shutdown::stopped;
 use crate::state::StateRegistry;
+use crate::upstream::reach::ReachRegistry;
 use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
 use std::io;
@@ -69,17 +70,21 @@ impl Proxy {
     ) -> io::Result<ProxyHandle> {
         let config = Arc::new(config);
         let states = StateRegistry::new(metrics.clone());
+        let reaches = ReachRegistry::new();
+        let plan = reaches.plan(&config, &metrics).map_err(io::Error::other)?;
         let upstreams = states.sync(&config).map_err(io::Error::other)?;
+        let reached = reaches.apply(plan, &config, &metrics);
         let tracing = crate::trace::Registry::default();
         let tracer = tracing
             .sync(&config.tracing, metrics.trace())
             .map_err(io::Error::other)?;
-        let mut snap =
-            Snapshot::build(config.clone(), upstreams, metrics).map_err(io::Error::other)?;
+        let mut snap = Snapshot::build(config.clone(), upstreams, reached, metrics)
+            .map_err(io::Error::other)?;
         snap.tracer = tracer;
         let shared = Arc::new(ServeState {
             snapshot: ArcSwap::from_pointee(snap),
             states,
+            reaches,
             connections: Arc::new(Semaphore::new(config.server.max_connections)),
             draining: AtomicBool::new(false),
             tracing,
@@ -170,6 +175,7 @@ impl ProxyHandle {
         let probe = Snapshot::build(
             config.clone(),
             Vec::new(),
+            Vec::new(),
             self.shared.states.metrics().clone(),
         )
         .map_err(io::Error::other)?;
@@ -178,6 +184,14 @@ impl ProxyHandle {
             .shared
             .tracing
             .sync(&config.tracing, self.shared.states.metrics().trace())
+            .map_err(io::Error::other)?;
+        let metrics = self.shared.states.metrics().clone();
+        // Everything that can fail, before anything changes: the upstreams'
+        // TLS files, the listeners, the fleet's shared state.
+        let plan = self
+            .shared
+            .reaches
+            .plan(&config, &metrics)
             .map_err(io::Error::other)?;
         let added = self.bind_missing(&config).await?;
         let states = match self.shared.states.sync(&config) {
@@ -189,9 +203,9 @@ impl ProxyHandle {
                 return Err(io::Error::other(e));
             }
         };
-        let metrics = self.shared.states.metrics().clone();
+        let reached = self.shared.reaches.apply(plan, &config, &metrics);
         let mut snap =
-            Snapshot::build(config.clone(), states, metrics).map_err(io::Error::other)?;
+            Snapshot::build(config.clone(), states, reached, metrics).map_err(io::Error::other)?;
         snap.tracer = tracer;
         self.shared.snapshot.store(Arc::new(snap));
         let keep = wanted(&config);

@@ -153,6 +153,17 @@ impl UpstreamClient {
         }
     }
 
+    /// An `auto` endpoint over TLS: what it speaks is what it chose.
+    pub fn is_auto(&self) -> bool {
+        self.chose.is_some()
+    }
+
+    /// Whether the endpoint's HTTP/2 pool has a connection with room for
+    /// one more stream now.
+    pub fn h2_has_room(&self) -> bool {
+        self.h2.as_ref().is_some_and(|p| p.has_room())
+    }
+
     /// What a new connection to an `auto` endpoint chose by ALPN: it is
     /// what the next attempts take.
     pub(crate) fn learn(&self, h2: bool) {

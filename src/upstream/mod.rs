@@ -13,6 +13,7 @@
 pub mod client;
 mod dial;
 pub mod pool;
+pub mod reach;
 pub mod resolve;
 pub mod send;
 
@@ -327,6 +328,10 @@ impl Endpoints {
     /// attempt in flight keeps its endpoint until it ends). At most
     /// `max_endpoints` are used.
     pub fn publish(&self, addrs: &[SocketAddr]) {
+        // A resolution answered: no failure stands any more.
+        if let Ok(mut u) = self.unresolved.lock() {
+            u.take();
+        }
         // In a fixed order: a resolver that rotates its answers is not a
         // change of endpoints.
         let mut sorted = addrs.to_vec();
@@ -379,9 +384,6 @@ impl Endpoints {
         // The set before the flag: a request that sees the flag finds it.
         self.set.store(Arc::new(next));
         if !self.ready.swap(!empty, Ordering::Relaxed) && !empty {
-            if let Ok(mut u) = self.unresolved.lock() {
-                *u = None;
-            }
             self.first.notify_waiters();
         }
     }

@@ -272,7 +272,7 @@ fn upstream(u: &Upstream, now: &Sample, bounds: &[f64], wall: u64) -> UpstreamRe
         }),
         rate_limit,
         latency_window_s: latency.map(|l| secs(Duration::from_secs_f64(l.1))),
-        endpoints: state.endpoints.views(),
+        endpoints: u.endpoints.views(),
         p50_ms: q(0.5),
         p99_ms: q(0.99),
         history: history(&memory.samples, now.at),

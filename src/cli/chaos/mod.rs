@@ -479,7 +479,7 @@ fn weir_rows(col: &mut Column, metrics: &Metrics, proxy: &crate::proxy::ProxyHan
     let snap = proxy.snapshot();
     if let Some(u) = snap.upstreams.iter().find(|u| u.config.cache.is_some()) {
         // The cache's series follow its own counts when they are scraped.
-        u.state.refresh_gauges();
+        u.refresh_gauges();
         col.cache = Some(metrics.values("weir_cache_requests_total", "chaos", "result"));
     }
 }

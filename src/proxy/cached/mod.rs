@@ -212,6 +212,28 @@ pub(crate) fn key(up: &Upstream, uri: &http::Uri, host: Option<&HeaderValue>) ->
     key_of(up, authority, host.and_then(|h| h.to_str().ok()), target)
 }
 
+/// Calls `f` with `fields` as a slice: on the stack when there are at most
+/// 64 of them (nearly always), else in a vector.
+pub(crate) fn with_fields<'a, R>(
+    mut fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+    f: impl FnOnce(&[(&'a [u8], &'a [u8])]) -> R,
+) -> R {
+    let empty: &[u8] = &[];
+    let mut stack = [(empty, empty); 64];
+    let mut n = 0;
+    while let Some(p) = fields.next() {
+        if n == stack.len() {
+            let mut all = stack.to_vec();
+            all.push(p);
+            all.extend(fields);
+            return f(&all);
+        }
+        stack[n] = p;
+        n += 1;
+    }
+    f(&stack[..n])
+}
+
 /// A header map as the policy core reads it.
 pub(crate) fn pairs(h: &HeaderMap) -> Vec<(&[u8], &[u8])> {
     h.iter()

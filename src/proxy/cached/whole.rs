@@ -25,11 +25,14 @@ impl ReadBefore {
 }
 
 /// Reads `b` until it ends, or until more than `limit` bytes or trailers
-/// came. `Ok(true)`: it ended, and `ahead` holds all of it; `Ok(false)`:
-/// it goes on (relayed as it comes, after `ahead`); `Err`: it broke off.
+/// came, each wait for a frame bounded by `idle` (the upstream's
+/// `idle_timeout`, as when the body is relayed). `Ok(true)`: it ended, and
+/// `ahead` holds all of it; `Ok(false)`: it goes on (relayed as it comes,
+/// after `ahead`); `Err`: it broke off, or stalled.
 pub(crate) async fn read<B>(
     b: &mut B,
     limit: usize,
+    idle: std::time::Duration,
     ahead: &mut ReadBefore,
 ) -> Result<bool, ProxyError>
 where
@@ -38,7 +41,11 @@ where
 {
     let mut size = 0usize;
     loop {
-        match b.frame().await {
+        let Ok(frame) = tokio::time::timeout(idle, b.frame()).await else {
+            let why = format!("the response body broke off after {size} bytes: idle");
+            return Err(ProxyError::UpstreamReset(why));
+        };
+        match frame {
             None => return Ok(true),
             Some(Ok(f)) => match f.into_data() {
                 Ok(d) => {

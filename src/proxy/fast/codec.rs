@@ -297,11 +297,8 @@ impl CacheIo for FastRequest<'_, '_> {
     fn request_fields<R>(&self, f: impl FnOnce(&CacheFields<'_>) -> R) -> R {
         let head = self.ctx.bufs.client.get(..self.p.head_len);
         head::cache::request_fields(head.unwrap_or_default(), |fields| {
-            let pairs: Vec<_> = fields
-                .iter()
-                .map(|h| (h.name.as_bytes(), h.value))
-                .collect();
-            f(&pairs)
+            let pairs = fields.iter().map(|h| (h.name.as_bytes(), h.value));
+            crate::proxy::cached::with_fields(pairs, f)
         })
     }
 
@@ -313,8 +310,8 @@ impl CacheIo for FastRequest<'_, '_> {
         match r {
             UpstreamAnswer::H1(x) => {
                 // The response head, as it was begun for the client.
-                let fields: Vec<_> = head::cache::response_fields(&self.ctx.bufs.out).collect();
-                f(x.status, &fields)
+                let fields = head::cache::response_fields(&self.ctx.bufs.out);
+                crate::proxy::cached::with_fields(fields, |p| f(x.status, p))
             }
             UpstreamAnswer::H2(r) => f(
                 r.status().as_u16(),
@@ -356,12 +353,21 @@ impl CacheIo for FastRequest<'_, '_> {
             }
             UpstreamAnswer::H2(r) => {
                 let mut ahead = crate::proxy::cached::whole::ReadBefore::default();
-                let ended = crate::proxy::cached::whole::read(r.body_mut(), limit, &mut ahead);
+                let idle = up.config.idle_timeout;
+                let body = r.body_mut();
+                let ended = crate::proxy::cached::whole::read(body, limit, idle, &mut ahead);
                 let ended = ended.await?;
                 let data = ended.then(|| ahead.data.clone());
                 self.ahead = Some(ahead);
                 Ok(data)
             }
+        }
+    }
+
+    fn endpoint(&self, r: &UpstreamAnswer) -> Option<SocketAddr> {
+        match r {
+            UpstreamAnswer::H1(x) => Some(x.addr),
+            UpstreamAnswer::H2(r) => r.extensions().get::<crate::upstream::Served>().map(|s| s.0),
         }
     }
 

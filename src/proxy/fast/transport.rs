@@ -399,7 +399,7 @@ async fn read_head(
                 // A TLS alert after the handshake (TLS 1.3: a client
                 // certificate refused): the request was never processed.
                 if let Some(why) = crate::tls::describe_failure(&e) {
-                    up.state.log_tls_failure_once(&why);
+                    up.reach.log_tls_failure_once(&why);
                     return Err(SendError::tls(why));
                 }
                 return Err(SendError::new(Failure::Reset, e.to_string()));
@@ -459,7 +459,7 @@ async fn connect(
     let r = crate::upstream::pool::open(addr, timeout, tls, &up.state.metrics.wire).await;
     if let Err(e) = &r {
         if e.tls {
-            up.state.log_tls_failure_once(&e.message);
+            up.reach.log_tls_failure_once(&e.message);
         }
     }
     r

@@ -28,6 +28,8 @@ use tokio::time::Instant;
 pub(in crate::proxy) struct ServeState {
     pub(in crate::proxy) snapshot: ArcSwap<Snapshot>,
     pub(in crate::proxy) states: StateRegistry,
+    /// Each upstream's endpoints and connections, kept across reloads.
+    pub(in crate::proxy) reaches: crate::upstream::reach::ReachRegistry,
     pub(in crate::proxy) connections: Arc<Semaphore>,
     pub(in crate::proxy) draining: AtomicBool,
     /// The span exporter, kept across reloads (`[tracing]`).

@@ -105,11 +105,12 @@ async fn exchange(
     // `preserve_host`. It travels as the URI's authority, which the client
     // turns into `:authority` (HTTP/2) or `Host` (HTTP/1.1); see upstream::client.
     let authority = if cfg.preserve_host {
-        client_authority(&parts)?
+        client_authority(&parts).map_err(|e| unsent(up, &cached, e))?
     } else {
         None
     };
-    let uri = upstream_uri(up, &parts.method, &parts.uri, authority)?;
+    let uri = upstream_uri(up, &parts.method, &parts.uri, authority);
+    let uri = uri.map_err(|e| unsent(up, &cached, e))?;
     let key = parsed.rate_key;
     let upgrade = super::upgrade::requested(&parts.headers);
     let on_upgrade = upgrade
@@ -163,6 +164,15 @@ async fn exchange(
         body: UnreadBody::Streaming(body),
     };
     order::serve_http(up, &mut request, arrived, start, key.as_deref(), cached).await
+}
+
+/// weir's error to a request the cache took up, before its order began:
+/// a miss, counted as the order counts one.
+fn unsent(up: &Upstream, cached: &Cached, e: ProxyError) -> ProxyError {
+    if let Cached::Fill(f) = cached {
+        f.count(up, CacheResult::Miss);
+    }
+    e
 }
 
 /// A copy of a request head without a body (its extensions, which only

@@ -17,6 +17,7 @@
 pub(crate) mod conn;
 pub(crate) mod exchange;
 pub(crate) mod guard;
+mod trailers;
 pub(crate) mod transport;
 pub(crate) mod tunnel;
 pub(crate) mod upgrade;
@@ -148,13 +149,13 @@ async fn serve(
     // What the response cache does with it
     // (docs/reference/cache.md#response-cache): its steps are the order's.
     let cached = match &parsed {
-        Ok(p) => {
+        Ok(p) if cfg.cache.is_some() => {
             let key = || cached::key(up, &parts.uri, parts.headers.get(header::HOST));
             let fields = cached::pairs(&parts.headers);
             let fields = || fields.iter().copied();
             cached::lookup(up, parts.method.as_str(), p.key.is_some(), key, fields)
         }
-        Err(_) => Cached::Off,
+        _ => Cached::Off,
     };
     // A miss: weir's own error to it says so too.
     let miss = matches!(cached, Cached::Fill(_));

@@ -2,6 +2,7 @@
 //! one and sent through hyper's client (or a held connection); gRPC
 //! responses held until their first message.
 
+use super::trailers::{grpc_status, hold_for_trailers};
 use crate::policy::{parse_retry_after, Outcome};
 use crate::proxy::attempt::Watch;
 use crate::proxy::attempt::{drive, timed_out, Attempted, Attempts, Transport};
@@ -388,7 +389,7 @@ async fn judge(
         }
         Ok(Err(e)) => {
             if e.tls {
-                state.log_tls_failure_once(&e.message);
+                up.reach.log_tls_failure_once(&e.message);
             }
             let (outcome, error) = e.into_parts();
             (outcome, Err(error))
@@ -435,7 +436,9 @@ async fn dispatch(
         let no_endpoint = || SendError::new(Failure::Connect, "the upstream has no endpoint");
         let p = up.endpoints.pick(avoid).ok_or_else(no_endpoint)?;
         let client = p.endpoint.client();
-        if client.speaks() == Speaks::H2 {
+        // An `auto` endpoint that chose `h2` but has no connection with
+        // room dials below: what it answers now decides, in this attempt.
+        if client.speaks() == Speaks::H2 && (!client.is_auto() || client.h2_has_room()) {
             publish(&p);
             *picked = Some(p);
             return client.send(req).await;
@@ -448,7 +451,7 @@ async fn dispatch(
         Held(H1Lease, held::Place),
         Once(H1Lease),
         /// An `auto` endpoint chose `h2`: its HTTP/2 pool has the connection.
-        H2,
+        H2(Arc<crate::upstream::client::UpstreamClient>),
     }
     let upgrade = super::upgrade::requested(req.headers()).is_some();
     // `auto` over TLS: the endpoint dialled says by ALPN what it speaks.
@@ -459,7 +462,7 @@ async fn dispatch(
     };
     let tag = tls.map_or(0, |t| t.tag);
     let id = Arc::as_ptr(&up.state) as usize;
-    let places = &up.state.sticky_conns;
+    let places = &up.reach.held_conns;
     let got = crate::upstream::dial(
         &up.endpoints,
         avoid,
@@ -479,17 +482,24 @@ async fn dispatch(
                     let opened = crate::upstream::pool::open(addr, timeout, tls, meter).await;
                     if let Err(e) = &opened {
                         if e.tls {
-                            up.state.log_tls_failure_once(&e.message);
+                            up.reach.log_tls_failure_once(&e.message);
                         }
                     }
                     let io = opened?;
                     // An `auto` endpoint says by ALPN what it speaks from now on.
-                    if let Some(client) = auto.then(|| up.endpoints.client_of(addr)).flatten() {
+                    if auto {
+                        let client = up.endpoints.client_of(addr);
                         let h2 = io.chose_h2();
-                        client.learn(h2);
+                        if let Some(c) = &client {
+                            c.learn(h2);
+                        }
                         if h2 {
+                            // Never an HTTP/2 connection in the HTTP/1.1 pool.
+                            let gone =
+                                || SendError::new(Failure::NotSent, "the endpoint went away");
+                            let client = client.ok_or_else(gone)?;
                             client.adopt(io).await?;
-                            return Ok(Got::H2);
+                            return Ok(Got::H2(client));
                         }
                     }
                     io
@@ -509,8 +519,7 @@ async fn dispatch(
     let no_endpoint = || SendError::new(Failure::Connect, "the upstream has no endpoint");
     let p = picked.as_ref().ok_or_else(no_endpoint)?;
     publish(p);
-    if let Got::H2 = got {
-        let client = p.endpoint.client();
+    if let Got::H2(client) = &got {
         return client.send(req).await;
     }
     let addr = p.addr();
@@ -533,67 +542,11 @@ async fn dispatch(
         // Given back when dropped: its connection returns to the pool once
         // the response has ended.
         Got::Once(mut lease) => lease.send(req).await,
-        Got::H2 => Err(no_endpoint()),
+        Got::H2(_) => Err(no_endpoint()),
     }
 }
 
 pub(crate) fn retry_after(h: &HeaderMap, state: &UpstreamState) -> Option<Duration> {
     let v = h.get(http::header::RETRY_AFTER)?.to_str().ok()?;
     parse_retry_after(v, state.clock.wall())
-}
-
-/// Holds a gRPC response until its first message or its trailers, whichever
-/// comes first, to find a `grpc-status` sent before any message (the only
-/// kind a retry can act on: once a message is out, the call has started).
-/// After the first data frame the response streams as it comes, so a server
-/// stream is never held back. Whatever happens, the client gets the same
-/// body: the frames held, then the rest.
-async fn hold_for_trailers(
-    resp: Response<Incoming>,
-    limit: u64,
-    until: Instant,
-) -> (Response<UpstreamBody>, Option<u8>) {
-    use http_body_util::BodyExt;
-    let (parts, mut body) = resp.into_parts();
-    let mut held: Vec<http_body::Frame<bytes::Bytes>> = Vec::new();
-    let mut size = 0u64;
-    let mut status = None;
-    let mut rest = true;
-    loop {
-        let frame = match tokio::time::timeout_at(until, body.frame()).await {
-            Ok(Some(Ok(f))) => f,
-            Ok(None) => {
-                rest = false;
-                break;
-            }
-            // An error or the deadline: hand the rest (and the error) on as it comes.
-            Ok(Some(Err(_))) | Err(_) => break,
-        };
-        if let Some(t) = frame.trailers_ref() {
-            status = grpc_status(t);
-        }
-        let message = frame.data_ref().is_some_and(|d| !d.is_empty());
-        if let Some(d) = frame.data_ref() {
-            size += d.len() as u64;
-        }
-        let is_trailers = frame.is_trailers();
-        held.push(frame);
-        if is_trailers {
-            rest = false;
-            break;
-        }
-        if message || size > limit {
-            break;
-        }
-    }
-    let body = crate::proxy::body::ReadAhead::new(held, if rest { Some(body) } else { None });
-    (
-        Response::from_parts(parts, UpstreamBody::Right(body)),
-        status,
-    )
-}
-
-/// `grpc-status` of a trailers-only response.
-fn grpc_status(h: &HeaderMap) -> Option<u8> {
-    h.get("grpc-status")?.to_str().ok()?.parse().ok()
 }

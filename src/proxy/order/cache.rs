@@ -68,6 +68,9 @@ pub(crate) trait CacheIo: Codec {
         limit: usize,
     ) -> Result<Option<Vec<Bytes>>, ProxyError>;
 
+    /// The endpoint that sent a response, when known.
+    fn endpoint(&self, r: &Self::Response) -> Option<SocketAddr>;
+
     /// A response that is not relayed (an entry answers instead).
     fn let_go(&mut self, r: Self::Response);
 
@@ -165,7 +168,7 @@ impl<C: CacheIo> Steps<C> for CacheStep<'_> {
         endpoint: Option<SocketAddr>,
     ) -> C::Out {
         match self.cached {
-            Cached::Fill(f) => failed(up, codec, f, e, spent, endpoint).await,
+            Cached::Fill(f) => Box::pin(failed(up, codec, f, e, spent, endpoint)).await,
             _ => codec.refuse(up, e, spent, endpoint).await,
         }
     }
@@ -179,8 +182,10 @@ impl<C: CacheIo> Steps<C> for CacheStep<'_> {
         recorder: Option<Recorder>,
         slot: Slot,
     ) -> Finished<C> {
-        let f = match self.cached {
-            Cached::Fill(f) => f,
+        match self.cached {
+            // Boxed: only a cached upstream's requests take these steps,
+            // and every request's future would carry them inline.
+            Cached::Fill(f) => Box::pin(fill(up, codec, f, attempted, spent, recorder, slot)).await,
             Cached::Invalidates(w) => {
                 if let Ok(r) = &attempted.result {
                     let status = codec.response_fields(r, |s, _| s);
@@ -190,80 +195,93 @@ impl<C: CacheIo> Steps<C> for CacheStep<'_> {
                         }
                     }
                 }
-                return Finished::Out(codec.answer(up, attempted, spent, recorder, slot).await);
+                Finished::Out(codec.answer(up, attempted, spent, recorder, slot).await)
             }
-            _ => return Finished::Out(codec.answer(up, attempted, spent, recorder, slot).await),
-        };
-        let Attempted {
-            result,
-            stop,
-            ended,
-            last_failed,
-        } = attempted;
-        let mut r = match result {
-            Ok(r) => r,
-            Err(e) => {
-                if let Some(entry) = stale_for(up, f, cached::counts_as_failure(&e)) {
-                    f.count(up, CacheResult::StaleIfError);
-                    let result = CacheResult::StaleIfError;
-                    let out = codec.answer_entry(up, &entry, result, Some(spent));
-                    return Finished::Out(out.await);
-                }
-                f.count(up, CacheResult::Miss);
-                codec.mark(CacheResult::Miss);
-                let attempted = Attempted {
-                    result: Err(e),
-                    stop,
-                    ended,
-                    last_failed,
-                };
-                return Finished::Out(codec.answer(up, attempted, spent, recorder, slot).await);
-            }
-        };
-        let status = codec.response_fields(&r, |s, _| s);
-        if let (Some(e), true) = (&f.entry, f.conditional && status == 304) {
-            let refreshed = refreshed(up, codec, f, e, &r);
-            codec.let_go(r);
-            drop(slot);
-            return match refreshed {
-                Some(fresh) => {
-                    let result = CacheResult::Revalidated;
-                    let out = codec.answer_entry(up, &fresh, result, Some(spent));
-                    Finished::Out(out.await)
-                }
-                // It validated some other response: ask again, plainly.
-                None => match codec.plain() {
-                    Some(again) => Finished::Again(again),
-                    None => {
-                        let e = ProxyError::BadResponse("a 304 that matches no entry".into());
-                        Finished::Out(codec.refuse(up, e, Some(spent), None).await)
-                    }
-                },
-            };
+            _ => Finished::Out(codec.answer(up, attempted, spent, recorder, slot).await),
         }
-        if let Some(entry) = stale_for(up, f, status >= 500) {
-            codec.let_go(r);
-            f.count(up, CacheResult::StaleIfError);
-            let result = CacheResult::StaleIfError;
-            return Finished::Out(codec.answer_entry(up, &entry, result, Some(spent)).await);
-        }
-        if !f.req.head && status < 500 {
-            if let Err(e) = store(up, codec, f, &mut r).await {
-                codec.let_go(r);
-                let endpoint = last_failed;
-                return Finished::Out(failed(up, codec, f, e, Some(spent), endpoint).await);
-            }
-        }
-        f.count(up, CacheResult::Miss);
-        codec.mark(CacheResult::Miss);
-        let attempted = Attempted {
-            result: Ok(r),
-            stop,
-            ended,
-            last_failed,
-        };
-        Finished::Out(codec.answer(up, attempted, spent, recorder, slot).await)
     }
+}
+
+/// The steps after the attempts for a request that went upstream for its
+/// key ([`CacheStep`]).
+async fn fill<C: CacheIo>(
+    up: &Upstream,
+    codec: &mut C,
+    f: &Filling,
+    attempted: Attempted<C::Response>,
+    spent: Annotations,
+    recorder: Option<Recorder>,
+    slot: Slot,
+) -> Finished<C> {
+    let Attempted {
+        result,
+        stop,
+        ended,
+        last_failed,
+    } = attempted;
+    let mut r = match result {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(entry) = stale_for(up, f, cached::counts_as_failure(&e)) {
+                f.count(up, CacheResult::StaleIfError);
+                let result = CacheResult::StaleIfError;
+                let out = codec.answer_entry(up, &entry, result, Some(spent));
+                return Finished::Out(out.await);
+            }
+            f.count(up, CacheResult::Miss);
+            codec.mark(CacheResult::Miss);
+            let attempted = Attempted {
+                result: Err(e),
+                stop,
+                ended,
+                last_failed,
+            };
+            return Finished::Out(codec.answer(up, attempted, spent, recorder, slot).await);
+        }
+    };
+    let status = codec.response_fields(&r, |s, _| s);
+    if let (Some(e), true) = (&f.entry, f.conditional && status == 304) {
+        let refreshed = refreshed(up, codec, f, e, &r);
+        codec.let_go(r);
+        drop(slot);
+        return match refreshed {
+            Some(fresh) => {
+                let result = CacheResult::Revalidated;
+                let out = codec.answer_entry(up, &fresh, result, Some(spent));
+                Finished::Out(out.await)
+            }
+            // It validated some other response: ask again, plainly.
+            None => match codec.plain() {
+                Some(again) => Finished::Again(again),
+                None => {
+                    let e = ProxyError::BadResponse("a 304 that matches no entry".into());
+                    Finished::Out(failed(up, codec, f, e, Some(spent), None).await)
+                }
+            },
+        };
+    }
+    if let Some(entry) = stale_for(up, f, status >= 500) {
+        codec.let_go(r);
+        f.count(up, CacheResult::StaleIfError);
+        let result = CacheResult::StaleIfError;
+        return Finished::Out(codec.answer_entry(up, &entry, result, Some(spent)).await);
+    }
+    if !f.req.head && status < 500 {
+        if let Err(e) = store(up, codec, f, &mut r).await {
+            let endpoint = codec.endpoint(&r);
+            codec.let_go(r);
+            return Finished::Out(failed(up, codec, f, e, Some(spent), endpoint).await);
+        }
+    }
+    f.count(up, CacheResult::Miss);
+    codec.mark(CacheResult::Miss);
+    let attempted = Attempted {
+        result: Ok(r),
+        stop,
+        ended,
+        last_failed,
+    };
+    Finished::Out(codec.answer(up, attempted, spent, recorder, slot).await)
 }
 
 /// A 304 to a revalidation (RFC 9111 §4.3.4): the entry refreshed by

@@ -231,9 +231,14 @@ pub(crate) async fn serve_http<C: KeyedWrites + CacheIo>(
     let deadline = attempt::deadline(&up.config, start, codec.asked());
     // Held until the request ends: the key's other misses wait for what
     // this one stores.
-    let _lead = match cache::before(up, codec, &cached, deadline.0).await {
-        Err(out) => return out,
-        Ok(lead) => lead,
+    // (Boxed: only a cached upstream's reads take this step, and every
+    // request's future would carry it inline.)
+    let _lead = match cached {
+        Cached::Off | Cached::Invalidates(_) => None,
+        _ => match Box::pin(cache::before(up, codec, &cached, deadline.0)).await {
+            Err(out) => return out,
+            Ok(lead) => lead,
+        },
     };
     let (begun, arrived) = match codec.begin_keyed(up, arrived, deadline.0).await {
         Err(out) => return out,

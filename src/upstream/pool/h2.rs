@@ -305,6 +305,16 @@ impl H2Pool {
         conn.reserve(Instant::now());
         Ok(conn)
     }
+    /// Whether an open connection has room for one more stream now.
+    pub(crate) fn has_room(&self) -> bool {
+        let now = Instant::now();
+        let idle = self.shared.idle_timeout;
+        self.shared
+            .state
+            .lock()
+            .is_ok_and(|s| s.conns.iter().any(|c| c.usable(now, idle) && c.has_room()))
+    }
+
     /// Takes a connection already open to the endpoint (an `auto` dial
     /// that found `h2`): its handshake, then it serves as any other.
     pub(crate) async fn adopt(&self, io: UpstreamIo) -> Result<(), SendError> {

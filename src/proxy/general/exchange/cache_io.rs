@@ -18,8 +18,9 @@ use std::sync::Arc;
 
 impl CacheIo for HyperRequest<'_> {
     fn request_fields<R>(&self, f: impl FnOnce(&CacheFields<'_>) -> R) -> R {
-        let pairs = self.client.as_ref().map(|c| cached::pairs(&c.headers));
-        f(pairs.as_deref().unwrap_or_default())
+        let headers = self.client.as_ref().map(|c| &c.headers);
+        let pairs = headers.into_iter().flat_map(|h| h.iter());
+        cached::with_fields(pairs.map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())), f)
     }
 
     fn response_fields<R>(
@@ -27,7 +28,9 @@ impl CacheIo for HyperRequest<'_> {
         r: &Response<UpstreamBody>,
         f: impl FnOnce(u16, &CacheFields<'_>) -> R,
     ) -> R {
-        f(r.status().as_u16(), &cached::pairs(r.headers()))
+        let pairs = r.headers().iter();
+        let pairs = pairs.map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes()));
+        cached::with_fields(pairs, |p| f(r.status().as_u16(), p))
     }
 
     async fn answer_entry(
@@ -54,15 +57,20 @@ impl CacheIo for HyperRequest<'_> {
 
     async fn read_whole(
         &mut self,
-        _up: &Upstream,
+        up: &Upstream,
         r: &mut Response<UpstreamBody>,
         limit: usize,
     ) -> Result<Option<Vec<Bytes>>, ProxyError> {
         let mut ahead = whole::ReadBefore::default();
-        let ended = whole::read(r.body_mut(), limit, &mut ahead).await?;
+        let idle = up.config.idle_timeout;
+        let ended = whole::read(r.body_mut(), limit, idle, &mut ahead).await?;
         let data = ended.then(|| ahead.data.clone());
         self.ahead = Some(ahead);
         Ok(data)
+    }
+
+    fn endpoint(&self, r: &Response<UpstreamBody>) -> Option<std::net::SocketAddr> {
+        r.extensions().get::<crate::upstream::Served>().map(|s| s.0)
     }
 
     fn let_go(&mut self, r: Response<UpstreamBody>) {

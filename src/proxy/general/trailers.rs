@@ -1,0 +1,64 @@
+//! A gRPC response held until its first message or its trailers, so that
+//! a `grpc-status` sent before any message can be retried on
+//! (docs/reference/retries.md).
+
+use crate::proxy::body::UpstreamBody;
+use http::{HeaderMap, Response};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+/// Holds a gRPC response until its first message or its trailers, whichever
+/// comes first, to find a `grpc-status` sent before any message (the only
+/// kind a retry can act on: once a message is out, the call has started).
+/// After the first data frame the response streams as it comes, so a server
+/// stream is never held back. Whatever happens, the client gets the same
+/// body: the frames held, then the rest.
+pub(super) async fn hold_for_trailers(
+    resp: Response<Incoming>,
+    limit: u64,
+    until: Instant,
+) -> (Response<UpstreamBody>, Option<u8>) {
+    use http_body_util::BodyExt;
+    let (parts, mut body) = resp.into_parts();
+    let mut held: Vec<http_body::Frame<bytes::Bytes>> = Vec::new();
+    let mut size = 0u64;
+    let mut status = None;
+    let mut rest = true;
+    loop {
+        let frame = match tokio::time::timeout_at(until, body.frame()).await {
+            Ok(Some(Ok(f))) => f,
+            Ok(None) => {
+                rest = false;
+                break;
+            }
+            // An error or the deadline: hand the rest (and the error) on as it comes.
+            Ok(Some(Err(_))) | Err(_) => break,
+        };
+        if let Some(t) = frame.trailers_ref() {
+            status = grpc_status(t);
+        }
+        let message = frame.data_ref().is_some_and(|d| !d.is_empty());
+        if let Some(d) = frame.data_ref() {
+            size += d.len() as u64;
+        }
+        let is_trailers = frame.is_trailers();
+        held.push(frame);
+        if is_trailers {
+            rest = false;
+            break;
+        }
+        if message || size > limit {
+            break;
+        }
+    }
+    let body = crate::proxy::body::ReadAhead::new(held, if rest { Some(body) } else { None });
+    (
+        Response::from_parts(parts, UpstreamBody::Right(body)),
+        status,
+    )
+}
+
+/// `grpc-status` of a trailers-only response.
+pub(super) fn grpc_status(h: &HeaderMap) -> Option<u8> {
+    h.get("grpc-status")?.to_str().ok()?.parse().ok()
+}
