@@ -15,7 +15,6 @@ use crate::upstream::pool::held::ConnCtx;
 use http::request::Parts;
 use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -401,149 +400,32 @@ async fn judge(
     }
 }
 
-/// Sends to an endpoint the balancer picks (left in `picked` for its
-/// outcome). Over HTTP/1.1, on a lease from the worker's pool
-/// (`upstream::pool`): the one this client connection holds to that
-/// endpoint, else a new one it keeps (up to the upstream's cap of held
-/// connections), else one for this request. An upgrade gets a connection of
-/// its own, never pooled. Over HTTP/2, on the endpoint's HTTP/2 pool. An
-/// `auto` endpoint over TLS not dialled yet is dialled here, and its ALPN
-/// answer decides (an `h2` connection goes to its HTTP/2 pool).
+/// Sends through the one checkout of the upstream layer
+/// (`upstream::checkout`), the picked endpoint left in `picked` for the
+/// attempt's outcome and told to `seen` (a hedge's race).
 async fn dispatch(
     up: &Upstream,
     conn: &ConnCtx,
-    mut req: Request<Body>,
+    req: Request<Body>,
     avoid: &mut Vec<std::net::SocketAddr>,
     picked: &mut Option<crate::upstream::Picked>,
     seen: Option<&crate::proxy::attempt::Seen>,
 ) -> Result<Response<Incoming>, crate::upstream::client::SendError> {
-    use crate::upstream::client::{Failure, SendError, Speaks};
-    use crate::upstream::pool::{held, lease::H1Lease};
-    let publish = |p: &crate::upstream::Picked| {
-        if let Some(s) = seen {
-            s.set(p.addr());
-        }
+    let to = crate::upstream::checkout::CheckoutFor {
+        endpoints: &up.endpoints,
+        reach: &up.reach,
+        client: &up.client,
+        own_h1: up.own_h1,
+        connect_timeout: up.config.connect_timeout,
+        meter: &up.state.metrics.wire,
     };
-    if !up.endpoints.ready() {
-        // A name not resolved yet: the attempt waits for the resolver.
-        let until = Instant::now() + up.config.connect_timeout;
-        let resolved = up.endpoints.first_resolved(until).await;
-        resolved.map_err(|why| SendError::new(Failure::Connect, why))?;
-    }
-    // What the endpoint speaks: an upstream of HTTP/1.1 only needs no look
-    // at it.
-    if !up.own_h1 {
-        let no_endpoint = || SendError::new(Failure::Connect, "the upstream has no endpoint");
-        let p = up.endpoints.pick(avoid).ok_or_else(no_endpoint)?;
-        let client = p.endpoint.client();
-        // An `auto` endpoint that chose `h2` but has no connection with
-        // room dials below: what it answers now decides, in this attempt.
-        if client.speaks() == Speaks::H2 && (!client.is_auto() || client.h2_has_room()) {
-            publish(&p);
-            *picked = Some(p);
-            return client.send(req).await;
-        }
-        // `auto` over TLS, not dialled yet or HTTP/1.1: a lease, dialled
-        // with the upstream's ALPN.
-        *picked = Some(p);
-    }
-    enum Got {
-        Held(H1Lease, held::Place),
-        Once(H1Lease),
-        /// An `auto` endpoint chose `h2`: its HTTP/2 pool has the connection.
-        H2(Arc<crate::upstream::client::UpstreamClient>),
-    }
     let upgrade = super::upgrade::requested(req.headers()).is_some();
-    // `auto` over TLS: the endpoint dialled says by ALPN what it speaks.
-    let auto = !up.own_h1;
-    let tls = match auto {
-        true => up.client.tls.as_deref(),
-        false => up.client.fast_tls.as_deref(),
+    let publish = |a: std::net::SocketAddr| {
+        if let Some(s) = seen {
+            s.set(a);
+        }
     };
-    let tag = tls.map_or(0, |t| t.tag);
-    let id = Arc::as_ptr(&up.state) as usize;
-    let places = &up.reach.held_conns;
-    let got = crate::upstream::dial(
-        &up.endpoints,
-        avoid,
-        Instant::now(),
-        picked,
-        |addr| async move {
-            if !upgrade {
-                if let Some((lease, place)) = conn.take(id, addr) {
-                    return Ok(Got::Held(lease, place));
-                }
-            }
-            let io = match conn.pool().take(addr, tag, Instant::now()) {
-                Some(io) => io,
-                None => {
-                    let timeout = up.config.connect_timeout;
-                    let meter = &up.state.metrics.wire;
-                    let opened = crate::upstream::pool::open(addr, timeout, tls, meter).await;
-                    if let Err(e) = &opened {
-                        if e.tls {
-                            up.reach.log_tls_failure_once(&e.message);
-                        }
-                    }
-                    let io = opened?;
-                    // An `auto` endpoint says by ALPN what it speaks from now on.
-                    if auto {
-                        let client = up.endpoints.client_of(addr);
-                        let h2 = io.chose_h2();
-                        if let Some(c) = &client {
-                            c.learn(h2);
-                        }
-                        if h2 {
-                            // Never an HTTP/2 connection in the HTTP/1.1 pool.
-                            let gone =
-                                || SendError::new(Failure::NotSent, "the endpoint went away");
-                            let client = client.ok_or_else(gone)?;
-                            client.adopt(io).await?;
-                            return Ok(Got::H2(client));
-                        }
-                    }
-                    io
-                }
-            };
-            if upgrade {
-                return Ok(Got::Once(H1Lease::upgradable(io).await?));
-            }
-            let lease = H1Lease::over(io, conn.pool(), addr, tag).await?;
-            Ok(match held::reserve(places) {
-                Some(place) => Got::Held(lease, place),
-                None => Got::Once(lease),
-            })
-        },
-    )
-    .await?;
-    let no_endpoint = || SendError::new(Failure::Connect, "the upstream has no endpoint");
-    let p = picked.as_ref().ok_or_else(no_endpoint)?;
-    publish(p);
-    if let Got::H2(client) = &got {
-        return client.send(req).await;
-    }
-    let addr = p.addr();
-    // A connection of our own (always HTTP/1.1) takes the origin form of the
-    // target and the authority as Host, as the shared pool's client does.
-    if let Some(a) = req.uri().authority() {
-        if let Ok(h) = http::HeaderValue::from_str(a.as_str()) {
-            req.headers_mut().entry(http::header::HOST).or_insert(h);
-        }
-    }
-    if let Some(pq) = req.uri().path_and_query().cloned() {
-        *req.uri_mut() = http::Uri::from(pq);
-    }
-    match got {
-        Got::Held(mut lease, place) => {
-            let resp = lease.send(req).await?;
-            conn.keep(id, addr, lease, place);
-            Ok(resp)
-        }
-        // Given back when dropped: its connection returns to the pool once
-        // the response has ended.
-        Got::Once(mut lease) => lease.send(req).await,
-        Got::H2(_) => Err(no_endpoint()),
-    }
+    crate::upstream::checkout::send(&to, conn, req, upgrade, avoid, picked, &publish).await
 }
 
 pub(crate) fn retry_after(h: &HeaderMap, state: &UpstreamState) -> Option<Duration> {

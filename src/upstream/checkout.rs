@@ -1,0 +1,174 @@
+//! The one checkout of an upstream connection for an attempt on the
+//! general path (docs/reference/endpoints.md#connections): the endpoint
+//! picked, and over what it is reached — a lease of an HTTP/1.1
+//! connection (held by the client connection, or from the worker's pool,
+//! or new), or the endpoint's HTTP/2 pool; an `auto` endpoint over TLS
+//! answers by ALPN on its dial. The fast path takes the same pool's raw
+//! streams (`pool::h1`) and the same dialler (`pool::open`).
+
+use super::client::{Failure, SendError, Speaks, UpstreamClient};
+use super::pool::held::{self, ConnCtx};
+use super::pool::lease::H1Lease;
+use super::reach::UpstreamReach;
+use super::send::Body;
+use super::{Endpoints, Picked};
+use http::{Request, Response};
+use hyper::body::Incoming;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// What of an upstream an attempt's checkout needs.
+pub(crate) struct CheckoutFor<'a> {
+    pub endpoints: &'a Arc<Endpoints>,
+    /// Its reach: held connections' count, TLS failures logged; its
+    /// identity keys a client connection's held leases.
+    pub reach: &'a UpstreamReach,
+    /// How it is reached (the snapshot's copy).
+    pub client: &'a UpstreamClient,
+    /// HTTP/1.1 on weir's own connections only.
+    pub own_h1: bool,
+    pub connect_timeout: Duration,
+    pub meter: &'a crate::metrics::meter::Meter,
+}
+
+#[allow(clippy::too_many_arguments)]
+/// Sends one attempt to an endpoint the balancer picks (left in `picked` for its
+/// outcome). Over HTTP/1.1, on a lease from the worker's pool
+/// (`upstream::pool`): the one this client connection holds to that
+/// endpoint, else a new one it keeps (up to the upstream's cap of held
+/// connections), else one for this request. An upgrade gets a connection of
+/// its own, never pooled. Over HTTP/2, on the endpoint's HTTP/2 pool. An
+/// `auto` endpoint over TLS not dialled yet is dialled here, and its ALPN
+/// answer decides (an `h2` connection goes to its HTTP/2 pool).
+pub(crate) async fn send(
+    up: &CheckoutFor<'_>,
+    conn: &ConnCtx,
+    mut req: Request<Body>,
+    upgrade: bool,
+    avoid: &mut Vec<SocketAddr>,
+    picked: &mut Option<Picked>,
+    seen: &(dyn Fn(SocketAddr) + Sync),
+) -> Result<Response<Incoming>, SendError> {
+    let publish = |p: &Picked| seen(p.addr());
+    if !up.endpoints.ready() {
+        // A name not resolved yet: the attempt waits for the resolver.
+        let until = Instant::now() + up.connect_timeout;
+        let resolved = up.endpoints.first_resolved(until).await;
+        resolved.map_err(|why| SendError::new(Failure::Connect, why))?;
+    }
+    // What the endpoint speaks: an upstream of HTTP/1.1 only needs no look
+    // at it.
+    if !up.own_h1 {
+        let no_endpoint = || SendError::new(Failure::Connect, "the upstream has no endpoint");
+        let p = up.endpoints.pick(avoid).ok_or_else(no_endpoint)?;
+        let client = p.endpoint.client();
+        // An `auto` endpoint that chose `h2` but has no connection with
+        // room dials below: what it answers now decides, in this attempt.
+        if client.speaks() == Speaks::H2 && (!client.is_auto() || client.h2_has_room()) {
+            publish(&p);
+            *picked = Some(p);
+            return client.send(req).await;
+        }
+        // `auto` over TLS, not dialled yet or HTTP/1.1: a lease, dialled
+        // with the upstream's ALPN.
+        *picked = Some(p);
+    }
+    enum Got {
+        Held(H1Lease, held::Place),
+        Once(H1Lease),
+        /// An `auto` endpoint chose `h2`: its HTTP/2 pool has the connection.
+        H2(Arc<UpstreamClient>),
+    }
+    // `auto` over TLS: the endpoint dialled says by ALPN what it speaks.
+    let auto = !up.own_h1;
+    let tls = match auto {
+        true => up.client.tls.as_deref(),
+        false => up.client.fast_tls.as_deref(),
+    };
+    let tag = tls.map_or(0, |t| t.tag);
+    let id = up.reach as *const UpstreamReach as usize;
+    let places = &up.reach.held_conns;
+    let got = super::dial(
+        up.endpoints,
+        avoid,
+        Instant::now(),
+        picked,
+        |addr| async move {
+            if !upgrade {
+                if let Some((lease, place)) = conn.take(id, addr) {
+                    return Ok(Got::Held(lease, place));
+                }
+            }
+            let io = match conn.pool().take(addr, tag, Instant::now()) {
+                Some(io) => io,
+                None => {
+                    let timeout = up.connect_timeout;
+                    let meter = up.meter;
+                    let opened = super::pool::open(addr, timeout, tls, meter).await;
+                    if let Err(e) = &opened {
+                        if e.tls {
+                            up.reach.log_tls_failure_once(&e.message);
+                        }
+                    }
+                    let io = opened?;
+                    // An `auto` endpoint says by ALPN what it speaks from now on.
+                    if auto {
+                        let client = up.endpoints.client_of(addr);
+                        let h2 = io.chose_h2();
+                        if let Some(c) = &client {
+                            c.learn(h2);
+                        }
+                        if h2 {
+                            // Never an HTTP/2 connection in the HTTP/1.1 pool.
+                            let gone =
+                                || SendError::new(Failure::NotSent, "the endpoint went away");
+                            let client = client.ok_or_else(gone)?;
+                            client.adopt(io).await?;
+                            return Ok(Got::H2(client));
+                        }
+                    }
+                    io
+                }
+            };
+            if upgrade {
+                return Ok(Got::Once(H1Lease::upgradable(io).await?));
+            }
+            let lease = H1Lease::over(io, conn.pool(), addr, tag).await?;
+            Ok(match held::reserve(places) {
+                Some(place) => Got::Held(lease, place),
+                None => Got::Once(lease),
+            })
+        },
+    )
+    .await?;
+    let no_endpoint = || SendError::new(Failure::Connect, "the upstream has no endpoint");
+    let p = picked.as_ref().ok_or_else(no_endpoint)?;
+    publish(p);
+    if let Got::H2(client) = &got {
+        return client.send(req).await;
+    }
+    let addr = p.addr();
+    // A connection of our own (always HTTP/1.1) takes the origin form of the
+    // target and the authority as Host, as the shared pool's client does.
+    if let Some(a) = req.uri().authority() {
+        if let Ok(h) = http::HeaderValue::from_str(a.as_str()) {
+            req.headers_mut().entry(http::header::HOST).or_insert(h);
+        }
+    }
+    if let Some(pq) = req.uri().path_and_query().cloned() {
+        *req.uri_mut() = http::Uri::from(pq);
+    }
+    match got {
+        Got::Held(mut lease, place) => {
+            let resp = lease.send(req).await?;
+            conn.keep(id, addr, lease, place);
+            Ok(resp)
+        }
+        // Given back when dropped: its connection returns to the pool once
+        // the response has ended.
+        Got::Once(mut lease) => lease.send(req).await,
+        Got::H2(_) => Err(no_endpoint()),
+    }
+}
