@@ -68,7 +68,8 @@
 //! - [`upstream`]: the upstream side — `reach` (each upstream's endpoints,
 //!   their resolver and client, keyed by name, surviving reloads),
 //!   endpoints (resolution, static lists; `resolve`), the dial loop
-//!   (`dial`), `pool` (every connection weir keeps to an upstream: `h1` the
+//!   (`dial`), `checkout` (the general path's one checkout: the endpoint
+//!   picked, and the lease or HTTP/2 pool it is reached over), `pool` (every connection weir keeps to an upstream: `h1` the
 //!   worker's idle HTTP/1.1 connections, `lease` hyper's client over one,
 //!   `held` a client connection's leases, `h2` the HTTP/2 pool, `open` the
 //!   one dialler) and `client` (how an endpoint is reached: its TLS, its
