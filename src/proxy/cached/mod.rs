@@ -213,13 +213,13 @@ pub(crate) fn key(up: &Upstream, uri: &http::Uri, host: Option<&HeaderValue>) ->
 }
 
 /// Calls `f` with `fields` as a slice: on the stack when there are at most
-/// 64 of them (nearly always), else in a vector.
+/// 24 of them (nearly always), else in a vector.
 pub(crate) fn with_fields<'a, R>(
     mut fields: impl Iterator<Item = (&'a [u8], &'a [u8])>,
     f: impl FnOnce(&[(&'a [u8], &'a [u8])]) -> R,
 ) -> R {
     let empty: &[u8] = &[];
-    let mut stack = [(empty, empty); 64];
+    let mut stack = [(empty, empty); 24];
     let mut n = 0;
     while let Some(p) = fields.next() {
         if n == stack.len() {

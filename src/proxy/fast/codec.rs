@@ -302,6 +302,13 @@ impl CacheIo for FastRequest<'_, '_> {
         })
     }
 
+    fn status(&self, r: &UpstreamAnswer) -> u16 {
+        match r {
+            UpstreamAnswer::H1(x) => x.status,
+            UpstreamAnswer::H2(r) => r.status().as_u16(),
+        }
+    }
+
     fn response_fields<R>(
         &self,
         r: &UpstreamAnswer,

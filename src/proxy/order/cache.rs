@@ -37,6 +37,9 @@ pub(crate) trait CacheIo: Codec {
     /// Calls `f` with the request's fields (they select an entry's variant).
     fn request_fields<R>(&self, f: impl FnOnce(&CacheFields<'_>) -> R) -> R;
 
+    /// A response's status.
+    fn status(&self, r: &Self::Response) -> u16;
+
     /// Calls `f` with a response's status and fields.
     fn response_fields<R>(
         &self,
@@ -159,6 +162,10 @@ pub(super) struct CacheStep<'a> {
 }
 
 impl<C: CacheIo> Steps<C> for CacheStep<'_> {
+    fn inert(&self) -> bool {
+        matches!(self.cached, Cached::Off | Cached::Hit(_) | Cached::Stale(..))
+    }
+
     async fn refuse(
         &self,
         up: &Upstream,
@@ -188,7 +195,7 @@ impl<C: CacheIo> Steps<C> for CacheStep<'_> {
             Cached::Fill(f) => Box::pin(fill(up, codec, f, attempted, spent, recorder, slot)).await,
             Cached::Invalidates(w) => {
                 if let Ok(r) = &attempted.result {
-                    let status = codec.response_fields(r, |s, _| s);
+                    let status = codec.status(r);
                     if crate::policy::cache::invalidates(w.method.as_str(), status) {
                         if let Some(c) = up.state.cache().as_mut() {
                             c.invalidate(&w.key);
@@ -239,7 +246,7 @@ async fn fill<C: CacheIo>(
             return Finished::Out(codec.answer(up, attempted, spent, recorder, slot).await);
         }
     };
-    let status = codec.response_fields(&r, |s, _| s);
+    let status = codec.status(&r);
     if let (Some(e), true) = (&f.entry, f.conditional && status == 304) {
         let refreshed = refreshed(up, codec, f, e, &r);
         codec.let_go(r);

@@ -23,6 +23,10 @@ impl CacheIo for HyperRequest<'_> {
         cached::with_fields(pairs.map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())), f)
     }
 
+    fn status(&self, r: &Response<UpstreamBody>) -> u16 {
+        r.status().as_u16()
+    }
+
     fn response_fields<R>(
         &self,
         r: &Response<UpstreamBody>,
