@@ -35,7 +35,7 @@ pub(super) struct FastRequest<'r, 'c> {
     pub(super) mark: Option<CacheResult>,
     /// What was read of an HTTP/2 upstream's response body for the cache,
     /// relayed first.
-    pub(super) ahead: Option<crate::proxy::cached::whole::ReadBefore>,
+    pub(super) ahead: Option<Box<crate::proxy::cached::whole::ReadBefore>>,
     /// An HTTP/2 upstream's request head without the validators it was
     /// sent with, should the 304 match no entry any more.
     pub(super) plain_h2: H2Head,
@@ -263,7 +263,7 @@ impl Codec for FastRequest<'_, '_> {
                     None => ctx.relay_h2(up, r, kept, p).await,
                     Some(ahead) => {
                         let (parts, body) = r.into_parts();
-                        let body = ahead.before(crate::proxy::body::boxed(body));
+                        let body = (*ahead).before(crate::proxy::body::boxed(body));
                         let r = http::Response::from_parts(parts, body);
                         ctx.relay_h2(up, r, kept, p).await
                     }
@@ -365,7 +365,7 @@ impl CacheIo for FastRequest<'_, '_> {
                 let ended = crate::proxy::cached::whole::read(body, limit, idle, &mut ahead);
                 let ended = ended.await?;
                 let data = ended.then(|| ahead.data.clone());
-                self.ahead = Some(ahead);
+                self.ahead = Some(Box::new(ahead));
                 Ok(data)
             }
         }

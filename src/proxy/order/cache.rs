@@ -192,7 +192,14 @@ impl<C: CacheIo> Steps<C> for CacheStep<'_> {
         match self.cached {
             // Boxed: only a cached upstream's requests take these steps,
             // and every request's future would carry them inline.
-            Cached::Fill(f) => Box::pin(fill(up, codec, f, attempted, spent, recorder, slot)).await,
+            Cached::Fill(f) => match Box::pin(settle(up, codec, f, attempted, spent)).await {
+                Settled::Relay(attempted) => {
+                    let answer = codec.answer(up, attempted, spent, recorder, slot);
+                    Finished::Out(answer.await)
+                }
+                // The slot goes before anything is asked again.
+                Settled::Done(done) => done,
+            },
             Cached::Invalidates(w) => {
                 if let Ok(r) = &attempted.result {
                     let status = codec.status(r);
@@ -209,17 +216,25 @@ impl<C: CacheIo> Steps<C> for CacheStep<'_> {
     }
 }
 
+/// How the cache's steps after the attempts end for a request that went
+/// upstream for its key ([`settle`]).
+enum Settled<C: Codec> {
+    /// Answered by the codec, marked (a miss, stored or not).
+    Relay(Attempted<C::Response>),
+    /// Answered otherwise (an entry, weir's error), or to be asked again.
+    Done(Finished<C>),
+}
+
 /// The steps after the attempts for a request that went upstream for its
-/// key ([`CacheStep`]).
-async fn fill<C: CacheIo>(
+/// key ([`CacheStep`]): all but the codec's answer, which the caller
+/// awaits outside the box these steps run in.
+async fn settle<C: CacheIo>(
     up: &Upstream,
     codec: &mut C,
     f: &Filling,
     attempted: Attempted<C::Response>,
     spent: Annotations,
-    recorder: Option<Recorder>,
-    slot: Slot,
-) -> Finished<C> {
+) -> Settled<C> {
     let Attempted {
         result,
         stop,
@@ -233,25 +248,23 @@ async fn fill<C: CacheIo>(
                 f.count(up, CacheResult::StaleIfError);
                 let result = CacheResult::StaleIfError;
                 let out = codec.answer_entry(up, &entry, result, Some(spent));
-                return Finished::Out(out.await);
+                return Settled::Done(Finished::Out(out.await));
             }
             f.count(up, CacheResult::Miss);
             codec.mark(CacheResult::Miss);
-            let attempted = Attempted {
+            return Settled::Relay(Attempted {
                 result: Err(e),
                 stop,
                 ended,
                 last_failed,
-            };
-            return Finished::Out(codec.answer(up, attempted, spent, recorder, slot).await);
+            });
         }
     };
     let status = codec.status(&r);
     if let (Some(e), true) = (&f.entry, f.conditional && status == 304) {
         let refreshed = refreshed(up, codec, f, e, &r);
         codec.let_go(r);
-        drop(slot);
-        return match refreshed {
+        return Settled::Done(match refreshed {
             Some(fresh) => {
                 let result = CacheResult::Revalidated;
                 let out = codec.answer_entry(up, &fresh, result, Some(spent));
@@ -265,30 +278,31 @@ async fn fill<C: CacheIo>(
                     Finished::Out(failed(up, codec, f, e, Some(spent), None).await)
                 }
             },
-        };
+        });
     }
     if let Some(entry) = stale_for(up, f, status >= 500) {
         codec.let_go(r);
         f.count(up, CacheResult::StaleIfError);
         let result = CacheResult::StaleIfError;
-        return Finished::Out(codec.answer_entry(up, &entry, result, Some(spent)).await);
+        let out = codec.answer_entry(up, &entry, result, Some(spent)).await;
+        return Settled::Done(Finished::Out(out));
     }
     if !f.req.head && status < 500 {
         if let Err(e) = store(up, codec, f, &mut r).await {
             let endpoint = codec.endpoint(&r);
             codec.let_go(r);
-            return Finished::Out(failed(up, codec, f, e, Some(spent), endpoint).await);
+            let out = failed(up, codec, f, e, Some(spent), endpoint).await;
+            return Settled::Done(Finished::Out(out));
         }
     }
     f.count(up, CacheResult::Miss);
     codec.mark(CacheResult::Miss);
-    let attempted = Attempted {
+    Settled::Relay(Attempted {
         result: Ok(r),
         stop,
         ended,
         last_failed,
-    };
-    Finished::Out(codec.answer(up, attempted, spent, recorder, slot).await)
+    })
 }
 
 /// A 304 to a revalidation (RFC 9111 §4.3.4): the entry refreshed by
