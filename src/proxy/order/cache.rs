@@ -86,6 +86,12 @@ pub(crate) trait CacheIo: Codec {
     fn plain(&mut self) -> Option<Self::Arrived>;
 }
 
+/// A fresh entry answers the request: counted, and written by the codec.
+pub(super) async fn hit<C: CacheIo>(up: &Upstream, codec: &mut C, e: &CachedResponse) -> C::Out {
+    cached::count(up, CacheResult::Hit);
+    codec.answer_entry(up, e, CacheResult::Hit, None).await
+}
+
 /// The steps before admission: `Err` when the cache answered (from an
 /// entry, or weir's error when the wait for its key's fill outlasted the
 /// deadline); `Ok` when the request goes upstream, holding its key's fill
