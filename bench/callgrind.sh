@@ -106,8 +106,7 @@ run() { # binary seconds
     PIDS+=($pid)
     wait_port $WEIR_PORT
     # cache-hit: one read first, so that wrk's connections find the entry
-    # fresh and stay on the fast path (a connection that misses moves to
-    # hyper's path for good).
+    # fresh (every request a hit, none a miss).
     [ "$SHAPE" != cache-hit ] || curl -s -o /dev/null "http://127.0.0.1:$WEIR_PORT/"
     local reqs
     reqs=$(load "$2")
