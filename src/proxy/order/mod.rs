@@ -270,8 +270,9 @@ pub(crate) async fn serve_http<C: KeyedWrites + CacheIo>(
         let step = CacheStep {
             cached: plain.as_ref().unwrap_or(&cached),
         };
-        let again = admitted(up, codec, arrived, start, key, deadline, recorder, &step);
-        match again.await {
+        // Awaited where it is made: bound to a name first, the future was
+        // moved once more, whole.
+        match admitted(up, codec, arrived, start, key, deadline, recorder, &step).await {
             Finished::Out(out) => return out,
             Finished::Again(_) if plain.is_some() => return codec.gone(),
             Finished::Again(again) => {
