@@ -169,7 +169,10 @@ pub(super) struct CacheStep<'a> {
 
 impl<C: CacheIo> Steps<C> for CacheStep<'_> {
     fn inert(&self) -> bool {
-        matches!(self.cached, Cached::Off | Cached::Hit(_) | Cached::Stale(..))
+        matches!(
+            self.cached,
+            Cached::Off | Cached::Hit(_) | Cached::Stale(..)
+        )
     }
 
     async fn refuse(
