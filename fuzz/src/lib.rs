@@ -11,6 +11,7 @@ use weir::config::Config;
 use weir::metrics::Metrics;
 use weir::proxy::{ListenerRole, Snapshot};
 use weir::state::StateRegistry;
+use weir::upstream::reach::ReachRegistry;
 
 /// The largest request head weir takes by default (`max_header_bytes`).
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -28,7 +29,12 @@ pub fn snapshot() -> &'static Snapshot {
         let states = StateRegistry::new(metrics.clone())
             .sync(&config)
             .expect("the fuzz config's state");
-        Snapshot::build(config, states, metrics).expect("the fuzz snapshot")
+        let reaches = ReachRegistry::new();
+        let plan = reaches
+            .plan(&config, &metrics)
+            .expect("the fuzz config's reach");
+        let reached = reaches.apply(plan, &config, &metrics);
+        Snapshot::build(config, states, reached, metrics).expect("the fuzz snapshot")
     })
 }
 
