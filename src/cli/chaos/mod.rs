@@ -411,6 +411,7 @@ pub async fn run(scenario: Scenario, opts: &ScenarioOptions) -> Result<ScenarioR
     let sampler = tokio::spawn(trace_breaker(
         state,
         metrics.clone(),
+        up.counters.clone(),
         started,
         outage_end,
         trace.clone(),
@@ -535,21 +536,25 @@ fn column(
     }
 }
 
-/// Samples the breaker state and weir's attempt counter every 2 ms into
-/// `out` until aborted.
+/// Samples the breaker state and the requests the upstream received every
+/// 2 ms into `out` until aborted.
+///
+/// An attempt counts against an open breaker when it reached the upstream
+/// between two samples that, with the one before them, all saw the breaker
+/// open: it was open for at least a whole interval before the attempt
+/// arrived. (weir's own attempt counter counts an attempt when it ends, so
+/// one admitted just before the breaker opened and answered after would
+/// have counted; so would one admitted just before and read by the
+/// upstream just after a single sample.)
 async fn trace_breaker(
     state: Arc<crate::state::UpstreamState>,
     metrics: Arc<Metrics>,
+    upstream: Arc<upstream::Counters>,
     started: Instant,
     outage_end: Option<Duration>,
     out: Arc<std::sync::Mutex<BreakerTrace>>,
 ) {
-    let attempts = || {
-        metrics
-            .values("weir_upstream_attempts_total", "chaos", "result")
-            .values()
-            .sum::<f64>() as u64
-    };
+    let attempts = || upstream.received();
     let half_opens = || {
         metrics
             .values("weir_breaker_transitions_total", "chaos", "to")
@@ -558,6 +563,7 @@ async fn trace_breaker(
             .unwrap_or(0.0) as u64
     };
     let mut prev_state = StateKind::Closed;
+    let mut before_prev = StateKind::Closed;
     let mut prev_attempts = attempts();
     let mut prev_half_opens = half_opens();
     let probes_at_start = state.live().breaker.probes();
@@ -576,7 +582,9 @@ async fn trace_breaker(
         // An interval in which the breaker went half-open holds probes, even
         // if it was open again by the time of the sample.
         let probed = h > prev_half_opens;
-        if let (StateKind::Open, StateKind::Open) = (prev_state, view.state) {
+        if let (StateKind::Open, StateKind::Open, StateKind::Open) =
+            (before_prev, prev_state, view.state)
+        {
             if !probed {
                 t.attempts_while_open += delta;
             }
@@ -601,6 +609,7 @@ async fn trace_breaker(
                 }
             }
         }
+        before_prev = prev_state;
         prev_state = view.state;
         prev_attempts = a;
     }
