@@ -80,6 +80,32 @@ async fn hop_by_hop_and_weir_headers_are_stripped_both_ways(path: DataPath) {
 
 both_paths!(
     #[tokio::test]
+    every_connection_field_counts_and_close_names_a_field_too
+);
+async fn every_connection_field_counts_and_close_names_a_field_too(path: DataPath) {
+    // The common `keep-alive` and `close` options beside a name in a second
+    // field; `close` is an option and, as a field name, hop-by-hop as well.
+    let up = header_echo().await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
+    let out = raw(
+        weir.addr,
+        b"GET / HTTP/1.1\r\nHost: svc\r\nConnection: keep-alive\r\nConnection: X-Second\r\n\
+          x-second: 1\r\nclose: 1\r\nx-app: 1\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let seen = out.rsplit("\r\n\r\n").next().unwrap_or_default();
+    for gone in ["x-second", "close", "connection"] {
+        assert!(
+            !seen.split(',').any(|h| h == gone),
+            "{gone} reached the upstream: {seen}"
+        );
+    }
+    assert!(seen.split(',').any(|h| h == "x-app"), "{seen}");
+}
+
+both_paths!(
+    #[tokio::test]
     content_length_with_transfer_encoding_is_400_and_closed
 );
 async fn content_length_with_transfer_encoding_is_400_and_closed(path: DataPath) {

@@ -99,11 +99,19 @@ pub(crate) fn userinfo_in(parts: &Parts) -> Option<&'static str> {
 /// The host of an authority or `Host` value: userinfo and port dropped, an
 /// IPv6 literal kept whole (without its brackets).
 pub(crate) fn host_of(authority: &str) -> &str {
-    let a = authority.rsplit('@').next().unwrap_or(authority);
-    if let Some(rest) = a.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
+    // Byte by byte: a `Host` value is short, and this runs for every
+    // request (`str` patterns cost a searcher each).
+    let b = authority.as_bytes();
+    let from = b.iter().rposition(|c| *c == b'@').map_or(0, |at| at + 1);
+    let a = &authority[from..];
+    let (a, end) = match a.strip_prefix('[') {
+        Some(rest) => (rest, b']'),
+        None => (a, b':'),
+    };
+    match a.bytes().position(|c| c == end) {
+        Some(i) => &a[..i],
+        None => a,
     }
-    a.split(':').next().unwrap_or(a)
 }
 
 /// Where a request path goes on the upstream (docs/reference/routing.md#routing): the matched
@@ -125,6 +133,23 @@ pub(crate) fn upstream_path<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_of_an_authority() {
+        for (a, host) in [
+            ("svc", "svc"),
+            ("svc:8080", "svc"),
+            ("user:pw@svc:8080", "svc"),
+            ("a@b@svc", "svc"),
+            ("[::1]:80", "::1"),
+            ("u@[::1]", "::1"),
+            ("[::1", "::1"),
+            ("", ""),
+            ("é:1", "é"),
+        ] {
+            assert_eq!(host_of(a), host, "{a:?}");
+        }
+    }
 
     #[test]
     fn prefixes_respect_segments() {

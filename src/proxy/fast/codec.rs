@@ -67,6 +67,10 @@ pub(super) fn without_validators(p: &http::request::Parts) -> Box<http::request:
 }
 
 impl KeyedWrites for FastRequest<'_, '_> {
+    fn keyed(&self) -> bool {
+        self.p.idem.is_some()
+    }
+
     async fn begin_keyed(
         &mut self,
         up: &Upstream,

@@ -259,6 +259,10 @@ impl HyperRequest<'_> {
 }
 
 impl KeyedWrites for HyperRequest<'_> {
+    fn keyed(&self) -> bool {
+        self.keyed.is_some()
+    }
+
     async fn begin_keyed(
         &mut self,
         up: &Upstream,

@@ -121,6 +121,10 @@ pub(crate) trait Codec {
 /// (docs/reference/idempotency.md#idempotency-keys), served by
 /// [`serve_keyed`].
 pub(crate) trait KeyedWrites: Codec {
+    /// Whether the request carries an idempotency key at all: one that
+    /// does not never makes [`KeyedWrites::begin_keyed`]'s future.
+    fn keyed(&self) -> bool;
+
     /// The request's body read as its fingerprint needs, and the store
     /// asked; `None` when the request is no keyed write. The request comes
     /// back for the steps that follow.
@@ -249,9 +253,12 @@ pub(crate) async fn serve_http<C: KeyedWrites + CacheIo>(
             Ok(lead) => lead,
         },
     };
-    let (begun, arrived) = match codec.begin_keyed(up, arrived, deadline.0).await {
-        Err(out) => return out,
-        Ok(b) => b,
+    let (begun, arrived) = match codec.keyed() {
+        false => (None, arrived),
+        true => match codec.begin_keyed(up, arrived, deadline.0).await {
+            Err(out) => return out,
+            Ok(b) => b,
+        },
     };
     let recorder = match begun {
         None | Some(Begun::Unrecorded) => None,

@@ -161,10 +161,22 @@ struct ConnectionField<'b> {
 
 impl<'b> ConnectionField<'b> {
     fn add(&mut self, value: &'b [u8]) {
+        // Whether the value names a field besides these three: `keep-alive`
+        // and `upgrade` are hop-by-hop fields dropped anyway, and `close`
+        // is remembered; a value of only these (nearly every one) need not
+        // be searched for each field the head is written with.
+        let mut other = false;
         for t in tokens(value) {
-            self.close |= t.eq_ignore_ascii_case(b"close");
-            self.keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
-            self.upgrade |= t.eq_ignore_ascii_case(b"upgrade");
+            let close = t.eq_ignore_ascii_case(b"close");
+            let keep_alive = t.eq_ignore_ascii_case(b"keep-alive");
+            let upgrade = t.eq_ignore_ascii_case(b"upgrade");
+            self.close |= close;
+            self.keep_alive |= keep_alive;
+            self.upgrade |= upgrade;
+            other |= !(close || keep_alive || upgrade || t.is_empty());
+        }
+        if !other {
+            return;
         }
         if self.count == MAX_CONNECTION_FIELDS {
             self.overflow = true;
@@ -176,9 +188,10 @@ impl<'b> ConnectionField<'b> {
 
     /// Whether a `Connection` field names `name`.
     fn names(&self, name: &str) -> bool {
-        self.values[..self.count]
-            .iter()
-            .any(|v| request::connection_names(v, name))
+        (self.close && name.eq_ignore_ascii_case("close"))
+            || self.values[..self.count]
+                .iter()
+                .any(|v| request::connection_names(v, name))
     }
 }
 
