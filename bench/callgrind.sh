@@ -10,6 +10,7 @@
 #   SHAPE=post bench/callgrind.sh           # a 1 KiB POST (the fast path)
 #   SHAPE=post-keyed bench/callgrind.sh     # the same with a new Idempotency-Key on each (recorded)
 #   SHAPE=post64k bench/callgrind.sh        # a 64 KiB POST (the fast path)
+#   SHAPE=big bench/callgrind.sh            # a 1 MiB response (the fast path), as bench/shapes.sh's big
 #   SHAPE=cache-hit bench/callgrind.sh      # a small GET answered from weir's response cache (fast path)
 #   SHAPE=cache-miss bench/callgrind.sh     # the same upstream with the cache on, nothing cacheable
 #   KEEP=dir bench/callgrind.sh             # keep the callgrind files for callgrind_annotate
@@ -54,6 +55,14 @@ fi
 if [ "$SHAPE" = cache-hit ]; then
     # Every answer may be kept for an hour: after the first, weir answers them.
     sed -i 's|location / { return 200 "ok"; }|location / { add_header Cache-Control "max-age=3600" always; return 200 "ok"; }|' "$T/up/nginx.conf"
+    kill -HUP "${PIDS[-1]}"
+    sleep 0.5
+fi
+if [ "$SHAPE" = big ]; then
+    # A 1 MiB file (nginx's workers do not run as root).
+    head -c 1048576 /dev/urandom > "$T/big.bin"
+    chmod a+rx "$T"; chmod a+r "$T/big.bin"
+    sed -i "s|location / { return 200 \"ok\"; }|location / { root $T; try_files /big.bin =404; }|" "$T/up/nginx.conf"
     kill -HUP "${PIDS[-1]}"
     sleep 0.5
 fi

@@ -103,34 +103,13 @@ pub(crate) async fn send(
             }
             let io = match conn.pool().take(addr, tag, Instant::now()) {
                 Some(io) => io,
-                None => {
-                    let timeout = up.connect_timeout;
-                    let meter = up.meter;
-                    let opened = super::pool::open(addr, timeout, tls, meter).await;
-                    if let Err(e) = &opened {
-                        if e.tls {
-                            up.reach.log_tls_failure_once(&e.message);
-                        }
-                    }
-                    let io = opened?;
-                    // An `auto` endpoint says by ALPN what it speaks from now on.
-                    if auto {
-                        let client = up.endpoints.client_of(addr);
-                        let h2 = io.chose_h2();
-                        if let Some(c) = &client {
-                            c.learn(h2);
-                        }
-                        if h2 {
-                            // Never an HTTP/2 connection in the HTTP/1.1 pool.
-                            let gone =
-                                || SendError::new(Failure::NotSent, "the endpoint went away");
-                            let client = client.ok_or_else(gone)?;
-                            client.adopt(io).await?;
-                            return Ok(Got::H2(client));
-                        }
-                    }
-                    io
-                }
+                // Boxed: a dial (connect, TLS, perhaps an HTTP/2 handshake)
+                // is most of this future, and the attempt's future, boxed
+                // once per request, would carry it inline.
+                None => match Box::pin(fresh(up, addr, tls, auto)).await? {
+                    Fresh::Io(io) => io,
+                    Fresh::H2(client) => return Ok(Got::H2(client)),
+                },
             };
             if upgrade {
                 return Ok(Got::Once(H1Lease::upgradable(io).await?));
@@ -171,4 +150,45 @@ pub(crate) async fn send(
         Got::Once(mut lease) => lease.send(req).await,
         Got::H2(_) => Err(no_endpoint()),
     }
+}
+
+/// A connection dialled for an attempt.
+enum Fresh {
+    /// To lease as HTTP/1.1.
+    Io(super::pool::UpstreamIo),
+    /// An `auto` endpoint chose `h2`: its HTTP/2 pool has the connection.
+    H2(Arc<UpstreamClient>),
+}
+
+/// Dials `addr` (with `tls`, if any); an `auto` endpoint learns by ALPN
+/// what it speaks from now on, and a connection that chose `h2` joins its
+/// HTTP/2 pool, never the HTTP/1.1 one.
+async fn fresh(
+    up: &CheckoutFor<'_>,
+    addr: SocketAddr,
+    tls: Option<&super::pool::io::FastTls>,
+    auto: bool,
+) -> Result<Fresh, SendError> {
+    let opened = super::pool::open(addr, up.connect_timeout, tls, up.meter).await;
+    if let Err(e) = &opened {
+        if e.tls {
+            up.reach.log_tls_failure_once(&e.message);
+        }
+    }
+    let io = opened?;
+    if !auto {
+        return Ok(Fresh::Io(io));
+    }
+    let client = up.endpoints.client_of(addr);
+    let h2 = io.chose_h2();
+    if let Some(c) = &client {
+        c.learn(h2);
+    }
+    if !h2 {
+        return Ok(Fresh::Io(io));
+    }
+    let gone = || SendError::new(Failure::NotSent, "the endpoint went away");
+    let client = client.ok_or_else(gone)?;
+    client.adopt(io).await?;
+    Ok(Fresh::H2(client))
 }

@@ -299,8 +299,10 @@ async fn send(
     let mut picked = None;
     let mut req = req;
     let interims = req.extensions_mut().remove::<Interims>();
-    let sending = dispatch(up, conn, req, avoid, &mut picked, seen);
+    // Made inside the block that awaits it: made outside and moved in, it
+    // would be held twice in this future (once captured, once pinned).
     let sending = async {
+        let sending = dispatch(up, conn, req, avoid, &mut picked, seen);
         let Some(interims) = interims else {
             return sending.await;
         };
