@@ -106,14 +106,22 @@ pub(crate) struct DialTo {
     pub chose: Option<Arc<std::sync::atomic::AtomicU8>>,
 }
 
-/// One HTTP/2 connection.
+/// One HTTP/2 connection: hyper's sender, held by the pool alone (a
+/// request clones it only to hand its request over, never while it waits:
+/// see [`H2Pool::send`]), and what the pool counts of it.
 struct H2Conn {
     send: http2::SendRequest<Body>,
+    stats: Arc<ConnStats>,
+}
+
+/// What the pool counts of one connection; shared with the requests in
+/// flight on it and its task.
+struct ConnStats {
     /// Requests sent on it whose response head has not arrived yet.
     in_flight: AtomicUsize,
     /// The peer's SETTINGS_MAX_CONCURRENT_STREAMS, as the connection task
     /// last saw it.
-    max_streams: Arc<AtomicUsize>,
+    max_streams: AtomicUsize,
     /// Set once the connection is going away: it takes no new stream.
     retired: AtomicBool,
     /// When a request last started on it (ms since `epoch`).
@@ -123,38 +131,60 @@ struct H2Conn {
 
 impl H2Conn {
     fn usable(&self, now: Instant, idle: Duration) -> bool {
-        !self.retired.load(Ordering::Relaxed)
+        let s = &self.stats;
+        !s.retired.load(Ordering::Relaxed)
             && !self.send.is_closed()
             && self.send.is_ready()
-            && (self.in_flight.load(Ordering::Relaxed) > 0 || self.idle_for(now) < idle)
+            && (s.in_flight.load(Ordering::Relaxed) > 0 || self.idle_for(now) < idle)
     }
 
     fn has_room(&self) -> bool {
-        self.in_flight.load(Ordering::Relaxed) < self.max_streams.load(Ordering::Relaxed).max(1)
+        let s = &self.stats;
+        s.in_flight.load(Ordering::Relaxed) < s.max_streams.load(Ordering::Relaxed).max(1)
     }
 
     /// Counts one more request in flight on it, started at `now`.
     fn reserve(&self, now: Instant) {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
-        let ms = now.saturating_duration_since(self.epoch).as_millis() as u64;
-        self.last_used.store(ms, Ordering::Relaxed);
+        let s = &self.stats;
+        s.in_flight.fetch_add(1, Ordering::Relaxed);
+        let ms = now.saturating_duration_since(s.epoch).as_millis() as u64;
+        s.last_used.store(ms, Ordering::Relaxed);
     }
 
     fn idle_for(&self, now: Instant) -> Duration {
-        let at = self.epoch + Duration::from_millis(self.last_used.load(Ordering::Relaxed));
+        let s = &self.stats;
+        let at = s.epoch + Duration::from_millis(s.last_used.load(Ordering::Relaxed));
         now.saturating_duration_since(at)
     }
 }
 
-/// hyper's connection task, reporting the peer's stream limit as it changes.
+/// hyper's connection task, reporting the peer's stream limit as it
+/// changes; when it ends, its connection leaves the pool.
 struct ConnTask<F> {
     conn: F,
     /// Polls so far: the peer's limit is read on each of the first few
     /// (its SETTINGS come right after the handshake), then on every 64th
     /// (it rarely changes later, and reading it takes h2's lock).
     polls: u32,
-    max_streams: Arc<AtomicUsize>,
+    stats: Arc<ConnStats>,
     learned: Arc<AtomicUsize>,
+    pool: std::sync::Weak<Shared>,
+}
+
+impl<F> ConnTask<F> {
+    /// The connection is gone: it takes nothing more, and the pool lets go
+    /// of its sender. hyper's task can end (a GOAWAY) while a request
+    /// handed over at that moment still sits in its dispatch channel; such
+    /// a request is handed back ("connection closed", unsent) only once
+    /// the last sender is dropped, and the pool's is the last one.
+    fn ended(&self) {
+        self.stats.retired.store(true, Ordering::Relaxed);
+        if let Some(shared) = self.pool.upgrade() {
+            if let Ok(mut state) = shared.state.lock() {
+                state.conns.retain(|c| !Arc::ptr_eq(&c.stats, &self.stats));
+            }
+        }
+    }
 }
 
 /// What a connection runs over: a TCP (or TLS) connection, as hyper reads it.
@@ -169,14 +199,18 @@ impl Future for ConnTask<http2::Connection<Io, Body, TokioExecutor>> {
         this.polls = this.polls.wrapping_add(1);
         if this.polls < 16 || this.polls % 64 == 0 {
             let max = this.conn.current_max_send_streams();
-            if this.max_streams.swap(max, Ordering::Relaxed) != max {
+            if this.stats.max_streams.swap(max, Ordering::Relaxed) != max {
                 this.learned.store(max, Ordering::Relaxed);
             }
         }
         match r {
-            Poll::Ready(Ok(())) => Poll::Ready(()),
+            Poll::Ready(Ok(())) => {
+                this.ended();
+                Poll::Ready(())
+            }
             Poll::Ready(Err(e)) => {
                 tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+                this.ended();
                 Poll::Ready(())
             }
             Poll::Pending => Poll::Pending,
@@ -186,7 +220,7 @@ impl Future for ConnTask<http2::Connection<Io, Body, TokioExecutor>> {
 
 /// Counts a request in flight on a connection until its response head
 /// arrives or it fails (or the attempt is dropped).
-struct InFlight<'a>(&'a H2Conn);
+struct InFlight<'a>(&'a ConnStats);
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
@@ -216,10 +250,19 @@ impl H2Pool {
     ) -> Result<http::Response<Incoming>, SendError> {
         let mut last = None;
         for _ in 0..MAX_TRIES {
-            let conn = self.checkout().await?;
-            let guard = InFlight(&conn);
-            let mut send = conn.send.clone();
-            let sent = send.try_send_request(req).await;
+            // The request is handed to hyper, and then neither the
+            // connection nor a clone of its sender is held while the answer
+            // is awaited: a request hyper took just as its task ended (a
+            // GOAWAY) is handed back only when the last sender is dropped
+            // (`ConnTask::ended`), and a waiting request holding one would
+            // wait for itself until its deadline.
+            let (sending, stats) = {
+                let conn = self.checkout().await?;
+                let mut send = conn.send.clone();
+                (send.try_send_request(req), conn.stats.clone())
+            };
+            let guard = InFlight(&stats);
+            let sent = sending.await;
             drop(guard);
             match sent {
                 Ok(resp) => return Ok(resp),
@@ -227,7 +270,7 @@ impl H2Pool {
                     let err = classify(e.error());
                     if matches!(err.kind, Failure::NotProcessed | Failure::NotSent) {
                         // Going away: nothing new goes to this connection.
-                        conn.retired.store(true, Ordering::Relaxed);
+                        stats.retired.store(true, Ordering::Relaxed);
                     }
                     match e.take_message() {
                         // Handed back unsent: another connection may take it.
@@ -266,7 +309,7 @@ impl H2Pool {
                     .conns
                     .iter()
                     .filter(|c| c.has_room())
-                    .min_by_key(|c| c.in_flight.load(Ordering::Relaxed));
+                    .min_by_key(|c| c.stats.in_flight.load(Ordering::Relaxed));
                 if let Some(c) = best {
                     c.reserve(now);
                     return Ok(c.clone());
@@ -328,7 +371,7 @@ impl H2Pool {
 
 impl Shared {
     /// Connects, shakes hands and starts the connection's task.
-    async fn dial(&self) -> Dialled {
+    async fn dial(self: &Arc<Self>) -> Dialled {
         let d = &self.dial;
         let io = super::open(d.addr, d.connect_timeout, d.tls.as_deref(), &d.meter).await?;
         if let Some(chose) = &d.chose {
@@ -343,7 +386,7 @@ impl Shared {
     }
 
     /// The HTTP/2 handshake over `io`, and the connection's task started.
-    async fn handshake(&self, io: UpstreamIo) -> Dialled {
+    async fn handshake(self: &Arc<Self>, io: UpstreamIo) -> Dialled {
         let io = hyper_util::rt::TokioIo::new(io);
         let assumed = self.learned_max.load(Ordering::Relaxed).max(1);
         let mut builder = self.builder.clone();
@@ -359,22 +402,21 @@ impl Shared {
                 ),
             )
         })?;
-        let max_streams = Arc::new(AtomicUsize::new(assumed));
+        let stats = Arc::new(ConnStats {
+            in_flight: AtomicUsize::new(0),
+            max_streams: AtomicUsize::new(assumed),
+            retired: AtomicBool::new(false),
+            last_used: AtomicU64::new(0),
+            epoch: Instant::now(),
+        });
         tokio::spawn(ConnTask {
             conn,
             polls: 0,
-            max_streams: max_streams.clone(),
+            stats: stats.clone(),
             learned: self.learned_max.clone(),
+            pool: Arc::downgrade(self),
         });
-        let epoch = Instant::now();
-        Ok(Arc::new(H2Conn {
-            send,
-            in_flight: AtomicUsize::new(0),
-            max_streams,
-            retired: AtomicBool::new(false),
-            last_used: AtomicU64::new(0),
-            epoch,
-        }))
+        Ok(Arc::new(H2Conn { send, stats }))
     }
 }
 
