@@ -34,8 +34,8 @@
 //! ```
 //!
 //! HTTP/1 framing — `Content-Length`, `Transfer-Encoding`, the chunked
-//! coding — is written once, in `proxy::h1`, with hyper's rules; the guard
-//! and the fast path both use it. The behaviour reference is
+//! coding — is written once, in `h1`, with hyper's rules; the guard,
+//! the fast path and the upstream side's own HTTP/1.1 client use it. The behaviour reference is
 //! `docs/reference/` (the book's Reference part, `docs/reference/index.md`);
 //! comments cite its sections.
 //!
@@ -45,7 +45,9 @@
 //! docs/reference/life-of-a-request.md#the-house).
 //!
 //! - [`clock`]: the only module that reads clocks or seeds randomness;
-//!   [`shutdown`]: the stop signal. Leaves.
+//!   [`shutdown`]: the stop signal; [`h1`]: HTTP/1 framing
+//!   (`Content-Length`, `Transfer-Encoding`, the chunked coding, where a
+//!   response ends). Leaves.
 //! - [`policy`]: PURE state machines and the retry decision — backoff,
 //!   budget, breaker, limiters, the adaptive limit, the balancer's choice
 //!   (`balance`: peak-EWMA, two choices), ejection (`eject`), the cache's
@@ -87,8 +89,7 @@
 //!   request-smuggling guard, `exchange` its codec, `transport` its
 //!   attempts, `exchange::refresh` a stale entry's background refresh,
 //!   `tunnel` CONNECT,
-//!   `upgrade` WebSocket pass-through). Beside them: `h1` (HTTP/1
-//!   framing), `replay` (bodies kept for a retry), `idempotent` (keyed writes),
+//!   `upgrade` WebSocket pass-through). Beside them: `replay` (bodies kept for a retry), `idempotent` (keyed writes),
 //!   `error` (weir's own responses), `access` (the access log), `headers`,
 //!   `route`, `body`, `traced`.
 //! - [`admin`]: the admin endpoints; `admin::status`, the status page they
@@ -105,6 +106,7 @@ pub mod admin;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod h1;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;

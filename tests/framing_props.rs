@@ -1,5 +1,5 @@
 //! A differential property for weir's one HTTP/1 framing module
-//! (`proxy::h1`): for arbitrary request heads and bodies, the module (on
+//! (`h1`): for arbitrary request heads and bodies, the module (on
 //! heads parsed by httparse, as the guard and the fast path parse them) and
 //! hyper's server behind the guard — weir's general path — agree on where a
 //! request ends, or the module refuses the request and hyper serves nothing
@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use weir::proxy::h1::{request_framing, Chunked, RequestFraming};
+use weir::h1::{request_framing, Chunked, RequestFraming};
 
 /// What follows every generated request on the same connection.
 const NEXT: &[u8] = b"GET /next HTTP/1.1\r\nHost: x\r\n\r\n";

@@ -1,4 +1,4 @@
-//! weir's request framing — the guard in front of hyper, on `proxy::h1` —
+//! weir's request framing — the guard in front of hyper, on `h1` —
 //! held against a strict reference written from RFC 9112
 //! (`tests/reference/rfc9112.rs`): on any bytes, read in any pieces, the two
 //! agree on where each request starts and ends, or weir refuses. The same

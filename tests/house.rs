@@ -268,6 +268,10 @@ const LAYERS: &[(&str, &str)] = &[
         "the only reader of clocks and seeder of randomness: a leaf",
     ),
     ("shutdown", "the stop signal: a leaf"),
+    (
+        "h1",
+        "HTTP/1 framing, written once for every reader of HTTP/1 bytes: a leaf",
+    ),
     ("policy", "the pure decision core"),
     ("config", "the TOML schema, validated into typed snapshots"),
     ("metrics", "every metric family and meter"),

@@ -7,7 +7,7 @@
 use libfuzzer_sys::fuzz_target;
 use weir::cli::fuzzing::{guard_frame, Mark, Stop};
 use weir::proxy::fast::head::{plan, Parse};
-use weir::proxy::h1::Chunked;
+use weir::h1::Chunked;
 use weir_fuzz::{reads, role, snapshot, MAX_HEAD};
 
 fn same(marks: Vec<Mark>) -> Vec<Mark> {
@@ -63,7 +63,7 @@ fuzz_target!(|data: &[u8]| {
         };
         let body = &out[head..];
         if p.chunked {
-            let mut c = weir::proxy::h1::Chunked::whole();
+            let mut c = weir::h1::Chunked::whole();
             assert_eq!(
                 c.feed(body),
                 Ok(Some(body.len())),

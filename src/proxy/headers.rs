@@ -59,7 +59,7 @@ pub(crate) fn restate_length(h: &mut HeaderMap) {
     let mut values = h
         .get_all(header::CONTENT_LENGTH)
         .iter()
-        .map(|v| super::h1::content_length_list(v.as_bytes()));
+        .map(|v| crate::h1::content_length_list(v.as_bytes()));
     let Some(Some(first)) = values.next() else {
         return;
     };

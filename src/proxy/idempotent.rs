@@ -271,7 +271,7 @@ impl Capture {
         if self.over {
             return;
         }
-        let (data, trailers) = super::h1::chunk_data(&self.buf[self.fields_len..]);
+        let (data, trailers) = crate::h1::chunk_data(&self.buf[self.fields_len..]);
         if trailers {
             self.spoil();
         } else {
@@ -342,7 +342,7 @@ pub(crate) fn replay_parts(
 pub(crate) fn fingerprint(method: &[u8], target: &[u8], body: &[u8], chunked: bool) -> Fingerprint {
     let mut h = crate::policy::idempotency::FingerprintHasher::new(method, target);
     if chunked {
-        for c in super::h1::Chunks::new(body) {
+        for c in crate::h1::Chunks::new(body) {
             h.update(c);
         }
     } else {

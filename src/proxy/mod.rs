@@ -12,7 +12,6 @@ pub mod cached;
 pub(crate) mod error;
 pub mod fast;
 pub(crate) mod general;
-pub mod h1;
 pub(crate) mod headers;
 pub(crate) mod idempotent;
 pub(crate) mod order;

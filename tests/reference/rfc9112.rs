@@ -1,6 +1,6 @@
 //! A strict reference for where HTTP/1.1 requests end (RFC 9112 §2–§7),
 //! written from the RFC's grammar for clarity, not speed. weir's request
-//! framing (the guard in front of hyper, `proxy::general::guard`, and `proxy::h1`)
+//! framing (the guard in front of hyper, `proxy::general::guard`, and `h1`)
 //! is held against it by `tests/framing_reference.rs` and by the
 //! `framing_differential` fuzz target: on any bytes, the two agree on where
 //! each request starts and ends, or weir refuses.

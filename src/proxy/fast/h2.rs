@@ -115,7 +115,7 @@ impl Ctx<'_> {
         let body = self.bufs.client.get(p.head_len..need).unwrap_or_default();
         let data = match p.chunked {
             // Its data; a body with trailers never comes this way.
-            true => Bytes::from(crate::proxy::h1::chunk_data(body).0),
+            true => Bytes::from(crate::h1::chunk_data(body).0),
             false => Bytes::copy_from_slice(body),
         };
         let mut plan = Outbound {

@@ -46,7 +46,7 @@ impl Ctx<'_> {
         let field = parts
             .headers
             .get(CONTENT_LENGTH)
-            .and_then(|v| crate::proxy::h1::content_length(v.as_bytes()));
+            .and_then(|v| crate::h1::content_length(v.as_bytes()));
         let hint = body.size_hint().exact();
         let known = if body.is_end_stream() { Some(0) } else { hint };
         let framing = if p.is_head_request || status == 204 || status == 304 {

@@ -8,8 +8,9 @@ use super::head::{ChunkedRelay, Framing};
 use super::io::read_more;
 use super::transport::Exchange;
 use super::Ctx;
+use crate::h1;
 use crate::proxy::error::ProxyError;
-use crate::proxy::{h1, Upstream};
+use crate::proxy::Upstream;
 use tokio::time::Instant;
 
 impl Ctx<'_> {

@@ -15,7 +15,7 @@
 //! CONNECT and anything it cannot follow are passed through untouched, and
 //! hyper's own parser remains the one that decides everything else.
 
-use crate::proxy::h1;
+use crate::h1;
 
 mod judge;
 pub use judge::Refusal;
@@ -37,7 +37,7 @@ enum Following {
     Head,
     /// Skipping a fixed-length body.
     Fixed(u64),
-    /// Following a chunked body (`proxy::h1`, hyper's rules).
+    /// Following a chunked body (`h1`, hyper's rules).
     Chunked(h1::Chunked),
     /// An HTTP/2 connection that has not yet sent its preface and a first
     /// frame header (`seen` bytes so far): passed through, but still timed,

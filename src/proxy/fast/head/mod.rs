@@ -15,8 +15,8 @@
 pub mod cache;
 mod h2;
 
+use crate::h1;
 use crate::policy::RequestFacts;
-use crate::proxy::h1;
 use crate::proxy::request::{self, Parsed};
 use crate::proxy::route::upstream_path;
 use crate::proxy::{ListenerRole, Snapshot, Upstream};

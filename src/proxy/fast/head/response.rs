@@ -4,21 +4,10 @@
 //! with its trailer section filtered.
 
 use super::{eq, header, push_u64, ConnectionField, MAX_HEADERS};
-use crate::proxy::h1;
+use crate::h1;
 use crate::proxy::request::dropped as hop_by_hop;
 
-/// How a response body is delimited (RFC 9112 §6.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
-    /// No body: HEAD, 204, 304.
-    Empty,
-    /// `Content-Length`.
-    Length(u64),
-    /// `Transfer-Encoding: chunked`, passed through as it comes.
-    Chunked,
-    /// Until the upstream closes the connection.
-    Close,
-}
+pub use crate::h1::Framing;
 
 /// What the fast path needs from an upstream's response head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,19 +101,8 @@ pub fn parse_response<'b>(
         close = !connection.keep_alive;
     }
     close |= connection.close;
-    let framing = if is_head_request || status == 204 || status == 304 {
-        Framing::Empty
-    } else {
-        match (chunked, length) {
-            (Some(true), _) => Framing::Chunked,
-            (Some(false), _) => Framing::Close,
-            (None, Some(n)) => Framing::Length(n),
-            (None, None) => Framing::Close,
-        }
-    };
-    // A message framed two ways is not reused: the next response could be
-    // read from the wrong place.
-    let reusable = !close && framing != Framing::Close && !(chunked.is_some() && length.is_some());
+    let (framing, reusable) = h1::response_framing(is_head_request, status, chunked, length);
+    let reusable = reusable && !close;
 
     out.clear();
     out.extend_from_slice(b"HTTP/1.1 ");

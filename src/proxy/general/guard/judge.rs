@@ -2,7 +2,7 @@
 //! connection's service about a head it refused.
 
 use super::{Following, Stop};
-use crate::proxy::h1;
+use crate::h1;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 /// What hyper is given in place of a head weir answers itself ([`Refusal`]):
@@ -87,7 +87,7 @@ pub(super) enum Judged {
 }
 
 /// Decides a complete request head: conflict, or how its body is framed
-/// (`proxy::h1`, the rules hyper applies to the same head).
+/// (`h1`, the rules hyper applies to the same head).
 pub(super) fn judge(head: &[u8]) -> Judged {
     let mut headers = [httparse::EMPTY_HEADER; 128];
     let mut req = httparse::Request::new(&mut headers);

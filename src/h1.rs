@@ -116,6 +116,46 @@ pub fn request_framing<'a>(
     }
 }
 
+/// How a response body is delimited (RFC 9112 §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body: HEAD, 204, 304.
+    Empty,
+    /// `Content-Length`.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Until the upstream closes the connection.
+    Close,
+}
+
+/// Where the body of a final response ends (RFC 9112 §6.3), from the
+/// request's method (`HEAD`), the status, its `Transfer-Encoding` (`Some`:
+/// present; `true`: its last coding is `chunked`) and its `Content-Length`;
+/// and whether its connection may carry another request after it, as far
+/// as its framing goes (`Connection: close` and HTTP/1.0 are the
+/// caller's). A message framed two ways is not reused: the next response
+/// could be read from the wrong place.
+pub fn response_framing(
+    is_head_request: bool,
+    status: u16,
+    chunked: Option<bool>,
+    length: Option<u64>,
+) -> (Framing, bool) {
+    let framing = if is_head_request || status == 204 || status == 304 {
+        Framing::Empty
+    } else {
+        match (chunked, length) {
+            (Some(true), _) => Framing::Chunked,
+            (Some(false), _) => Framing::Close,
+            (None, Some(n)) => Framing::Length(n),
+            (None, None) => Framing::Close,
+        }
+    };
+    let reusable = framing != Framing::Close && !(chunked.is_some() && length.is_some());
+    (framing, reusable)
+}
+
 /// Where [`Chunked::feed`] reports the end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Until {
@@ -163,6 +203,18 @@ impl Default for Chunked {
     }
 }
 
+/// What [`Chunked::step`] found in the bytes it was given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// `len` bytes of chunk data start at `at` (what comes before is
+    /// coding); the bytes after them are not looked at yet.
+    Data { at: usize, len: usize },
+    /// Every byte was coding, and the body goes on.
+    More,
+    /// The body ended after this many bytes.
+    Ended(usize),
+}
+
 /// Why a chunked body is not valid (hyper refuses the same bytes).
 pub const BAD_CHUNKED: &str = "invalid chunked coding";
 
@@ -192,17 +244,33 @@ impl Chunked {
     /// Consumes `bytes`. `Ok(Some(n))`: it ended after the first `n` of them;
     /// `Ok(None)`: more is to come; `Err`: not valid chunked coding.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Option<usize>, &'static str> {
+        let mut at = 0;
+        loop {
+            match self.step(&bytes[at..])? {
+                Step::Data { at: from, len } => at += from + len,
+                Step::More => return Ok(None),
+                Step::Ended(n) => return Ok(Some(at + n)),
+            }
+        }
+    }
+
+    /// Consumes `bytes` up to the first run of chunk data in them, for a
+    /// reader that takes the data out ([`Step`]); the coding around it is
+    /// checked as [`Chunked::feed`] checks it.
+    pub fn step(&mut self, bytes: &[u8]) -> Result<Step, &'static str> {
         use ChunkState::*;
         let mut i = 0;
         while i < bytes.len() {
             if self.state == Body {
                 let take = self.size.min((bytes.len() - i) as u64);
                 self.size -= take;
-                i += take as usize;
                 if self.size == 0 {
                     self.state = BodyCr;
                 }
-                continue;
+                return Ok(Step::Data {
+                    at: i,
+                    len: take as usize,
+                });
             }
             let b = bytes[i];
             i += 1;
@@ -230,7 +298,7 @@ impl Chunked {
                 (SizeLf, b'\n') if self.size == 0 => {
                     if self.until == Until::LastChunk {
                         self.state = EndCr;
-                        return Ok(Some(i));
+                        return Ok(Step::Ended(i));
                     }
                     EndCr
                 }
@@ -263,12 +331,12 @@ impl Chunked {
                 (TrailerLf, b'\n') => EndCr,
                 (EndLf, b'\n') => {
                     self.state = End;
-                    return Ok(Some(i));
+                    return Ok(Step::Ended(i));
                 }
                 _ => return Err(BAD_CHUNKED),
             };
         }
-        Ok(None)
+        Ok(Step::More)
     }
 
     /// Whether the end has been reported.
