@@ -205,7 +205,7 @@ impl Default for Chunked {
 
 /// What [`Chunked::step`] found in the bytes it was given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
+pub enum ChunkStep {
     /// `len` bytes of chunk data start at `at` (what comes before is
     /// coding); the bytes after them are not looked at yet.
     Data { at: usize, len: usize },
@@ -247,17 +247,17 @@ impl Chunked {
         let mut at = 0;
         loop {
             match self.step(&bytes[at..])? {
-                Step::Data { at: from, len } => at += from + len,
-                Step::More => return Ok(None),
-                Step::Ended(n) => return Ok(Some(at + n)),
+                ChunkStep::Data { at: from, len } => at += from + len,
+                ChunkStep::More => return Ok(None),
+                ChunkStep::Ended(n) => return Ok(Some(at + n)),
             }
         }
     }
 
     /// Consumes `bytes` up to the first run of chunk data in them, for a
-    /// reader that takes the data out ([`Step`]); the coding around it is
+    /// reader that takes the data out ([`ChunkStep`]); the coding around it is
     /// checked as [`Chunked::feed`] checks it.
-    pub fn step(&mut self, bytes: &[u8]) -> Result<Step, &'static str> {
+    pub fn step(&mut self, bytes: &[u8]) -> Result<ChunkStep, &'static str> {
         use ChunkState::*;
         let mut i = 0;
         while i < bytes.len() {
@@ -267,7 +267,7 @@ impl Chunked {
                 if self.size == 0 {
                     self.state = BodyCr;
                 }
-                return Ok(Step::Data {
+                return Ok(ChunkStep::Data {
                     at: i,
                     len: take as usize,
                 });
@@ -298,7 +298,7 @@ impl Chunked {
                 (SizeLf, b'\n') if self.size == 0 => {
                     if self.until == Until::LastChunk {
                         self.state = EndCr;
-                        return Ok(Step::Ended(i));
+                        return Ok(ChunkStep::Ended(i));
                     }
                     EndCr
                 }
@@ -331,12 +331,12 @@ impl Chunked {
                 (TrailerLf, b'\n') => EndCr,
                 (EndLf, b'\n') => {
                     self.state = End;
-                    return Ok(Step::Ended(i));
+                    return Ok(ChunkStep::Ended(i));
                 }
                 _ => return Err(BAD_CHUNKED),
             };
         }
-        Ok(Step::More)
+        Ok(ChunkStep::More)
     }
 
     /// Whether the end has been reported.

@@ -150,7 +150,10 @@ async fn a_truncated_body_without_a_cache_ends_the_connection_short(path: DataPa
 }
 
 /// Over HTTP/2 the client's stream is reset: its body read fails rather
-/// than ending at 250 bytes.
+/// than ending at 250 bytes. (The reset may overtake the response head
+/// when the upstream's body breaks off before the head has left: h2 drops
+/// a reset stream's queued frames. Either way the client never takes the
+/// body for whole.)
 #[tokio::test]
 async fn over_http2_a_truncated_body_resets_the_stream() {
     use http_body_util::BodyExt;
@@ -159,7 +162,16 @@ async fn over_http2_a_truncated_body_resets_the_stream() {
     let req = hyper::Request::get("http://svc/big")
         .body(body(""))
         .unwrap();
-    let resp = h2_request(weir.addr, req).await;
+    let (mut send, _conn) = h2_connect(weir.addr).await;
+    let resp = match send.send_request(req).await {
+        Ok(r) => r,
+        Err(e) => {
+            let reset = e.to_string().contains("INTERNAL_ERROR")
+                || format!("{e:?}").contains("INTERNAL_ERROR");
+            assert!(reset, "{e:?}");
+            return;
+        }
+    };
     assert_eq!(resp.status().as_u16(), 200);
     let got = resp.into_body().collect().await;
     assert!(got.is_err(), "the stream ended as if whole");

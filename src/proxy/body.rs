@@ -17,8 +17,10 @@ pub(crate) use crate::upstream::client::Body;
 
 /// An upstream response body: as it comes (no allocation), or with frames
 /// read ahead for a gRPC status in its trailers.
-pub(crate) type UpstreamBody =
-    http_body_util::Either<hyper::body::Incoming, ReadAhead<hyper::body::Incoming>>;
+pub(crate) type UpstreamBody = http_body_util::Either<UpBody, ReadAhead<UpBody>>;
+
+/// An upstream's response body as the upstream side hands it over.
+pub(crate) use crate::upstream::http1::UpBody;
 
 pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())

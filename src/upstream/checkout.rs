@@ -7,13 +7,13 @@
 //! streams (`pool::h1`) and the same dialler (`pool::open`).
 
 use super::client::{Failure, SendError, Speaks, UpstreamClient};
+use super::http1::{self, UpBody};
 use super::pool::held::{self, ConnCtx};
 use super::pool::lease::H1Lease;
 use super::reach::UpstreamReach;
 use super::send::Body;
 use super::{Endpoints, Picked};
 use http::{Request, Response};
-use hyper::body::Incoming;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,7 +50,7 @@ pub(crate) async fn send(
     avoid: &mut Vec<SocketAddr>,
     picked: &mut Option<Picked>,
     seen: &(dyn Fn(SocketAddr) + Sync),
-) -> Result<Response<Incoming>, SendError> {
+) -> Result<Response<UpBody>, SendError> {
     let publish = |p: &Picked| seen(p.addr());
     if !up.endpoints.ready() {
         // A name not resolved yet: the attempt waits for the resolver.
@@ -69,13 +69,15 @@ pub(crate) async fn send(
         if client.speaks() == Speaks::H2 && (!client.is_auto() || client.h2_has_room()) {
             publish(&p);
             *picked = Some(p);
-            return client.send(req).await;
+            return client.send(req).await.map(|r| r.map(UpBody::from));
         }
         // `auto` over TLS, not dialled yet or HTTP/1.1: a lease, dialled
         // with the upstream's ALPN.
         *picked = Some(p);
     }
     enum Got {
+        /// A connection for weir's own HTTP/1.1 client.
+        Own(super::pool::UpstreamIo),
         Held(H1Lease, held::Place),
         Once(H1Lease),
         /// An `auto` endpoint chose `h2`: its HTTP/2 pool has the connection.
@@ -90,13 +92,15 @@ pub(crate) async fn send(
     let tag = tls.map_or(0, |t| t.tag);
     let id = up.reach as *const UpstreamReach as usize;
     let places = &up.reach.held_conns;
+    // weir's own HTTP/1.1 client, for the requests the request side marked.
+    let own = up.own_h1 && !upgrade && req.extensions().get::<http1::OwnHttp1>().is_some();
     let got = super::dial(
         up.endpoints,
         avoid,
         Instant::now(),
         picked,
         |addr| async move {
-            if !upgrade {
+            if !upgrade && !own {
                 if let Some((lease, place)) = conn.take(id, addr) {
                     return Ok(Got::Held(lease, place));
                 }
@@ -111,6 +115,9 @@ pub(crate) async fn send(
                     Fresh::H2(client) => return Ok(Got::H2(client)),
                 },
             };
+            if own {
+                return Ok(Got::Own(io));
+            }
             if upgrade {
                 return Ok(Got::Once(H1Lease::upgradable(io).await?));
             }
@@ -126,7 +133,7 @@ pub(crate) async fn send(
     let p = picked.as_ref().ok_or_else(no_endpoint)?;
     publish(p);
     if let Got::H2(client) = &got {
-        return client.send(req).await;
+        return client.send(req).await.map(|r| r.map(UpBody::from));
     }
     let addr = p.addr();
     // A connection of our own (always HTTP/1.1) takes the origin form of the
@@ -140,14 +147,22 @@ pub(crate) async fn send(
         *req.uri_mut() = http::Uri::from(pq);
     }
     match got {
+        Got::Own(io) => {
+            let back = http1::GiveBack {
+                pool: Arc::downgrade(conn.pool()),
+                addr,
+                tag,
+            };
+            http1::send(io, back, req).await
+        }
         Got::Held(mut lease, place) => {
             let resp = lease.send(req).await?;
             conn.keep(id, addr, lease, place);
-            Ok(resp)
+            Ok(resp.map(UpBody::from))
         }
         // Given back when dropped: its connection returns to the pool once
         // the response has ended.
-        Got::Once(mut lease) => lease.send(req).await,
+        Got::Once(mut lease) => lease.send(req).await.map(|r| r.map(UpBody::from)),
         Got::H2(_) => Err(no_endpoint()),
     }
 }

@@ -13,6 +13,7 @@
 pub(crate) mod checkout;
 pub mod client;
 mod dial;
+pub(crate) mod http1;
 pub mod pool;
 pub mod reach;
 pub mod resolve;

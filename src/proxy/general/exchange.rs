@@ -130,6 +130,17 @@ async fn exchange(
     }
     parts.headers.remove(header::HOST);
     parts.uri = uri;
+    // An HTTP/2 client's request to an upstream spoken to in HTTP/1.1 goes
+    // on weir's own HTTP/1.1 client (`upstream::http1`), but for an
+    // upgrade and an `Expect: 100-continue` (hyper's interim callback
+    // opens the body's gate).
+    if parts.version == Version::HTTP_2
+        && !up.h2
+        && upgrade.is_none()
+        && !parts.headers.contains_key(header::EXPECT)
+    {
+        parts.extensions.insert(crate::upstream::http1::OwnHttp1);
+    }
     parts.version = if up.h2 {
         Version::HTTP_2
     } else {

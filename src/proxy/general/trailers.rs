@@ -4,7 +4,6 @@
 
 use crate::proxy::body::UpstreamBody;
 use http::{HeaderMap, Response};
-use hyper::body::Incoming;
 use tokio::time::Instant;
 
 /// Holds a gRPC response until its first message or its trailers, whichever
@@ -14,7 +13,7 @@ use tokio::time::Instant;
 /// stream is never held back. Whatever happens, the client gets the same
 /// body: the frames held, then the rest.
 pub(super) async fn hold_for_trailers(
-    resp: Response<Incoming>,
+    resp: Response<crate::proxy::body::UpBody>,
     limit: u64,
     until: Instant,
 ) -> (Response<UpstreamBody>, Option<u8>) {

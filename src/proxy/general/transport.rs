@@ -14,7 +14,6 @@ use crate::state::UpstreamState;
 use crate::upstream::pool::held::ConnCtx;
 use http::request::Parts;
 use http::{HeaderMap, Request, Response};
-use hyper::body::Incoming;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -363,7 +362,7 @@ async fn judge(
     (grpc_trailers, deadline): (bool, Instant),
     try_deadline: Instant,
     sent: Result<
-        Result<Response<Incoming>, crate::upstream::client::SendError>,
+        Result<Response<crate::proxy::body::UpBody>, crate::upstream::client::SendError>,
         tokio::time::error::Elapsed,
     >,
 ) -> (Outcome, Result<Response<UpstreamBody>, ProxyError>) {
@@ -412,7 +411,7 @@ async fn dispatch(
     avoid: &mut Vec<std::net::SocketAddr>,
     picked: &mut Option<crate::upstream::Picked>,
     seen: Option<&crate::proxy::attempt::Seen>,
-) -> Result<Response<Incoming>, crate::upstream::client::SendError> {
+) -> Result<Response<crate::proxy::body::UpBody>, crate::upstream::client::SendError> {
     let to = crate::upstream::checkout::CheckoutFor {
         endpoints: &up.endpoints,
         reach: &up.reach,
