@@ -20,7 +20,7 @@ pub(crate) use crate::upstream::client::Body;
 pub(crate) type UpstreamBody = http_body_util::Either<UpBody, ReadAhead<UpBody>>;
 
 /// An upstream's response body as the upstream side hands it over.
-pub(crate) use crate::upstream::http1::UpBody;
+pub(crate) use crate::upstream::body::UpBody;
 
 pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())

@@ -6,8 +6,9 @@
 //! answers by ALPN on its dial. The fast path takes the same pool's raw
 //! streams (`pool::h1`) and the same dialler (`pool::open`).
 
+use super::body::UpBody;
 use super::client::{Failure, SendError, Speaks, UpstreamClient};
-use super::http1::{self, UpBody};
+use super::http1;
 use super::pool::held::{self, ConnCtx};
 use super::pool::lease::H1Lease;
 use super::reach::UpstreamReach;
@@ -153,7 +154,9 @@ pub(crate) async fn send(
                 addr,
                 tag,
             };
-            http1::send(io, back, req).await
+            http1::send(io, back, req)
+                .await
+                .map(|r| r.map(UpBody::from))
         }
         Got::Held(mut lease, place) => {
             let resp = lease.send(req).await?;

@@ -189,7 +189,7 @@ impl UpstreamClient {
     pub async fn send(
         &self,
         req: http::Request<Body>,
-    ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
+    ) -> Result<http::Response<crate::upstream::pool::h2::H2Body>, SendError> {
         match &self.h2 {
             Some(pool) => pool.send(req).await,
             None => Err(SendError::new(

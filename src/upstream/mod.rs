@@ -10,6 +10,7 @@
 //! (each endpoint's health); this module holds them behind short locks,
 //! never across an await.
 
+pub(crate) mod body;
 pub(crate) mod checkout;
 pub mod client;
 mod dial;

@@ -1,6 +1,4 @@
-//! A response body read by weir's own HTTP/1.1 client ([`H1Body`]), and
-//! the one response body type of the general path's upstream side
-//! ([`UpBody`]): hyper's, or weir's own.
+//! A response body read by weir's own HTTP/1.1 client ([`H1Body`]).
 
 use super::{head, Broke, GiveBack, Sending};
 use crate::h1::{ChunkStep, Chunked, Framing};
@@ -239,49 +237,6 @@ impl HttpBody for H1Body {
             Reading::Done => SizeHint::with_exact(0),
             Reading::Length(left) => SizeHint::with_exact(left),
             _ => SizeHint::default(),
-        }
-    }
-}
-
-/// An upstream's response body on the general path: hyper's client's, or
-/// weir's own ([`H1Body`]).
-#[derive(Debug)]
-pub(crate) enum UpBody {
-    Hyper(hyper::body::Incoming),
-    Own(H1Body),
-}
-
-impl From<hyper::body::Incoming> for UpBody {
-    fn from(b: hyper::body::Incoming) -> Self {
-        UpBody::Hyper(b)
-    }
-}
-
-impl HttpBody for UpBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            UpBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            UpBody::Own(b) => Pin::new(b).poll_frame(cx),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            UpBody::Hyper(b) => b.is_end_stream(),
-            UpBody::Own(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            UpBody::Hyper(b) => b.size_hint(),
-            UpBody::Own(b) => b.size_hint(),
         }
     }
 }

@@ -26,7 +26,7 @@
 mod body;
 mod head;
 
-pub(crate) use body::{H1Body, UpBody};
+pub(crate) use body::H1Body;
 
 use super::pool::{H1Pool, UpstreamIo};
 use super::send::{Body, BoxError, Failure, SendError, MAX_INTERIM_RESPONSES, MAX_RESPONSE_HEAD};
@@ -262,7 +262,7 @@ pub(crate) async fn send(
     mut io: UpstreamIo,
     back: GiveBack,
     req: Request<Body>,
-) -> Result<Response<UpBody>, SendError> {
+) -> Result<Response<H1Body>, SendError> {
     let (parts, body) = req.into_parts();
     let is_head = parts.method == Method::HEAD;
     let mut sending = Some(Sending::new(&parts, body));
@@ -361,7 +361,7 @@ pub(crate) async fn send(
     });
     let (response, framing, reusable) = head.await?;
     let body = H1Body::new(io, buf, framing, reusable, sending, back);
-    Ok(response.map(|()| UpBody::Own(body)))
+    Ok(response.map(|()| body))
 }
 
 #[cfg(test)]

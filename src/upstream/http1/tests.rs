@@ -83,7 +83,7 @@ async fn exchange(
     addr: SocketAddr,
     pool: &Arc<H1Pool>,
     req: Request<Body>,
-) -> Result<Response<UpBody>, SendError> {
+) -> Result<Response<H1Body>, SendError> {
     let back = GiveBack {
         pool: Arc::downgrade(pool),
         addr,

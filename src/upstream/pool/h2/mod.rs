@@ -5,8 +5,12 @@
 //! opened by `pool::open`, the one dialler, or handed to it open
 //! ([`H2Pool::adopt`]: the `auto` dial that found `h2`).
 //!
-//! Each connection is hyper's `client::conn::http2` handshake: a
-//! `SendRequest` and its connection task. The pool
+//! Each connection is the `h2` crate's client, driven directly (no
+//! dispatch channel or task per request in between): a `SendRequest`, and
+//! the connection's task. A request's body goes out from the request's own
+//! task while it waits for the response head, and only a body still
+//! streaming when the head arrives gets a task of its own ([`stream`]).
+//! The pool
 //!
 //! - multiplexes: a request goes to the open connection with the fewest
 //!   streams in flight, and a new connection is dialled only when every
@@ -22,15 +26,18 @@
 //!   new one; the request that found it so goes to another connection.
 //! - closes connections idle longer than the upstream's `idle_timeout`.
 //!
-//! No legacy client and no per-request checkout: a send is a lock, a scan of
-//! a handful of connections and hyper's dispatch channel.
+//! No per-request checkout: a send is a lock, a scan of a handful of
+//! connections and a stream opened on one.
+
+mod stream;
+
+pub use stream::H2Body;
 
 use super::io::FastTls;
 use super::UpstreamIo;
 use crate::upstream::send::{classify, Body, Failure, SendError};
-use hyper::body::Incoming;
-use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use bytes::Bytes;
+use http_body::Body as _;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -74,7 +81,6 @@ struct Shared {
     /// The stream limit the endpoint's connections last reported: a new
     /// connection assumes it until its own peer's SETTINGS arrive.
     learned_max: Arc<AtomicUsize>,
-    builder: http2::Builder<TokioExecutor>,
     idle_timeout: Duration,
     state: Mutex<PoolState>,
 }
@@ -106,11 +112,10 @@ pub(crate) struct DialTo {
     pub chose: Option<Arc<std::sync::atomic::AtomicU8>>,
 }
 
-/// One HTTP/2 connection: hyper's sender, held by the pool alone (a
-/// request clones it only to hand its request over, never while it waits:
-/// see [`H2Pool::send`]), and what the pool counts of it.
+/// One HTTP/2 connection: its sender, held by the pool (a request clones
+/// it to open its stream), and what the pool counts of it.
 struct H2Conn {
-    send: http2::SendRequest<Body>,
+    send: h2::client::SendRequest<Bytes>,
     stats: Arc<ConnStats>,
 }
 
@@ -133,8 +138,6 @@ impl H2Conn {
     fn usable(&self, now: Instant, idle: Duration) -> bool {
         let s = &self.stats;
         !s.retired.load(Ordering::Relaxed)
-            && !self.send.is_closed()
-            && self.send.is_ready()
             && (s.in_flight.load(Ordering::Relaxed) > 0 || self.idle_for(now) < idle)
     }
 
@@ -158,7 +161,7 @@ impl H2Conn {
     }
 }
 
-/// hyper's connection task, reporting the peer's stream limit as it
+/// The connection's task, reporting the peer's stream limit as it
 /// changes; when it ends, its connection leaves the pool.
 struct ConnTask<F> {
     conn: F,
@@ -173,10 +176,7 @@ struct ConnTask<F> {
 
 impl<F> ConnTask<F> {
     /// The connection is gone: it takes nothing more, and the pool lets go
-    /// of its sender. hyper's task can end (a GOAWAY) while a request
-    /// handed over at that moment still sits in its dispatch channel; such
-    /// a request is handed back ("connection closed", unsent) only once
-    /// the last sender is dropped, and the pool's is the last one.
+    /// of its sender.
     fn ended(&self) {
         self.stats.retired.store(true, Ordering::Relaxed);
         if let Some(shared) = self.pool.upgrade() {
@@ -187,10 +187,7 @@ impl<F> ConnTask<F> {
     }
 }
 
-/// What a connection runs over: a TCP (or TLS) connection, as hyper reads it.
-type Io = hyper_util::rt::TokioIo<UpstreamIo>;
-
-impl Future for ConnTask<http2::Connection<Io, Body, TokioExecutor>> {
+impl Future for ConnTask<h2::client::Connection<UpstreamIo, Bytes>> {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
@@ -198,7 +195,7 @@ impl Future for ConnTask<http2::Connection<Io, Body, TokioExecutor>> {
         let r = Pin::new(&mut this.conn).poll(cx);
         this.polls = this.polls.wrapping_add(1);
         if this.polls < 16 || this.polls % 64 == 0 {
-            let max = this.conn.current_max_send_streams();
+            let max = this.conn.max_concurrent_send_streams();
             if this.stats.max_streams.swap(max, Ordering::Relaxed) != max {
                 this.learned.store(max, Ordering::Relaxed);
             }
@@ -236,52 +233,90 @@ impl H2Pool {
             shared: Arc::new(Shared {
                 dial,
                 learned_max: Arc::new(AtomicUsize::new(INITIAL_MAX_STREAMS)),
-                builder: builder(),
                 idle_timeout,
                 state: Mutex::new(PoolState::default()),
             }),
         }
     }
 
-    /// Sends one request on a connection with room, dialling one if none has.
+    /// Sends one request on a connection with room, dialling one if none
+    /// has. A connection found going away before the stream opened is
+    /// retired and the request goes to another; once the stream is open,
+    /// what happens to it is the attempt's outcome.
     pub async fn send(
         &self,
-        mut req: http::Request<Body>,
-    ) -> Result<http::Response<Incoming>, SendError> {
+        req: http::Request<Body>,
+    ) -> Result<http::Response<H2Body>, SendError> {
+        let (mut parts, body) = req.into_parts();
+        strip_connection_fields(&mut parts.headers);
         let mut last = None;
         for _ in 0..MAX_TRIES {
-            // The request is handed to hyper, and then neither the
-            // connection nor a clone of its sender is held while the answer
-            // is awaited: a request hyper took just as its task ended (a
-            // GOAWAY) is handed back only when the last sender is dropped
-            // (`ConnTask::ended`), and a waiting request holding one would
-            // wait for itself until its deadline.
-            let (sending, stats) = {
+            let (send, stats) = {
                 let conn = self.checkout().await?;
-                let mut send = conn.send.clone();
-                (send.try_send_request(req), conn.stats.clone())
+                (conn.send.clone(), conn.stats.clone())
             };
             let guard = InFlight(&stats);
-            let sent = sending.await;
+            let mut send = match send.ready().await {
+                Ok(s) => s,
+                Err(e) => {
+                    // Going away or gone: nothing was sent on it.
+                    stats.retired.store(true, Ordering::Relaxed);
+                    let mut err = classify(&e);
+                    if err.kind != Failure::NotProcessed {
+                        err.kind = Failure::NotSent;
+                    }
+                    last = Some(err);
+                    continue;
+                }
+            };
+            let end = body.is_end_stream();
+            let head = http::Request::from_parts(parts, ());
+            let (response, stream) = match send.send_request(head, end) {
+                Ok(r) => r,
+                Err(e) => {
+                    let mut err = classify(&e);
+                    stats.retired.store(true, Ordering::Relaxed);
+                    if err.kind != Failure::NotProcessed {
+                        err.kind = Failure::NotSent;
+                    }
+                    return Err(err);
+                }
+            };
+            drop(send);
+            // The body goes out while the head is awaited; what is left of
+            // it when the head arrives (a stream) goes on in a task.
+            let mut pump = (!end).then(|| stream::Pump::new(stream, body));
+            let mut response = response;
+            let got = std::future::poll_fn(|cx| {
+                if let Some(p) = pump.as_mut() {
+                    if Pin::new(p).poll(cx).is_ready() {
+                        pump = None;
+                    }
+                }
+                Pin::new(&mut response).poll(cx)
+            })
+            .await;
             drop(guard);
-            match sent {
-                Ok(resp) => return Ok(resp),
-                Err(mut e) => {
-                    let err = classify(e.error());
-                    if matches!(err.kind, Failure::NotProcessed | Failure::NotSent) {
+            return match got {
+                Ok(resp) => {
+                    if let Some(p) = pump {
+                        tokio::spawn(p);
+                    }
+                    let length = resp
+                        .headers()
+                        .get(http::header::CONTENT_LENGTH)
+                        .and_then(|v| crate::h1::content_length(v.as_bytes()));
+                    Ok(resp.map(|recv| H2Body::new(recv, length)))
+                }
+                Err(e) => {
+                    let err = classify(&e);
+                    if err.kind == Failure::NotProcessed {
                         // Going away: nothing new goes to this connection.
                         stats.retired.store(true, Ordering::Relaxed);
                     }
-                    match e.take_message() {
-                        // Handed back unsent: another connection may take it.
-                        Some(back) => {
-                            req = back;
-                            last = Some(err);
-                        }
-                        None => return Err(err),
-                    }
+                    Err(err)
                 }
-            }
+            };
         }
         Err(last.unwrap_or_else(|| {
             SendError::new(Failure::NotSent, "no HTTP/2 connection took the request")
@@ -387,11 +422,8 @@ impl Shared {
 
     /// The HTTP/2 handshake over `io`, and the connection's task started.
     async fn handshake(self: &Arc<Self>, io: UpstreamIo) -> Dialled {
-        let io = hyper_util::rt::TokioIo::new(io);
         let assumed = self.learned_max.load(Ordering::Relaxed).max(1);
-        let mut builder = self.builder.clone();
-        builder.initial_max_send_streams(assumed);
-        let (send, conn) = builder.handshake(io).await.map_err(|e| {
+        let (send, conn) = builder(assumed).handshake(io).await.map_err(|e| {
             // The connection is up but no HTTP/2 came back: nothing of any
             // request was sent.
             SendError::new(
@@ -420,13 +452,34 @@ impl Shared {
     }
 }
 
+/// Fields HTTP/2 forbids (RFC 9113 §8.2.2), dropped as hyper's client
+/// drops them: the chunked coding the general path names for an HTTP/1.1
+/// upstream, and any connection-specific field left.
+fn strip_connection_fields(h: &mut http::HeaderMap) {
+    use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
+    for name in [CONNECTION, TRANSFER_ENCODING, UPGRADE] {
+        h.remove(name);
+    }
+    h.remove("keep-alive");
+    h.remove("proxy-connection");
+    if h.get(TE).is_some_and(|v| v != "trailers") {
+        h.remove(TE);
+    }
+}
+
 /// The HTTP/2 settings of weir's upstream connections
-/// (docs/reference/endpoints.md#http2-connections).
-fn builder() -> http2::Builder<TokioExecutor> {
-    let mut b = http2::Builder::new(TokioExecutor::new());
-    b.timer(TokioTimer::new())
-        .initial_max_send_streams(INITIAL_MAX_STREAMS)
-        // The same response-head limit as HTTP/1.1.
+/// (docs/reference/endpoints.md#http2-connections): `assumed` streams until
+/// the peer's SETTINGS say, hyper's client windows (2 MiB a stream, 5 MiB
+/// the connection), no server push, and the same response-head limit as
+/// HTTP/1.1.
+fn builder(assumed: usize) -> h2::client::Builder {
+    let mut b = h2::client::Builder::new();
+    b.initial_max_send_streams(assumed)
+        .initial_window_size(2 * 1024 * 1024)
+        .initial_connection_window_size(5 * 1024 * 1024)
+        .max_frame_size(16 * 1024)
+        .max_send_buffer_size(1024 * 1024)
+        .enable_push(false)
         .max_header_list_size(crate::upstream::send::MAX_RESPONSE_HEAD as u32);
     b
 }
