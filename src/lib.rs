@@ -74,7 +74,9 @@
 //!   picked, and the lease or HTTP/2 pool it is reached over), `pool` (every connection weir keeps to an upstream: `h1` the
 //!   worker's idle HTTP/1.1 connections, `lease` hyper's client over one,
 //!   `held` a client connection's leases, `h2` the HTTP/2 pool, `open` the
-//!   one dialler) and `client` (how an endpoint is reached: its TLS, its
+//!   one dialler), `http1` (weir's own HTTP/1.1 client over those pooled
+//!   connections, for HTTP/2 clients' requests), `body` (the one response
+//!   body type, whichever client read it) and `client` (how an endpoint is reached: its TLS, its
 //!   HTTP/2 pool, what an `auto` endpoint chose by ALPN); both paths pick
 //!   an endpoint there. It never imports the request side.
 //! - [`proxy`]: the data plane. `server` (listeners, workers), `order` (the
