@@ -69,14 +69,21 @@ impl H1Body {
             Framing::Chunked => Reading::Chunked(Chunked::until_trailers()),
             Framing::Close => Reading::Close,
         };
-        H1Body {
+        let mut body = H1Body {
             io: Some(io),
             buf,
             reading,
             sending,
             reusable,
             back,
+        };
+        if matches!(body.reading, Reading::Done) && body.sending.is_none() {
+            // No body (HEAD, 204, 304, a length of 0): the connection goes
+            // back now, as a server that never polls an ended body would
+            // otherwise drop it.
+            body.finish();
         }
+        body
     }
 
     /// The body has ended: its connection goes back to the pool when it

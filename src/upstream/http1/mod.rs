@@ -109,15 +109,37 @@ impl Sending {
         let mut out = Vec::with_capacity(512);
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let _ = write!(out, "{} {target} HTTP/1.1\r\n", parts.method);
+        let mut cookies = 0;
         for (name, value) in &parts.headers {
             // A `Content-Length` that does not parse is not passed on: the
             // body is framed by what weir knows of it.
             if name == CONTENT_LENGTH && (declared.is_none() || chunked) {
                 continue;
             }
+            if name == http::header::COOKIE {
+                cookies += 1;
+                continue;
+            }
             out.extend_from_slice(name.as_str().as_bytes());
             out.extend_from_slice(b": ");
             out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        // An HTTP/2 client may split its cookies into several fields; HTTP/1.1
+        // takes them as one, joined by "; " (RFC 9113 §8.2.3).
+        if cookies > 0 {
+            out.extend_from_slice(b"cookie: ");
+            for (i, v) in parts
+                .headers
+                .get_all(http::header::COOKIE)
+                .iter()
+                .enumerate()
+            {
+                if i > 0 {
+                    out.extend_from_slice(b"; ");
+                }
+                out.extend_from_slice(v.as_bytes());
+            }
             out.extend_from_slice(b"\r\n");
         }
         let framing = match (chunked, declared, hint) {

@@ -181,6 +181,28 @@ async fn a_known_length_is_said_and_a_post_without_body_says_zero() {
 }
 
 #[tokio::test]
+async fn cookies_split_by_an_http2_client_go_as_one_field() {
+    let (addr, up) = upstream(b"HTTP/1.1 204 No Content\r\n\r\n", 0).await;
+    let pool = Arc::new(H1Pool::default());
+    let mut req = request(Method::GET, full(b""));
+    req.headers_mut()
+        .append("cookie", http::HeaderValue::from_static("a=1"));
+    req.headers_mut()
+        .append("x-b", http::HeaderValue::from_static("2"));
+    req.headers_mut()
+        .append("cookie", http::HeaderValue::from_static("c=3"));
+    let resp = exchange(addr, &pool, req).await.unwrap();
+    assert_eq!(resp.status(), 204);
+    // An ended body gives its connection back without being read.
+    assert!(pooled(&pool, addr));
+    let got = up.await.unwrap();
+    assert_eq!(
+        got,
+        b"GET /path?q=1 HTTP/1.1\r\nhost: up\r\nx-b: 2\r\ncookie: a=1; c=3\r\n\r\n"
+    );
+}
+
+#[tokio::test]
 async fn an_unknown_length_goes_chunked_with_its_trailers() {
     let wire = b"POST /path?q=1 HTTP/1.1\r\nhost: up\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\nx-t: 1\r\n\r\n";
     let head = wire.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
