@@ -471,8 +471,17 @@ async fn overload_reports_every_level_and_column_within_the_limits_bounds() {
     assert_eq!((h.at, h.slots_after), (Duration::from_secs(1), 10));
     assert!(h.cell.limits.iter().any(|&(t, _)| t > h.at), "{table}");
     assert_eq!(h.per_second().len(), 3, "{table}");
+    // What the upstream really serves: no more than slots / service, and
+    // not far below it (a 40 ms sleep takes 41–42 ms).
+    let m = r.measured.unwrap();
+    assert!(
+        m > 0.5 * shape.capacity() && m <= 1.02 * shape.capacity(),
+        "{m} {table}"
+    );
+    assert!(table.contains("measured capacity"), "{table}");
     let json = weir::cli::chaos::overload_table::json(&r);
     assert_eq!(json["levels"].as_array().map(Vec::len), Some(2));
+    assert_eq!(json["measured_capacity_per_sec"].as_f64(), Some(m));
 }
 
 /// `weir chaos overload-shed`, one level of 2 s at 4×: with client-side

@@ -265,6 +265,9 @@ impl Halving {
 #[derive(Debug, Clone)]
 pub struct OverloadReport {
     pub shape: Shape,
+    /// What the upstream really serves a second, measured before the
+    /// levels ([`measured_capacity`]); `None` when not measured.
+    pub measured: Option<f64>,
     pub levels: Vec<LoadLevel<Cell>>,
     pub halving: Option<Halving>,
 }
@@ -279,6 +282,40 @@ impl OverloadReport {
 /// The upstream: `shape`'s slots and service time, halving at `halve_at`.
 pub fn profile(shape: &Shape, halve_at: Option<Duration>) -> Profile {
     levels::capacity_profile(shape.slots, shape.service, halve_at, None)
+}
+
+/// How long [`measured_capacity`] keeps the upstream's slots busy.
+pub const CALIBRATION: Duration = Duration::from_secs(2);
+
+/// What the upstream really serves a second: `slots` clients straight to
+/// it, each sending its next request as soon as its last is answered, for
+/// [`CALIBRATION`]; nothing queues. Below `slots / service` by what a slot
+/// takes beyond `service` (the timer's granularity: a 20 ms sleep takes
+/// about 21 ms), so goodput is judged against what the upstream can do,
+/// as the p99 is against its measured unloaded latency.
+pub async fn measured_capacity(shape: &Shape, opts: &ScenarioOptions) -> Result<f64, String> {
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let up = levels::start_upstream(any, profile(shape, None), opts.seed).await?;
+    let load = super::driver::Load {
+        // Twice what the nominal capacity could serve in the window: the
+        // window, not the count, ends it.
+        requests: (shape.capacity() * CALIBRATION.as_secs_f64() * 2.0) as usize
+            + shape.slots as usize,
+        mode: super::driver::Mode::Closed(shape.slots as usize),
+        max_time: CALIBRATION,
+        method: http::Method::GET,
+        client_timeout: shape.client_timeout,
+        keys: None,
+    };
+    let observed = drive(Target::Direct(up.addr), load).await;
+    // Answers started within the window, over the window: the last ones
+    // end just after it.
+    let answered = observed
+        .records
+        .iter()
+        .filter(|r| r.ok && r.start < CALIBRATION)
+        .count();
+    Ok(answered as f64 / CALIBRATION.as_secs_f64())
 }
 
 /// One column at `rate` requests a second for `length`, on a fresh upstream.
@@ -409,6 +446,7 @@ pub async fn measure_all(shape: &Shape, opts: &ScenarioOptions) -> Result<Overlo
         &[NO_WEIR, FIXED, ADAPTIVE_COLUMN]
     };
     let vias: &[ViaProxy] = if alone { &[] } else { &opts.via };
+    let measured = Some(measured_capacity(shape, opts).await?);
     // weir's columns, then the proxies'.
     let levels = levels::drive_levels(&shape.levels, columns.len() + vias.len(), |i, load, c| {
         let rate = shape.capacity() * load;
@@ -432,6 +470,7 @@ pub async fn measure_all(shape: &Shape, opts: &ScenarioOptions) -> Result<Overlo
     }
     Ok(OverloadReport {
         shape: shape.clone(),
+        measured,
         levels,
         halving,
     })

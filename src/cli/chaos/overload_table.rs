@@ -24,6 +24,15 @@ pub fn table(r: &OverloadReport) -> String {
         s.client_timeout.as_secs_f64(),
         s.step.as_secs_f64()
     );
+    if let Some(m) = r.measured {
+        let _ = writeln!(
+            out,
+            "measured capacity {m:.0}/s ({} clients straight to the upstream, back to back, {} s: what a slot really takes beyond {} ms); goodput's percentages are of the nominal {cap:.0}/s\n",
+            s.slots,
+            CALIBRATION.as_secs(),
+            s.service.as_millis(),
+        );
+    }
     levels::write_head(&mut out, &r.levels);
     for l in &r.levels {
         let rows: [FigureRow<'_, Cell>; 5] = [
@@ -115,6 +124,7 @@ pub fn json(r: &OverloadReport) -> serde_json::Value {
         "slots": r.shape.slots,
         "service_ms": r.shape.service.as_secs_f64() * 1000.0,
         "capacity_per_sec": r.shape.capacity(),
+        "measured_capacity_per_sec": r.measured,
         "client_timeout_ms": r.shape.client_timeout.as_millis() as u64,
         "levels": per_level,
         "halving": r.halving.as_ref().map(|h| serde_json::json!({
