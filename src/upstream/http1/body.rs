@@ -181,8 +181,20 @@ impl HttpBody for H1Body {
             match s.poll_send(io, cx) {
                 Poll::Pending => {}
                 Poll::Ready(Ok(())) => this.sending = None,
-                Poll::Ready(Err(Broke::Body(_) | Broke::Io(_))) => {
-                    // The rest of the request is not sent: the connection
+                Poll::Ready(Err(Broke::Body(e))) => {
+                    // The client's body broke off: the upstream may be
+                    // waiting for the rest before it says more, so the
+                    // connection is closed and the response ends here, as
+                    // hyper's client ends it.
+                    this.sending = None;
+                    this.reusable = false;
+                    this.io = None;
+                    this.reading = Reading::Done;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                Poll::Ready(Err(Broke::Io(_))) => {
+                    // The upstream stopped reading (it has answered): the
+                    // rest of the request is not sent, and the connection
                     // is not used again.
                     this.sending = None;
                     this.reusable = false;

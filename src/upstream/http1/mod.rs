@@ -246,7 +246,7 @@ impl Sending {
                 // Trailers end the body; only the chunked coding carries them.
                 if let (Ok(t), Out::Chunked) = (frame.into_trailers(), self.framing) {
                     self.out.extend_from_slice(b"0\r\n");
-                    for (name, value) in &t {
+                    for (name, value) in t.iter().filter(|(n, _)| allowed_in_trailers(n)) {
                         self.out.extend_from_slice(name.as_str().as_bytes());
                         self.out.extend_from_slice(b": ");
                         self.out.extend_from_slice(value.as_bytes());
@@ -275,6 +275,28 @@ impl Sending {
         self.framing = Out::Empty;
         Ok(())
     }
+}
+
+/// Whether a field may travel in a trailer section (RFC 9110 §6.5.1: not
+/// one that frames, routes, authenticates or controls the message); the
+/// others are dropped, as hyper's client drops them.
+fn allowed_in_trailers(name: &http::HeaderName) -> bool {
+    use http::header::*;
+    ![
+        AUTHORIZATION,
+        CACHE_CONTROL,
+        CONTENT_ENCODING,
+        CONTENT_LENGTH,
+        CONTENT_RANGE,
+        CONTENT_TYPE,
+        HOST,
+        MAX_FORWARDS,
+        SET_COOKIE,
+        TE,
+        TRAILER,
+        TRANSFER_ENCODING,
+    ]
+    .contains(name)
 }
 
 /// Sends `req` on `io` (a connection to `back.addr`, checked out or new)

@@ -214,6 +214,8 @@ async fn an_unknown_length_goes_chunked_with_its_trailers() {
     let pool = Arc::new(H1Pool::default());
     let mut t = http::HeaderMap::new();
     t.insert("x-t", http::HeaderValue::from_static("1"));
+    // Not a field a trailer section may carry: dropped.
+    t.insert("content-length", http::HeaderValue::from_static("5"));
     let body = streamed(vec![b"abc", b"de"], Some(t));
     let resp = exchange(addr, &pool, request(Method::POST, body))
         .await
@@ -264,6 +266,42 @@ async fn an_early_answer_comes_back_while_the_body_is_unread() {
     let resp = got.unwrap();
     assert_eq!(resp.status(), 413);
     drop(resp);
+    assert!(!pooled(&pool, addr));
+}
+
+#[tokio::test]
+async fn a_client_body_that_breaks_off_after_the_answer_ends_the_response() {
+    // The upstream answers after the head with a body it sends in two
+    // parts, the second only after the whole request (which never comes).
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut b = [0u8; 4096];
+        let _ = s.read(&mut b).await;
+        let _ = s
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nfirst")
+            .await;
+        tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+    });
+    let pool = Arc::new(H1Pool::default());
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, BoxError>>(2);
+    let stream =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) });
+    let mut req = request(Method::POST, StreamBody::new(stream).boxed());
+    req.headers_mut()
+        .insert("content-length", http::HeaderValue::from_static("100"));
+    tx.send(Ok(http_body::Frame::data(Bytes::from_static(b"part"))))
+        .await
+        .unwrap();
+    let resp = exchange(addr, &pool, req).await.unwrap();
+    let mut body = resp.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert_eq!(first.into_data().unwrap(), "first");
+    tx.send(Err("the client went away".into())).await.unwrap();
+    // The response ends with the client's failure, not a 30 s wait.
+    let next = tokio::time::timeout(std::time::Duration::from_secs(5), body.frame()).await;
+    assert!(matches!(next, Ok(Some(Err(_)))), "{next:?}");
     assert!(!pooled(&pool, addr));
 }
 

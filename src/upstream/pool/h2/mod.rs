@@ -273,6 +273,11 @@ impl H2Pool {
             let head = http::Request::from_parts(parts, ());
             let (response, stream) = match send.send_request(head, end) {
                 Ok(r) => r,
+                // A head h2 will not send (a field HTTP/2 forbids): ours to
+                // answer, and the connection is fine.
+                Err(e) if !(e.is_go_away() || e.is_io() || e.is_remote() || e.is_library()) => {
+                    return Err(SendError::new(Failure::ClientBody, e.to_string()));
+                }
                 Err(e) => {
                     let mut err = classify(&e);
                     stats.retired.store(true, Ordering::Relaxed);
@@ -287,9 +292,11 @@ impl H2Pool {
             // it when the head arrives (a stream) goes on in a task.
             let mut pump = (!end).then(|| stream::Pump::new(stream, body));
             let mut response = response;
+            let mut body_failed = false;
             let got = std::future::poll_fn(|cx| {
                 if let Some(p) = pump.as_mut() {
-                    if Pin::new(p).poll(cx).is_ready() {
+                    if let Poll::Ready(failed) = Pin::new(p).poll(cx) {
+                        body_failed = failed;
                         pump = None;
                     }
                 }
@@ -300,7 +307,9 @@ impl H2Pool {
             return match got {
                 Ok(resp) => {
                     if let Some(p) = pump {
-                        tokio::spawn(p);
+                        tokio::spawn(async move {
+                            p.await;
+                        });
                     }
                     let length = resp
                         .headers()
@@ -308,6 +317,12 @@ impl H2Pool {
                         .and_then(|v| crate::h1::content_length(v.as_bytes()));
                     Ok(resp.map(|recv| H2Body::new(recv, length)))
                 }
+                // The client's body failed, and the stream was reset for it:
+                // the client's failure, not the upstream's.
+                Err(e) if body_failed => Err(SendError::new(
+                    Failure::ClientBody,
+                    format!("the client's request body failed ({e})"),
+                )),
                 Err(e) => {
                     let err = classify(&e);
                     if err.kind == Failure::NotProcessed {

@@ -13,7 +13,9 @@ use std::task::{ready, Context, Poll};
 /// A request body on its way to the upstream's stream: each frame sent
 /// once the stream has some send window (the `h2` crate buffers the rest,
 /// bounded by its send buffer), trailers last; a body that fails resets
-/// the stream (`CANCEL`), and a stream the peer resets ends it.
+/// the stream (`CANCEL`), and a stream the peer resets ends it. Its output
+/// says whether the client's body failed (the attempt's failure is then
+/// the client's, not the upstream's).
 pub(super) struct Pump {
     stream: h2::SendStream<Bytes>,
     body: Body,
@@ -26,9 +28,9 @@ impl Pump {
 }
 
 impl Future for Pump {
-    type Output = ();
+    type Output = bool;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
         let Pump { stream, body } = &mut *self;
         loop {
             // Some window first, so that a body faster than the upstream
@@ -39,11 +41,11 @@ impl Future for Pump {
                     match stream.poll_capacity(cx) {
                         Poll::Ready(Some(Ok(0))) => {}
                         Poll::Ready(Some(Ok(_))) => break,
-                        Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(()),
+                        Poll::Ready(Some(Err(_)) | None) => return Poll::Ready(false),
                         Poll::Pending => {
                             // The peer may reset the stream meanwhile.
                             return match stream.poll_reset(cx) {
-                                Poll::Ready(_) => Poll::Ready(()),
+                                Poll::Ready(_) => Poll::Ready(false),
                                 Poll::Pending => Poll::Pending,
                             };
                         }
@@ -55,7 +57,7 @@ impl Future for Pump {
                 Poll::Pending => {
                     stream.reserve_capacity(0);
                     return match stream.poll_reset(cx) {
-                        Poll::Ready(_) => Poll::Ready(()),
+                        Poll::Ready(_) => Poll::Ready(false),
                         Poll::Pending => Poll::Pending,
                     };
                 }
@@ -63,24 +65,24 @@ impl Future for Pump {
             match frame {
                 None => {
                     let _ = stream.send_data(Bytes::new(), true);
-                    return Poll::Ready(());
+                    return Poll::Ready(false);
                 }
                 Some(Err(_)) => {
                     stream.send_reset(h2::Reason::CANCEL);
-                    return Poll::Ready(());
+                    return Poll::Ready(true);
                 }
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
                         let end = body.is_end_stream();
                         if stream.send_data(data, end).is_err() || end {
-                            return Poll::Ready(());
+                            return Poll::Ready(false);
                         }
                     }
                     Err(frame) => {
                         if let Ok(t) = frame.into_trailers() {
                             let _ = stream.send_trailers(t);
                         }
-                        return Poll::Ready(());
+                        return Poll::Ready(false);
                     }
                 },
             }
