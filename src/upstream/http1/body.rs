@@ -104,6 +104,14 @@ impl H1Body {
         }
     }
 
+    /// The body broke off (or its request did): its connection is closed,
+    /// never pooled, and nothing more is read.
+    fn broken(&mut self) {
+        self.reusable = false;
+        self.io = None;
+        self.reading = Reading::Done;
+    }
+
     /// The next frame from what is buffered; `None`: more must be read.
     fn next_frame(&mut self) -> Option<Result<Frame<Bytes>, BoxError>> {
         loop {
@@ -187,9 +195,7 @@ impl HttpBody for H1Body {
                     // connection is closed and the response ends here, as
                     // hyper's client ends it.
                     this.sending = None;
-                    this.reusable = false;
-                    this.io = None;
-                    this.reading = Reading::Done;
+                    this.broken();
                     return Poll::Ready(Some(Err(e)));
                 }
                 Poll::Ready(Err(Broke::Io(_))) => {
@@ -204,9 +210,7 @@ impl HttpBody for H1Body {
         loop {
             if let Some(frame) = this.next_frame() {
                 if frame.is_err() {
-                    this.reusable = false;
-                    this.io = None;
-                    this.reading = Reading::Done;
+                    this.broken();
                 }
                 return Poll::Ready(Some(frame));
             }
@@ -232,15 +236,13 @@ impl HttpBody for H1Body {
                         this.finish();
                         return Poll::Ready(None);
                     }
-                    this.io = None;
-                    this.reading = Reading::Done;
+                    this.broken();
                     let why = "the upstream closed the connection before the body's end";
                     return Poll::Ready(Some(Err(broken(why))));
                 }
                 Poll::Ready(Ok(_)) => {}
                 Poll::Ready(Err(e)) => {
-                    this.io = None;
-                    this.reading = Reading::Done;
+                    this.broken();
                     return Poll::Ready(Some(Err(Box::new(e))));
                 }
             }

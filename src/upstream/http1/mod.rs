@@ -120,10 +120,7 @@ impl Sending {
                 cookies += 1;
                 continue;
             }
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            field(&mut out, name, value);
         }
         // An HTTP/2 client may split its cookies into several fields; HTTP/1.1
         // takes them as one, joined by "; " (RFC 9113 §8.2.3).
@@ -247,10 +244,7 @@ impl Sending {
                 if let (Ok(t), Out::Chunked) = (frame.into_trailers(), self.framing) {
                     self.out.extend_from_slice(b"0\r\n");
                     for (name, value) in t.iter().filter(|(n, _)| allowed_in_trailers(n)) {
-                        self.out.extend_from_slice(name.as_str().as_bytes());
-                        self.out.extend_from_slice(b": ");
-                        self.out.extend_from_slice(value.as_bytes());
-                        self.out.extend_from_slice(b"\r\n");
+                        field(&mut self.out, name, value);
                     }
                     self.out.extend_from_slice(b"\r\n");
                     self.body = None;
@@ -275,6 +269,14 @@ impl Sending {
         self.framing = Out::Empty;
         Ok(())
     }
+}
+
+/// Writes one field line, `name: value`.
+fn field(out: &mut Vec<u8>, name: &http::HeaderName, value: &http::HeaderValue) {
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Whether a field may travel in a trailer section (RFC 9110 §6.5.1: not
