@@ -47,9 +47,7 @@
 //! - [`clock`]: the only module that reads clocks or seeds randomness;
 //!   [`shutdown`]: the stop signal; [`h1`]: HTTP/1 framing
 //!   (`Content-Length`, `Transfer-Encoding`, the chunked coding, where a
-//!   response ends); [`h2stream`]: bodies on an HTTP/2 stream of the `h2`
-//!   crate, sent under the peer's flow control and read with the window
-//!   given back, for both sides. Leaves.
+//!   response ends). Leaves.
 //! - [`policy`]: PURE state machines and the retry decision — backoff,
 //!   budget, breaker, limiters, the adaptive limit, the balancer's choice
 //!   (`balance`: peak-EWMA, two choices), ejection (`eject`), the cache's
@@ -89,8 +87,8 @@
 //!   `attempt` (`admit`, `drive`, `hedge`: the pipeline), `request` (the
 //!   rules read off a request head, once for every codec), and a folder per
 //!   codec: `fast` (the HTTP/1.1 fast path: `head`, `transport`)
-//!   and `general` (the general path: `conn`, `guard` the
-//!   request-smuggling guard, `http2` weir's HTTP/2 server on `h2`, `exchange` its codec, `transport` its
+//!   and `general` (the general path on hyper: `conn`, `guard` the
+//!   request-smuggling guard, `exchange` its codec, `transport` its
 //!   attempts, `exchange::refresh` a stale entry's background refresh,
 //!   `tunnel` CONNECT,
 //!   `upgrade` WebSocket pass-through). Beside them: `replay` (bodies kept for a retry), `idempotent` (keyed writes),
@@ -111,7 +109,6 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod h1;
-pub mod h2stream;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;

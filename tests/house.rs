@@ -272,10 +272,6 @@ const LAYERS: &[(&str, &str)] = &[
         "h1",
         "HTTP/1 framing, written once for every reader of HTTP/1 bytes: a leaf",
     ),
-    (
-        "h2stream",
-        "bodies on an HTTP/2 stream, written once for both sides: a leaf",
-    ),
     ("policy", "the pure decision core"),
     ("config", "the TOML schema, validated into typed snapshots"),
     ("metrics", "every metric family and meter"),

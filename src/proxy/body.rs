@@ -22,45 +22,6 @@ pub(crate) type UpstreamBody = http_body_util::Either<UpBody, ReadAhead<UpBody>>
 /// An upstream's response body as the upstream side hands it over.
 pub(crate) use crate::upstream::body::UpBody;
 
-/// A request body as the client's connection hands it over.
-#[derive(Debug)]
-pub(crate) enum ClientBody {
-    /// hyper's server: HTTP/1.1 clients of the general path.
-    Hyper(hyper::body::Incoming),
-    /// weir's HTTP/2 server (`proxy::general::http2`): a stream's data,
-    /// its window given back as it is read.
-    H2(crate::h2stream::H2Body),
-}
-
-impl HttpBody for ClientBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            ClientBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            ClientBody::H2(b) => Pin::new(b).poll_frame(cx),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            ClientBody::Hyper(b) => b.is_end_stream(),
-            ClientBody::H2(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            ClientBody::Hyper(b) => b.size_hint(),
-            ClientBody::H2(b) => b.size_hint(),
-        }
-    }
-}
-
 pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
         .map_err(|never| match never {})

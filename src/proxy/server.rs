@@ -3,8 +3,7 @@
 //! bound addresses, publishes reloaded configs — binding listeners a reload
 //! adds and draining those it removes — and shuts everything down.
 
-use super::general::conn::{builder, serve_io, ClientConn};
-use super::general::ServeState;
+use super::general::conn::{builder, serve_io, ClientConn, ServeState};
 use super::{ListenerRole, Snapshot};
 use crate::config::Config;
 use crate::metrics::Metrics;
@@ -437,17 +436,7 @@ async fn serve_connection(
 ) {
     let _ = stream.set_nodelay(true);
     let _open = OpenClient::client(&shared.snapshot.load().metrics);
-    let (
-        builder,
-        max_head,
-        head_timeout,
-        idle_timeout,
-        write_timeout,
-        max_resets,
-        max_streams,
-        tls,
-        fast_path,
-    ) = {
+    let (builder, max_head, head_timeout, idle_timeout, write_timeout, max_resets, tls, fast_path) = {
         let snap = shared.snapshot.load();
         let s = &snap.config.server;
         (
@@ -457,7 +446,6 @@ async fn serve_connection(
             s.client_idle_timeout,
             s.client_write_timeout,
             s.max_resets_per_second,
-            s.max_streams_per_connection,
             snap.acceptors.get(&role).cloned(),
             s.fast_path,
         )
@@ -473,7 +461,6 @@ async fn serve_connection(
         idle_timeout,
         write_timeout,
         max_resets,
-        max_streams,
         pool: pool.clone(),
     };
     match tls {

@@ -35,6 +35,7 @@ mod hit;
 mod io;
 mod relay;
 mod reply;
+mod rewind;
 mod transport;
 mod whole;
 
@@ -130,10 +131,7 @@ pub(super) async fn serve(mut stream: TcpStream, conn: ClientConn, pool: Arc<Poo
         };
         let Some(planned) = planned else {
             drop(snap);
-            let io = crate::proxy::general::rewind::Rewind::new(
-                std::mem::take(&mut bufs.client),
-                stream,
-            );
+            let io = rewind::Rewind::new(std::mem::take(&mut bufs.client), stream);
             return serve_io(io, conn).await;
         };
         let Some(up) = snap.upstreams.get(planned.upstream) else {

@@ -25,7 +25,7 @@ use pin_project_lite::pin_project;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -79,6 +79,9 @@ pin_project! {
         head_timeout: Duration,
         timer: Option<Pin<Box<tokio::time::Sleep>>>,
         seen_request: bool,
+        // Set once the client sent the HTTP/2 preface: a drain says
+        // goodbye to it with a GOAWAY (`proxy::general::conn`).
+        h2: Arc<AtomicBool>,
         // Heads counted and the one refused, for the service.
         verdict: Arc<GuardVerdict>,
     }
@@ -96,6 +99,7 @@ impl<T> FramingGuard<T> {
             head_timeout,
             timer: None,
             seen_request: false,
+            h2: Arc::new(AtomicBool::new(false)),
             verdict: Arc::new(GuardVerdict::default()),
         }
     }
@@ -103,6 +107,11 @@ impl<T> FramingGuard<T> {
     /// What the guard refused, for the service that answers the marker.
     pub(crate) fn verdict(&self) -> Arc<GuardVerdict> {
         Arc::clone(&self.verdict)
+    }
+
+    /// Set once the client has sent the HTTP/2 connection preface.
+    pub(crate) fn h2_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.h2)
     }
 }
 
@@ -150,7 +159,7 @@ fn process(
     stash: &mut Vec<u8>,
     ready: &mut usize,
     max_head: usize,
-    seen: &GuardVerdict,
+    seen: (&AtomicBool, &GuardVerdict),
 ) {
     if matches!(*state, Following::Rejected | Following::Cut) {
         return;
@@ -187,11 +196,17 @@ enum Scan {
 
 /// Follows framing through `data` in place (also what [`process`] runs on
 /// the stash).
-fn scan_slice(state: &mut Following, data: &[u8], max_head: usize, verdict: &GuardVerdict) -> Scan {
+fn scan_slice(
+    state: &mut Following,
+    data: &[u8],
+    max_head: usize,
+    (h2, verdict): (&AtomicBool, &GuardVerdict),
+) -> Scan {
     scan_marked(state, data, max_head, &mut |m| match m {
         Mark::Head { .. } => {
             verdict.heads.fetch_add(1, Ordering::Relaxed);
         }
+        Mark::Stop(_, Stop::Http2) => h2.store(true, Ordering::Relaxed),
         Mark::Stop(_, Stop::Refused(why)) => verdict.refuse(why),
         _ => {}
     })
@@ -413,7 +428,7 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                         this.state,
                         &buf.filled()[before..],
                         *this.max_head,
-                        this.verdict,
+                        (this.h2, this.verdict),
                     ) {
                         Scan::All => return Poll::Ready(Ok(())),
                         Scan::Partial(h) => {
@@ -472,7 +487,7 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                             this.stash,
                             this.ready,
                             *this.max_head,
-                            this.verdict,
+                            (this.h2, this.verdict),
                         );
                         if used == 0 {
                             continue;
@@ -518,7 +533,7 @@ impl<T: AsyncRead> AsyncRead for FramingGuard<T> {
                 this.stash,
                 this.ready,
                 *this.max_head,
-                this.verdict,
+                (this.h2, this.verdict),
             );
             let handshaking = matches!(*this.state, Following::H2Preface { .. });
             if !handshaking && (*this.ready == this.stash.len() || *this.state != Following::Head) {

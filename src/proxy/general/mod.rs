@@ -1,14 +1,11 @@
 //! The general path: every request the fast path does not serve (h2c and
 //! TLS clients, chunked or large bodies, upgrades, gRPC, CONNECT, what the
-//! fast path hands over) read and answered by hyper's HTTP/1.1 server or
-//! weir's own HTTP/2 server, as one codec of the serve order. One name for
-//! it in code and docs: "the general path".
+//! fast path hands over) read and answered by hyper's server, as one codec
+//! of the serve order. One name for it in code and docs: "the general path".
 //!
-//! - `conn`: one client connection, HTTP/1.1 under hyper's server
-//!   (keep-alive, idle and header-read limits, drain); `guard` in front of
-//!   it, the request-smuggling guard over HTTP/1 heads; `http2`, weir's
-//!   HTTP/2 server on the `h2` crate, for a connection that opens with the
-//!   preface; `activity`, the idle, slow-reader and reset limits both keep.
+//! - `conn`: one client connection under hyper's server (keep-alive, idle
+//!   and header-read limits, drain); `guard` in front of it, the
+//!   request-smuggling guard over HTTP/1 heads.
 //! - this module: one request — route → the response cache
 //!   ([`self::cached`]), a keyed write that outlives its client
 //!   ([`detached`]), a tunnel (`tunnel`, `upgrade`), or the exchange with
@@ -17,12 +14,9 @@
 //! - `transport`: one attempt sent on the upstream layer's connections
 //!   (the attempt driver's transport for this path).
 
-mod activity;
 pub(crate) mod conn;
 pub(crate) mod exchange;
 pub(crate) mod guard;
-mod http2;
-pub(crate) mod rewind;
 mod trailers;
 pub(crate) mod transport;
 pub(crate) mod tunnel;
@@ -32,7 +26,7 @@ pub(crate) use self::exchange::refresh::refresh;
 use self::exchange::with_upstream;
 use self::guard::Refusal;
 use super::attempt;
-use super::body::{Body, ClientBody};
+use super::body::Body;
 use super::cached::{self, Cached};
 use super::error::{ErrorCode, ProxyError};
 use super::idempotent;
@@ -42,6 +36,7 @@ use crate::metrics::NO_UPSTREAM;
 use http::header;
 use http::{Request, Response, Uri, Version};
 use http_body::Body as _;
+use hyper::body::Incoming;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -52,7 +47,7 @@ pub(crate) async fn handle(
     snap: &Snapshot,
     role: &ListenerRole,
     conn: &crate::upstream::pool::held::ConnCtx,
-    req: Request<ClientBody>,
+    req: Request<Incoming>,
     refused: Option<Refusal>,
 ) -> Response<Body> {
     // An HTTP/1 request that asks to leave HTTP/1 (CONNECT, an upgrade):
@@ -77,7 +72,7 @@ async fn serve(
     snap: &Snapshot,
     role: &ListenerRole,
     conn: &crate::upstream::pool::held::ConnCtx,
-    req: Request<ClientBody>,
+    req: Request<Incoming>,
     refused: Option<Refusal>,
 ) -> Response<Body> {
     let (mut parts, body) = req.into_parts();
@@ -395,17 +390,4 @@ async fn tunnel(
 fn is_grpc(h: &http::HeaderMap) -> bool {
     h.get(header::CONTENT_TYPE)
         .is_some_and(|v| request::grpc_content_type(v.as_bytes()))
-}
-
-/// State shared by every listener and connection.
-#[derive(Debug)]
-pub(in crate::proxy) struct ServeState {
-    pub(in crate::proxy) snapshot: arc_swap::ArcSwap<Snapshot>,
-    pub(in crate::proxy) states: crate::state::StateRegistry,
-    /// Each upstream's endpoints and connections, kept across reloads.
-    pub(in crate::proxy) reaches: crate::upstream::reach::ReachRegistry,
-    pub(in crate::proxy) connections: std::sync::Arc<tokio::sync::Semaphore>,
-    pub(in crate::proxy) draining: std::sync::atomic::AtomicBool,
-    /// The span exporter, kept across reloads (`[tracing]`).
-    pub(in crate::proxy) tracing: crate::trace::Registry,
 }

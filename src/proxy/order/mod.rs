@@ -9,8 +9,8 @@
 //! outcome recorded (forgotten when it ends before any attempt).
 //!
 //! The codecs supply how each step reads, waits, sends and answers
-//! ([`Codec`]): the fast path's HTTP/1.1 (`proxy::fast`), the general
-//! path's HTTP/1.1 and HTTP/2 (`proxy::general::exchange`), and CONNECT tunnels (`proxy::general::tunnel`).
+//! ([`Codec`]): the fast path's HTTP/1.1 (`proxy::fast`), hyper's HTTP/1.1
+//! and HTTP/2 (`proxy::general::exchange`), and CONNECT tunnels (`proxy::general::tunnel`).
 //! None of them orders the steps itself. Keyed writes ([`KeyedWrites`]) and
 //! the response cache ([`cache::CacheIo`]) are a codec's options: the
 //! HTTP codecs take them ([`serve_http`]), a tunnel does not ([`serve`]).

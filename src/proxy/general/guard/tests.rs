@@ -16,15 +16,17 @@ fn run_judged(chunks: &[&[u8]]) -> (Following, Vec<u8>, GuardVerdict) {
     let verdict = GuardVerdict::default();
     for c in chunks {
         stash.extend_from_slice(c);
-        process(&mut st, &mut stash, &mut ready, 65536, &verdict);
+        let seen = (&AtomicBool::new(false), &verdict);
+        process(&mut st, &mut stash, &mut ready, 65536, seen);
     }
     stash.truncate(ready);
     (st, stash, verdict)
 }
 
-fn nothing_seen() -> &'static GuardVerdict {
+fn nothing_seen() -> (&'static AtomicBool, &'static GuardVerdict) {
+    static H2: AtomicBool = AtomicBool::new(false);
     static V: std::sync::LazyLock<GuardVerdict> = std::sync::LazyLock::new(GuardVerdict::default);
-    &V
+    (&H2, &V)
 }
 
 #[test]

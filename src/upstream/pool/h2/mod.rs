@@ -9,8 +9,7 @@
 //! dispatch channel or task per request in between): a `SendRequest`, and
 //! the connection's task. A request's body goes out from the request's own
 //! task while it waits for the response head, and only a body still
-//! streaming when the head arrives gets a task of its own (the stream
-//! bodies are `crate::h2stream`'s, shared with the HTTP/2 server).
+//! streaming when the head arrives gets a task of its own ([`stream`]).
 //! The pool
 //!
 //! - multiplexes: a request goes to the open connection with the fewest
@@ -30,7 +29,9 @@
 //! No per-request checkout: a send is a lock, a scan of a handful of
 //! connections and a stream opened on one.
 
-pub use crate::h2stream::H2Body;
+mod stream;
+
+pub use stream::H2Body;
 
 use super::io::FastTls;
 use super::UpstreamIo;
@@ -247,7 +248,7 @@ impl H2Pool {
         req: http::Request<Body>,
     ) -> Result<http::Response<H2Body>, SendError> {
         let (mut parts, body) = req.into_parts();
-        crate::h2stream::strip_connection_fields(&mut parts.headers, true);
+        strip_connection_fields(&mut parts.headers);
         let mut last = None;
         for _ in 0..MAX_TRIES {
             let (send, stats) = {
@@ -289,8 +290,7 @@ impl H2Pool {
             drop(send);
             // The body goes out while the head is awaited; what is left of
             // it when the head arrives (a stream) goes on in a task.
-            let mut pump =
-                (!end).then(|| crate::h2stream::Pump::new(stream, body, h2::Reason::CANCEL));
+            let mut pump = (!end).then(|| stream::Pump::new(stream, body));
             let mut response = response;
             let mut body_failed = false;
             let got = std::future::poll_fn(|cx| {
@@ -464,6 +464,21 @@ impl Shared {
             pool: Arc::downgrade(self),
         });
         Ok(Arc::new(H2Conn { send, stats }))
+    }
+}
+
+/// Fields HTTP/2 forbids (RFC 9113 §8.2.2), dropped as hyper's client
+/// drops them: the chunked coding the general path names for an HTTP/1.1
+/// upstream, and any connection-specific field left.
+fn strip_connection_fields(h: &mut http::HeaderMap) {
+    use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
+    for name in [CONNECTION, TRANSFER_ENCODING, UPGRADE] {
+        h.remove(name);
+    }
+    h.remove("keep-alive");
+    h.remove("proxy-connection");
+    if h.get(TE).is_some_and(|v| v != "trailers") {
+        h.remove(TE);
     }
 }
 

@@ -1,79 +1,37 @@
-//! Bodies on an HTTP/2 stream of the `h2` crate, written once for both
-//! sides of the proxy: a body sent as the peer's flow control allows
-//! ([`Pump`]: a request's to an upstream, a response's to a client), and a
-//! body read with the window given back as it is consumed ([`H2Body`]: a
-//! response from an upstream, a request from a client). A leaf.
+//! One request's stream on an HTTP/2 connection of the pool, on the `h2`
+//! crate directly: the request's body sent as the peer's flow control
+//! allows ([`Pump`]), and the response's body read with the window given
+//! back as it is consumed ([`H2Body`]).
 
+use crate::upstream::send::{Body, BoxError};
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-/// Drops what HTTP/2 forbids in a head (RFC 9113 §8.2.2): the
-/// connection-specific fields, those the `Connection` field names, and a
-/// `TE` other than `trailers` (in a response, any `TE`). The `h2` crate
-/// refuses a head that carries them.
-pub fn strip_connection_fields(h: &mut http::HeaderMap, request: bool) {
-    use http::header::{CONNECTION, TE, TRANSFER_ENCODING, UPGRADE};
-    if let Some(named) = h.remove(CONNECTION) {
-        if let Ok(named) = named.to_str() {
-            for name in named.split(',') {
-                h.remove(name.trim());
-            }
-        }
-    }
-    for name in [TRANSFER_ENCODING, UPGRADE] {
-        h.remove(name);
-    }
-    h.remove("keep-alive");
-    h.remove("proxy-connection");
-    if !request || h.get(TE).is_some_and(|v| v != "trailers") {
-        h.remove(TE);
-    }
-}
-
-/// A body on its way out on a stream: each frame sent once the stream has
-/// some send window (the `h2` crate buffers the rest, bounded by its send
-/// buffer), so a body is asked for its next frame only once the peer has
-/// taken some of what went before; trailers last. A body that fails resets
-/// the stream with `on_error` (`CANCEL` towards an upstream, whose request
-/// was abandoned; `INTERNAL_ERROR` towards a client, whose response broke
-/// off), and a stream the peer resets ends it. Its output says whether the
-/// body failed.
-pub struct Pump<B> {
+/// A request body on its way to the upstream's stream: each frame sent
+/// once the stream has some send window (the `h2` crate buffers the rest,
+/// bounded by its send buffer), trailers last; a body that fails resets
+/// the stream (`CANCEL`), and a stream the peer resets ends it. Its output
+/// says whether the client's body failed (the attempt's failure is then
+/// the client's, not the upstream's).
+pub(super) struct Pump {
     stream: h2::SendStream<Bytes>,
-    body: B,
-    on_error: h2::Reason,
+    body: Body,
 }
 
-impl<B> std::fmt::Debug for Pump<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pump")
-            .field("on_error", &self.on_error)
-            .finish_non_exhaustive()
+impl Pump {
+    pub(super) fn new(stream: h2::SendStream<Bytes>, body: Body) -> Self {
+        Pump { stream, body }
     }
 }
 
-impl<B> Pump<B> {
-    pub fn new(stream: h2::SendStream<Bytes>, body: B, on_error: h2::Reason) -> Self {
-        Pump {
-            stream,
-            body,
-            on_error,
-        }
-    }
-}
-
-impl<B: HttpBody<Data = Bytes> + Unpin> Future for Pump<B> {
+impl Future for Pump {
     type Output = bool;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
-        let Pump {
-            stream,
-            body,
-            on_error,
-        } = &mut *self;
+        let Pump { stream, body } = &mut *self;
         loop {
             // Some window first, so that a body faster than the upstream
             // waits here instead of filling h2's buffer.
@@ -110,7 +68,7 @@ impl<B: HttpBody<Data = Bytes> + Unpin> Future for Pump<B> {
                     return Poll::Ready(false);
                 }
                 Some(Err(_)) => {
-                    stream.send_reset(*on_error);
+                    stream.send_reset(h2::Reason::CANCEL);
                     return Poll::Ready(true);
                 }
                 Some(Ok(frame)) => match frame.into_data() {
@@ -132,11 +90,9 @@ impl<B: HttpBody<Data = Bytes> + Unpin> Future for Pump<B> {
     }
 }
 
-/// A body arriving on an HTTP/2 stream: its data as it comes, the
+/// A response body on an HTTP/2 stream: its data as it comes, the
 /// connection's and the stream's window given back as each frame is
-/// handed on, then its trailers. Its size is what is left of the
-/// `Content-Length` its head declared (the `h2` crate holds the peer to
-/// it), so a known length stays known to whoever sends it on.
+/// handed on, then its trailers.
 pub struct H2Body {
     recv: h2::RecvStream,
     /// The data has ended; trailers (if any) are next.
@@ -155,7 +111,7 @@ impl std::fmt::Debug for H2Body {
 }
 
 impl H2Body {
-    pub fn new(recv: h2::RecvStream, content_length: Option<u64>) -> Self {
+    pub(super) fn new(recv: h2::RecvStream, content_length: Option<u64>) -> Self {
         let done = recv.is_end_stream();
         H2Body {
             recv,
@@ -168,12 +124,12 @@ impl H2Body {
 
 impl HttpBody for H2Body {
     type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         if this.done {
             return Poll::Ready(None);
