@@ -2,7 +2,8 @@
 //! (docs/reference/shutdown.md#shutdown): an HTTP/2 connection gets a GOAWAY even
 //! when it has not sent a request yet, and an idle HTTP/1.1 connection is
 //! still closed at `client_idle_timeout` (never held open for ever, say by
-//! a listener a reload removed).
+//! a listener a reload removed), and one a drain finds in the middle of a
+//! response is left open for its next request.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -82,4 +83,90 @@ async fn an_idle_connection_is_closed_at_client_idle_timeout_while_draining(path
         took >= Duration::from_secs(4) && took < Duration::from_secs(7),
         "an idle connection was closed after {took:?} of a drain"
     );
+}
+
+both_paths!(
+    #[tokio::test]
+    a_drain_that_begins_during_a_response_leaves_the_connection_for_its_next_request
+);
+/// A drain that begins after a response's head went out (without
+/// `Connection: close`) does not close the connection after that response:
+/// the client was told it stays open and may be sending its next request
+/// on it that instant. The next request is answered, with `Connection:
+/// close`, and the connection closes after it.
+async fn a_drain_that_begins_during_a_response_leaves_the_connection_for_its_next_request(
+    path: DataPath,
+) {
+    let finish = std::sync::Arc::new(tokio::sync::Notify::new());
+    let first = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (f, fst) = (finish.clone(), first.clone());
+    let up = RawUpstream::start(move |_, mut s| {
+        let (finish, first) = (f.clone(), fst.clone());
+        async move {
+            while read_head(&mut s).await {
+                if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    // Half the body now, the rest once the drain has begun.
+                    let head = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nok";
+                    if s.write_all(head).await.is_err() {
+                        return;
+                    }
+                    finish.notified().await;
+                    if s.write_all(b"ok").await.is_err() {
+                        return;
+                    }
+                } else {
+                    respond(&mut s, 200, "", "okok").await;
+                }
+            }
+        }
+    })
+    .await;
+    let mut weir = Weir::with_server_on(path, "shutdown_timeout = \"30s\"", &svc(&up.url())).await;
+    let mut s = TcpStream::connect(weir.addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the head");
+        got.extend_from_slice(&buf[..n]);
+    }
+    let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+    assert!(!head.contains("connection: close"), "{head}");
+    let h = weir.handle.take().unwrap();
+    let shut = tokio::spawn(async move { h.shutdown(Duration::from_secs(30)).await });
+    // The drain has begun: the listener lets the port go.
+    let start = Instant::now();
+    while TcpStream::connect(weir.addr).await.is_ok() {
+        assert!(start.elapsed() < Duration::from_secs(5), "still accepting");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    finish.notify_one();
+    while !got.ends_with(b"okok") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the body's end");
+        got.extend_from_slice(&buf[..n]);
+    }
+    // The connection is still there for the app's next request.
+    s.write_all(b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .expect("the connection was held open after its last response")
+        .unwrap();
+    let rest = String::from_utf8_lossy(&rest).to_ascii_lowercase();
+    assert!(
+        rest.starts_with("http/1.1 200"),
+        "the next request got {rest:?}"
+    );
+    assert!(rest.contains("connection: close"), "{rest}");
+    assert!(rest.ends_with("okok"), "{rest}");
+    tokio::time::timeout(Duration::from_secs(5), shut)
+        .await
+        .expect("the drain did not end")
+        .unwrap();
 }

@@ -209,7 +209,7 @@ impl Ctx<'_> {
             c.done();
         }
         Relayed {
-            open: client_ok,
+            open: client_ok && !close,
             error: None,
             bytes,
         }

@@ -148,8 +148,13 @@ pub(super) async fn serve(mut stream: TcpStream, conn: ClientConn, pool: Arc<Poo
             access: snap.config.server.access_log,
             peer: conn.peer,
         };
+        // Closed only when the response said so: a drain that begins while
+        // a response is on its way leaves the connection open for its next
+        // request, which is answered with `Connection: close`
+        // (docs/reference/shutdown.md#shutdown). Closing here would race the
+        // client's next request on a connection it was told stays open.
         let open = ctx.serve(up, planned).await;
-        if !open || *conn.stop.borrow() {
+        if !open {
             let _ = stream.shutdown().await;
             return;
         }

@@ -180,7 +180,9 @@ impl Ctx<'_> {
             self.pool.put(addr, tag, upstream, last);
         }
         Relayed {
-            open: client_ok && framing != Framing::Close,
+            // Open unless the head said otherwise: a drain that began after
+            // the head went out leaves the connection for its next request.
+            open: client_ok && !close && framing != Framing::Close,
             error: None,
             bytes,
         }
