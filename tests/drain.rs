@@ -3,7 +3,8 @@
 //! when it has not sent a request yet, and an idle HTTP/1.1 connection is
 //! still closed at `client_idle_timeout` (never held open for ever, say by
 //! a listener a reload removed), and one a drain finds in the middle of a
-//! response is left open for its next request.
+//! response is left open for its next request; connections queued in the
+//! listener's backlog when it closes are served, not reset.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -165,6 +166,74 @@ async fn a_drain_that_begins_during_a_response_leaves_the_connection_for_its_nex
     );
     assert!(rest.contains("connection: close"), "{rest}");
     assert!(rest.ends_with("okok"), "{rest}");
+    tokio::time::timeout(Duration::from_secs(5), shut)
+        .await
+        .expect("the drain did not end")
+        .unwrap();
+}
+
+both_paths!(
+    #[tokio::test]
+    connections_queued_in_the_backlog_at_the_drain_are_served_not_reset
+);
+/// Connections the kernel completed while weir was not accepting (here,
+/// `max_connections` in use) are not reset when the listener closes: the
+/// drain takes them, and each is served, with `Connection: close`, once a
+/// slot frees.
+async fn connections_queued_in_the_backlog_at_the_drain_are_served_not_reset(path: DataPath) {
+    let up = TestUpstream::text("ok").await;
+    let mut weir = Weir::with_server_on(
+        path,
+        "max_connections = 1\nshutdown_timeout = \"30s\"",
+        &svc(&up.url()),
+    )
+    .await;
+    let request = b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n";
+    // The one slot: a kept-alive connection, idle after its first answer.
+    let mut held = TcpStream::connect(weir.addr).await.unwrap();
+    held.write_all(request).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.ends_with(b"ok") {
+        let n = held.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed before the answer");
+        got.extend_from_slice(&buf[..n]);
+    }
+    // Queued: connected by the kernel, its request sent, not accepted.
+    let mut queued = TcpStream::connect(weir.addr).await.unwrap();
+    queued.write_all(request).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        up.requests(),
+        1,
+        "a second connection was served over the limit"
+    );
+    let h = weir.handle.take().unwrap();
+    let shut = tokio::spawn(async move { h.shutdown(Duration::from_secs(30)).await });
+    let start = Instant::now();
+    while TcpStream::connect(weir.addr).await.is_ok() {
+        assert!(start.elapsed() < Duration::from_secs(5), "still accepting");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The held connection's next request frees the slot.
+    held.write_all(request).await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), held.read_to_end(&mut rest))
+        .await
+        .expect("the held connection was not closed after its answer")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&rest).contains("connection: close"));
+    let mut answer = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(5), queued.read_to_end(&mut answer))
+        .await
+        .expect("the queued connection was never answered");
+    let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(
+        r.is_ok(),
+        "the queued connection was reset: {r:?} after {answer:?}"
+    );
+    assert!(answer.starts_with("http/1.1 200"), "{answer:?}");
+    assert!(answer.contains("connection: close"), "{answer}");
     tokio::time::timeout(Duration::from_secs(5), shut)
         .await
         .expect("the drain did not end")

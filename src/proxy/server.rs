@@ -21,6 +21,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 
+/// Connections the kernel may complete on a listener before weir accepts them.
+const BACKLOG: i32 = 4096;
+
 /// A listener is identified by what the config asked for: its configured
 /// address and its role. A reload that names the same pair keeps it.
 type ListenerKey = (SocketAddr, ListenerRole);
@@ -338,7 +341,7 @@ fn bind(addr: SocketAddr, n: usize, alone: bool) -> io::Result<Vec<std::net::Tcp
         }
         s.set_nonblocking(true)?;
         s.bind(&at.into()).map_err(in_use)?;
-        s.listen(4096)?;
+        s.listen(BACKLOG)?;
         let l: std::net::TcpListener = s.into();
         at = l.local_addr()?;
         out.push(l);
@@ -402,10 +405,51 @@ async fn accept_loop(
             drop(permit);
         });
     }
-    drop(listener);
+    // Connections the kernel completed but not yet handed over would be
+    // reset when the listener closes, under a client that believes it is
+    // connected: they are taken now and served as draining ones, each once
+    // a connection slot frees (docs/reference/shutdown.md#shutdown).
+    let queued = take_queued(listener);
+    for (stream, peer) in queued {
+        let shared = shared.clone();
+        let (role, stop, pool) = (role.clone(), stop.clone(), pool.clone());
+        conns.spawn(async move {
+            let Ok(permit) = shared.connections.clone().acquire_owned().await else {
+                return;
+            };
+            serve_connection(stream, peer, role, shared, stop, pool).await;
+            drop(permit);
+        });
+    }
     // Draining: every connection finishes its in-flight requests.
     while conns.join_next().await.is_some() {}
     reaper.abort();
+}
+
+/// Closes `listener` after accepting what its backlog holds (at most as
+/// many as it can hold).
+fn take_queued(listener: TcpListener) -> Vec<(TcpStream, SocketAddr)> {
+    let mut queued = Vec::new();
+    // Out of the reactor: its readiness may not have seen the last arrivals
+    // yet, so the socket itself is asked until it has none.
+    let Ok(listener) = listener.into_std() else {
+        return queued;
+    };
+    while queued.len() < BACKLOG as usize {
+        let Ok((s, peer)) = listener.accept() else {
+            break;
+        };
+        let stream = s
+            .set_nonblocking(true)
+            .and_then(|()| TcpStream::from_std(s));
+        if let Ok(stream) = stream {
+            queued.push((stream, peer));
+        }
+    }
+    if !queued.is_empty() {
+        tracing::debug!(n = queued.len(), "took the connections queued at close");
+    }
+    queued
 }
 
 /// One client connection in `weir_client_connections_open`, from accept
