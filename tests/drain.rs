@@ -20,6 +20,42 @@ fn svc(url: &str) -> String {
     format!("[upstreams.svc]\nurl = \"{url}\"\nhosts = [\"svc\"]\n")
 }
 
+const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n";
+
+/// Reads from `s` into `got` until `done(got)`; the connection must not
+/// close first.
+async fn read_until(s: &mut TcpStream, got: &mut Vec<u8>, done: impl Fn(&[u8]) -> bool) {
+    let mut buf = [0u8; 1024];
+    while !done(got) {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed early: {:?}", String::from_utf8_lossy(got));
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// Begins weir's drain, returns once its listener lets the port go.
+async fn begin_drain(weir: &mut Weir, grace: Duration) -> tokio::task::JoinHandle<()> {
+    let h = weir.handle.take().unwrap();
+    let shut = tokio::spawn(async move { h.shutdown(grace).await });
+    let start = Instant::now();
+    while TcpStream::connect(weir.addr).await.is_ok() {
+        assert!(start.elapsed() < Duration::from_secs(5), "still accepting");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    shut
+}
+
+/// Reads what is left of `s` until weir closes it, within 5 s.
+async fn rest_of(s: &mut TcpStream, why: &str) -> String {
+    let mut rest = Vec::new();
+    let r = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .expect(why);
+    let rest = String::from_utf8_lossy(&rest).to_ascii_lowercase();
+    assert!(r.is_ok(), "reset: {r:?} after {rest:?}");
+    rest
+}
+
 #[tokio::test]
 async fn an_h2_connection_that_sent_no_request_gets_a_goaway() {
     let up = TestUpstream::text("ok").await;
@@ -64,16 +100,8 @@ async fn an_idle_connection_is_closed_at_client_idle_timeout_while_draining(path
     )
     .await;
     let mut s = TcpStream::connect(weir.addr).await.unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n")
-        .await
-        .unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !got.ends_with(b"ok") {
-        let n = s.read(&mut buf).await.unwrap();
-        assert!(n > 0, "closed before the answer");
-        got.extend_from_slice(&buf[..n]);
-    }
+    s.write_all(GET).await.unwrap();
+    read_until(&mut s, &mut Vec::new(), |g| g.ends_with(b"ok")).await;
     let h = weir.handle.take().unwrap();
     tokio::spawn(async move { h.shutdown(Duration::from_secs(60)).await });
     let start = Instant::now();
@@ -124,42 +152,21 @@ async fn a_drain_that_begins_during_a_response_leaves_the_connection_for_its_nex
     .await;
     let mut weir = Weir::with_server_on(path, "shutdown_timeout = \"30s\"", &svc(&up.url())).await;
     let mut s = TcpStream::connect(weir.addr).await.unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n")
-        .await
-        .unwrap();
+    s.write_all(GET).await.unwrap();
     let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = s.read(&mut buf).await.unwrap();
-        assert!(n > 0, "closed before the head");
-        got.extend_from_slice(&buf[..n]);
-    }
+    read_until(&mut s, &mut got, |g| g.windows(4).any(|w| w == b"\r\n\r\n")).await;
     let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
     assert!(!head.contains("connection: close"), "{head}");
-    let h = weir.handle.take().unwrap();
-    let shut = tokio::spawn(async move { h.shutdown(Duration::from_secs(30)).await });
-    // The drain has begun: the listener lets the port go.
-    let start = Instant::now();
-    while TcpStream::connect(weir.addr).await.is_ok() {
-        assert!(start.elapsed() < Duration::from_secs(5), "still accepting");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let shut = begin_drain(&mut weir, Duration::from_secs(30)).await;
     finish.notify_one();
-    while !got.ends_with(b"okok") {
-        let n = s.read(&mut buf).await.unwrap();
-        assert!(n > 0, "closed before the body's end");
-        got.extend_from_slice(&buf[..n]);
-    }
+    read_until(&mut s, &mut got, |g| g.ends_with(b"okok")).await;
     // The connection is still there for the app's next request.
-    s.write_all(b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n")
-        .await
-        .unwrap();
-    let mut rest = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest))
-        .await
-        .expect("the connection was held open after its last response")
-        .unwrap();
-    let rest = String::from_utf8_lossy(&rest).to_ascii_lowercase();
+    s.write_all(GET).await.unwrap();
+    let rest = rest_of(
+        &mut s,
+        "the connection was held open after its last response",
+    )
+    .await;
     assert!(
         rest.starts_with("http/1.1 200"),
         "the next request got {rest:?}"
@@ -188,50 +195,29 @@ async fn connections_queued_in_the_backlog_at_the_drain_are_served_not_reset(pat
         &svc(&up.url()),
     )
     .await;
-    let request = b"GET / HTTP/1.1\r\nHost: svc\r\n\r\n";
     // The one slot: a kept-alive connection, idle after its first answer.
     let mut held = TcpStream::connect(weir.addr).await.unwrap();
-    held.write_all(request).await.unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !got.ends_with(b"ok") {
-        let n = held.read(&mut buf).await.unwrap();
-        assert!(n > 0, "closed before the answer");
-        got.extend_from_slice(&buf[..n]);
-    }
+    held.write_all(GET).await.unwrap();
+    read_until(&mut held, &mut Vec::new(), |g| g.ends_with(b"ok")).await;
     // Queued: connected by the kernel, its request sent, not accepted.
     let mut queued = TcpStream::connect(weir.addr).await.unwrap();
-    queued.write_all(request).await.unwrap();
+    queued.write_all(GET).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
         up.requests(),
         1,
         "a second connection was served over the limit"
     );
-    let h = weir.handle.take().unwrap();
-    let shut = tokio::spawn(async move { h.shutdown(Duration::from_secs(30)).await });
-    let start = Instant::now();
-    while TcpStream::connect(weir.addr).await.is_ok() {
-        assert!(start.elapsed() < Duration::from_secs(5), "still accepting");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let shut = begin_drain(&mut weir, Duration::from_secs(30)).await;
     // The held connection's next request frees the slot.
-    held.write_all(request).await.unwrap();
-    let mut rest = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), held.read_to_end(&mut rest))
-        .await
-        .expect("the held connection was not closed after its answer")
-        .unwrap();
-    assert!(String::from_utf8_lossy(&rest).contains("connection: close"));
-    let mut answer = Vec::new();
-    let r = tokio::time::timeout(Duration::from_secs(5), queued.read_to_end(&mut answer))
-        .await
-        .expect("the queued connection was never answered");
-    let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
-    assert!(
-        r.is_ok(),
-        "the queued connection was reset: {r:?} after {answer:?}"
-    );
+    held.write_all(GET).await.unwrap();
+    let rest = rest_of(
+        &mut held,
+        "the held connection stayed open after its answer",
+    )
+    .await;
+    assert!(rest.contains("connection: close"), "{rest}");
+    let answer = rest_of(&mut queued, "the queued connection was never answered").await;
     assert!(answer.starts_with("http/1.1 200"), "{answer:?}");
     assert!(answer.contains("connection: close"), "{answer}");
     tokio::time::timeout(Duration::from_secs(5), shut)
