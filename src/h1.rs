@@ -50,6 +50,18 @@ pub fn content_length_list(v: &[u8]) -> Option<u64> {
     values.all(|v| v == Some(first)).then_some(first)
 }
 
+/// The elements of a comma-separated field value (`Connection`, `TE`,
+/// `Transfer-Encoding`), trimmed of spaces; empty elements included.
+pub fn tokens(v: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
+    v.split(|b| *b == b',').map(|t| t.trim_ascii())
+}
+
+/// Whether a comma-separated field value lists `token` (ASCII
+/// case-insensitive): `Connection: close`, `TE: trailers`.
+pub fn has_token(v: &[u8], token: &[u8]) -> bool {
+    tokens(v).any(|t| t.eq_ignore_ascii_case(token))
+}
+
 /// Whether a `Transfer-Encoding` value's last coding is `chunked`.
 pub fn ends_chunked(v: &[u8]) -> bool {
     std::str::from_utf8(v)

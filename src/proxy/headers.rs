@@ -1,6 +1,7 @@
 //! Header hygiene: hop-by-hop headers stripped in both directions, `x-weir-*`
 //! never crossing weir, and the request's own deadline headers.
 
+use crate::h1;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use std::time::Duration;
 
@@ -9,18 +10,13 @@ use std::time::Duration;
 /// client says it accepts trailers, and gRPC requires it end to end.
 pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap, keep_te_trailers: bool) {
     let te_trailers = keep_te_trailers
-        && h.get_all(header::TE).iter().any(|v| {
-            v.to_str()
-                .map(|s| {
-                    s.split(',')
-                        .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
-                })
-                .unwrap_or(false)
-        });
+        && h.get_all(header::TE)
+            .iter()
+            .any(|v| h1::has_token(v.as_bytes(), b"trailers"));
     let named = |n: &HeaderName| {
         h.get_all(header::CONNECTION)
             .iter()
-            .any(|v| super::request::connection_names(v.as_bytes(), n.as_str()))
+            .any(|v| h1::has_token(v.as_bytes(), n.as_str().as_bytes()))
     };
     let gone: Vec<HeaderName> = h
         .keys()

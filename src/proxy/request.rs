@@ -400,14 +400,7 @@ pub(crate) fn grpc_content_type(value: &[u8]) -> bool {
 
 /// Whether a `Connection` field of the head names `name`.
 pub(crate) fn named_by_connection(h: &impl RequestHead, name: &str) -> bool {
-    values(h, "connection").any(|v| connection_names(v, name))
-}
-
-/// Whether one `Connection` value names `name`.
-pub(crate) fn connection_names(value: &[u8], name: &str) -> bool {
-    value
-        .split(|b| *b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(name.as_bytes()))
+    values(h, "connection").any(|v| crate::h1::has_token(v, name.as_bytes()))
 }
 
 impl RequestHead for http::request::Parts {

@@ -9,14 +9,10 @@ use hyper_util::rt::TokioIo;
 
 /// The `Upgrade` value of a request asking for one (`Connection: upgrade`).
 pub(crate) fn requested(h: &HeaderMap) -> Option<HeaderValue> {
-    let asks = h.get_all(header::CONNECTION).iter().any(|v| {
-        v.to_str()
-            .map(|s| {
-                s.split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-            })
-            .unwrap_or(false)
-    });
+    let asks = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .any(|v| crate::h1::has_token(v.as_bytes(), b"upgrade"));
     if asks {
         h.get(header::UPGRADE).cloned()
     } else {

@@ -70,8 +70,7 @@ pub(super) fn parse(
         } else if name == http::header::TRANSFER_ENCODING {
             chunked = Some(h1::ends_chunked(f.value));
         } else if name == http::header::CONNECTION {
-            for token in f.value.split(|b| *b == b',') {
-                let token = token.trim_ascii();
+            for token in h1::tokens(f.value) {
                 close |= token.eq_ignore_ascii_case(b"close");
                 keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
             }

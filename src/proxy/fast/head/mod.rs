@@ -139,10 +139,6 @@ fn eq(a: &str, b: &str) -> bool {
     a.eq_ignore_ascii_case(b)
 }
 
-fn tokens(v: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
-    v.split(|b| *b == b',').map(|t| t.trim_ascii())
-}
-
 /// The most `Connection` fields a head may have on the fast path.
 const MAX_CONNECTION_FIELDS: usize = 16;
 
@@ -166,7 +162,7 @@ impl<'b> ConnectionField<'b> {
         // is remembered; a value of only these (nearly every one) need not
         // be searched for each field the head is written with.
         let mut other = false;
-        for t in tokens(value) {
+        for t in h1::tokens(value) {
             let close = t.eq_ignore_ascii_case(b"close");
             let keep_alive = t.eq_ignore_ascii_case(b"keep-alive");
             let upgrade = t.eq_ignore_ascii_case(b"upgrade");
@@ -191,7 +187,7 @@ impl<'b> ConnectionField<'b> {
         (self.close && name.eq_ignore_ascii_case("close"))
             || self.values[..self.count]
                 .iter()
-                .any(|v| request::connection_names(v, name))
+                .any(|v| h1::has_token(v, name.as_bytes()))
     }
 }
 
@@ -420,7 +416,7 @@ fn parse<'h, 'b>(buf: &'b [u8], fields: &'h mut [httparse::Header<'b>]) -> Parse
         } else if eq(n, "expect") {
             return Parse::Fallback("Expect");
         } else if eq(n, "te") {
-            te_trailers |= tokens(h.value).any(|t| t.eq_ignore_ascii_case(b"trailers"));
+            te_trailers |= h1::has_token(h.value, b"trailers");
         } else if eq(n, "grpc-timeout")
             || (eq(n, "content-type") && request::grpc_content_type(h.value))
         {
