@@ -188,18 +188,39 @@ both_paths!(
 /// drain takes them, and each is served, with `Connection: close`, once a
 /// slot frees.
 async fn connections_queued_in_the_backlog_at_the_drain_are_served_not_reset(path: DataPath) {
+    queued_at_the_drain(path, true).await;
+}
+
+both_paths!(
+    #[tokio::test]
+    a_queued_connection_no_slot_frees_for_is_served_after_header_read_timeout
+);
+/// When no slot frees within `header_read_timeout`, a connection taken
+/// from the backlog is served without one rather than left waiting for
+/// `shutdown_timeout` and then reset.
+async fn a_queued_connection_no_slot_frees_for_is_served_after_header_read_timeout(path: DataPath) {
+    queued_at_the_drain(path, false).await;
+}
+
+/// One idle connection holds the one slot, a second is queued in the
+/// backlog with its request sent, the drain begins; the held connection's
+/// next request frees the slot (`frees`) or it stays idle.
+async fn queued_at_the_drain(path: DataPath, frees: bool) {
     let up = TestUpstream::text("ok").await;
+    // Freed, the slot must be what answers the queued connection: a
+    // `header_read_timeout` past the test's own 5 s bounds.
+    let head = if frees { "30s" } else { "1s" };
     let mut weir = Weir::with_server_on(
         path,
-        "max_connections = 1\nshutdown_timeout = \"30s\"",
+        &format!(
+            "max_connections = 1\nheader_read_timeout = \"{head}\"\nshutdown_timeout = \"30s\""
+        ),
         &svc(&up.url()),
     )
     .await;
-    // The one slot: a kept-alive connection, idle after its first answer.
     let mut held = TcpStream::connect(weir.addr).await.unwrap();
     held.write_all(GET).await.unwrap();
     read_until(&mut held, &mut Vec::new(), |g| g.ends_with(b"ok")).await;
-    // Queued: connected by the kernel, its request sent, not accepted.
     let mut queued = TcpStream::connect(weir.addr).await.unwrap();
     queued.write_all(GET).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -209,17 +230,28 @@ async fn connections_queued_in_the_backlog_at_the_drain_are_served_not_reset(pat
         "a second connection was served over the limit"
     );
     let shut = begin_drain(&mut weir, Duration::from_secs(30)).await;
-    // The held connection's next request frees the slot.
-    held.write_all(GET).await.unwrap();
-    let rest = rest_of(
-        &mut held,
-        "the held connection stayed open after its answer",
-    )
-    .await;
-    assert!(rest.contains("connection: close"), "{rest}");
+    let start = Instant::now();
+    if frees {
+        held.write_all(GET).await.unwrap();
+        let rest = rest_of(
+            &mut held,
+            "the held connection stayed open after its answer",
+        )
+        .await;
+        assert!(rest.contains("connection: close"), "{rest}");
+    }
     let answer = rest_of(&mut queued, "the queued connection was never answered").await;
     assert!(answer.starts_with("http/1.1 200"), "{answer:?}");
     assert!(answer.contains("connection: close"), "{answer}");
+    if !frees {
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(900),
+            "no slot waited for: {waited:?}"
+        );
+    }
+    // The held connection goes too (its app closes it), and the drain ends.
+    drop(held);
     tokio::time::timeout(Duration::from_secs(5), shut)
         .await
         .expect("the drain did not end")

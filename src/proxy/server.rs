@@ -23,6 +23,9 @@ use tokio::task::{JoinHandle, JoinSet};
 
 /// Connections the kernel may complete on a listener before weir accepts them.
 const BACKLOG: i32 = 4096;
+/// Connections a closing listener's backlog may add beyond the free
+/// `max_connections` slots: the file descriptors a drain may spend.
+const OVER_LIMIT_AT_CLOSE: usize = 64;
 
 /// A listener is identified by what the config asked for: its configured
 /// address and its role. A reload that names the same pair keeps it.
@@ -409,14 +412,19 @@ async fn accept_loop(
     // reset when the listener closes, under a client that believes it is
     // connected: they are taken now and served as draining ones, each once
     // a connection slot frees (docs/reference/shutdown.md#shutdown).
-    let queued = take_queued(listener);
-    for (stream, peer) in queued {
+    let room = shared.connections.available_permits() + OVER_LIMIT_AT_CLOSE;
+    let wait = shared.snapshot.load().config.server.header_read_timeout;
+    for (stream, peer) in take_queued(listener, room) {
         let shared = shared.clone();
         let (role, stop, pool) = (role.clone(), stop.clone(), pool.clone());
         conns.spawn(async move {
-            let Ok(permit) = shared.connections.clone().acquire_owned().await else {
-                return;
-            };
+            // A slot if one frees within a head's time; otherwise served
+            // without one (once, being drained) rather than left waiting.
+            let slot = shared.connections.clone().acquire_owned();
+            let permit = tokio::time::timeout(wait, slot)
+                .await
+                .ok()
+                .and_then(Result::ok);
             serve_connection(stream, peer, role, shared, stop, pool).await;
             drop(permit);
         });
@@ -426,24 +434,27 @@ async fn accept_loop(
     reaper.abort();
 }
 
-/// Closes `listener` after accepting what its backlog holds (at most as
-/// many as it can hold).
-fn take_queued(listener: TcpListener) -> Vec<(TcpStream, SocketAddr)> {
+/// Closes `listener` after accepting what its backlog holds, up to `room`
+/// connections.
+fn take_queued(listener: TcpListener, room: usize) -> Vec<(TcpStream, SocketAddr)> {
     let mut queued = Vec::new();
     // Out of the reactor: its readiness may not have seen the last arrivals
     // yet, so the socket itself is asked until it has none.
     let Ok(listener) = listener.into_std() else {
         return queued;
     };
-    while queued.len() < BACKLOG as usize {
-        let Ok((s, peer)) = listener.accept() else {
-            break;
+    while queued.len() < room.min(BACKLOG as usize) {
+        let s = match listener.accept() {
+            Ok((s, peer)) => s.set_nonblocking(true).map(|()| (s, peer)),
+            // Gone before it was taken: the next one.
+            Err(e) if e.kind() == io::ErrorKind::ConnectionAborted => continue,
+            // None left (`WouldBlock`), or no descriptor for one.
+            Err(_) => break,
         };
-        let stream = s
-            .set_nonblocking(true)
-            .and_then(|()| TcpStream::from_std(s));
-        if let Ok(stream) = stream {
-            queued.push((stream, peer));
+        if let Ok((s, peer)) = s {
+            if let Ok(stream) = TcpStream::from_std(s) {
+                queued.push((stream, peer));
+            }
         }
     }
     if !queued.is_empty() {
