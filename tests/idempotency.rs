@@ -647,3 +647,62 @@ async fn a_keyed_write_refused_before_any_attempt_leaves_its_key_free(path: Data
     assert_eq!(status, 201, "{parts:?}");
     assert_eq!(o.up.requests(), 2);
 }
+
+both_paths!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_repeat_sent_the_moment_the_response_ends_is_answered_from_the_record
+);
+/// The record is complete before the response's last byte reaches the
+/// client: a repeat sent on another connection the instant the client has
+/// the whole response is replayed, never refused as still in flight. 1000
+/// keys, each sent on one kept-alive connection, then on a second one as
+/// soon as the first's answer is whole.
+async fn a_repeat_sent_the_moment_the_response_ends_is_answered_from_the_record(path: DataPath) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let o = orders(0).await;
+    let weir = Weir::single_on(path, &o.up.url(), "").await;
+    let mut first = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    let mut again = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+    let _ = (first.set_nodelay(true), again.set_nodelay(true));
+    // One whole response (its length is in its head) off `s`.
+    async fn answer(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> String {
+        buf.clear();
+        let mut chunk = [0u8; 4096];
+        loop {
+            let text = String::from_utf8_lossy(buf).to_ascii_lowercase();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let len: usize = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                if buf.len() >= end + 4 + len {
+                    return text;
+                }
+            }
+            let n = s.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "closed: {:?}", String::from_utf8_lossy(buf));
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+    let mut buf = Vec::new();
+    let mut refused = Vec::new();
+    for i in 0..1000 {
+        let req = format!(
+            "POST /orders HTTP/1.1\r\nHost: svc\r\nIdempotency-Key: k{i}\r\nContent-Length: 6\r\n\r\npay 10"
+        );
+        first.write_all(req.as_bytes()).await.unwrap();
+        let one = answer(&mut first, &mut buf).await;
+        assert!(one.starts_with("http/1.1 201"), "{one}");
+        again.write_all(req.as_bytes()).await.unwrap();
+        let two = answer(&mut again, &mut buf).await;
+        if !two.contains("idempotent-replayed: true") {
+            refused.push(format!("k{i}: {}", two.lines().next().unwrap_or_default()));
+        }
+    }
+    assert!(
+        refused.is_empty(),
+        "{} of 1000 repeats not replayed: {refused:?}",
+        refused.len()
+    );
+    assert_eq!(o.up.requests(), 1000);
+}

@@ -191,6 +191,9 @@ impl Ctx<'_> {
                 self.bufs.out.clear();
             }
         }
+        if done {
+            super::relay::complete(&mut capture, false);
+        }
         if done && client_ok && framing == Framing::Chunked {
             self.bufs.out.extend_from_slice(b"0\r\n\r\n");
         }
@@ -204,9 +207,6 @@ impl Ctx<'_> {
             // The body broke off: the head (and what came) went out; the
             // client connection ends here.
             return sent(Relayed::BROKEN, bytes);
-        }
-        if let Some(c) = capture {
-            c.done();
         }
         Relayed {
             open: client_ok && !close,

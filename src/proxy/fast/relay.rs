@@ -10,6 +10,7 @@ use super::io::{client_gone, read_more, write_client};
 use super::transport::Exchange;
 use super::Upstream;
 use super::{Ctx, Kept};
+use crate::proxy::idempotent::Capture;
 use std::net::SocketAddr;
 use tokio::time::Instant;
 
@@ -89,6 +90,9 @@ impl Ctx<'_> {
         if let Some(c) = capture.as_mut() {
             c.push(&bufs.out[head_end..]);
         }
+        if left == Some(0) {
+            complete(&mut capture, framing == Framing::Chunked);
+        }
         // A keyed write's response is read to its end and kept even when
         // its client has left: a re-send gets it from the record.
         let mut client_ok = write_client(self.stream, &bufs.out, self.write_timeout).await;
@@ -160,6 +164,9 @@ impl Ctx<'_> {
             if let Some(c) = capture.as_mut() {
                 c.push(send);
             }
+            if left == Some(0) {
+                complete(&mut capture, framing == Framing::Chunked);
+            }
             if client_ok && !write_client(self.stream, send, self.write_timeout).await {
                 if capture.is_none() {
                     return sent(Relayed::CLOSED, bytes);
@@ -169,12 +176,6 @@ impl Ctx<'_> {
             if client_ok {
                 bytes += send.len() as u64;
             }
-        }
-        if let Some(mut c) = capture {
-            if framing == Framing::Chunked {
-                c.dechunk();
-            }
-            c.done();
         }
         if reusable {
             self.pool.put(addr, tag, upstream, last);
@@ -186,6 +187,19 @@ impl Ctx<'_> {
             error: None,
             bytes,
         }
+    }
+}
+
+/// Completes a keyed write's record once the whole response is in hand,
+/// before its last bytes go to the client: a repeat the client sends the
+/// instant it has the response (on another connection) is answered from the
+/// record, not refused as still in flight.
+pub(super) fn complete(capture: &mut Option<Capture>, chunked: bool) {
+    if let Some(mut c) = capture.take() {
+        if chunked {
+            c.dechunk();
+        }
+        c.done();
     }
 }
 
