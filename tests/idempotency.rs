@@ -654,13 +654,34 @@ both_paths!(
 );
 /// The record is complete before the response's last byte reaches the
 /// client: a repeat sent on another connection the instant the client has
-/// the whole response is replayed, never refused as still in flight. 1000
-/// keys, each sent on one kept-alive connection, then on a second one as
-/// soon as the first's answer is whole.
+/// the whole response is replayed, never refused as still in flight.
 async fn a_repeat_sent_the_moment_the_response_ends_is_answered_from_the_record(path: DataPath) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let o = orders(0).await;
-    let weir = Weir::single_on(path, &o.up.url(), "").await;
+    repeats_at_once(path, &o.up).await;
+}
+
+both_paths!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_repeat_sent_the_moment_an_empty_response_ends_is_answered_from_the_record
+);
+/// The same with a response that has no body (`201`, `Content-Length: 0`),
+/// which hyper never reads a frame of.
+async fn a_repeat_sent_the_moment_an_empty_response_ends_is_answered_from_the_record(
+    path: DataPath,
+) {
+    let up = TestUpstream::start(|req: Request<hyper::body::Incoming>| async move {
+        let _ = req.into_body().collect().await;
+        Response::builder().status(201).body(body("")).unwrap()
+    })
+    .await;
+    repeats_at_once(path, &up).await;
+}
+
+/// 1000 keys, each sent on one kept-alive connection, then on a second one
+/// as soon as the first's answer is whole: every repeat is replayed.
+async fn repeats_at_once(path: DataPath, up: &TestUpstream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let weir = Weir::single_on(path, &up.url(), "").await;
     let mut first = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
     let mut again = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
     let _ = (first.set_nodelay(true), again.set_nodelay(true));
@@ -704,5 +725,5 @@ async fn a_repeat_sent_the_moment_the_response_ends_is_answered_from_the_record(
         "{} of 1000 repeats not replayed: {refused:?}",
         refused.len()
     );
-    assert_eq!(o.up.requests(), 1000);
+    assert_eq!(up.requests(), 1000);
 }

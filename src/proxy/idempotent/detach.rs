@@ -10,6 +10,7 @@ use super::Capture;
 use crate::proxy::body::{self, Body, BoxError};
 use crate::proxy::error::ProxyError;
 use bytes::Bytes;
+use http_body::Body as _;
 use http_body::{Frame, SizeHint};
 use std::future::Future;
 use std::pin::Pin;
@@ -66,6 +67,13 @@ impl<F: Future<Output = Forwarded> + Send + 'static> Drop for Detach<F> {
 
 /// The response of a keyed write, kept as it is relayed.
 pub(crate) fn recorded(resp: http::Response<Body>, capture: Capture) -> http::Response<Body> {
+    // No body to wait for: the record is complete before the head goes out
+    // (hyper never reads a frame of it, and a repeat sent the instant the
+    // client has it must find it completed).
+    if resp.body().is_end_stream() {
+        capture.done();
+        return resp;
+    }
     let (head, body) = resp.into_parts();
     let kept = RecordingBody {
         body,
@@ -138,6 +146,9 @@ impl Drop for RecordingBody {
         let Some(capture) = self.capture.take() else {
             return;
         };
+        if self.body.is_end_stream() {
+            return capture.done();
+        }
         let body = std::mem::replace(&mut self.body, body::empty());
         spawn(read_on(body, capture));
     }
