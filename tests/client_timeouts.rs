@@ -275,3 +275,50 @@ async fn an_h2_connection_idles_for_client_idle_timeout_not_header_read_timeout(
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
 }
+
+/// A body whose length is whole before its HTTP/2 upstream ends the stream
+/// (a frame later) is finished for an HTTP/1.1 client, not abandoned:
+/// hyper stops reading at the length and drops the body, and 200 such
+/// requests on one keep-alive connection, faster than the reset limit, all
+/// succeed on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_length_whole_before_the_upstream_ends_its_stream_is_not_abandoned() {
+    let up = LateEnd::start(200, "whole", Duration::from_millis(2)).await;
+    let weir = Weir::with_server_on(
+        DataPath::General,
+        "max_resets_per_second = 10",
+        &format!(
+            "[upstreams.svc]\nurl = \"{}\"\nprotocol = \"h2c\"\nhosts = [\"svc\"]\n",
+            up.url
+        ),
+    )
+    .await;
+    let stream = TcpStream::connect(weir.addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    for i in 0..200 {
+        send.ready()
+            .await
+            .unwrap_or_else(|e| panic!("before request {i}: {e}"));
+        let resp = send
+            .send_request(
+                Request::get("http://svc/")
+                    .header("host", "svc")
+                    .body(body(""))
+                    .unwrap(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("request {i}: {e}"));
+        let (parts, b) = read_body(resp).await;
+        assert_eq!(
+            (parts.status.as_u16(), &b[..]),
+            (200, &b"whole"[..]),
+            "request {i}"
+        );
+    }
+    conn.abort();
+    assert_eq!(up.served(), 200);
+}

@@ -566,3 +566,69 @@ impl Drop for HostsLock {
         let _ = std::fs::remove_file(Self::PATH);
     }
 }
+
+/// An h2c upstream that answers every request `status` with `body` and a
+/// `Content-Length`, and ends the stream `late` after the body, on a frame
+/// of its own (as a server streaming its response does): the body is whole
+/// by its length before the stream says it ended.
+pub struct LateEnd {
+    pub url: String,
+    served: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for LateEnd {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl LateEnd {
+    pub async fn start(status: u16, text: &'static str, late: std::time::Duration) -> LateEnd {
+        type Chunk = Result<http_body::Frame<Bytes>, Box<dyn std::error::Error + Send + Sync>>;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let served = Arc::new(AtomicUsize::new(0));
+        let n = served.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let n = n.clone();
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let n = n.clone();
+                    async move {
+                        let _ = req.into_body().collect().await;
+                        n.fetch_add(1, Ordering::SeqCst);
+                        let frames = futures_util::stream::unfold(true, move |first| async move {
+                            if first {
+                                let data =
+                                    http_body::Frame::data(Bytes::from_static(text.as_bytes()));
+                                return Some((Ok(data), false));
+                            }
+                            tokio::time::sleep(late).await;
+                            None
+                        });
+                        let frames: std::pin::Pin<
+                            Box<dyn futures_util::Stream<Item = Chunk> + Send + Sync>,
+                        > = Box::pin(frames);
+                        let resp = Response::builder()
+                            .status(status)
+                            .header("content-length", text.len())
+                            .body(BodyExt::boxed(http_body_util::StreamBody::new(frames)))
+                            .unwrap();
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                tokio::spawn(async move {
+                    let b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+                    let _ = b.serve_connection(TokioIo::new(stream), svc).await;
+                });
+            }
+        });
+        LateEnd { url, served, task }
+    }
+
+    /// Requests answered.
+    pub fn served(&self) -> usize {
+        self.served.load(Ordering::SeqCst)
+    }
+}

@@ -146,7 +146,22 @@ where
             // The head is handed over now; until hyper asks for the body,
             // it waits on the client (an HTTP/2 window of 0 never asks).
             busy.handed_now();
-            Ok::<_, Infallible>(resp.map(|b| boxed(Holding { inner: b, busy })))
+            // To an HTTP/1.x client, a body with a `Content-Length` ends
+            // when that many bytes have gone: hyper asks no further, and
+            // the request is done, not abandoned, though the upstream may
+            // end its stream a frame later.
+            let left = resp
+                .headers()
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| crate::h1::content_length(v.as_bytes()))
+                .filter(|_| h1);
+            Ok::<_, Infallible>(resp.map(|b| {
+                boxed(Holding {
+                    inner: b,
+                    busy,
+                    left,
+                })
+            }))
         }
     });
     let io = TokioIo::new(guard);
@@ -386,6 +401,8 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: B,
         busy: Busy,
+        // What an HTTP/1.x client still takes of a `Content-Length` body.
+        left: Option<u64>,
     }
 }
 
@@ -409,7 +426,12 @@ impl<B: http_body::Body> http_body::Body for Holding<B> {
         // a gRPC response is not taken for one the client abandoned.
         let last = match &r {
             std::task::Poll::Ready(None) => true,
-            std::task::Poll::Ready(Some(Ok(frame))) => frame.is_trailers(),
+            std::task::Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(l), Some(d)) = (this.left.as_mut(), frame.data_ref()) {
+                    *l = l.saturating_sub(bytes::Buf::remaining(d) as u64);
+                }
+                frame.is_trailers() || *this.left == Some(0)
+            }
             _ => false,
         };
         if last {
