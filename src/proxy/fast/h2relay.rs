@@ -98,6 +98,11 @@ impl Ctx<'_> {
             Framing::Length(n) => Some(n),
             _ => None,
         };
+        // Whole by its length (the client takes it so): the record is
+        // complete, though the upstream may end its stream a frame later.
+        if left == Some(0) || framing == Framing::Empty {
+            super::relay::complete(&mut capture, false);
+        }
         let mut done = framing == Framing::Empty || body.is_end_stream();
         let idle = up.config.idle_timeout;
         while !done {
@@ -168,6 +173,9 @@ impl Ctx<'_> {
             }
             if let Some(c) = capture.as_mut() {
                 c.push(&data);
+            }
+            if left == Some(0) {
+                super::relay::complete(&mut capture, false);
             }
             if client_ok && !data.is_empty() {
                 let out = &mut self.bufs.out;

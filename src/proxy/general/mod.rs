@@ -329,6 +329,7 @@ async fn detached(
     cached: Cached,
 ) -> Result<Response<Body>, ProxyError> {
     let (up, pool) = (up.clone(), pool.clone());
+    let h1_client = parts.version < http::Version::HTTP_2;
     let exchange = async move {
         // Not the client connection's held connections: this exchange may
         // outlive it. What it holds goes back to the pool when it ends.
@@ -336,7 +337,7 @@ async fn detached(
         self::exchange::keyed(&up, &conn, parts, body, start, grpc, parsed, cached).await
     };
     match idempotent::detach(exchange).await? {
-        (resp, Some(capture)) => Ok(idempotent::recorded(resp, capture)),
+        (resp, Some(capture)) => Ok(idempotent::recorded(resp, capture, h1_client)),
         (resp, None) => Ok(resp),
     }
 }

@@ -66,7 +66,14 @@ impl<F: Future<Output = Forwarded> + Send + 'static> Drop for Detach<F> {
 }
 
 /// The response of a keyed write, kept as it is relayed.
-pub(crate) fn recorded(resp: http::Response<Body>, capture: Capture) -> http::Response<Body> {
+/// `h1_client`: the client speaks HTTP/1.x, so a body with a
+/// `Content-Length` is whole, for it and for the record, once that many
+/// bytes have passed (hyper reads no further).
+pub(crate) fn recorded(
+    resp: http::Response<Body>,
+    capture: Capture,
+    h1_client: bool,
+) -> http::Response<Body> {
     // No body to wait for: the record is complete before the head goes out
     // (hyper never reads a frame of it, and a repeat sent the instant the
     // client has it must find it completed).
@@ -75,10 +82,19 @@ pub(crate) fn recorded(resp: http::Response<Body>, capture: Capture) -> http::Re
         return resp;
     }
     let (head, body) = resp.into_parts();
-    let kept = RecordingBody {
+    let left = head
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| crate::h1::content_length(v.as_bytes()))
+        .filter(|_| h1_client);
+    let mut kept = RecordingBody {
         body,
         capture: Some(capture),
+        left,
     };
+    if left == Some(0) {
+        kept.ended();
+    }
     http::Response::from_parts(head, body::boxed(kept))
 }
 
@@ -88,6 +104,10 @@ struct RecordingBody {
     body: Body,
     /// `None` once the body has ended or broken off.
     capture: Option<Capture>,
+    /// What an HTTP/1.x client still takes of a `Content-Length` body.
+    /// At 0 the record is completed: hyper writes no more and drops the
+    /// body without waiting for the upstream to say it ended.
+    left: Option<u64>,
 }
 
 impl RecordingBody {
@@ -113,9 +133,13 @@ impl http_body::Body for RecordingBody {
                 if let Some(c) = this.capture.as_mut() {
                     keep(c, &frame);
                 }
-                // hyper stops polling a body that says it has ended: its
+                if let (Some(l), Some(d)) = (this.left.as_mut(), frame.data_ref()) {
+                    *l = l.saturating_sub(d.len() as u64);
+                }
+                // hyper stops polling a body that says it has ended (or,
+                // to an HTTP/1.x client, whose length it has written): its
                 // last frame ends the keeping.
-                if this.body.is_end_stream() {
+                if this.body.is_end_stream() || this.left == Some(0) {
                     this.ended();
                 }
                 Poll::Ready(Some(Ok(frame)))
