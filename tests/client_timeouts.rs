@@ -122,13 +122,22 @@ async fn finished_requests_never_count_as_resets() {
         );
     }
     conn.abort();
-    let stream = TcpStream::connect(weir.addr).await.unwrap();
+    gets_on_one_connection(weir.addr, 300, b"ok").await;
+}
+
+/// `n` GETs, one after another, on one HTTP/1.1 keep-alive connection to
+/// `addr`: each is a 200 with `text`.
+async fn gets_on_one_connection(addr: std::net::SocketAddr, n: usize, text: &[u8]) {
+    let stream = TcpStream::connect(addr).await.unwrap();
     let (mut send, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
             .unwrap();
     let conn = tokio::spawn(conn);
-    for i in 0..300 {
+    for i in 0..n {
+        send.ready()
+            .await
+            .unwrap_or_else(|e| panic!("before request {i}: {e}"));
         let resp = send
             .send_request(
                 Request::get("http://svc/")
@@ -138,8 +147,8 @@ async fn finished_requests_never_count_as_resets() {
             )
             .await
             .unwrap_or_else(|e| panic!("request {i}: {e}"));
-        let (parts, _) = read_body(resp).await;
-        assert_eq!(parts.status.as_u16(), 200, "request {i}");
+        let (parts, b) = read_body(resp).await;
+        assert_eq!((parts.status.as_u16(), &b[..]), (200, text), "request {i}");
     }
     conn.abort();
 }
@@ -293,32 +302,6 @@ async fn a_length_whole_before_the_upstream_ends_its_stream_is_not_abandoned() {
         ),
     )
     .await;
-    let stream = TcpStream::connect(weir.addr).await.unwrap();
-    let (mut send, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    let conn = tokio::spawn(conn);
-    for i in 0..200 {
-        send.ready()
-            .await
-            .unwrap_or_else(|e| panic!("before request {i}: {e}"));
-        let resp = send
-            .send_request(
-                Request::get("http://svc/")
-                    .header("host", "svc")
-                    .body(body(""))
-                    .unwrap(),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("request {i}: {e}"));
-        let (parts, b) = read_body(resp).await;
-        assert_eq!(
-            (parts.status.as_u16(), &b[..]),
-            (200, &b"whole"[..]),
-            "request {i}"
-        );
-    }
-    conn.abort();
+    gets_on_one_connection(weir.addr, 200, b"whole").await;
     assert_eq!(up.served(), 200);
 }
