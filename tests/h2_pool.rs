@@ -134,3 +134,179 @@ async fn connections_the_server_closes_are_replaced_without_a_failure() {
         "{n} connections for 12 requests at 3 each"
     );
 }
+
+/// An h2c upstream that answers a POST at once and never reads its body: no
+/// WINDOW_UPDATE, no RST_STREAM (RFC 9113 §8.1 makes the reset optional),
+/// the stream's receive side held open for good. Anything else gets
+/// `200 ok`. It allows `max_streams` streams on a connection. Returns its
+/// URL and the POST streams it saw the client (weir) reset.
+async fn never_reading_upstream(max_streams: u32) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let resets = Arc::new(AtomicUsize::new(0));
+    let r = resets.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let r = r.clone();
+            tokio::spawn(async move {
+                let mut b = h2::server::Builder::new();
+                b.max_concurrent_streams(max_streams)
+                    .initial_window_size(65_535);
+                let Ok(mut conn) = b.handshake::<_, bytes::Bytes>(stream).await else {
+                    return;
+                };
+                while let Some(Ok((req, mut respond))) = conn.accept().await {
+                    if req.method() == http::Method::POST {
+                        let _ = respond.send_response(Response::new(()), true);
+                        // Held: what arrives is read but its window is
+                        // never given back, so the sender stalls.
+                        let mut held = req.into_body();
+                        let r = r.clone();
+                        tokio::spawn(async move {
+                            // Only a reset from weir ends it.
+                            loop {
+                                match held.data().await {
+                                    Some(Ok(_)) => {}
+                                    Some(Err(_)) => break,
+                                    None => return,
+                                }
+                            }
+                            r.fetch_add(1, Ordering::SeqCst);
+                        });
+                        continue;
+                    }
+                    let Ok(mut send) = respond.send_response(Response::new(()), false) else {
+                        continue;
+                    };
+                    let _ = send.send_data(bytes::Bytes::from_static(b"ok"), true);
+                }
+            });
+        }
+    });
+    (url, resets)
+}
+
+/// 200 h2c clients each upload 100 KB to an upstream that never reads it,
+/// read the answer and leave. Each stream must be reset when its answer has
+/// ended, so that the upstream connection's stream slots come back: the
+/// next request gets through at once. (On 6790b03 the pump held every
+/// stream open for good and every later request got 504.)
+async fn clients_that_left_do_not_jam_an_h2_upstream(path: DataPath) {
+    let (url, resets) = never_reading_upstream(100).await;
+    let weir = Weir::single_on(path, &url, "protocol = \"h2c\"\ntimeout = \"3s\"").await;
+    let addr = weir.addr;
+    let mut batch = Vec::new();
+    for i in 0..200 {
+        batch.push(tokio::spawn(async move {
+            let (mut send, conn) = h2_connect(addr).await;
+            let req = Request::post(format!("http://svc/up{i}"))
+                .header("content-length", "100000")
+                .body(body(vec![b'x'; 100_000]))
+                .unwrap();
+            let status = send.send_request(req).await.map(|r| r.status().as_u16());
+            conn.abort();
+            status.unwrap_or(0)
+        }));
+        if batch.len() == 20 {
+            for b in batch.drain(..) {
+                assert_eq!(b.await.unwrap(), 200);
+            }
+        }
+    }
+    for b in batch {
+        assert_eq!(b.await.unwrap(), 200);
+    }
+    // With every client gone, the upstream is free again at once.
+    let c = client();
+    let t0 = std::time::Instant::now();
+    let resp = get(&c, &weir.url("/ok"), "svc").await;
+    let (parts, b) = read_body(resp).await;
+    assert_eq!(parts.status, 200, "{b:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    // Every stream was reset by weir, not left open.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while resets.load(Ordering::SeqCst) < 200 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(resets.load(Ordering::SeqCst), 200);
+}
+both_paths!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    clients_that_left_do_not_jam_an_h2_upstream
+);
+
+/// An h2c server allowing 8 streams a connection, whose `/long` responses
+/// send their head and then hold their body open until `release` is
+/// notified; `/ok` is answered at once. Returns its URL and its connections.
+async fn long_response_server(release: Arc<tokio::sync::Notify>) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let conns = Arc::new(AtomicUsize::new(0));
+    let c = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            c.fetch_add(1, Ordering::SeqCst);
+            let release = release.clone();
+            tokio::spawn(async move {
+                let mut b = h2::server::Builder::new();
+                b.max_concurrent_streams(8);
+                let Ok(mut conn) = b.handshake::<_, bytes::Bytes>(stream).await else {
+                    return;
+                };
+                while let Some(Ok((req, mut respond))) = conn.accept().await {
+                    let long = req.uri().path() == "/long";
+                    let Ok(mut send) = respond.send_response(Response::new(()), false) else {
+                        continue;
+                    };
+                    if !long {
+                        let _ = send.send_data(bytes::Bytes::from_static(b"ok"), true);
+                        continue;
+                    }
+                    let _ = send.send_data(bytes::Bytes::from_static(b"first "), false);
+                    let release = release.clone();
+                    tokio::spawn(async move {
+                        release.notified().await;
+                        let _ = send.send_data(bytes::Bytes::from_static(b"last"), true);
+                    });
+                }
+            });
+        }
+    });
+    (url, conns)
+}
+
+/// A stream counts against the peer's stream limit until its response has
+/// ended, not only until its head: with 8 long responses open on a
+/// connection that allows 8, the next request gets a connection of its
+/// own at once. (On 6790b03 it waited inside h2 on the full connection
+/// until its deadline: 504.)
+async fn long_responses_count_until_they_end(path: DataPath) {
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (url, conns) = long_response_server(release.clone()).await;
+    let weir = Weir::single_on(path, &url, "protocol = \"h2c\"\ntimeout = \"3s\"").await;
+    let c = client();
+    // The pool learns the peer's limit from its SETTINGS first.
+    assert_eq!(get(&c, &weir.url("/ok"), "svc").await.status(), 200);
+    let mut long = Vec::new();
+    for _ in 0..8 {
+        let resp = get(&c, &weir.url("/long"), "svc").await;
+        assert_eq!(resp.status(), 200);
+        long.push(resp);
+    }
+    let t0 = std::time::Instant::now();
+    let resp = get(&c, &weir.url("/ok"), "svc").await;
+    let (parts, b) = read_body(resp).await;
+    assert_eq!(parts.status, 200, "{b:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert_eq!(conns.load(Ordering::SeqCst), 2, "a second connection");
+    // The long ones end whole.
+    release.notify_waiters();
+    for resp in long {
+        let (_, b) = read_body(resp).await;
+        assert_eq!(&b[..], b"first last");
+    }
+}
+both_paths!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    long_responses_count_until_they_end
+);

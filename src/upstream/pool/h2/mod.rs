@@ -121,8 +121,11 @@ struct H2Conn {
 
 /// What the pool counts of one connection; shared with the requests in
 /// flight on it and its task.
-struct ConnStats {
-    /// Requests sent on it whose response head has not arrived yet.
+pub(super) struct ConnStats {
+    /// Streams open on it: counted from the request's send until the
+    /// stream has ended both ways (the request body sent or abandoned, and
+    /// the response body read to its end or dropped), as the peer counts
+    /// them against its `SETTINGS_MAX_CONCURRENT_STREAMS`.
     in_flight: AtomicUsize,
     /// The peer's SETTINGS_MAX_CONCURRENT_STREAMS, as the connection task
     /// last saw it.
@@ -215,11 +218,12 @@ impl Future for ConnTask<h2::client::Connection<UpstreamIo, Bytes>> {
     }
 }
 
-/// Counts a request in flight on a connection until its response head
-/// arrives or it fails (or the attempt is dropped).
-struct InFlight<'a>(&'a ConnStats);
+/// One stream counted open on its connection until it has ended both
+/// ways: held by the attempt until the response head, then by the
+/// response body (or, while the request body still streams, by its pump).
+pub(super) struct Open(Arc<ConnStats>);
 
-impl Drop for InFlight<'_> {
+impl Drop for Open {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
@@ -255,7 +259,7 @@ impl H2Pool {
                 let conn = self.checkout().await?;
                 (conn.send.clone(), conn.stats.clone())
             };
-            let guard = InFlight(&stats);
+            let open = Open(stats.clone());
             let mut send = match send.ready().await {
                 Ok(s) => s,
                 Err(e) => {
@@ -303,19 +307,28 @@ impl H2Pool {
                 Pin::new(&mut response).poll(cx)
             })
             .await;
-            drop(guard);
             return match got {
                 Ok(resp) => {
-                    if let Some(p) = pump {
-                        tokio::spawn(async move {
-                            p.await;
-                        });
-                    }
                     let length = resp
                         .headers()
                         .get(http::header::CONTENT_LENGTH)
                         .and_then(|v| crate::h1::content_length(v.as_bytes()));
-                    Ok(resp.map(|recv| H2Body::new(recv, length)))
+                    // The stream stays counted open until it has ended both
+                    // ways. A body still going out is pumped by a task that
+                    // ends when the response does: once the response is
+                    // whole, or dropped because the client left, nothing
+                    // more of the request is wanted, and its stream is reset
+                    // so that its slot on the connection (and what h2 holds
+                    // for it) is given back (docs/reference/endpoints.md#http2-connections).
+                    let end = match pump {
+                        Some(p) => {
+                            let (tell, told) = tokio::sync::oneshot::channel();
+                            tokio::spawn(p.until_answered(told, open));
+                            stream::End::Tell(tell)
+                        }
+                        None => stream::End::Hold { _open: open },
+                    };
+                    Ok(resp.map(|recv| H2Body::new(recv, length, end)))
                 }
                 // The client's body failed, and the stream was reset for it:
                 // the client's failure, not the upstream's.

@@ -3,6 +3,7 @@
 //! allows ([`Pump`]), and the response's body read with the window given
 //! back as it is consumed ([`H2Body`]).
 
+use super::Open;
 use crate::upstream::send::{Body, BoxError};
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -19,11 +20,40 @@ use std::task::{ready, Context, Poll};
 pub(super) struct Pump {
     stream: h2::SendStream<Bytes>,
     body: Body,
+    /// Once the response head has arrived: what its body tells when it
+    /// ends (`true`: read whole; closed unsent: dropped before its end).
+    answered: Option<tokio::sync::oneshot::Receiver<bool>>,
 }
 
 impl Pump {
     pub(super) fn new(stream: h2::SendStream<Bytes>, body: Body) -> Self {
-        Pump { stream, body }
+        Pump {
+            stream,
+            body,
+            answered: None,
+        }
+    }
+
+    /// The rest of the request body, sent from a task of its own after the
+    /// response head arrived, for no longer than the response lasts: when
+    /// the response has ended (whole: `NO_ERROR`, as RFC 9113 §8.1 lets a
+    /// complete exchange end) or was dropped (the client left: `CANCEL`),
+    /// the stream is reset and the pump ends, though the upstream never
+    /// opened its window again. `open` counts the stream on its connection
+    /// until both have ended.
+    pub(super) async fn until_answered(
+        mut self,
+        answered: tokio::sync::oneshot::Receiver<bool>,
+        open: Open,
+    ) {
+        self.answered = Some(answered);
+        std::future::poll_fn(|cx| Pin::new(&mut self).poll(cx)).await;
+        // The body has gone out whole (or failed) while the response goes
+        // on: the stream stays counted until the response ends too.
+        if let Some(rx) = self.answered.take() {
+            let _ = rx.await;
+        }
+        drop(open);
     }
 }
 
@@ -31,7 +61,22 @@ impl Future for Pump {
     type Output = bool;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
-        let Pump { stream, body } = &mut *self;
+        let Pump {
+            stream,
+            body,
+            answered,
+        } = &mut *self;
+        if let Some(rx) = answered {
+            if let Poll::Ready(whole) = Pin::new(rx).poll(cx) {
+                *answered = None;
+                let reason = match whole {
+                    Ok(true) => h2::Reason::NO_ERROR,
+                    _ => h2::Reason::CANCEL,
+                };
+                stream.send_reset(reason);
+                return Poll::Ready(false);
+            }
+        }
         loop {
             // Some window first, so that a body faster than the upstream
             // waits here instead of filling h2's buffer.
@@ -95,6 +140,9 @@ impl Future for Pump {
 /// handed on, then its trailers.
 pub struct H2Body {
     recv: h2::RecvStream,
+    /// What ends with the response: its stream's count on the connection,
+    /// or word to the pump still sending the request body.
+    end: End,
     /// The data has ended; trailers (if any) are next.
     data_done: bool,
     done: bool,
@@ -110,14 +158,39 @@ impl std::fmt::Debug for H2Body {
     }
 }
 
+/// What a response body lets go of when it ends (read whole, failed, or
+/// dropped).
+pub(super) enum End {
+    /// The stream's count on its connection (the request body has gone).
+    Hold {
+        _open: Open,
+    },
+    /// The pump still sending the request body: told `true` when the
+    /// response was read whole, and by the sender's drop otherwise.
+    Tell(tokio::sync::oneshot::Sender<bool>),
+    Gone,
+}
+
 impl H2Body {
-    pub(super) fn new(recv: h2::RecvStream, content_length: Option<u64>) -> Self {
+    pub(super) fn new(recv: h2::RecvStream, content_length: Option<u64>, end: End) -> Self {
         let done = recv.is_end_stream();
-        H2Body {
+        let mut body = H2Body {
             recv,
+            end,
             data_done: done,
             done,
             left: content_length,
+        };
+        if done {
+            body.ended(true);
+        }
+        body
+    }
+
+    /// The response has ended: whole, or not.
+    fn ended(&mut self, whole: bool) {
+        if let End::Tell(tell) = std::mem::replace(&mut self.end, End::Gone) {
+            let _ = tell.send(whole);
         }
     }
 }
@@ -145,6 +218,7 @@ impl HttpBody for H2Body {
                 }
                 Some(Err(e)) => {
                     this.done = true;
+                    this.ended(false);
                     return Poll::Ready(Some(Err(Box::new(e))));
                 }
                 None => this.data_done = true,
@@ -152,6 +226,7 @@ impl HttpBody for H2Body {
         }
         let t = ready!(this.recv.poll_trailers(cx));
         this.done = true;
+        this.ended(t.is_ok());
         match t {
             Ok(Some(t)) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
             Ok(None) => Poll::Ready(None),
