@@ -334,6 +334,71 @@ async fn a_request_over_the_adaptive_limit_is_refused_overloaded_at_once(path: D
     assert_eq!(call(&weir, &[]).await.0, 200);
 }
 
+both_paths!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    slow_readers_and_slow_uploaders_hold_no_adaptive_place
+);
+/// The adaptive limit judges the upstream, not the client
+/// (docs/reference/admission.md#adaptive-limit): 6 clients that never read
+/// their 8 MB answer and 6 that send their body a byte at a time, against
+/// a limit of 3, leave a well-behaved client every request. (On 6790b03
+/// the readers' slots counted until their bodies were read, and every
+/// request of the good client was refused `overloaded`.)
+async fn slow_readers_and_slow_uploaders_hold_no_adaptive_place(path: DataPath) {
+    use tokio::io::AsyncWriteExt;
+    let big = bytes::Bytes::from(vec![b'x'; 8 << 20]);
+    let up = TestUpstream::start(move |r: Request<hyper::body::Incoming>| {
+        let big = big.clone();
+        async move {
+            if r.uri().path() == "/big" {
+                Response::new(body(big))
+            } else {
+                Response::new(body("ok"))
+            }
+        }
+    })
+    .await;
+    let weir = Weir::single_on(
+        path,
+        &up.url(),
+        "[upstreams.svc.concurrency]\nlimit = \"adaptive\"\nmin_limit = 3\ninitial_limit = 3\nmax_in_flight = 100\n",
+    )
+    .await;
+    // Readers: the head is read, the body never.
+    let mut readers = Vec::new();
+    for _ in 0..6 {
+        let req = Request::get(weir.url("/big"))
+            .header("host", "svc")
+            .body(body(""))
+            .unwrap();
+        let resp = client().request(req).await.unwrap();
+        if resp.status() != 200 {
+            let (p, b) = read_body(resp).await;
+            panic!("{p:?} {b:?}");
+        }
+        readers.push(resp);
+    }
+    // Uploaders: a head promising 4 bytes, then one byte, then silence.
+    let mut uploaders = Vec::new();
+    for _ in 0..6 {
+        let mut s = tokio::net::TcpStream::connect(weir.addr).await.unwrap();
+        s.write_all(b"POST /up HTTP/1.1\r\nhost: svc\r\ncontent-length: 4\r\n\r\na")
+            .await
+            .unwrap();
+        uploaders.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut ok = 0;
+    for _ in 0..30 {
+        if call(&weir, &[]).await.0 == 200 {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 30, "the good client's requests");
+    drop(readers);
+    drop(uploaders);
+}
+
 /// Client-side throttling on, one attempt a request, the breaker out of the
 /// way (it would open on the 503s first).
 const THROTTLED: &str = "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nenabled = false\n[upstreams.svc.throttle]\nenabled = true\n";

@@ -152,6 +152,8 @@ pub struct AdaptiveLimit {
     starting: bool,
     /// When the limit last moved.
     moved: Now,
+    /// When the latest answer came.
+    answered: Now,
 }
 
 /// Growth a window during slow start.
@@ -174,6 +176,7 @@ impl AdaptiveLimit {
             seen: Duration::ZERO,
             starting: true,
             moved: Duration::ZERO,
+            answered: Duration::ZERO,
         }
     }
 
@@ -220,7 +223,20 @@ impl AdaptiveLimit {
         if !self.starting {
             self.refused = true;
         }
-        self.tick(now);
+        let now = self.tick(now);
+        // Refusing, yet no answer for a while: no samples is not bad
+        // samples (every place may be held by a request that streams or
+        // hangs, and only a timeout would tell). The limit grows back a
+        // step, a quarter at least one place, each starved spell, so a
+        // limit at its floor is never stuck there.
+        let quiet = self.p.window.max(self.baseline().unwrap_or_default() * 4);
+        if !self.probing() && now.saturating_sub(self.answered.max(self.moved)) >= quiet {
+            let next = (self.limit * 1.25).max(self.limit + 1.0);
+            self.limit = next.min(f64::from(self.p.max));
+            self.moved = now;
+            self.samples.clear();
+            self.opened = None;
+        }
     }
 
     /// An attempt begun at `started` answered (or timed out) after `took`,
@@ -228,6 +244,7 @@ impl AdaptiveLimit {
     /// move the limit.
     pub fn record(&mut self, started: Now, took: Duration, in_flight: u32, now: Now) {
         let now = self.tick(now);
+        self.answered = now;
         let us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
         if let Phase::Probe { since, samples } = &mut self.phase {
             if started >= *since {
@@ -647,5 +664,19 @@ mod tests {
             prop_assert!(lo >= 1 && lo * 2 >= cap, "fell to {lo} (capacity {cap})");
             prop_assert!(hi <= cap * 2 + 2, "rose to {hi} (capacity {cap})");
         }
+    }
+
+    #[test]
+    fn a_limit_with_no_answers_grows_back_from_its_floor() {
+        let mut a = AdaptiveLimit::new(params(3, 100, 3));
+        // Every place held by requests that never answer: only refusals.
+        let mut now = Duration::from_secs(1);
+        for _ in 0..50 {
+            a.refused(now);
+            now += 10 * MS;
+        }
+        assert!(a.limit() > 3, "{}", a.limit());
+        // It grows a step per starved window, not all at once.
+        assert!(a.limit() < 30, "{}", a.limit());
     }
 }

@@ -4,11 +4,16 @@
 //! `overloaded`. A waiting request never waits past its deadline.
 //!
 //! With `limit = "adaptive"` (docs/reference/admission.md#adaptive-limit)
-//! the policy core's [`AdaptiveLimit`] sets how many of the `max_in_flight`
-//! slots may be held now, from the attempts' latencies the data plane
-//! reports ([`Gate::observe`]); a request over it is refused at once, never
-//! queued: a queue in front of an upstream that is past its capacity only
-//! adds its wait to every request.
+//! the policy core's [`AdaptiveLimit`] sets how many requests may be
+//! *waiting for the upstream's answer* at once, from the attempts'
+//! latencies the data plane reports ([`Gate::observe`]); a request over it
+//! is refused at once, never queued: a queue in front of an upstream that
+//! is past its capacity only adds its wait to every request. It counts what
+//! its samples measure: a request takes its place once its body is whole
+//! ([`Gate::place`]) and gives it back when the answer's head arrives
+//! ([`Slot::answered`]). A client slow to send its body or to read the
+//! response holds a `max_in_flight` slot, never an adaptive place, so a
+//! dozen slow clients cannot hold the limit at its floor.
 
 use crate::clock::Clock;
 use crate::config::ConcurrencyParams;
@@ -22,7 +27,11 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub struct Gate {
     sem: Arc<Semaphore>,
+    /// Requests holding a slot (what `/metrics` shows in flight).
     in_flight: Arc<AtomicU32>,
+    /// Requests holding an adaptive place: waiting for the upstream's
+    /// answer (only counted with `limit = "adaptive"`).
+    awaiting: Arc<AtomicU32>,
     /// Permits the semaphore currently represents (for reloads).
     limit: Mutex<u32>,
     max_queue: AtomicU32,
@@ -67,6 +76,7 @@ impl Gate {
         Gate {
             sem: Arc::new(Semaphore::new(c.max_in_flight as usize)),
             in_flight: Arc::new(AtomicU32::new(0)),
+            awaiting: Arc::new(AtomicU32::new(0)),
             limit: Mutex::new(c.max_in_flight),
             max_queue: AtomicU32::new(c.max_queue),
             queued: AtomicU32::new(0),
@@ -77,37 +87,49 @@ impl Gate {
         }
     }
 
-    /// A slot, if one is free now (and the adaptive limit has room).
+    /// A slot, if one is free now (and the adaptive limit has room: looked
+    /// at here, taken by [`Gate::place`] once the body is whole).
     pub fn try_enter(&self) -> Option<Slot> {
-        // The adaptive limit first: a place under it is taken (counted in
-        // flight) before the permit, so that two requests never both take
-        // its last place.
+        if self.awaiting.load(Ordering::Acquire) >= self.cap.load(Ordering::Acquire) {
+            return None;
+        }
+        let p = self.sem.clone().try_acquire_owned().ok()?;
+        Some(self.slot(p))
+    }
+
+    /// Takes the adaptive place of a request whose body is whole (a
+    /// request waits for its answer only from then): refused (503
+    /// `overloaded`) when the limit is reached meanwhile. Without an
+    /// adaptive limit, one atomic load.
+    pub fn place(&self, slot: &mut Slot) -> Result<(), GateRefusal> {
+        match self.try_place(slot) {
+            true => Ok(()),
+            false => Err(self.refuse()),
+        }
+    }
+
+    /// [`Gate::place`] without counting a refusal (a hedge that finds no
+    /// place is skipped, not refused).
+    pub fn try_place(&self, slot: &mut Slot) -> bool {
         let cap = self.cap.load(Ordering::Acquire);
-        let mut n = self.in_flight.load(Ordering::Acquire);
+        if cap == u32::MAX || slot.place.is_some() {
+            return true;
+        }
+        let mut n = self.awaiting.load(Ordering::Acquire);
         loop {
             if n >= cap {
-                return None;
+                return false;
             }
-            match self.in_flight.compare_exchange_weak(
-                n,
-                n + 1,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
+            match self
+                .awaiting
+                .compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => break,
                 Err(now) => n = now,
             }
         }
-        match self.sem.clone().try_acquire_owned() {
-            Ok(p) => Some(Slot {
-                _permit: p,
-                in_flight: self.in_flight.clone(),
-            }),
-            Err(_) => {
-                self.in_flight.fetch_sub(1, Ordering::AcqRel);
-                None
-            }
-        }
+        slot.place = Some(self.awaiting.clone());
+        true
     }
 
     /// Counts a refusal (and tells the adaptive limit, which probes its
@@ -132,7 +154,7 @@ impl Gate {
             return;
         }
         let at = self.clock.at(started);
-        let in_flight = self.in_flight();
+        let in_flight = self.awaiting.load(Ordering::Acquire);
         if let Some(a) = self.adaptive().as_mut() {
             a.record(at, took, in_flight, at + took);
             self.cap.store(a.limit(), Ordering::Release);
@@ -179,12 +201,19 @@ impl Gate {
         Slot {
             _permit: permit,
             in_flight: self.in_flight.clone(),
+            place: None,
         }
     }
 
     /// Requests holding a slot now.
     pub fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Acquire)
+    }
+
+    /// Requests waiting for the upstream's answer under the adaptive limit
+    /// now (0 without one).
+    pub fn awaiting(&self) -> u32 {
+        self.awaiting.load(Ordering::Acquire)
     }
 
     /// Requests waiting for a slot now.
@@ -240,15 +269,31 @@ pub enum GateRefusal {
     Deadline,
 }
 
-/// One request's place under `max_in_flight`; freed when dropped.
+/// One request's place under `max_in_flight`, and under the adaptive
+/// limit while it waits for its answer; freed when dropped.
 #[derive(Debug)]
 pub struct Slot {
     _permit: OwnedSemaphorePermit,
     in_flight: Arc<AtomicU32>,
+    /// Its adaptive place ([`Gate::place`]), until [`Slot::answered`].
+    place: Option<Arc<AtomicU32>>,
+}
+
+impl Slot {
+    /// The upstream's answer has arrived (or the attempts are over): what
+    /// is left is delivery to the client, which the adaptive limit does
+    /// not count.
+    #[inline]
+    pub fn answered(&mut self) {
+        if let Some(p) = self.place.take() {
+            p.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.answered();
     }
 }

@@ -210,9 +210,12 @@ impl<'a> super::Attempts<'a> {
             return skip(HedgeResult::SkippedDeadline);
         }
         // A hedge takes a concurrency slot like any attempt.
-        let Some(slot) = state.gate.try_enter() else {
+        let Some(mut slot) = state.gate.try_enter() else {
             return skip(HedgeResult::SkippedOverloaded);
         };
+        if !state.gate.try_place(&mut slot) {
+            return skip(HedgeResult::SkippedOverloaded);
+        }
         let at = state.now_at(now);
         let admission = {
             let mut guard = state.live();

@@ -329,6 +329,7 @@ async fn admitted<C: Codec, S: Steps<C>>(
         }
         Some(Ok(a)) => (a.slot, a.waited, a.taken),
     };
+    let mut slot = slot;
     let (ready, body_waited) = match codec.body(up, arrived, deadline).await {
         Ok(r) => r,
         Err(out) => {
@@ -336,6 +337,16 @@ async fn admitted<C: Codec, S: Steps<C>>(
             return Finished::Out(out);
         }
     };
+    // The body is whole (or streams): from here the request waits for the
+    // upstream, and takes its place under an adaptive limit
+    // (docs/reference/admission.md#adaptive-limit). A slow upload never
+    // held one.
+    if let Err(refused) = up.state.gate.place(&mut slot) {
+        attempt::refund(up, key, taken);
+        unsent(&mut recorder);
+        let e = ProxyError::from(refused);
+        return Finished::Out(steps.refuse(up, codec, e, None, None).await);
+    }
     // Nothing waited for: `start` still tells the time.
     let t0 = match waited || body_waited {
         true => Instant::now(),
@@ -365,6 +376,9 @@ async fn admitted<C: Codec, S: Steps<C>>(
     let Some(attempted) = codec.drive(up, ready, &mut attempts, t0, detached).await else {
         return Finished::Out(codec.gone());
     };
+    // The answer is in: delivering it to the client is not the upstream's
+    // concurrency.
+    slot.answered();
     let spent = Annotations {
         attempts: attempts.made(),
         stop: attempted.stop,
