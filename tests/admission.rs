@@ -492,3 +492,44 @@ async fn a_healthy_upstream_is_never_throttled_and_off_shows_no_series(path: Dat
     let text = weir.handle.as_ref().unwrap().metrics().render();
     assert!(!text.contains("weir_throttle_"), "{text}");
 }
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    one_callers_quota_throttles_that_caller_only
+);
+/// Client-side throttling (docs/reference/admission.md#client-side-throttling):
+/// an upstream answering 429 to one API key (that caller's quota) throttles
+/// that caller, locally, and never raises the probability everyone else is
+/// refused with. (On 6790b03 the 429s raised the shared probability, and a
+/// well-behaved caller's requests were refused `overloaded`.)
+async fn one_callers_quota_throttles_that_caller_only(path: DataPath) {
+    let up = TestUpstream::start(|r: Request<hyper::body::Incoming>| async move {
+        let greedy = r.headers().get("x-api-key").is_some_and(|v| v == "greedy");
+        let status = if greedy { 429 } else { 200 };
+        Response::builder()
+            .status(status)
+            .body(body("answer"))
+            .unwrap()
+    })
+    .await;
+    let weir = Weir::single_on(path, &up.url(), THROTTLED).await;
+    let (mut greedy_local, mut good_ok) = (0, 0);
+    for _ in 0..200 {
+        let (status, code, _) = call(&weir, &[("x-api-key", "greedy")]).await;
+        assert_eq!(status, 429);
+        if code == "rate_limited" {
+            greedy_local += 1;
+        }
+        if call(&weir, &[("x-api-key", "polite")]).await.0 == 200 {
+            good_ok += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(good_ok, 200, "the polite caller's requests");
+    // The greedy caller was throttled on its own account: most of its
+    // requests never reached the upstream.
+    assert!(greedy_local > 100, "{greedy_local} refused locally");
+    let snap = weir.handle.as_ref().unwrap().snapshot();
+    let view = snap.upstreams[0].state.throttle.view().unwrap();
+    assert_eq!(view.probability, 0.0, "{view:?}");
+}

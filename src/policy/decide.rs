@@ -236,6 +236,10 @@ pub struct RequestFacts {
     pub idempotent: bool,
     /// The request body.
     pub body: BodyFacts,
+    /// Who asked, as client-side throttling tells callers apart (a hash
+    /// of the rate limit's key, else of the request's credentials); only
+    /// with throttling on (docs/reference/admission.md#client-side-throttling).
+    pub caller: Option<u64>,
 }
 
 impl RequestFacts {
@@ -245,6 +249,7 @@ impl RequestFacts {
         RequestFacts {
             idempotent: has_idempotency_key || is_idempotent_method(method),
             body,
+            caller: None,
         }
     }
 }

@@ -179,6 +179,13 @@ pub fn sheds(status: u16, grpc_status: Option<u8>) -> bool {
     matches!(status, 429 | 503) || matches!(grpc_status, Some(8 | 14))
 }
 
+/// Whether an answer names one caller's quota rather than the upstream's
+/// load (429, gRPC `RESOURCE_EXHAUSTED`): it counts against that caller
+/// only.
+pub fn names_quota(status: u16, grpc_status: Option<u8>) -> bool {
+    status == 429 || grpc_status == Some(8)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

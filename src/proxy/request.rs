@@ -95,6 +95,9 @@ pub struct Parsed {
     /// store or not: the retry decision may then replay a write
     /// (docs/reference/retries.md#classifying-an-attempt).
     pub carries_key: bool,
+    /// Who asked, for client-side throttling ([`caller`]); `None` with
+    /// throttling off.
+    pub caller: Option<u64>,
 }
 
 /// Reads what the upstream's policy needs from a routed request, in one
@@ -136,13 +139,69 @@ pub(crate) fn read(cfg: &UpstreamConfig, h: &impl RequestHead) -> Result<Parsed,
         Some(given) => RequestId::Given(given.to_owned()),
         None => RequestId::made(),
     };
+    let rate_key = rate.and_then(visible).map(str::to_owned);
+    let caller = match cfg.throttle {
+        Some(_) => caller(cfg, h, rate_key.as_deref()),
+        None => None,
+    };
     Ok(Parsed {
         request_id,
         lowered,
-        rate_key: rate.and_then(visible).map(str::to_owned),
+        rate_key,
         key,
         carries_key,
+        caller,
     })
+}
+
+/// Credential fields that tell callers apart when no rate-limit key or
+/// idempotency scope says otherwise.
+const CALLER_FIELDS: [&str; 6] = [
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "x-api-key",
+    "api-key",
+    "x-auth-token",
+];
+
+/// Who asked, as client-side throttling counts an answer that names one
+/// caller's quota (docs/reference/admission.md#client-side-throttling): a
+/// hash of the rate limit's key when the limiter is keyed, else of the
+/// common credential fields and any other field the idempotency scope
+/// names. `None` when the request carries none of them: such
+/// an answer is then nobody's, and throttles no one. Kept only in memory,
+/// never shown.
+pub(crate) fn caller(
+    cfg: &UpstreamConfig,
+    h: &impl RequestHead,
+    rate_key: Option<&str>,
+) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    if let Some(k) = rate_key {
+        (0u8, k).hash(&mut hasher);
+        return Some(hasher.finish());
+    }
+    let mut any = false;
+    let mut feed = |name: &str| {
+        for v in values(h, name) {
+            any = true;
+            (name, v).hash(&mut hasher);
+        }
+    };
+    CALLER_FIELDS.iter().for_each(|f| feed(f));
+    // An app's own credential field, named in the store's scope.
+    if let Some(i) = &cfg.idempotency {
+        for part in &i.scope {
+            if let ScopePart::Header(name) = part {
+                if !CALLER_FIELDS.iter().any(|f| f.eq_ignore_ascii_case(name)) {
+                    feed(name);
+                }
+            }
+        }
+    }
+    any.then(|| hasher.finish())
 }
 
 /// The field that names a request across services.

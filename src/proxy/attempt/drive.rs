@@ -183,7 +183,7 @@ impl<'a> Attempts<'a> {
         let took = ended.saturating_duration_since(started);
         state.metrics.attempt(outcome, took);
         observe_latency(self.up, outcome, started, took);
-        state.throttle.answered(ended, outcome);
+        state.throttle.answered(ended, outcome, self.facts.caller);
         if self.up.config.hedge.is_some() {
             let now = state.now_at(ended);
             state.live().hedge.latency.observe(took, now);

@@ -272,7 +272,9 @@ impl<'a> super::Attempts<'a> {
             Some(outcome) => {
                 state.metrics.attempt(&outcome, took);
                 super::drive::observe_latency(self.up, &outcome, other_started, took);
-                state.throttle.answered(run.other_ended, &outcome);
+                state
+                    .throttle
+                    .answered(run.other_ended, &outcome, self.facts.caller);
                 let blame = outcome.breaker_failure(&self.up.config.breaker);
                 if let Some(t) = &mut other_ticket {
                     t.record(blame, now);

@@ -164,6 +164,7 @@ async fn exchange(
         asked: [parsed.lowered, grpc],
         keyed,
         has_idempotency_key: parsed.carries_key,
+        caller: parsed.caller,
         // An upgrade is one attempt: its body is the connection itself.
         single: cfg.retry.max_attempts <= 1 || on_upgrade.is_some(),
         stream_unknown: up.h2 || is_grpc_request,
@@ -217,6 +218,8 @@ struct HyperRequest<'r> {
     /// A keyed write's key and target, until its record is begun.
     keyed: Option<(String, String)>,
     has_idempotency_key: bool,
+    /// Who asked, for client-side throttling.
+    caller: Option<u64>,
     /// `max_attempts = 1`, or an upgrade: nothing is kept for a replay.
     single: bool,
     /// The body's length may be unknown to the upstream (HTTP/2, gRPC).
@@ -363,7 +366,10 @@ impl Codec for HyperRequest<'_> {
 
     fn facts(&self, ready: &ReadyRequest) -> RequestFacts {
         let method = ready.parts.method.as_str();
-        RequestFacts::new(method, self.has_idempotency_key, ready.body.facts())
+        RequestFacts {
+            caller: self.caller,
+            ..RequestFacts::new(method, self.has_idempotency_key, ready.body.facts())
+        }
     }
 
     async fn drive(

@@ -361,6 +361,14 @@ async fn admitted<C: Codec, S: Steps<C>>(
         }
     };
     let facts = codec.facts(&ready);
+    // A caller the upstream told it is over its quota is refused here, on
+    // its own account (docs/reference/admission.md#client-side-throttling).
+    if !up.state.throttle.admit_caller(facts.caller) {
+        attempt::refund(up, key, taken);
+        unsent(&mut recorder);
+        let e = ProxyError::RateLimited { retry_after: None };
+        return Finished::Out(steps.refuse(up, codec, e, None, None).await);
+    }
     let begun = Attempts::begin(up, ticket, facts, key, deadline, lowered, t0);
     let Ok(mut attempts) = begun else {
         let none = Annotations {

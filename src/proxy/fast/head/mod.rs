@@ -307,7 +307,10 @@ pub fn plan(snap: &Snapshot, role: &ListenerRole, buf: &[u8], out: &mut Vec<u8>)
         head_len: req.head_len,
         body_len: body_len as usize,
         chunked: req.chunked,
-        facts: RequestFacts::new(req.method, asked.carries_key, body),
+        facts: RequestFacts {
+            caller: asked.caller,
+            ..RequestFacts::new(req.method, asked.carries_key, body)
+        },
         keyed_write: asked.carries_key && !crate::policy::is_idempotent_method(req.method),
         is_head_request: req.method == "HEAD",
         close: req.connection.close,
