@@ -218,14 +218,14 @@ async fn clients_that_left_do_not_jam_an_h2_upstream(path: DataPath) {
     }
     // With every client gone, the upstream is free again at once.
     let c = client();
-    let t0 = std::time::Instant::now();
+    let t0 = tokio::time::Instant::now();
     let resp = get(&c, &weir.url("/ok"), "svc").await;
     let (parts, b) = read_body(resp).await;
     assert_eq!(parts.status, 200, "{b:?}");
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     // Every stream was reset by weir, not left open.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while resets.load(Ordering::SeqCst) < 200 && std::time::Instant::now() < deadline {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while resets.load(Ordering::SeqCst) < 200 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(resets.load(Ordering::SeqCst), 200);
@@ -293,7 +293,7 @@ async fn long_responses_count_until_they_end(path: DataPath) {
         assert_eq!(resp.status(), 200);
         long.push(resp);
     }
-    let t0 = std::time::Instant::now();
+    let t0 = tokio::time::Instant::now();
     let resp = get(&c, &weir.url("/ok"), "svc").await;
     let (parts, b) = read_body(resp).await;
     assert_eq!(parts.status, 200, "{b:?}");
