@@ -370,8 +370,15 @@ impl StateRegistry {
 /// (docs/reference/metrics.md#label-values). Never `no_route`, `bad_request` or
 /// `header_too_large`, which no upstream was chosen for (`upstream="none"`);
 /// `rate_limited`, `circuit_open` and the `idempotency_*` codes only with
-/// their feature on; `connect_not_allowed` only without `tunnel`.
+/// their feature on; `connect_not_allowed` only without `tunnel`;
+/// `refused_stream` only for an upstream that may speak HTTP/2.
 fn possible_errors(u: &UpstreamConfig) -> impl Iterator<Item = &'static str> {
+    use crate::config::{Protocol, Scheme};
+    let h2 = match u.protocol {
+        Protocol::H2c | Protocol::Grpc => true,
+        Protocol::Auto => u.url.scheme == Scheme::Https,
+        Protocol::Http1 => false,
+    };
     let always = [
         "bad_response",
         "overloaded",
@@ -387,6 +394,7 @@ fn possible_errors(u: &UpstreamConfig) -> impl Iterator<Item = &'static str> {
     ];
     always
         .into_iter()
+        .chain(h2.then_some("refused_stream"))
         .chain((!u.tunnel).then_some("connect_not_allowed"))
         .chain(u.rate_limit.is_some().then_some("rate_limited"))
         .chain(u.breaker.enabled.then_some("circuit_open"))

@@ -382,3 +382,248 @@ async fn a_head_response_carries_one_length() {
         );
     }
 }
+
+/// An upstream that records each request it reads, head and body (read
+/// until the bytes end with `end`), then answers 200 `ok` and closes.
+async fn recording_to(end: &'static [u8]) -> (RawUpstream, Arc<Mutex<Vec<String>>>) {
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let s2 = seen.clone();
+    let up = RawUpstream::start(move |_, mut s| {
+        let seen = s2.clone();
+        async move {
+            let mut buf = Vec::new();
+            let mut b = [0u8; 4096];
+            while !(buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.ends_with(end)) {
+                match s.read(&mut b).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => buf.extend_from_slice(&b[..n]),
+                }
+            }
+            seen.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&buf).into_owned());
+            let _ = s
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                .await;
+        }
+    })
+    .await;
+    (up, seen)
+}
+
+/// An h2c upstream that records each request as text — `METHOD :path`,
+/// then one `name: value` line per field — and answers 200 `ok`.
+async fn h2_recording() -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let s2 = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let seen = s2.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(stream).await else {
+                    return;
+                };
+                while let Some(Ok((req, mut respond))) = conn.accept().await {
+                    let target = req.uri().path_and_query().map_or("", |p| p.as_str());
+                    let mut text = format!("{} {target}\n", req.method());
+                    for (n, v) in req.headers() {
+                        text.push_str(&format!("{n}: {}\n", String::from_utf8_lossy(v.as_bytes())));
+                    }
+                    seen.lock().unwrap().push(text);
+                    let Ok(mut send) = respond.send_response(http::Response::new(()), false) else {
+                        continue;
+                    };
+                    let _ = send.send_data(bytes::Bytes::from_static(b"ok"), true);
+                }
+            });
+        }
+    });
+    (url, seen)
+}
+
+/// `OPTIONS *` with an HTTP/2 `:path` of `*` (RFC 9113 §8.3.1): the
+/// request an h2c client sends for the asterisk form.
+fn h2_options_asterisk() -> http::Request<TestBody> {
+    let uri = http::Uri::from_parts({
+        let mut p = http::uri::Parts::default();
+        p.scheme = Some(http::uri::Scheme::HTTP);
+        p.authority = Some(http::uri::Authority::from_static("svc"));
+        p.path_and_query = Some(http::uri::PathAndQuery::from_static("*"));
+        p
+    })
+    .unwrap();
+    http::Request::options(uri).body(body("")).unwrap()
+}
+
+/// `OPTIONS *` asks about the server as a whole (RFC 9112 §3.2.4): it goes
+/// upstream as `OPTIONS * HTTP/1.1` to an HTTP/1.1 upstream and with
+/// `:path: *` to an h2c one, whether the client sent it over HTTP/1.1 or
+/// as HTTP/2's `:path: *`. (On abf590e an h2c client's `OPTIONS *` reached
+/// an HTTP/1.1 upstream as `OPTIONS /*`, and an h2c upstream as `:path: /*`.)
+async fn options_asterisk_goes_upstream_as_asterisk(path: DataPath) {
+    let asterisk = b"OPTIONS * HTTP/1.1\r\nHost: svc\r\nConnection: close\r\n\r\n";
+    // To an HTTP/1.1 upstream.
+    let (up, seen) = recording_to(b"\r\n\r\n").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
+    let out = exchange_raw(weir.addr, asterisk).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{path:?}: {out}");
+    let head = seen.lock().unwrap().pop().unwrap();
+    assert!(
+        head.starts_with("OPTIONS * HTTP/1.1\r\n"),
+        "{path:?}: {head}"
+    );
+    let resp = h2_request(weir.addr, h2_options_asterisk()).await;
+    assert_eq!(resp.status(), 200, "{path:?}, h2c client");
+    let head = seen.lock().unwrap().pop().unwrap();
+    assert!(
+        head.starts_with("OPTIONS * HTTP/1.1\r\n"),
+        "{path:?}, h2c client: {head}"
+    );
+    // To an h2c upstream.
+    let (url, seen) = h2_recording().await;
+    let weir = Weir::single_on(path, &url, "protocol = \"h2c\"").await;
+    let out = exchange_raw(weir.addr, asterisk).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{path:?}, h2c: {out}");
+    let head = seen.lock().unwrap().pop().unwrap();
+    assert!(head.starts_with("OPTIONS *\n"), "{path:?}, h2c: {head}");
+    let resp = h2_request(weir.addr, h2_options_asterisk()).await;
+    assert_eq!(resp.status(), 200, "{path:?}, h2c client to h2c");
+    let head = seen.lock().unwrap().pop().unwrap();
+    assert!(
+        head.starts_with("OPTIONS *\n"),
+        "{path:?}, h2c client to h2c: {head}"
+    );
+}
+both_paths!(
+    #[tokio::test]
+    options_asterisk_goes_upstream_as_asterisk
+);
+
+/// How many lines of `head` are the field `name` (any case).
+fn fields_named(head: &str, name: &str) -> Vec<String> {
+    head.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(n, _)| n.trim().eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.trim().to_owned())
+        .collect()
+}
+
+/// A POST of `hello` with `content-length: 5` twice, over HTTP/2.
+fn h2_length_twice() -> http::Request<TestBody> {
+    http::Request::post("http://svc/x")
+        .header("content-length", "5")
+        .header("content-length", "5")
+        .body(body("hello"))
+        .unwrap()
+}
+
+/// Two identical `Content-Length` fields are one length (RFC 9110 §8.6
+/// lets a recipient take them as one): the upstream gets one field, over
+/// HTTP/1.1 and over h2c, from an HTTP/1.1 client and from an h2c one.
+/// Differing ones stay a 400 (hygiene.rs,
+/// `conflicting_content_lengths_are_400`; h2 resets an HTTP/2 client's
+/// stream). (On abf590e an h2c client's two fields both went upstream.)
+async fn identical_content_lengths_go_upstream_as_one(path: DataPath) {
+    let twice = b"POST /x HTTP/1.1\r\nHost: svc\r\nContent-Length: 5\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello";
+    let (up, seen) = recording_to(b"hello").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
+    let out = exchange_raw(weir.addr, twice).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{path:?}: {out}");
+    let head = seen.lock().unwrap().pop().unwrap();
+    assert_eq!(
+        fields_named(&head, "content-length"),
+        ["5"],
+        "{path:?}: {head}"
+    );
+    assert!(head.ends_with("\r\n\r\nhello"), "{path:?}: {head}");
+    let resp = h2_request(weir.addr, h2_length_twice()).await;
+    assert_eq!(resp.status(), 200, "{path:?}, h2c client");
+    let head = seen.lock().unwrap().pop().unwrap();
+    assert_eq!(
+        fields_named(&head, "content-length"),
+        ["5"],
+        "{path:?}, h2c client: {head}"
+    );
+    assert!(
+        head.ends_with("\r\n\r\nhello"),
+        "{path:?}, h2c client: {head}"
+    );
+
+    let (url, seen) = h2_recording().await;
+    let weir = Weir::single_on(path, &url, "protocol = \"h2c\"").await;
+    let out = exchange_raw(weir.addr, twice).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{path:?}, h2c: {out}");
+    let head = seen.lock().unwrap().pop().unwrap();
+    assert_eq!(
+        fields_named(&head, "content-length"),
+        ["5"],
+        "{path:?}, h2c: {head}"
+    );
+    let resp = h2_request(weir.addr, h2_length_twice()).await;
+    assert_eq!(resp.status(), 200, "{path:?}, h2c client to h2c");
+    let head = seen.lock().unwrap().pop().unwrap();
+    assert_eq!(
+        fields_named(&head, "content-length"),
+        ["5"],
+        "{path:?}, h2c client to h2c: {head}"
+    );
+}
+both_paths!(
+    #[tokio::test]
+    identical_content_lengths_go_upstream_as_one
+);
+
+/// `TE` is hop-by-hop: whoever sends it names it in `Connection` too (RFC
+/// 9110 §10.1.4). A client's `TE: trailers` reaches an HTTP/1.1 upstream
+/// with `Connection: te`, from an HTTP/1.1 client and from an h2c one; an
+/// h2c upstream gets `te: trailers` and no `Connection` (HTTP/2 has none).
+/// (On abf590e the HTTP/1.1 upstream got `TE` without `Connection: te`.)
+async fn te_trailers_goes_with_connection_te(path: DataPath) {
+    let te = b"GET /t HTTP/1.1\r\nHost: svc\r\nTE: trailers\r\nConnection: close\r\n\r\n";
+    let names_te = |head: &str| {
+        fields_named(head, "connection")
+            .iter()
+            .any(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("te")))
+    };
+    let (up, seen) = recording_to(b"\r\n\r\n").await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
+    let out = exchange_raw(weir.addr, te).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{path:?}: {out}");
+    let head = seen.lock().unwrap().pop().unwrap();
+    assert_eq!(fields_named(&head, "te"), ["trailers"], "{path:?}: {head}");
+    assert!(names_te(&head), "{path:?}: {head}");
+    let req = http::Request::get("http://svc/t")
+        .header("te", "trailers")
+        .body(body(""))
+        .unwrap();
+    let resp = h2_request(weir.addr, req).await;
+    assert_eq!(resp.status(), 200, "{path:?}, h2c client");
+    let head = seen.lock().unwrap().pop().unwrap();
+    assert_eq!(
+        fields_named(&head, "te"),
+        ["trailers"],
+        "{path:?}, h2c client: {head}"
+    );
+    assert!(names_te(&head), "{path:?}, h2c client: {head}");
+
+    let (url, seen) = h2_recording().await;
+    let weir = Weir::single_on(path, &url, "protocol = \"h2c\"").await;
+    let out = exchange_raw(weir.addr, te).await;
+    assert!(out.starts_with("HTTP/1.1 200"), "{path:?}, h2c: {out}");
+    let head = seen.lock().unwrap().pop().unwrap();
+    assert_eq!(
+        fields_named(&head, "te"),
+        ["trailers"],
+        "{path:?}, h2c: {head}"
+    );
+    assert!(
+        fields_named(&head, "connection").is_empty(),
+        "{path:?}, h2c: {head}"
+    );
+}
+both_paths!(
+    #[tokio::test]
+    te_trailers_goes_with_connection_te
+);

@@ -5,7 +5,7 @@
 /// whether it is a refusal: an answer weir gave without asking the
 /// upstream, which takes no place in `weir_request_duration_seconds`.
 /// `proxy::error` keeps the same table (a test there holds them equal).
-pub const ERROR_CODES: [(&str, &str, bool); 15] = [
+pub const ERROR_CODES: [(&str, &str, bool); 16] = [
     ("no_route", "404", true),
     ("bad_request", "400", true),
     ("header_too_large", "431", true),
@@ -15,6 +15,7 @@ pub const ERROR_CODES: [(&str, &str, bool); 15] = [
     ("overloaded", "503", true),
     ("circuit_open", "503", true),
     ("connect_failed", "502", false),
+    ("refused_stream", "502", false),
     ("upstream_reset", "502", false),
     ("upstream_timeout", "504", false),
     ("deadline_exceeded", "504", false),

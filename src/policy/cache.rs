@@ -439,7 +439,7 @@ pub fn lookup_decision(entry: &CachedResponse, req: &CacheRequest, now: Now) -> 
 /// `stale-if-error` window (zero with `must-revalidate` or `no-cache`). A
 /// fresh entry counts as stale by zero. The failures that count are the
 /// data plane's to name (docs/reference/cache.md#response-cache): a 5xx,
-/// `connect_failed`, `upstream_reset`, `upstream_timeout`, `circuit_open`,
+/// `connect_failed`, `refused_stream`, `upstream_reset`, `upstream_timeout`, `circuit_open`,
 /// `rate_limited` and `overloaded`.
 pub fn on_error(entry: &CachedResponse, now: Now) -> bool {
     let f = &entry.freshness;

@@ -25,6 +25,11 @@ pub enum ProxyError {
     CircuitOpen { retry_after: Option<Duration> },
     #[error("could not connect to the upstream: {0}")]
     ConnectFailed(String),
+    /// An HTTP/2 stream the upstream did not process (above its GOAWAY's
+    /// last stream id, or reset with `REFUSED_STREAM`): safe to send
+    /// again elsewhere, and not replayed (docs/reference/protocols.md#http2-refused-streams).
+    #[error("the upstream refused the request unprocessed (HTTP/2 GOAWAY or REFUSED_STREAM); it is safe to send again: {0}")]
+    RefusedStream(String),
     #[error("the upstream closed or reset the connection before answering: {0}")]
     UpstreamReset(String),
     #[error("the upstream did not answer within the per-try timeout")]
@@ -62,6 +67,7 @@ impl ProxyError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ProxyError::ConnectFailed(_)
+            | ProxyError::RefusedStream(_)
             | ProxyError::UpstreamReset(_)
             | ProxyError::BadResponse(_) => StatusCode::BAD_GATEWAY,
             ProxyError::UpstreamTimeout | ProxyError::DeadlineExceeded => {
@@ -85,6 +91,7 @@ impl ProxyError {
             ProxyError::Overloaded => "overloaded",
             ProxyError::CircuitOpen { .. } => "circuit_open",
             ProxyError::ConnectFailed(_) => "connect_failed",
+            ProxyError::RefusedStream(_) => "refused_stream",
             ProxyError::UpstreamReset(_) => "upstream_reset",
             ProxyError::UpstreamTimeout => "upstream_timeout",
             ProxyError::DeadlineExceeded => "deadline_exceeded",
@@ -117,6 +124,7 @@ impl ProxyError {
             ProxyError::Overloaded
             | ProxyError::CircuitOpen { .. }
             | ProxyError::ConnectFailed(_)
+            | ProxyError::RefusedStream(_)
             | ProxyError::UpstreamReset(_)
             | ProxyError::BadResponse(_) => 14, // UNAVAILABLE
             ProxyError::IdempotencyInFlight => 10, // ABORTED
@@ -245,9 +253,8 @@ impl crate::upstream::client::SendError {
     pub fn into_proxy_error(self) -> ProxyError {
         use crate::upstream::client::Failure;
         match self.kind {
-            Failure::Connect | Failure::NotSent | Failure::NotProcessed => {
-                ProxyError::ConnectFailed(self.message)
-            }
+            Failure::Connect | Failure::NotSent => ProxyError::ConnectFailed(self.message),
+            Failure::NotProcessed => ProxyError::RefusedStream(self.message),
             Failure::ClientBody => {
                 ProxyError::BadRequest(format!("the request body broke off: {}", self.message))
             }
@@ -275,6 +282,7 @@ mod tests {
             ProxyError::Overloaded,
             ProxyError::CircuitOpen { retry_after: None },
             ProxyError::ConnectFailed(String::new()),
+            ProxyError::RefusedStream(String::new()),
             ProxyError::UpstreamReset(String::new()),
             ProxyError::UpstreamTimeout,
             ProxyError::DeadlineExceeded,

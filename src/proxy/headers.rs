@@ -43,6 +43,16 @@ pub(crate) fn restate_length(h: &mut HeaderMap) {
         h.remove(header::CONTENT_LENGTH);
         return;
     }
+    one_length(h);
+}
+
+/// A `Content-Length` given as several equal values (`2, 2`, or the field
+/// twice) becomes one field with that value (RFC 9110 §8.6 lets a
+/// recipient take them as one); anything else is left as it is. On a
+/// request, disagreeing lengths never get here: the guard answers 400 to
+/// an HTTP/1.1 client and h2 resets an HTTP/2 client's stream
+/// (docs/reference/routing.md#header-hygiene).
+pub(crate) fn one_length(h: &mut HeaderMap) {
     let mut all = h.get_all(header::CONTENT_LENGTH).iter();
     let single = match (all.next(), all.next()) {
         (None, _) => return,

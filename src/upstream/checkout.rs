@@ -147,6 +147,7 @@ pub(crate) async fn send(
     if let Some(pq) = req.uri().path_and_query().cloned() {
         *req.uri_mut() = http::Uri::from(pq);
     }
+    name_te(req.headers_mut());
     match got {
         Got::Own(io) => {
             let back = http1::GiveBack {
@@ -209,4 +210,20 @@ async fn fresh(
     let client = client.ok_or_else(gone)?;
     client.adopt(io).await?;
     Ok(Fresh::H2(client))
+}
+
+/// `TE` is hop-by-hop: an HTTP/1.1 request that carries it (`TE: trailers`,
+/// the one value weir forwards) names it in `Connection` too (RFC 9110
+/// §10.1.4), beside whatever `Connection` already says (`upgrade`).
+/// HTTP/2 has no `Connection`: only the HTTP/1.1 sends call this
+/// (docs/reference/routing.md#header-hygiene).
+fn name_te(h: &mut http::HeaderMap) {
+    use http::header::{CONNECTION, TE};
+    let named = h
+        .get_all(CONNECTION)
+        .iter()
+        .any(|v| crate::h1::has_token(v.as_bytes(), b"te"));
+    if h.contains_key(TE) && !named {
+        h.append(CONNECTION, http::HeaderValue::from_static("te"));
+    }
 }

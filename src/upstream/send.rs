@@ -39,9 +39,13 @@ pub(crate) fn classify_as(e: &(dyn std::error::Error + 'static), connect: bool) 
     // A TLS failure means the upstream never processed the request,
     // even when (TLS 1.3, a missing client certificate) its alert
     // only arrives after the request was written.
+    let h2 = find::<h2::Error>(e);
+    if !connect && tls.is_none() && h2.is_some_and(head_refused) {
+        return SendError::new(Failure::BadResponse, H2_HEAD_REFUSED);
+    }
     let kind = if connect || tls.is_some() {
         Failure::Connect
-    } else if find::<h2::Error>(e).is_some_and(not_processed) {
+    } else if h2.is_some_and(not_processed) {
         Failure::NotProcessed
     } else {
         find::<hyper::Error>(e).map_or(Failure::Reset, Failure::of)
@@ -51,6 +55,24 @@ pub(crate) fn classify_as(e: &(dyn std::error::Error + 'static), connect: bool) 
         message: tls.clone().unwrap_or_else(|| root_cause(e)),
         tls: tls.is_some(),
     }
+}
+
+/// Why an HTTP/2 response head h2 refused is a 502 `bad_response`.
+pub const H2_HEAD_REFUSED: &str = "the response head exceeds the 64 KiB limit, or is malformed \
+     (HTTP/2: h2 reset the stream with PROTOCOL_ERROR)";
+// The message names the limit in words.
+const _: () = assert!(MAX_RESPONSE_HEAD == 64 * 1024);
+
+/// Whether h2 itself reset the stream as malformed (`PROTOCOL_ERROR`, a
+/// stream error of its own making, not the peer's): what it does with a
+/// response head larger than `max_header_list_size` ([`MAX_RESPONSE_HEAD`];
+/// RFC 9113 §6.5.2 lets a client discard a response it cannot process),
+/// and with a malformed one (a field HTTP/2 forbids, no valid `:status`,
+/// RFC 9113 §8.1.1). h2 says no more than that: the two look alike. Either
+/// is the upstream answering badly, as an oversized or garbled HTTP/1.1
+/// head is (docs/reference/responses.md#error-responses).
+fn head_refused(e: &h2::Error) -> bool {
+    e.is_library() && e.is_reset() && e.reason() == Some(h2::Reason::PROTOCOL_ERROR)
 }
 
 /// How an attempt failed before response headers.

@@ -317,6 +317,7 @@ pub(crate) fn counts_as_failure(e: &ProxyError) -> bool {
     matches!(
         e,
         ProxyError::ConnectFailed(_)
+            | ProxyError::RefusedStream(_)
             | ProxyError::UpstreamReset(_)
             | ProxyError::UpstreamTimeout
             | ProxyError::DeadlineExceeded

@@ -116,6 +116,9 @@ async fn exchange(
     let on_upgrade = upgrade
         .as_ref()
         .and_then(|_| parts.extensions.remove::<hyper::upgrade::OnUpgrade>());
+    // Two equal lengths (an HTTP/2 client may send the field twice) go
+    // upstream as one.
+    headers::one_length(&mut parts.headers);
     headers::strip_hop_by_hop(&mut parts.headers, true);
     // The id weir made when the client sent none (docs/reference/logs.md#logs).
     if let Some(id) = parsed.request_id.made_text(&mut [0u8; 32]) {
@@ -518,9 +521,10 @@ fn client_authority(parts: &http::request::Parts) -> Result<Option<Authority>, P
 /// Maps the client's target onto the upstream: `strip_prefix`, then the
 /// upstream URL's base path; the query is kept as sent. The authority is
 /// `host` when given (`preserve_host`), else the upstream URL's. `OPTIONS *`
-/// (the asterisk form, RFC 9112 §3.2.4) asks about the server as a whole:
-/// it goes upstream as `*`, not mapped onto a path; any other method with
-/// that target is a 400.
+/// (the asterisk form, RFC 9112 §3.2.4; from an HTTP/2 client, `:path` `*`,
+/// RFC 9113 §8.3.1, whose URI has an authority too) asks about the server
+/// as a whole: it goes upstream as `*`, not mapped onto a path; any other
+/// method with that target is a 400.
 fn upstream_uri(
     up: &Upstream,
     method: &http::Method,
@@ -530,7 +534,7 @@ fn upstream_uri(
     let cfg = &up.config;
     let authority = host.unwrap_or_else(|| cfg.url.authority.clone());
     let path = original.path();
-    if path == "*" && original.authority().is_none() {
+    if original.path_and_query().map(|p| p.as_str()) == Some("*") {
         if method != http::Method::OPTIONS {
             return Err(ProxyError::BadRequest(
                 "the target `*` is only for OPTIONS".into(),

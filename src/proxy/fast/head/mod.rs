@@ -519,7 +519,8 @@ fn write(
         out.extend_from_slice(b"transfer-encoding: chunked\r\n");
     }
     if req.te_trailers {
-        out.extend_from_slice(b"te: trailers\r\n");
+        // Hop-by-hop: its sender names it in `Connection` (RFC 9110 §10.1.4).
+        out.extend_from_slice(b"te: trailers\r\nconnection: te\r\n");
     }
     // The id weir made when the client sent none it can be known by, in
     // place of what it sent (docs/reference/logs.md#logs).
