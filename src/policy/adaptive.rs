@@ -229,7 +229,10 @@ impl AdaptiveLimit {
         // hangs, and only a timeout would tell). The limit grows back a
         // step, a quarter at least one place, each starved spell, so a
         // limit at its floor is never stuck there.
-        let quiet = self.p.window.max(self.baseline().unwrap_or_default() * 4);
+        // Only once an answer has shown what the upstream's latency is: at
+        // the start, a wait for the first answers is no starvation.
+        let Some(base) = self.baseline() else { return };
+        let quiet = self.p.window.max(base * 4);
         if !self.probing() && now.saturating_sub(self.answered.max(self.moved)) >= quiet {
             let next = (self.limit * 1.25).max(self.limit + 1.0);
             self.limit = next.min(f64::from(self.p.max));
@@ -669,14 +672,25 @@ mod tests {
     #[test]
     fn a_limit_with_no_answers_grows_back_from_its_floor() {
         let mut a = AdaptiveLimit::new(params(3, 100, 3));
-        // Every place held by requests that never answer: only refusals.
+        // Before any answer, waiting is no starvation.
+        for i in 0..20 {
+            a.refused(MS * 10 * i);
+        }
+        assert_eq!(a.limit(), 3);
+        // Answers at 10 ms set the no-load latency.
+        for i in 0..12 {
+            a.record(MS * 200 + MS * 15 * i, 10 * MS, 3, MS * 210 + MS * 15 * i);
+        }
+        assert!(a.baseline().is_some());
+        let before = a.limit();
+        // Then every place held by requests that never answer: only refusals.
         let mut now = Duration::from_secs(1);
         for _ in 0..50 {
             a.refused(now);
             now += 10 * MS;
         }
-        assert!(a.limit() > 3, "{}", a.limit());
+        assert!(a.limit() > before, "{} after {before}", a.limit());
         // It grows a step per starved window, not all at once.
-        assert!(a.limit() < 30, "{}", a.limit());
+        assert!(a.limit() < 40, "{}", a.limit());
     }
 }
