@@ -13,6 +13,10 @@
 //! 16 KiB without a bare LF, CRLF everywhere, trailers up to 16 KiB). The
 //! property tests (`tests/framing_props.rs`) hold this module against hyper
 //! on arbitrary messages. See docs/reference/protocols.md#protocols.
+//!
+//! It also holds the field lists both directions share: [`HOP_BY_HOP`],
+//! and what a trailer section may carry over either protocol
+//! ([`allowed_in_trailers`], docs/reference/routing.md#header-hygiene).
 
 /// Longest run of chunk extensions hyper accepts in one body.
 const EXTENSIONS_LIMIT: u64 = 16 * 1024;
@@ -60,6 +64,78 @@ pub fn tokens(v: &[u8]) -> impl DoubleEndedIterator<Item = &[u8]> {
 /// case-insensitive): `Connection: close`, `TE: trailers`.
 pub fn has_token(v: &[u8], token: &[u8]) -> bool {
     tokens(v).any(|t| t.eq_ignore_ascii_case(token))
+}
+
+/// Fields that concern only the connection they came on (RFC 9110
+/// §7.6.1), plus the proxy credentials meant for weir itself: never
+/// forwarded as they came, in either direction, in a head or in a trailer
+/// section (besides those a `Connection` field names, and
+/// `Transfer-Encoding`, which each side frames itself). `Trailer` is end to
+/// end (RFC 9110 §6.6.2) and stays in a head: hyper only sends the trailer
+/// fields it announces.
+pub const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "upgrade",
+];
+
+/// Fields a trailer section must not carry (RFC 9110 §6.5.1): those that
+/// frame, route, authenticate or control the message, and `Trailer` itself.
+const NOT_IN_TRAILERS: [&str; 11] = [
+    "authorization",
+    "cache-control",
+    "content-encoding",
+    "content-length",
+    "content-range",
+    "content-type",
+    "host",
+    "max-forwards",
+    "set-cookie",
+    "trailer",
+    "transfer-encoding",
+];
+
+/// Whether a field may go on in a trailer section weir forwards: a
+/// request's to its upstream or a response's to its client, from and to
+/// either protocol (docs/reference/routing.md#header-hygiene). Not a
+/// [`HOP_BY_HOP`] field, one of [`NOT_IN_TRAILERS`], or an `x-weir-*`
+/// one; names compare without case and with `_` read as `-`
+/// (`Content_Length`, as CGI-style servers map it). The others are
+/// dropped, never made an error: HTTP/2 forbids a connection's own fields
+/// (RFC 9113 §8.2.2), and h2 refuses to send a trailer section holding one,
+/// which would reset a stream whose body has gone out.
+pub fn allowed_in_trailers(name: &str) -> bool {
+    let fold = |b: u8| match b {
+        b'_' => b'-',
+        b => b.to_ascii_lowercase(),
+    };
+    let is =
+        |f: &str| f.len() == name.len() && f.bytes().zip(name.bytes()).all(|(a, b)| a == fold(b));
+    let weir = name.len() >= 7
+        && b"x-weir-"
+            .iter()
+            .zip(name.bytes())
+            .all(|(a, b)| *a == fold(b));
+    !(weir || HOP_BY_HOP.iter().chain(&NOT_IN_TRAILERS).any(|f| is(f)))
+}
+
+/// A trailer section with only the fields [`allowed_in_trailers`] lets
+/// through, every value of each kept in order.
+pub fn filter_trailers(t: http::HeaderMap) -> http::HeaderMap {
+    if t.keys().all(|n| allowed_in_trailers(n.as_str())) {
+        return t;
+    }
+    let mut out = http::HeaderMap::with_capacity(t.len());
+    for name in t.keys().filter(|n| allowed_in_trailers(n.as_str())) {
+        for v in t.get_all(name) {
+            out.append(name.clone(), v.clone());
+        }
+    }
+    out
 }
 
 /// Whether a `Transfer-Encoding` value's last coding is `chunked`.
@@ -460,6 +536,45 @@ pub fn chunk_data(body: &[u8]) -> (Vec<u8>, bool) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trailer_section_keeps_only_what_it_may_carry() {
+        for ok in [
+            "grpc-status",
+            "x-checksum",
+            "server-timing",
+            "x-weird",
+            "digest",
+        ] {
+            assert!(allowed_in_trailers(ok), "{ok}");
+        }
+        for no in [
+            "content-length",
+            "Content_Length",
+            "host",
+            "authorization",
+            "set-cookie",
+            "transfer-encoding",
+            "connection",
+            "te",
+            "keep-alive",
+            "upgrade",
+            "proxy-authorization",
+            "trailer",
+            "x-weir-attempts",
+            "X_Weir_Error",
+        ] {
+            assert!(!allowed_in_trailers(no), "{no}");
+        }
+        let mut t = http::HeaderMap::new();
+        t.append("x-checksum", http::HeaderValue::from_static("a"));
+        t.append("connection", http::HeaderValue::from_static("close"));
+        t.append("x-checksum", http::HeaderValue::from_static("b"));
+        let kept = filter_trailers(t);
+        assert_eq!(kept.len(), 2);
+        let values: Vec<_> = kept.get_all("x-checksum").iter().collect();
+        assert_eq!(values, ["a", "b"]);
+    }
 
     #[test]
     fn chunked_bodies_are_coded_anew() {

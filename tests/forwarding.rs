@@ -192,6 +192,215 @@ async fn response_trailers_pass_through(path: DataPath) {
     assert_eq!(collected.to_bytes(), "data");
 }
 
+// Issue 53, item 6: response trailers are filtered as request trailers
+// are. Before, an upstream's `content-length`, `host`, `authorization` and
+// `set-cookie` trailers reached the client, and a `transfer-encoding`,
+// `connection` or `te` one made h2 refuse the trailer section: the HTTP/2
+// client got RST_STREAM(CANCEL) and lost the body it had half received.
+
+/// Trailer fields weir must drop, as an HTTP/1.1 upstream may send them.
+const FORBIDDEN_TRAILERS: [(&str, &str); 7] = [
+    ("content-length", "99"),
+    ("host", "evil.example"),
+    ("authorization", "Bearer leaked"),
+    ("set-cookie", "session=leaked"),
+    ("transfer-encoding", "chunked"),
+    ("connection", "close"),
+    ("te", "trailers"),
+];
+/// The ones an h2c upstream can send at all: h2 refuses the others.
+const FORBIDDEN_H2_TRAILERS: [(&str, &str); 5] = [
+    ("content-length", "99"),
+    ("host", "evil.example"),
+    ("authorization", "Bearer leaked"),
+    ("set-cookie", "session=leaked"),
+    ("te", "trailers"),
+];
+const GOOD_TRAILERS: [(&str, &str); 2] = [("grpc-status", "0"), ("x-checksum", "abc")];
+
+/// 256 KiB, more than an HTTP/2 stream's first window: a reset after it
+/// would find some of it still on its way.
+fn long_body() -> Vec<u8> {
+    (0..256 * 1024).map(|i| b'a' + (i % 26) as u8).collect()
+}
+
+/// The `Trailer` field announcing `fields` (hyper's HTTP/1.1 server sends
+/// only the trailer fields a response announces).
+fn announce(fields: &[(&str, &str)]) -> String {
+    let names: Vec<&str> = fields.iter().map(|(k, _)| *k).collect();
+    names.join(", ")
+}
+
+/// An HTTP/1.1 upstream answering every request on a connection with
+/// [`long_body`] chunked, then every forbidden trailer and the good ones.
+async fn chunked_upstream_with_trailers() -> RawUpstream {
+    RawUpstream::start(|_, mut s| async move {
+        use tokio::io::AsyncWriteExt;
+        let all: Vec<(&str, &str)> = FORBIDDEN_TRAILERS
+            .into_iter()
+            .chain(GOOD_TRAILERS)
+            .collect();
+        while read_head(&mut s).await {
+            let mut out = format!(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: {}\r\n\r\n",
+                announce(&all)
+            )
+            .into_bytes();
+            for chunk in long_body().chunks(16 * 1024) {
+                out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+                out.extend_from_slice(chunk);
+                out.extend_from_slice(b"\r\n");
+            }
+            out.extend_from_slice(b"0\r\n");
+            for (k, v) in &all {
+                out.extend_from_slice(format!("{k}: {v}\r\n").as_bytes());
+            }
+            out.extend_from_slice(b"\r\n");
+            if s.write_all(&out).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
+}
+
+/// An h2c upstream (the `h2` crate's server, which sends what hyper's
+/// would filter) answering every request with [`long_body`], then the
+/// forbidden trailers h2 lets it send and the good ones. Its URL and task.
+async fn h2c_upstream_with_trailers() -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(s).await else {
+                    return;
+                };
+                let all: Vec<(&str, &str)> = FORBIDDEN_H2_TRAILERS
+                    .into_iter()
+                    .chain(GOOD_TRAILERS)
+                    .collect();
+                while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                    let head = Response::builder()
+                        .header("trailer", announce(&all))
+                        .body(())
+                        .unwrap();
+                    let Ok(mut send) = respond.send_response(head, false) else {
+                        continue;
+                    };
+                    let _ = send.send_data(Bytes::from(long_body()), false);
+                    let mut t = http::HeaderMap::new();
+                    for (k, v) in &all {
+                        t.append(
+                            http::HeaderName::from_static(k),
+                            http::HeaderValue::from_static(v),
+                        );
+                    }
+                    send.send_trailers(t).unwrap();
+                }
+            });
+        }
+    });
+    (url, task)
+}
+
+/// An HTTP/1.1 chunked response read whole, as raw bytes: its head, its
+/// body's data, and its trailer lines.
+fn dechunk(raw: &str) -> (&str, Vec<u8>, Vec<&str>) {
+    let (head, mut rest) = raw.split_once("\r\n\r\n").expect("a response head");
+    let mut data = Vec::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n").expect("a chunk size line");
+        let n = usize::from_str_radix(size.split(';').next().unwrap().trim(), 16).unwrap();
+        if n == 0 {
+            rest = after;
+            break;
+        }
+        data.extend_from_slice(&after.as_bytes()[..n]);
+        rest = after[n..].strip_prefix("\r\n").expect("CRLF after a chunk");
+    }
+    let trailers = rest.split("\r\n").take_while(|l| !l.is_empty()).collect();
+    (head, data, trailers)
+}
+
+/// An HTTP/2 client and an HTTP/1.1 client asking `TE: trailers` both get
+/// the whole body, the good trailers, and none of the forbidden ones.
+async fn only_allowed_trailers_arrive(weir: &Weir) {
+    let forbidden = FORBIDDEN_TRAILERS.map(|(k, _)| k);
+
+    let req = Request::get("http://svc/t")
+        .header("te", "trailers")
+        .body(body(""))
+        .unwrap();
+    let resp = h2_request(weir.addr, req).await;
+    assert_eq!(resp.status(), 200);
+    let collected = resp
+        .into_body()
+        .collect()
+        .await
+        .expect("HTTP/2: the whole body, not a reset");
+    let trailers = collected.trailers().cloned().expect("HTTP/2: trailers");
+    assert!(
+        collected.to_bytes() == long_body(),
+        "HTTP/2: the body whole"
+    );
+    for (k, v) in GOOD_TRAILERS {
+        assert_eq!(
+            trailers.get(k).map(|v| v.as_bytes()),
+            Some(v.as_bytes()),
+            "HTTP/2: {k}"
+        );
+    }
+    for k in forbidden {
+        assert!(
+            !trailers.contains_key(k),
+            "HTTP/2: a {k} trailer: {trailers:?}"
+        );
+    }
+
+    let raw = exchange_raw(
+        weir.addr,
+        b"GET /t HTTP/1.1\r\nHost: svc\r\nTE: trailers\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    let (head, data, trailers) = dechunk(&raw);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(data == long_body(), "HTTP/1.1: the body whole");
+    let trailers: Vec<String> = trailers.iter().map(|l| l.to_ascii_lowercase()).collect();
+    for (k, v) in GOOD_TRAILERS {
+        assert!(
+            trailers.contains(&format!("{k}: {v}")),
+            "HTTP/1.1: {k} in {trailers:?}"
+        );
+    }
+    for k in forbidden {
+        assert!(
+            !trailers.iter().any(|l| l.starts_with(&format!("{k}:"))),
+            "HTTP/1.1: a {k} trailer: {trailers:?}"
+        );
+    }
+}
+
+both_paths!(
+    #[tokio::test]
+    forbidden_trailers_of_an_http1_upstream_are_dropped
+);
+async fn forbidden_trailers_of_an_http1_upstream_are_dropped(path: DataPath) {
+    let up = chunked_upstream_with_trailers().await;
+    let weir = Weir::single_on(path, &up.url(), "").await;
+    only_allowed_trailers_arrive(&weir).await;
+}
+
+both_paths!(
+    #[tokio::test]
+    forbidden_trailers_of_an_h2c_upstream_are_dropped
+);
+async fn forbidden_trailers_of_an_h2c_upstream_are_dropped(path: DataPath) {
+    let (url, _up) = h2c_upstream_with_trailers().await;
+    let weir = Weir::single_on(path, &url, "protocol = \"h2c\"").await;
+    only_allowed_trailers_arrive(&weir).await;
+}
+
 both_paths!(
     #[tokio::test]
     refused_upstream_is_502_connect_failed

@@ -1,10 +1,10 @@
 //! Idempotency keys are per principal (docs/reference/idempotency.md#idempotency-keys):
-//! the same key and body from another `Authorization`, another host the
-//! client named, or another value of a scoped header is a new request that
-//! reaches the upstream, never a replay of someone else's response; with
-//! `scope = ["none"]` keys are shared as before. And a request with two key
-//! fields is a 400. Raw request bytes, on both paths, with the store in
-//! memory and on a real `redis-server`.
+//! the same key and body from another `Authorization`, another API key,
+//! another host the client named, or another value of a scoped header is a
+//! new request that reaches the upstream, never a replay of someone else's
+//! response; with `scope = ["none"]` keys are shared as before. And a
+//! request with two key fields is a 400. Raw request bytes, on both paths,
+//! with the store in memory and on a real `redis-server`.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -131,6 +131,54 @@ async fn a_key_from_another_tenant_host_is_a_new_request(path: DataPath) {
     let (_, replayed, body) = charge(&weir, &["Host: TENANT-A.pay.internal"]).await;
     assert_eq!((replayed, body.as_str()), (true, "order 1"));
     assert_eq!(up.requests(), 2);
+}
+
+// Issue 53, item 5: tenant A's key sent by tenant B with another API key
+// was answered from A's record, because the default scope named no API-key
+// field. Each conventional credential field, under the default scope.
+both_paths!(
+    #[tokio::test]
+    a_key_from_another_api_key_is_a_new_request
+);
+async fn a_key_from_another_api_key_is_a_new_request(path: DataPath) {
+    let up = orders().await;
+    let weir = Weir::start_on(path, &svc(&up.url(), "")).await;
+    let fields = [
+        "X-Api-Key",
+        "Api-Key",
+        "X-Auth-Token",
+        "Proxy-Authorization",
+    ];
+    for (i, name) in fields.iter().enumerate() {
+        let a = format!("{name}: tenantA");
+        let b = format!("{name}: tenantB");
+        let (a, b) = (["Host: pay", a.as_str()], ["Host: pay", b.as_str()]);
+        let first = format!("order {}", 2 * i + 1);
+        let (s, replayed, body) = charge(&weir, &a).await;
+        assert_eq!(
+            (s.as_str(), replayed, body.as_str()),
+            ("HTTP/1.1 201 Created", false, first.as_str()),
+            "{name}"
+        );
+        // Tenant B's key is B's: forwarded, not A's response.
+        let (s, replayed, body) = charge(&weir, &b).await;
+        assert_eq!(
+            (s.as_str(), replayed, body.as_str()),
+            (
+                "HTTP/1.1 201 Created",
+                false,
+                &*format!("order {}", 2 * i + 2)
+            ),
+            "{name}: tenant B got tenant A's record"
+        );
+        // A's own repeat is answered from A's record.
+        assert_eq!(
+            charge_settled(&weir, &a).await,
+            (s.clone(), true, first.clone()),
+            "{name}"
+        );
+        assert_eq!(up.requests(), 2 * i + 2, "{name}");
+    }
 }
 
 both_paths!(

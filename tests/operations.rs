@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use http_body_util::BodyExt;
 use hyper::{Request, Response};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -376,33 +377,61 @@ async fn admin_endpoints_and_the_loopback_guard() {
     );
     std::fs::write(&path, &toml).unwrap();
 
-    // The guard itself, with a peer that is not loopback.
+    // The guard itself, with a peer that is not loopback: one rule for
+    // every page but /metrics, /healthz and /readyz. Issue 53, item 7: the
+    // status page (`/`, `/status`, `/status.json`) served a remote peer
+    // that sent `Host: localhost`, every upstream's name and target in it;
+    // the peer's address decides, never its Host.
     let outsider: std::net::SocketAddr = "10.1.2.3:40000".parse().unwrap();
+    let mapped: std::net::SocketAddr = "[::ffff:10.1.2.3]:40000".parse().unwrap();
     let insider: std::net::SocketAddr = "127.0.0.1:40000".parse().unwrap();
-    for (method, path) in [("GET", "/config"), ("POST", "/reload")] {
-        let req = || {
-            Request::builder()
-                .method(method)
-                .uri(path)
-                .body(())
-                .unwrap()
+    let loopback_only = [
+        ("GET", "/config"),
+        ("POST", "/reload"),
+        ("GET", "/"),
+        ("GET", "/status"),
+        ("GET", "/status.json"),
+    ];
+    for (method, path) in loopback_only {
+        let req = |host: Option<&str>| {
+            let mut r = Request::builder().method(method).uri(path);
+            if let Some(h) = host {
+                r = r.header("host", h);
+            }
+            r.body(()).unwrap()
         };
-        let r = weir::admin::route(&rt.reloader, outsider, req()).await;
-        assert_eq!(
-            r.status(),
-            403,
-            "{method} {path} answered a non-loopback peer"
-        );
-        let r = weir::admin::route(&rt.reloader, insider, req()).await;
-        assert_ne!(r.status(), 403);
+        for host in [None, Some("localhost"), Some("127.0.0.1:15000")] {
+            for peer in [outsider, mapped] {
+                let r = weir::admin::route(&rt.reloader, peer, req(host)).await;
+                assert_eq!(
+                    r.status(),
+                    403,
+                    "{method} {path} (Host {host:?}) answered the non-loopback peer {peer}"
+                );
+                let body = r.into_body().collect().await.unwrap().to_bytes();
+                let body = String::from_utf8_lossy(&body);
+                assert!(!body.contains(&up.url()), "{path}: {body}");
+            }
+            let r = weir::admin::route(&rt.reloader, insider, req(host)).await;
+            assert_ne!(r.status(), 403, "{method} {path} (Host {host:?})");
+        }
     }
-    let r = weir::admin::route(
-        &rt.reloader,
-        outsider,
-        Request::get("/metrics").body(()).unwrap(),
-    )
-    .await;
-    assert_eq!(r.status(), 200);
+    // What the outsider was refused: the insider's status names the target.
+    let req = Request::get("/status.json")
+        .header("host", "localhost")
+        .body(())
+        .unwrap();
+    let r = weir::admin::route(&rt.reloader, insider, req).await;
+    let body = r.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains(&up.url()));
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        let req = Request::get(path)
+            .header("host", "weir.example")
+            .body(())
+            .unwrap();
+        let r = weir::admin::route(&rt.reloader, outsider, req).await;
+        assert_eq!(r.status(), 200, "{path} is open to any peer");
+    }
 
     // Regression (DNS rebinding): a loopback peer naming a foreign host, or
     // a cross-origin page, is refused; loopback names are served.

@@ -1,9 +1,12 @@
 //! The admin listener (docs/reference/admin.md#admin-listener): `GET /metrics`, `/healthz`, `/readyz`,
-//! `/config`, `POST /reload`, and the status page, `GET /` and
-//! `/status.json` (docs/reference/admin.md#status-page, served by `status`).
-//! `/config` and `/reload` answer loopback peers only, whatever address the
-//! listener binds: the effective config names every upstream, and a reload
-//! is a write. The status page answers requests that name a loopback host.
+//! `/config`, `POST /reload`, and the status page, `GET /` (or `/status`)
+//! and `/status.json` (docs/reference/admin.md#status-page, served by
+//! `status`). One rule ([`LOOPBACK_ONLY`], [`refusal`]): every endpoint but
+//! `/metrics`, `/healthz` and `/readyz` answers loopback peers only,
+//! whatever address the listener binds — the effective config and the
+//! status page name every upstream and its target, and a reload is a write
+//! — and only requests that name a loopback host. The peer's socket
+//! address decides who the peer is, never its `Host`.
 
 pub mod reload;
 pub mod status;
@@ -69,6 +72,39 @@ fn names_loopback<B>(req: &Request<B>) -> bool {
     target_ok && host_ok && origin_ok
 }
 
+/// The endpoints only a loopback peer may ask, whatever the method (a
+/// wrong one from a loopback peer gets its 405): everything but
+/// `/metrics`, `/healthz` and `/readyz`, which kubelet probes and
+/// Prometheus reach from outside the pod.
+const LOOPBACK_ONLY: [&str; 5] = ["/", "/status", "/status.json", "/config", "/reload"];
+
+/// The endpoints any peer may ask.
+const OPEN: [&str; 3] = ["/metrics", "/healthz", "/readyz"];
+
+/// The 403 a request to a [`LOOPBACK_ONLY`] endpoint gets, or `None`: one
+/// rule for all of them. A peer whose socket address is not loopback is
+/// refused whatever it sends (its `Host` says what it asked for, not who it
+/// is); a loopback peer is refused when its request names a foreign host
+/// or origin ([`names_loopback`]).
+fn refusal<B>(peer: SocketAddr, req: &Request<B>) -> Option<Response<Body>> {
+    if !LOOPBACK_ONLY.contains(&req.uri().path()) {
+        return None;
+    }
+    if !is_loopback(peer.ip()) {
+        return Some(text(
+            StatusCode::FORBIDDEN,
+            "this endpoint answers loopback clients only\n",
+        ));
+    }
+    if !names_loopback(req) {
+        return Some(text(
+            StatusCode::FORBIDDEN,
+            "this endpoint answers requests to a loopback host only, without a foreign Origin\n",
+        ));
+    }
+    None
+}
+
 /// Serves the admin endpoints until `stop` is set.
 pub async fn serve(
     listener: TcpListener,
@@ -114,7 +150,9 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
 
 /// One admin request (no endpoint reads a request body).
 pub async fn route<B>(reloader: &Reloader, peer: SocketAddr, req: Request<B>) -> Response<Body> {
-    let loopback = is_loopback(peer.ip());
+    if let Some(refused) = refusal(peer, &req) {
+        return refused;
+    }
     let proxy = reloader.proxy();
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/metrics") => {
@@ -129,11 +167,7 @@ pub async fn route<B>(reloader: &Reloader, peer: SocketAddr, req: Request<B>) ->
             );
             r
         }
-        (&Method::GET, "/" | "/status.json") if !names_loopback(&req) => text(
-            StatusCode::FORBIDDEN,
-            "the status page answers requests to a loopback host only, without a foreign Origin\n",
-        ),
-        (&Method::GET, "/") => crate::admin::status::page(),
+        (&Method::GET, "/" | "/status") => crate::admin::status::page(),
         (&Method::GET, "/status.json") => crate::admin::status::json(proxy),
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {
@@ -149,14 +183,6 @@ pub async fn route<B>(reloader: &Reloader, peer: SocketAddr, req: Request<B>) ->
                 )
             }
         }
-        (&Method::GET, "/config") | (&Method::POST, "/reload") if !loopback => text(
-            StatusCode::FORBIDDEN,
-            "this endpoint answers loopback clients only\n",
-        ),
-        (&Method::GET, "/config") | (&Method::POST, "/reload") if !names_loopback(&req) => text(
-            StatusCode::FORBIDDEN,
-            "this endpoint answers requests to a loopback host only, without a foreign Origin\n",
-        ),
         (&Method::GET, "/config") => {
             let mut r = text(StatusCode::OK, proxy.snapshot().config.effective_toml());
             r.headers_mut().insert(
@@ -169,12 +195,12 @@ pub async fn route<B>(reloader: &Reloader, peer: SocketAddr, req: Request<B>) ->
             Ok(()) => text(StatusCode::OK, "reloaded\n"),
             Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, format!("{e}\n")),
         },
-        (_, "/" | "/status.json" | "/metrics" | "/healthz" | "/readyz" | "/config" | "/reload") => {
+        (_, path) if LOOPBACK_ONLY.contains(&path) || OPEN.contains(&path) => {
             text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n")
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "admin endpoints: GET / /status.json /metrics /healthz /readyz /config, POST /reload\n",
+            "admin endpoints: GET / /status /status.json /metrics /healthz /readyz /config, POST /reload\n",
         ),
     }
 }

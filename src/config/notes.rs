@@ -1,10 +1,10 @@
 //! What `weir check` says about a valid config besides printing it: a
-//! setting that works but probably does not do what its operator means, and
-//! a default that changed under a config that did not set it. Notes are
-//! advice: they never make a config invalid.
+//! setting that works but probably does not do what its operator means,
+//! such as a field it set whose neighbour's default changed. A default that
+//! changed under a config that set nothing is said in CHANGELOG.md, not on
+//! every check. Notes are advice: they never make a config invalid.
 
 use super::Config;
-use crate::policy::idempotency::{default_scope, DEFAULT_SCOPE};
 
 impl Config {
     /// One line per note, each starting `warning:` or `note:`.
@@ -14,7 +14,6 @@ impl Config {
             .iter()
             .map(|n| format!("note: {n}"))
             .collect();
-        let mut on_default = Vec::new();
         for u in &self.upstreams {
             // What `weir schedule` warns about, said by `weir check` too.
             let report = crate::policy::schedule_report_with(
@@ -43,15 +42,6 @@ impl Config {
                     u.name, u.idempotency_header
                 ));
             }
-            if store.scope == default_scope() {
-                on_default.push(format!("`{}`", u.name));
-            }
-        }
-        if !on_default.is_empty() {
-            out.push(format!(
-                "note: idempotency `scope` defaults to {DEFAULT_SCOPE:?} (it was [\"authorization\", \"host\"]): on {}, the same key sent with another Cookie is now another caller's write, forwarded rather than answered from the record; set `scope` to choose (docs/reference/idempotency.md)",
-                on_default.join(", ")
-            ));
         }
         out
     }

@@ -15,6 +15,7 @@ use super::error::ProxyError;
 use super::route::host_of;
 use super::{ListenerRole, Snapshot};
 use crate::config::UpstreamConfig;
+use crate::h1::HOP_BY_HOP;
 use crate::policy::idempotency::{parse_key, ScopePart, MAX_KEY_BYTES};
 use std::time::Duration;
 
@@ -415,22 +416,6 @@ pub(crate) fn dropped(name: &str) -> bool {
         || (name.len() >= 7 && name.as_bytes()[..7].eq_ignore_ascii_case(b"x-weir-"))
         || is_lookalike(name)
 }
-
-/// Fields never forwarded as they came, in either direction (besides those
-/// a `Connection` field names, and `Transfer-Encoding`, which each side
-/// frames itself): RFC 9110 §7.6.1, plus the proxy credentials meant for
-/// weir itself.
-/// `Trailer` is end to end (RFC 9110 §6.6.2) and stays: hyper only sends
-/// the trailer fields it announces.
-const HOP_BY_HOP: [&str; 7] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "upgrade",
-];
 
 /// Whether a field name reads as `Content-Length`, `Transfer-Encoding` or
 /// `Host` once `_` is taken for `-`, as CGI-style servers (PHP, WSGI) map

@@ -1,8 +1,9 @@
 //! Who asked (docs/reference/idempotency.md#idempotency-keys, "Keys are per
 //! principal"): an idempotency key names a write *of one caller*, so a
 //! record is kept under the client's key qualified by the request's
-//! principal — by default its `Authorization`, its `Cookie` and the host
-//! it named: every credential-bearing field a request carries — and the
+//! principal — by default its `Authorization`, `Proxy-Authorization`,
+//! `Cookie`, `X-Api-Key`, `Api-Key` and `X-Auth-Token` fields and the host
+//! it named: the fields that carry a credential by convention — and the
 //! same key sent by another principal is a new request, never a replay of
 //! someone else's response (nor a 422 for its real owner: a key another
 //! principal sent first is another record). The principal is hashed (SHA-256,
@@ -29,16 +30,35 @@ pub enum ScopePart {
     Header(String),
 }
 
-/// The default scope: `["authorization", "cookie", "host"]`, the
-/// credential-bearing fields a request carries and the host it named. An
-/// application that authenticates by an API-key field adds it as
+/// The default scope ([`DEFAULT_SCOPE`]): the fields that carry a
+/// credential by convention — `Authorization`, `Proxy-Authorization`,
+/// `Cookie` and the common API-key fields `X-Api-Key`, `Api-Key` and
+/// `X-Auth-Token` — and the host the client named. An application that
+/// authenticates by a field of its own lists these and adds it as
 /// `header:NAME`.
 pub fn default_scope() -> Vec<ScopePart> {
-    vec![ScopePart::Authorization, ScopePart::Cookie, ScopePart::Host]
+    let header = |n: &str| ScopePart::Header(n.to_string());
+    vec![
+        ScopePart::Authorization,
+        header("proxy-authorization"),
+        ScopePart::Cookie,
+        header("x-api-key"),
+        header("api-key"),
+        header("x-auth-token"),
+        ScopePart::Host,
+    ]
 }
 
 /// The default scope as written in a config (`scope`'s default).
-pub const DEFAULT_SCOPE: [&str; 3] = ["authorization", "cookie", "host"];
+pub const DEFAULT_SCOPE: [&str; 7] = [
+    "authorization",
+    "header:proxy-authorization",
+    "cookie",
+    "header:x-api-key",
+    "header:api-key",
+    "header:x-auth-token",
+    "host",
+];
 
 impl ScopePart {
     /// Whether this part names who is calling (a credential), rather than

@@ -397,6 +397,9 @@ impl Drop for Busy {
 pin_project_lite::pin_project! {
     /// A response body that keeps its request counted as in flight, and
     /// notes each frame it hands to hyper until hyper asks for the next.
+    /// Its trailers reach hyper with only the fields a trailer section may
+    /// carry (`h1::allowed_in_trailers`, docs/reference/routing.md#header-hygiene):
+    /// one h2 refuses would reset the stream after its body.
     struct Holding<B> {
         #[pin]
         inner: B,
@@ -414,7 +417,16 @@ impl<B: http_body::Body> http_body::Body for Holding<B> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
         let this = self.project();
-        let r = this.inner.poll_frame(cx);
+        let r = match this.inner.poll_frame(cx) {
+            std::task::Poll::Ready(Some(Ok(f))) if f.is_trailers() => {
+                let f = match f.into_trailers() {
+                    Ok(t) => http_body::Frame::trailers(crate::h1::filter_trailers(t)),
+                    Err(f) => f,
+                };
+                std::task::Poll::Ready(Some(Ok(f)))
+            }
+            r => r,
+        };
         if let Ok(mut t) = this.busy.handed.lock() {
             *t = match &r {
                 std::task::Poll::Ready(Some(Ok(_))) => Some(Instant::now()),

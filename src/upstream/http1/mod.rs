@@ -243,7 +243,10 @@ impl Sending {
                 // Trailers end the body; only the chunked coding carries them.
                 if let (Ok(t), Out::Chunked) = (frame.into_trailers(), self.framing) {
                     self.out.extend_from_slice(b"0\r\n");
-                    for (name, value) in t.iter().filter(|(n, _)| allowed_in_trailers(n)) {
+                    for (name, value) in t
+                        .iter()
+                        .filter(|(n, _)| crate::h1::allowed_in_trailers(n.as_str()))
+                    {
                         field(&mut self.out, name, value);
                     }
                     self.out.extend_from_slice(b"\r\n");
@@ -277,28 +280,6 @@ fn field(out: &mut Vec<u8>, name: &http::HeaderName, value: &http::HeaderValue) 
     out.extend_from_slice(b": ");
     out.extend_from_slice(value.as_bytes());
     out.extend_from_slice(b"\r\n");
-}
-
-/// Whether a field may travel in a trailer section (RFC 9110 §6.5.1: not
-/// one that frames, routes, authenticates or controls the message); the
-/// others are dropped, as hyper's client drops them.
-fn allowed_in_trailers(name: &http::HeaderName) -> bool {
-    use http::header::*;
-    ![
-        AUTHORIZATION,
-        CACHE_CONTROL,
-        CONTENT_ENCODING,
-        CONTENT_LENGTH,
-        CONTENT_RANGE,
-        CONTENT_TYPE,
-        HOST,
-        MAX_FORWARDS,
-        SET_COOKIE,
-        TE,
-        TRAILER,
-        TRANSFER_ENCODING,
-    ]
-    .contains(name)
 }
 
 /// Sends `req` on `io` (a connection to `back.addr`, checked out or new)

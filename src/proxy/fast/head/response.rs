@@ -209,8 +209,8 @@ const MAX_TRAILERS: usize = 16 * 1024;
 
 /// The trailer section at the start of `buf`, as it goes to the client:
 /// `Ok(Some(n))` when it ends within `buf` after `n` bytes, with the fields
-/// a client may get (no `x-weir-*`, hop-by-hop or framing fields) and the
-/// final CRLF written to `out`; `Ok(None)` when more is to come.
+/// a client may get ([`h1::allowed_in_trailers`]) and the final CRLF written
+/// to `out`; `Ok(None)` when more is to come.
 pub fn trailer_section(buf: &[u8], out: &mut Vec<u8>) -> Result<Option<usize>, &'static str> {
     const BAD: &str = "the upstream sent an invalid trailer section";
     if buf.starts_with(b"\r\n") {
@@ -221,9 +221,8 @@ pub fn trailer_section(buf: &[u8], out: &mut Vec<u8>) -> Result<Option<usize>, &
     match httparse::parse_headers(buf, &mut fields) {
         Ok(httparse::Status::Complete((n, fields))) => {
             for f in fields.iter() {
-                let name = f.name;
-                if !(hop_by_hop(name) || eq(name, "content-length") || eq(name, "host")) {
-                    header(out, name.as_bytes(), f.value);
+                if h1::allowed_in_trailers(f.name) {
+                    header(out, f.name.as_bytes(), f.value);
                 }
             }
             out.extend_from_slice(b"\r\n");

@@ -125,7 +125,8 @@ impl Future for Pump {
                     }
                     Err(frame) => {
                         if let Ok(t) = frame.into_trailers() {
-                            let _ = stream.send_trailers(t);
+                            // A field h2 refuses would reset the stream.
+                            let _ = stream.send_trailers(crate::h1::filter_trailers(t));
                         }
                         return Poll::Ready(false);
                     }
