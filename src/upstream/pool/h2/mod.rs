@@ -221,9 +221,9 @@ impl Future for ConnTask<h2::client::Connection<UpstreamIo, Bytes>> {
 /// One stream counted open on its connection until it has ended both
 /// ways: held by the attempt until the response head, then by the
 /// response body (or, while the request body still streams, by its pump).
-pub(super) struct Open(Arc<ConnStats>);
+pub(super) struct OpenStream(Arc<ConnStats>);
 
-impl Drop for Open {
+impl Drop for OpenStream {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
@@ -259,7 +259,7 @@ impl H2Pool {
                 let conn = self.checkout().await?;
                 (conn.send.clone(), conn.stats.clone())
             };
-            let open = Open(stats.clone());
+            let open = OpenStream(stats.clone());
             let mut send = match send.ready().await {
                 Ok(s) => s,
                 Err(e) => {

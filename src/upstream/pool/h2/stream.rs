@@ -3,7 +3,7 @@
 //! allows ([`Pump`]), and the response's body read with the window given
 //! back as it is consumed ([`H2Body`]).
 
-use super::Open;
+use super::OpenStream;
 use crate::upstream::send::{Body, BoxError};
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -44,7 +44,7 @@ impl Pump {
     pub(super) async fn until_answered(
         mut self,
         answered: tokio::sync::oneshot::Receiver<bool>,
-        open: Open,
+        open: OpenStream,
     ) {
         self.answered = Some(answered);
         std::future::poll_fn(|cx| Pin::new(&mut self).poll(cx)).await;
@@ -164,7 +164,7 @@ impl std::fmt::Debug for H2Body {
 pub(super) enum End {
     /// The stream's count on its connection (the request body has gone).
     Hold {
-        _open: Open,
+        _open: OpenStream,
     },
     /// The pump still sending the request body: told `true` when the
     /// response was read whole, and by the sender's drop otherwise.
