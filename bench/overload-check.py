@@ -12,7 +12,9 @@ Envoy beside it).
 
 weir's adaptive limit (the column "weir, adaptive", and a `--via` column
 whose name starts with "weir"):
-  - at 0.5x it refuses at most 0.1 % of the requests;
+  - at 0.5x it refuses at most 5 % of the requests (slow start from a
+    limit of 4 refuses while it grows; 0.1 % before 2026-12-07, when it
+    started at 12 and flooded small upstreams instead);
   - at 2x and 4x its goodput is >= 90 % of the upstream's capacity (as
     measured before the levels, when the report has it: its slots kept
     busy straight; else the nominal slots / service) and the
@@ -114,7 +116,7 @@ def overload(lines):
         share = None if refused is None or not of else refused * 100.0 / of
         check(f"{col}: refused at 0.5×",
               "—" if share is None else f"{refused:.0f} of {of:.0f} ({share:.2f} %)",
-              "≤ 0.1 %", None if share is None else share <= 0.1)
+              "≤ 5 %", None if share is None else share <= 5.0)
         for load in (2.0, 4.0):
             lv = levels.get(load, {})
             g = num(lv.get("goodput", {}).get(col))

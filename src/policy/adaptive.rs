@@ -26,7 +26,7 @@
 //! its queue short. It grows only while in use (the window's peak in flight
 //! reached half the limit), so a quiet spell does not leave it wide open.
 //! Until a window's 90th percentile first rises above the tolerance (slow
-//! start), it grows by [`SLOW_START`] a window while in use, and a window
+//! start), it doubles ([`SLOW_START`]) a window while in use, and a window
 //! lasts at least two no-load latencies, so that a queue shows before it
 //! grows again.
 //!
@@ -147,8 +147,8 @@ pub struct AdaptiveLimit {
     last: Option<u64>,
     /// The latest `now` seen (a clock stepping back counts as this).
     seen: Now,
-    /// No window has seen latency over the tolerance yet: the limit grows
-    /// by [`SLOW_START`] a window while in use.
+    /// No window has seen latency over the tolerance yet: the limit
+    /// doubles ([`SLOW_START`]) a window while in use.
     starting: bool,
     /// When the limit last moved.
     moved: Now,
@@ -156,8 +156,9 @@ pub struct AdaptiveLimit {
     answered: Now,
 }
 
-/// Growth a window during slow start.
-pub const SLOW_START: f64 = 1.5;
+/// Growth a window during slow start: doubling, as TCP's slow start
+/// doubles its window each round trip, from a low `initial_limit`.
+pub const SLOW_START: f64 = 2.0;
 
 impl AdaptiveLimit {
     pub fn new(p: AdaptiveParams) -> Self {
@@ -544,10 +545,10 @@ mod tests {
     }
 
     #[test]
-    fn slow_start_grows_by_half_a_window_and_ends_at_the_first_rise() {
+    fn slow_start_doubles_a_window_and_ends_at_the_first_rise() {
         let mut a = AdaptiveLimit::new(params(1, 1000, 12));
         let mut at = Duration::ZERO;
-        for want in [18, 27] {
+        for want in [24, 48] {
             at = window_of(&mut a, at, &[20 * MS; 12]);
             assert_eq!(a.limit(), want);
         }
@@ -556,10 +557,10 @@ mod tests {
         let mut took = vec![20 * MS; 8];
         took.extend([50 * MS; 4]);
         at = window_of(&mut a, at, &took);
-        assert_eq!(a.limit(), 30);
+        assert_eq!(a.limit(), 54);
         // Twice the no-load latency: cut at once, × 1.25 / 2.
         window_of(&mut a, at, &[40 * MS; 12]);
-        assert_eq!(a.limit(), 19);
+        assert_eq!(a.limit(), 34);
     }
 
     #[test]

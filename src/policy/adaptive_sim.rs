@@ -300,22 +300,40 @@ pub fn params(min: u32, initial: u32, tolerance: f64, window_ms: u64) -> Adaptiv
     .expect("valid parameters")
 }
 
+/// weir's default `initial_limit` (`src/config/raw.rs`).
+pub const DEFAULT_INITIAL: u32 = 4;
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// weir's defaults (`src/config/raw.rs`) meet the targets on the
-    /// upstreams they were chosen for (10–20 slots, 1–200 ms), over 10 s
-    /// levels from a cold start — the p99 to within 2.02× rather than 2×,
-    /// on 20 slots of 200 ms at 4×; where they do not, outside that band,
-    /// is in docs/reference/admission.md.
+    /// weir's defaults (`src/config/raw.rs`) over 10 s levels from a cold
+    /// start: the answers' p99 at 2× and 4× within 2× the service time on
+    /// every upstream of the grid, 5 to 200 slots (slow start from a low
+    /// limit floods none in its first second); goodput ≥ 90 % and the
+    /// halving followed within 5 s on 5–20 slots. What slow start costs is
+    /// refusals at 0.5× while the limit grows: at most 6 % on 10–20 slots
+    /// (docs/reference/admission.md has every cell).
     #[test]
-    fn the_defaults_meet_the_targets_for_10_to_20_slots() {
-        let grid = [(10, 1), (10, 20), (20, 1), (20, 20), (20, 200)];
-        let v = judge(&params(3, 12, 0.25, 100), Duration::from_secs(10), &grid);
+    fn the_defaults_meet_the_targets() {
+        let p = params(3, DEFAULT_INITIAL, 0.25, 100);
+        let all = judge(&p, Duration::from_secs(10), &grid());
+        // Within 2.00× (a cell at 2.0003× rounds there).
+        assert!(all.p99 <= 2.005, "{:?}", all.misses);
+        let small = [
+            (5, 1),
+            (5, 20),
+            (5, 200),
+            (10, 1),
+            (10, 20),
+            (10, 200),
+            (20, 1),
+            (20, 20),
+            (20, 200),
+        ];
+        let v = judge(&p, Duration::from_secs(10), &small);
         assert!(v.goodput >= 0.9, "{:?}", v.misses);
-        assert!(v.p99 <= 2.02, "{:?}", v.misses);
-        assert!(v.refused <= 0.001, "{:?}", v.misses);
+        assert!(v.refused <= 0.06, "{:?}", v.misses);
         assert!(
             v.follow.is_some_and(|f| f <= Duration::from_secs(5)),
             "{:?}",
@@ -335,7 +353,7 @@ mod tests {
     /// are the bench's, not a test's.
     #[test]
     fn the_overload_scenario_meets_the_targets_in_the_simulation() {
-        let p = params(3, 12, 0.25, 100);
+        let p = params(3, DEFAULT_INITIAL, 0.25, 100);
         for ms in [20, 40] {
             let run = |load: f64, secs: u64, halve_at: Option<Duration>| {
                 simulate(
@@ -352,16 +370,22 @@ mod tests {
                 )
             };
             let half = run(0.5, 3, None);
+            // Slow start from 4 refuses while it grows to the 10 or so an
+            // app at half the capacity keeps in flight.
             assert!(
-                half.refused_share() <= 0.001,
+                half.refused_share() <= 0.05,
                 "{ms} ms: refused {:.2} % at 0.5×",
                 half.refused_share() * 100.0
             );
             let unloaded = half.quantile(0.5);
+            // From a start of 4, slow start takes a few windows of two
+            // no-load latencies each to reach the upstream: a larger share
+            // of a 3 s level at 40 ms than at 20 ms.
+            let least = if ms == 20 { 0.9 } else { 0.85 };
             for load in [2.0, 4.0] {
                 let o = run(load, 3, None);
                 assert!(
-                    o.goodput() >= 0.9,
+                    o.goodput() >= least,
                     "{ms} ms: goodput {:.2} at {load}×",
                     o.goodput()
                 );
@@ -406,7 +430,7 @@ mod tests {
         }
         sets.push((1, 12, 0.25, 100));
         if let Some(o) = only {
-            sets.retain(|s| o.contains(&s.1) && s.2 == 0.25 && s.3 == 100 && s.0 == 3);
+            sets = o.into_iter().map(|i| (3, i, 0.25, 100)).collect();
         }
         for (min, initial, tol, w) in sets {
             let v = judge(
@@ -438,7 +462,7 @@ mod tests {
     #[test]
     #[ignore = "prints a table; a minute in a debug build"]
     fn cells() {
-        let p = params(3, 12, 0.25, 100);
+        let p = params(3, DEFAULT_INITIAL, 0.25, 100);
         println!("| slots | service | goodput 2× / 4× | p99 2× / 4× (× S) | refused 0.5× | halving followed |");
         println!("|---|---|---|---|---|---|");
         for (n, ms) in grid() {

@@ -135,6 +135,7 @@ pub(super) async fn run(opts: &ScenarioOptions) -> Result<ScenarioReport, String
         breaker: BreakerTrace::default(),
         overload: None,
         shed: None,
+        slow: None,
     })
 }
 

@@ -173,6 +173,7 @@ pub fn scenario_report(
         breaker: BreakerTrace::default(),
         overload: None,
         shed: None,
+        slow: None,
     })
 }
 

@@ -17,6 +17,7 @@ pub mod overload_table;
 pub mod replicas;
 pub mod report;
 pub mod shed;
+pub mod slow_readers;
 pub mod soak;
 pub mod timeline;
 pub mod upstream;
@@ -82,10 +83,13 @@ pub enum Scenario {
     /// The same upstream answering 503 at once past its capacity, at 2× and 4×: weir with and without client-side throttling.
     #[value(name = "overload-shed")]
     OverloadShed,
+    /// 12 clients reading an 8 MB answer a byte a second and 12 sending a body a byte a second, beside an app at 20 requests/s: the fixed and the adaptive limit.
+    #[value(name = "slow-readers")]
+    SlowReaders,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 17] = [
+    pub const ALL: [Scenario; 18] = [
         Scenario::Transient5,
         Scenario::Transient30,
         Scenario::Outage,
@@ -103,6 +107,7 @@ impl Scenario {
         Scenario::SlowTail,
         Scenario::Overload,
         Scenario::OverloadShed,
+        Scenario::SlowReaders,
     ];
 
     /// The name of weir's column.
@@ -132,6 +137,7 @@ impl Scenario {
             Scenario::SlowTail => "slow-tail",
             Scenario::Overload => "overload",
             Scenario::OverloadShed => "overload-shed",
+            Scenario::SlowReaders => "slow-readers",
         }
     }
 
@@ -194,6 +200,7 @@ impl Scenario {
             },
             Scenario::Overload => overload::profile(&overload::Shape::default(), None),
             Scenario::OverloadShed => shed::profile(&shed::ShedShape::default()),
+            Scenario::SlowReaders => slow_readers::profile(&slow_readers::SlowShape::default()),
             // The misbehaving one of three (the others are healthy).
             s => replicas::faulty(s),
         }
@@ -244,7 +251,8 @@ impl Scenario {
             | Scenario::FlakyReplica
             | Scenario::SlowTail
             | Scenario::Overload
-            | Scenario::OverloadShed => "",
+            | Scenario::OverloadShed
+            | Scenario::SlowReaders => "",
             Scenario::Brownout => "[defaults]\ntimeout = \"2s\"\n",
             Scenario::RateLimited => {
                 "[defaults.retry]\nretry_on = [\"connect-failure\", \"reset\", \"timeout\", \"429\", \"502\", \"503\", \"504\"]\nmax_retry_after = \"2s\"\n"
@@ -353,6 +361,8 @@ pub struct ScenarioReport {
     pub overload: Option<overload::OverloadReport>,
     /// `overload-shed`'s own figures.
     pub shed: Option<shed::ShedReport>,
+    /// `slow-readers`' own figures.
+    pub slow: Option<slow_readers::SlowReport>,
 }
 
 /// Runs one scenario: three columns, one after the other.
@@ -362,6 +372,7 @@ pub async fn run(scenario: Scenario, opts: &ScenarioOptions) -> Result<ScenarioR
         Scenario::DoubleSubmit => return double_submit::run(opts).await,
         Scenario::Overload => return overload::run(opts).await,
         Scenario::OverloadShed => return shed::run(opts).await,
+        Scenario::SlowReaders => return slow_readers::run(opts).await,
         s if replicas::is_replica(s) => return replicas::run(s, opts).await,
         _ => {}
     }
@@ -442,6 +453,7 @@ pub async fn run(scenario: Scenario, opts: &ScenarioOptions) -> Result<ScenarioR
         breaker: trace,
         overload: None,
         shed: None,
+        slow: None,
     })
 }
 

@@ -243,6 +243,7 @@ pub async fn run(s: Scenario, opts: &ScenarioOptions) -> Result<ScenarioReport, 
         breaker: super::BreakerTrace::default(),
         overload: None,
         shed: None,
+        slow: None,
     })
 }
 

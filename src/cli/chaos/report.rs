@@ -166,6 +166,9 @@ fn per_second_table(r: &ScenarioReport) -> Option<String> {
 
 /// The table, in Markdown (readable in a terminal, pastable in bench/RESULTS.md).
 pub fn table(r: &ScenarioReport) -> String {
+    if let Some(o) = &r.slow {
+        return super::slow_readers::table(o);
+    }
     if let Some(o) = &r.shed {
         return super::shed::table(o);
     }
@@ -238,6 +241,9 @@ fn settings_note(r: &ScenarioReport) -> String {
 
 /// The same as JSON.
 pub fn json(r: &ScenarioReport) -> serde_json::Value {
+    if let Some(o) = &r.slow {
+        return super::slow_readers::json(o);
+    }
     if let Some(o) = &r.shed {
         return super::shed::json(o);
     }

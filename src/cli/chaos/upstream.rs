@@ -90,6 +90,9 @@ pub struct Profile {
     pub cache_control: Option<&'static str>,
     /// Serve at most this many at once, queueing the rest.
     pub capacity: Option<Capacity>,
+    /// A request whose path starts with `/big` is answered with this many
+    /// bytes (`weir chaos slow-readers`).
+    pub big_body: Option<usize>,
 }
 
 impl Default for Profile {
@@ -106,6 +109,7 @@ impl Default for Profile {
             hang: Duration::from_secs(5),
             cache_control: None,
             capacity: None,
+            big_body: None,
         }
     }
 }
@@ -393,6 +397,10 @@ async fn handle(req: Request<Incoming>, faults: &Faults, reset: &Notify) -> Resp
         return std::future::pending().await;
     }
     let method = req.method().clone();
+    let big = faults
+        .profile
+        .big_body
+        .filter(|_| req.uri().path().starts_with("/big"));
     let id = req
         .headers()
         .get(REQUEST_ID)
@@ -438,7 +446,11 @@ async fn handle(req: Request<Incoming>, faults: &Faults, reset: &Notify) -> Resp
             } else if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            let mut r = Response::new(Full::new(Bytes::from_static(b"chaos\n")));
+            let body = match big {
+                Some(n) => Bytes::from(vec![b'x'; n]),
+                None => Bytes::from_static(b"chaos\n"),
+            };
+            let mut r = Response::new(Full::new(body));
             *r.status_mut() =
                 StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
             if let Some(ra) = retry_after {
