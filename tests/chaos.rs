@@ -525,3 +525,35 @@ async fn throttling_takes_the_refused_load_off_a_shedding_upstream() {
         assert!(c.shed <= c.received, "{table}");
     }
 }
+
+/// `weir chaos slow-readers`, shortened: 4 slow readers and 4 slow
+/// uploaders beside an app at 20 requests/s, on both limits. Every request
+/// of the app gets through on both, and the report has its rows. (What it
+/// rests on, that slow clients hold no adaptive place, is tested in
+/// tests/admission.rs, which fails on 6790b03.) The full scenario's
+/// figures are in bench/RESULTS.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_readers_leave_the_app_its_requests_on_both_limits() {
+    use weir::cli::chaos::slow_readers::{measure_all, SlowShape, ADAPTIVE_COLUMN, FIXED};
+    let _one = serial().await;
+    let shape = SlowShape {
+        length: Duration::from_secs(6),
+        attack_at: Duration::from_secs(2),
+        readers: 4,
+        uploaders: 4,
+        // The adaptive limit's floor (3) below the attackers: held by
+        // them, it would refuse the app.
+        ..SlowShape::default()
+    };
+    let r = measure_all(&shape, &opts(0, true)).await.unwrap();
+    let table = weir::cli::chaos::slow_readers::table(&r);
+    eprintln!("{table}");
+    for column in [FIXED, ADAPTIVE_COLUMN] {
+        let c = r.cells.iter().find(|c| c.column == column).unwrap();
+        let (ok, n) = c.success(true);
+        assert!(n > 50, "{table}");
+        assert_eq!(ok, n, "{column}: {table}");
+        assert!(c.read > 0, "the readers read: {table}");
+    }
+    assert!(table.contains("limit at the end"), "{table}");
+}

@@ -269,7 +269,7 @@ impl RawPolicy {
                 // docs/reference/admission.md#adaptive-limit.
                 limit: Some("fixed".into()),
                 min_limit: Some(3),
-                initial_limit: Some(crate::policy::adaptive_sim::DEFAULT_INITIAL),
+                initial_limit: Some(crate::policy::adaptive::DEFAULT_INITIAL),
                 latency_tolerance: Some(0.25),
                 window: Some(Dur(D::from_millis(100))),
                 recheck: Some(Dur(D::from_secs(30))),

@@ -156,6 +156,10 @@ pub struct AdaptiveLimit {
     answered: Now,
 }
 
+/// The default `initial_limit`: low, so that slow start floods no small
+/// upstream (docs/reference/admission.md#the-defaults-and-why).
+pub const DEFAULT_INITIAL: u32 = 4;
+
 /// Growth a window during slow start: doubling, as TCP's slow start
 /// doubles its window each round trip, from a low `initial_limit`.
 pub const SLOW_START: f64 = 2.0;

@@ -300,8 +300,7 @@ pub fn params(min: u32, initial: u32, tolerance: f64, window_ms: u64) -> Adaptiv
     .expect("valid parameters")
 }
 
-/// weir's default `initial_limit` (`src/config/raw.rs`).
-pub const DEFAULT_INITIAL: u32 = 4;
+use super::adaptive::DEFAULT_INITIAL;
 
 #[cfg(test)]
 mod tests {

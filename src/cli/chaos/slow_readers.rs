@@ -6,7 +6,7 @@
 //! `/big` and read the answer a byte a second (a 4 KiB receive buffer, so
 //! the kernel does not read ahead for them), and `uploaders` clients each
 //! send a `POST` whose 4-byte body comes a byte a second, one after
-//! another. Two columns, each on a fresh upstream and a fresh weir: weir's
+//! another; each kind's clients start spread over a second. Two columns, each on a fresh upstream and a fresh weir: weir's
 //! default fixed limit (`max_in_flight = 1024`) and `limit = "adaptive"`.
 //! Rows: the app's success before and during the attack, its p99 during
 //! the attack, and the limit before the attack and at its end. The target
@@ -242,16 +242,25 @@ async fn measure(
             (shape.clone(), stop.clone(), read.clone(), uploads.clone());
         tokio::spawn(async move {
             tokio::time::sleep(shape.attack_at).await;
+            // Each kind's clients start spread over a second, as clients
+            // that arrive on their own do (not all in the same millisecond).
             let mut clients = Vec::new();
-            for _ in 0..shape.readers {
-                clients.push(tokio::spawn(slow_reader(addr, stop.clone(), read.clone())));
+            let spread = |i: usize, n: usize| Duration::from_secs(1) * i as u32 / n.max(1) as u32;
+            for i in 0..shape.readers {
+                let (stop, read) = (stop.clone(), read.clone());
+                let after = spread(i, shape.readers);
+                clients.push(tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    slow_reader(addr, stop, read).await
+                }));
             }
-            for _ in 0..shape.uploaders {
-                clients.push(tokio::spawn(slow_uploader(
-                    addr,
-                    stop.clone(),
-                    uploads.clone(),
-                )));
+            for i in 0..shape.uploaders {
+                let (stop, uploads) = (stop.clone(), uploads.clone());
+                let after = spread(i, shape.uploaders);
+                clients.push(tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    slow_uploader(addr, stop, uploads).await
+                }));
             }
             clients
         })
