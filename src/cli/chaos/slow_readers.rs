@@ -331,6 +331,9 @@ fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or("—".into(), |v| v.to_string())
 }
 
+/// One row of the table: its label and how a cell shows it.
+type Row<'a> = (&'a str, &'a dyn Fn(&SlowCell) -> String);
+
 /// The table, in Markdown.
 pub fn table(r: &SlowReport) -> String {
     let s = &r.shape;
@@ -349,7 +352,7 @@ pub fn table(r: &SlowReport) -> String {
     let names: Vec<&str> = r.cells.iter().map(|c| c.column.as_str()).collect();
     let _ = writeln!(out, "| | {} |", names.join(" | "));
     let _ = writeln!(out, "|---|{}", "---|".repeat(names.len()));
-    let rows: [(&str, &dyn Fn(&SlowCell) -> String); 6] = [
+    let rows: [Row<'_>; 6] = [
         ("app's success before the attack", &|c| {
             percent(c.success(false))
         }),
@@ -368,7 +371,7 @@ pub fn table(r: &SlowReport) -> String {
         }),
     ];
     for (name, f) in rows {
-        let cells: Vec<String> = r.cells.iter().map(|c| f(c)).collect();
+        let cells: Vec<String> = r.cells.iter().map(f).collect();
         let _ = writeln!(out, "| {name} | {} |", cells.join(" | "));
     }
     out
