@@ -224,7 +224,7 @@ async fn status_json_reports_every_field() {
             // `limit = "adaptive"`: it starts at `initial_limit`.
             assert_eq!(
                 (c["mode"].as_str(), c["limit"].as_u64()),
-                (Some("adaptive"), Some(12))
+                (Some("adaptive"), Some(4))
             );
             let t = &u["throttle"];
             assert_eq!(t["probability"], 0.0, "{u}");
