@@ -878,3 +878,27 @@ fn check_refuses_an_endpoint_with_the_log_exporter() {
     assert!(err.contains("tracing.endpoint"), "{err}");
     assert!(err.contains("exporter = \"log\""), "{err}");
 }
+
+/// Issue 53: settings whose meaning changed (client-side throttling's
+/// quota answers, the adaptive limit's count and slow start) are said by
+/// `weir check` where they are set, and nowhere else.
+#[test]
+fn check_says_what_changed_under_throttling_and_the_adaptive_limit() {
+    let head = "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n";
+    let cfg = format!(
+        "{head}[upstreams.t]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"t\"]\n[upstreams.t.throttle]\nenabled = true\n\
+         [upstreams.a]\nurl = \"http://127.0.0.1:2\"\nhosts = [\"a\"]\n[upstreams.a.concurrency]\nlimit = \"adaptive\"\n\
+         [upstreams.p]\nurl = \"http://127.0.0.1:3\"\nhosts = [\"p\"]\n"
+    );
+    let (code, _, err) = check(&cfg);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("note: upstream `t`: client-side throttling counts a 429"),
+        "{err}"
+    );
+    assert!(
+        err.contains("note: upstream `a`: the adaptive limit now counts only"),
+        "{err}"
+    );
+    assert!(!err.contains("upstream `p`"), "{err}");
+}

@@ -32,6 +32,22 @@ impl Config {
                 ));
             }
         }
+        // Settings an operator set whose meaning changed (CHANGELOG.md,
+        // 2026-12-07): said where they are set, not on every config.
+        for u in &self.upstreams {
+            if u.throttle.is_some() {
+                out.push(format!(
+                    "note: upstream `{}`: client-side throttling counts a 429 or gRPC RESOURCE_EXHAUSTED against the caller it names (refused 429 `rate_limited` on its own account), no longer against the upstream; 503 and UNAVAILABLE still raise the shared probability (changed 2026-12-07; docs/reference/admission.md#client-side-throttling)",
+                    u.name
+                ));
+            }
+            if u.concurrency.adaptive.is_some() {
+                out.push(format!(
+                    "note: upstream `{}`: the adaptive limit now counts only requests waiting for the upstream's answer (not a slow client's upload or download), and its slow start doubles a window from `initial_limit` (default 4, was 12) (changed 2026-12-07; docs/reference/admission.md#adaptive-limit)",
+                    u.name
+                ));
+            }
+        }
         for u in &self.upstreams {
             let Some(store) = &u.idempotency else {
                 continue;

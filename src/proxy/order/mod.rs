@@ -318,7 +318,7 @@ async fn admitted<C: Codec, S: Steps<C>>(
     // client-side throttling, rate limit, concurrency; the body is read
     // before the breaker is asked, so a slow upload never holds a half-open
     // probe slot.
-    let (slot, waited, taken) = match codec.admit(up, key, start, deadline).await {
+    let (mut slot, waited, taken) = match codec.admit(up, key, start, deadline).await {
         None => {
             unsent(&mut recorder);
             return Finished::Out(codec.gone());
@@ -329,7 +329,6 @@ async fn admitted<C: Codec, S: Steps<C>>(
         }
         Some(Ok(a)) => (a.slot, a.waited, a.taken),
     };
-    let mut slot = slot;
     let (ready, body_waited) = match codec.body(up, arrived, deadline).await {
         Ok(r) => r,
         Err(out) => {
