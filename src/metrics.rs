@@ -13,6 +13,7 @@ pub mod cache;
 pub mod concurrency;
 pub mod endpoints;
 mod follow;
+pub mod grpc;
 pub mod idempotency;
 mod labels;
 pub mod meter;
@@ -46,6 +47,8 @@ const STATES: [StateKind; 3] = [StateKind::Closed, StateKind::Open, StateKind::H
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    /// gRPC calls' series, with their `grpc_code`.
+    grpc: grpc::GrpcFamilies,
     requests: IntCounterVec,
     request_duration: HistogramVec,
     attempts: IntCounterVec,
@@ -97,10 +100,12 @@ fn histogram(r: &Registry, name: &str, help: &str) -> HistogramVec {
 impl Metrics {
     pub fn new() -> Self {
         let r = Registry::new();
+        const REQUESTS_HELP: &str = "Client requests answered, by upstream, HTTP status, weir's error code when weir answered itself (empty for the upstream's answers), and for gRPC calls the gRPC code the client received.";
+        const ATTEMPTS_HELP: &str = "Attempts sent to the upstream, by result (and, for gRPC calls answered with a status, its gRPC code).";
         let requests = counter(
             &r,
             "weir_requests_total",
-            "Client requests answered, by upstream, HTTP status, and weir's error code when weir answered itself (empty for the upstream's answers).",
+            REQUESTS_HELP,
             &["upstream", "code", "error"],
         );
         let request_duration = histogram(
@@ -111,7 +116,7 @@ impl Metrics {
         let attempts = counter(
             &r,
             "weir_upstream_attempts_total",
-            "Attempts sent to the upstream, by result.",
+            ATTEMPTS_HELP,
             &["upstream", "result"],
         );
         let attempt_duration = histogram(
@@ -259,6 +264,7 @@ impl Metrics {
         let bad_request = requests.with_label_values(&[NO_UPSTREAM, "400", "bad_request"]);
         Metrics {
             registry: r,
+            grpc: grpc::GrpcFamilies::new(REQUESTS_HELP, ATTEMPTS_HELP),
             requests,
             request_duration,
             attempts,
@@ -320,7 +326,15 @@ impl Metrics {
             cache_families: self.cache.clone(),
             concurrency: self.concurrency.upstream(name),
             wire: self.wire.upstream(name),
+            grpc: self.grpc.upstream(name),
         }
+    }
+
+    /// Every family, the gRPC series folded in.
+    fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let mut families = self.registry.gather();
+        grpc::merge(&mut families, self.grpc.gather());
+        families
     }
 
     /// `weir_upstream_body_errors_total{upstream, error}` (see
@@ -474,7 +488,7 @@ impl Metrics {
         label: &str,
     ) -> std::collections::BTreeMap<String, f64> {
         let mut out = std::collections::BTreeMap::new();
-        for f in self.registry.gather() {
+        for f in self.gather() {
             if f.name() != family {
                 continue;
             }
@@ -505,7 +519,7 @@ impl Metrics {
     /// The Prometheus text format.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
-        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+        if let Err(e) = TextEncoder::new().encode(&self.gather(), &mut buf) {
             tracing::warn!(error = %e, "cannot encode metrics");
         }
         String::from_utf8(buf).unwrap_or_default()
@@ -531,6 +545,8 @@ impl Metrics {
             &self.stops,
             &self.request_duration,
         ];
-        families.iter().flat_map(|f| f.collect()).collect()
+        let mut out: Vec<_> = families.iter().flat_map(|f| f.collect()).collect();
+        grpc::merge(&mut out, self.grpc.requests());
+        out
     }
 }

@@ -371,6 +371,9 @@ pub struct UpstreamConfig {
     /// Client-side throttling; `None`: off, the default
     /// (docs/reference/admission.md#client-side-throttling).
     pub throttle: Option<crate::policy::ThrottleParams>,
+    /// gRPC methods declared safe to retry (`[upstreams.NAME.grpc]
+    /// idempotent_methods`; docs/guide/tls-and-grpc.md#grpc-policies).
+    pub idempotent_methods: crate::policy::grpc::IdempotentMethods,
 }
 
 impl Config {

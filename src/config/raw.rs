@@ -43,7 +43,7 @@ pub use ejection::RawEjection;
 pub use hedge::RawHedge;
 pub use throttle::RawThrottle;
 pub use tracing::RawTracing;
-pub use upstream::{RawUpstream, DEFAULT_BALANCE, DEFAULT_MAX_ENDPOINTS};
+pub use upstream::{RawGrpc, RawUpstream, DEFAULT_BALANCE, DEFAULT_MAX_ENDPOINTS};
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -251,7 +251,18 @@ impl RawPolicy {
                 window: Some(100),
                 min_samples: Some(50),
                 failure_rate: Some(1.0),
-                failure_statuses: Some(vec![500, 502, 503, 504]),
+                // A gRPC answer's outcome is its `grpc-status`: the codes a
+                // server that cannot serve gives count as 5xx do.
+                failure_statuses: Some(
+                    [500, 502, 503, 504]
+                        .map(FailureStatus::Http)
+                        .into_iter()
+                        .chain(
+                            ["unavailable", "internal", "deadline-exceeded"]
+                                .map(|c| FailureStatus::Grpc(c.into())),
+                        )
+                        .collect(),
+                ),
                 // 320 ms, not doubling: after ± 20 % jitter (capped at
                 // `max_open`) every interval is 256–320 ms, so a dead
                 // upstream sees at most 4 probes a second and a returned one
@@ -411,7 +422,7 @@ pub struct RawBreaker {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_rate: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub failure_statuses: Option<Vec<u16>>,
+    pub failure_statuses: Option<Vec<FailureStatus>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub open: Option<Dur>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -425,6 +436,14 @@ pub struct RawBreaker {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scope: Option<Scope>,
 }
+/// An entry of `failure_statuses`: an HTTP status, or a gRPC code's name.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum FailureStatus {
+    Http(u16),
+    Grpc(String),
+}
+
 mergeable!(RawBreaker { enabled, consecutive_failures, failing_for, window, min_samples, failure_rate, failure_statuses, open, max_open, open_jitter, half_open_probes, scope } nested {});
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

@@ -131,6 +131,7 @@ schema!(HEDGE: RawHedge {});
 schema!(THROTTLE: RawThrottle {});
 schema!(UPSTREAM_TLS: RawUpstreamTls {});
 schema!(EJECTION: RawEjection {});
+schema!(GRPC: RawGrpc {});
 schema!(UPSTREAM: RawUpstream {
     "listen_tls" => Nested::Table(&LISTENER_TLS),
     "ejection" => Nested::Table(&EJECTION),
@@ -143,6 +144,7 @@ schema!(UPSTREAM: RawUpstream {
     "cache" => Nested::Table(&CACHE),
     "hedge" => Nested::Table(&HEDGE),
     "throttle" => Nested::Table(&THROTTLE),
+    "grpc" => Nested::Table(&GRPC),
 });
 
 /// Every field of the config file, table by table: for each table of the

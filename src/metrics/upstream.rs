@@ -58,6 +58,8 @@ pub struct UpstreamMetrics {
     pub concurrency: super::concurrency::ConcurrencySeries,
     /// `weir_upstream_connections_open`, `weir_upstream_bytes_total`.
     pub wire: crate::metrics::meter::Meter,
+    /// gRPC calls' series, with their `grpc_code`.
+    pub grpc: super::grpc::GrpcSeries,
 }
 
 impl UpstreamMetrics {
@@ -85,6 +87,19 @@ impl UpstreamMetrics {
         self.request_duration.observe(took.as_secs_f64());
     }
 
+    /// A gRPC call answered: HTTP `status` with gRPC `code`, from the
+    /// upstream, or from weir (`error`).
+    pub fn grpc_call(&self, status: u16, error: Option<&str>, code: u8, took: Duration) {
+        self.grpc.request(status, error.unwrap_or_default(), code);
+        let refusal = error.is_some_and(|e| ERROR_CODES.iter().any(|(c, _, r)| *c == e && *r));
+        if error == Some("rate_limited") {
+            self.rate_limited().inc();
+        }
+        if !refusal {
+            self.request_duration.observe(took.as_secs_f64());
+        }
+    }
+
     /// A request answered with one of weir's errors. A refusal (weir did
     /// not ask the upstream) takes no place in the latency histogram.
     pub fn error(&self, code: &str, took: Duration) {
@@ -101,6 +116,15 @@ impl UpstreamMetrics {
     }
 
     pub fn attempt(&self, outcome: &Outcome, took: Duration) {
+        if let Outcome::Response {
+            grpc_status: Some(code),
+            ..
+        } = outcome
+        {
+            self.grpc.attempt(outcome, *code);
+            self.attempt_duration.observe(took.as_secs_f64());
+            return;
+        }
         let label = outcome.result_label();
         if let Some(i) = ATTEMPT_RESULTS.iter().position(|r| *r == label) {
             self.attempts[i].inc();

@@ -27,6 +27,10 @@ pub struct BreakerParams {
     pub failure_rate: f64,
     /// Response statuses that count as failures.
     pub failure_statuses: Vec<u16>,
+    /// gRPC codes that count as failures (a gRPC answer's outcome is its
+    /// `grpc-status`, not its HTTP 200). Set with
+    /// [`BreakerParams::with_grpc_failures`].
+    pub failure_grpc: Vec<u8>,
     /// The first open interval.
     pub open: Duration,
     /// The longest open interval, jitter included.
@@ -50,6 +54,17 @@ impl BreakerParams {
     /// Whether a response with this status is a failure for the breaker.
     pub fn is_failure_status(&self, status: u16) -> bool {
         self.failure_statuses.contains(&status)
+    }
+
+    /// Whether an answer with this gRPC status is a failure for the breaker.
+    pub fn is_failure_grpc(&self, code: u8) -> bool {
+        self.failure_grpc.contains(&code)
+    }
+
+    /// The same parameters with these gRPC codes counted as failures.
+    pub fn with_grpc_failures(mut self, codes: Vec<u8>) -> Self {
+        self.failure_grpc = codes;
+        self
     }
 
     /// The same parameters with `failing_for`.
@@ -119,6 +134,7 @@ impl BreakerParams {
             min_samples,
             failure_rate,
             failure_statuses,
+            failure_grpc: Vec::new(),
             open,
             max_open,
             open_jitter,

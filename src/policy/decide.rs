@@ -295,12 +295,19 @@ pub enum Outcome {
 
 impl Outcome {
     /// The breaker's verdict (docs/reference/breaker.md#what-counts-as-a-failure): `Some(true)` for a failure
-    /// (transport failure or a status in `failure_statuses`), `Some(false)` for
+    /// (transport failure, or a status or gRPC code in `failure_statuses`), `Some(false)` for
     /// any other response, `None` when the client went away (no verdict:
     /// release the admission instead).
     pub fn breaker_failure(&self, params: &super::BreakerParams) -> Option<bool> {
         match self {
-            Outcome::Response { status, .. } => Some(params.is_failure_status(*status)),
+            Outcome::Response {
+                status,
+                grpc_status,
+                ..
+            } => Some(
+                params.is_failure_status(*status)
+                    || grpc_status.is_some_and(|c| params.is_failure_grpc(c)),
+            ),
             Outcome::ConnectFailure
             | Outcome::Reset { .. }
             | Outcome::Timeout

@@ -321,21 +321,52 @@ impl StoredResponse {
         self.buf.slice(self.fields_len..)
     }
 
-    /// The fields as (name, value) pairs.
+    /// The fields as (name, value) pairs (not the trailers).
     pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.lines().filter(|l| !l.starts_with(b":")).filter_map(split_field)
+    }
+
+    /// The trailers as (name, value) pairs: kept in the field block, each
+    /// name marked with a leading `:` (no field name can start with one),
+    /// so that every store keeps them as it keeps the fields.
+    pub fn trailers(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.lines()
+            .filter_map(|l| l.strip_prefix(b":"))
+            .filter_map(split_field)
+    }
+
+    /// Whether it was kept with trailers.
+    pub fn has_trailers(&self) -> bool {
+        self.trailers().next().is_some()
+    }
+
+    fn lines(&self) -> impl Iterator<Item = &[u8]> {
         self.field_block()
             .split(|b| *b == b'\n')
-            .filter_map(|line| {
-                let line = line.strip_suffix(b"\r")?;
-                let colon = line.iter().position(|b| *b == b':')?;
-                Some((&line[..colon], line.get(colon + 2..).unwrap_or_default()))
-            })
+            .filter_map(|line| line.strip_suffix(b"\r"))
     }
 
     /// Its accounted size: the field block and the body.
     pub fn bytes(&self) -> usize {
         self.buf.len()
     }
+}
+
+/// A `name: value` line's name and value.
+fn split_field(line: &[u8]) -> Option<(&[u8], &[u8])> {
+    let colon = line.iter().position(|b| *b == b':')?;
+    Some((&line[..colon], line.get(colon + 2..).unwrap_or_default()))
+}
+
+/// A block of trailers, each `:name: value\r\n` (see
+/// [`StoredResponse::trailers`]).
+pub fn trailer_block<'a>(trailers: impl IntoIterator<Item = (&'a [u8], &'a [u8])>) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (n, v) in trailers {
+        block.push(b':');
+        push_field(&mut block, n, v);
+    }
+    block
 }
 
 /// Appends `name: value\r\n` to a field block.

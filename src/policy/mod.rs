@@ -24,6 +24,7 @@
 //! | [`throttle`] | client-side throttling: the SRE book's adaptive throttling for an upstream that sheds |
 //! | [`balance`] | the balancer's choice among endpoints: peak-EWMA estimates, two random choices |
 //! | [`eject`] | outlier ejection: when an endpoint is taken out and let back |
+//! | [`grpc`] | gRPC status codes by name, methods declared safe to retry, which codes say a call was not processed |
 //! | [`keyed`] | the per-key limiter registry, bounded, LRU |
 //! | [`lease`] | a fleet-wide bucket's tokens leased in batches and spent locally; the fallback when the shared state is away |
 //! | [`idempotency`] | idempotency-key records: fingerprint, `decide`, what to record, the store |
@@ -45,6 +46,7 @@ pub mod cache;
 pub mod contract;
 pub mod decide;
 pub mod eject;
+pub mod grpc;
 pub mod hedge;
 pub mod idempotency;
 pub mod keyed;

@@ -21,6 +21,9 @@ pub(crate) struct AccessEntry<'a> {
     pub(crate) attempts: Option<u32>,
     /// Why a retryable outcome was not retried.
     pub(crate) retry_stop: Option<&'a str>,
+    /// A gRPC call's status, as the client got it (its head's, or its
+    /// trailers').
+    pub(crate) grpc_status: Option<u8>,
     /// A hedge was sent: `true` when its answer was returned.
     pub(crate) hedge: Option<bool>,
     /// The endpoint of the last attempt, when it had one
@@ -78,6 +81,7 @@ pub(crate) fn write(mode: AccessLog, e: &AccessEntry<'_>) {
         error = e.error.unwrap_or("-"),
         attempts = e.attempts.unwrap_or(0),
         retry_stop = e.retry_stop.unwrap_or("-"),
+        grpc_status = %e.grpc_status.map_or_else(|| "-".to_string(), |c| c.to_string()),
         hedge = match e.hedge {
             Some(true) => "won",
             Some(false) => "lost",
@@ -148,6 +152,7 @@ pub(crate) struct Line {
     pub(crate) status: u16,
     pub(crate) attempts: Option<u32>,
     pub(crate) retry_stop: Option<String>,
+    pub(crate) grpc_status: Option<u8>,
     pub(crate) hedge: Option<bool>,
     pub(crate) endpoint: Option<std::net::SocketAddr>,
     pub(crate) took: Duration,
@@ -172,6 +177,7 @@ impl Line {
                 error,
                 attempts: self.attempts,
                 retry_stop: self.retry_stop.as_deref(),
+                grpc_status: self.grpc_status,
                 hedge: self.hedge,
                 endpoint: self.endpoint,
                 took: self.took,
@@ -225,6 +231,9 @@ impl http_body::Body for Watched {
         let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
         if let Poll::Ready(Some(Ok(f))) = &polled {
             self.bytes += f.data_ref().map_or(0, |d| d.len() as u64);
+            if let (Some(t), Some(line)) = (f.trailers_ref(), self.line.as_mut()) {
+                line.grpc_status = super::headers::grpc_status(t).or(line.grpc_status);
+            }
         }
         match &polled {
             Poll::Ready(None) => self.ended(None),

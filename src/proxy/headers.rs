@@ -77,6 +77,12 @@ pub(crate) fn one_length(h: &mut HeaderMap) {
     }
 }
 
+/// `grpc-status`, in a trailers-only head or in trailers; `None` when
+/// absent or not a number that fits a code.
+pub(crate) fn grpc_status(h: &HeaderMap) -> Option<u8> {
+    h.get("grpc-status")?.to_str().ok()?.trim().parse().ok()
+}
+
 /// `grpc-timeout`: up to 8 digits and a unit (H M S m u n). A malformed value
 /// is ignored, as gRPC servers do.
 pub(crate) fn grpc_timeout(h: &HeaderMap) -> Option<Duration> {

@@ -193,12 +193,14 @@ impl Recorder {
             let room = usize::try_from(body_hint).unwrap_or(usize::MAX);
             fields.reserve_exact(room.min(self.limit - fields_len));
         }
+        let grpc = grpc_answer(&fields);
         Capture {
             over,
             status,
             fields_len,
             buf: fields,
             recorder: Some(self),
+            grpc,
         }
     }
 }
@@ -209,6 +211,24 @@ impl Drop for Recorder {
             self.write(Record::Uncertain, None);
         }
     }
+}
+
+/// Whether a field block is a gRPC answer's head, and its `grpc-status`
+/// when the head has one (a trailers-only answer).
+fn grpc_answer(fields: &[u8]) -> Option<Option<u8>> {
+    let lines = || fields.split(|b| *b == b'\n');
+    let value = |line: &[u8], name: &str| {
+        let n = name.len();
+        (line.len() > n + 1 && line[..n].eq_ignore_ascii_case(name.as_bytes()) && line[n] == b':')
+            .then(|| line[n + 1..].trim_ascii().to_vec())
+    };
+    lines()
+        .filter_map(|l| value(l, "content-type"))
+        .any(|v| crate::proxy::request::grpc_content_type(&v))
+        .then(|| {
+            let status = lines().find_map(|l| value(l, "grpc-status"))?;
+            std::str::from_utf8(&status).ok()?.parse().ok()
+        })
 }
 
 /// Whether a block of `name: value\r\n` lines has a `Set-Cookie`.
@@ -240,9 +260,13 @@ pub(crate) struct Capture {
     /// The field block, then the body as it passes.
     buf: Vec<u8>,
     fields_len: usize,
-    /// Past the limit, or not replayable for another reason (trailers).
+    /// Past the limit, or not replayable for another reason (a cookie).
     over: bool,
     recorder: Option<Recorder>,
+    /// A gRPC answer: `Some(status)` once its `grpc-status` is seen (in the
+    /// head or the trailers). The status is its outcome, and what the
+    /// record is judged by (docs/reference/idempotency.md#grpc).
+    grpc: Option<Option<u8>>,
 }
 
 impl Capture {
@@ -259,7 +283,28 @@ impl Capture {
         }
     }
 
-    /// The response cannot be replayed as it was (trailers, a stream).
+    /// The trailers: kept with the fields, so that a replay ends as the
+    /// answer did (a gRPC call's status is in them).
+    pub(crate) fn trailers(&mut self, t: &http::HeaderMap) {
+        if let Some(g) = self.grpc.as_mut() {
+            *g = crate::proxy::headers::grpc_status(t).or(*g);
+        }
+        if self.over {
+            return;
+        }
+        let block = crate::policy::idempotency::trailer_block(
+            t.iter().map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
+        );
+        let limit = self.recorder.as_ref().map_or(0, |r| r.limit);
+        if self.buf.len() + block.len() > limit {
+            return self.spoil();
+        }
+        let at = self.fields_len;
+        self.buf.splice(at..at, block.iter().copied());
+        self.fields_len += block.len();
+    }
+
+    /// The response cannot be replayed as it was (over the limit, a stream).
     pub(crate) fn spoil(&mut self) {
         self.over = true;
         self.buf = Vec::new();
@@ -293,9 +338,12 @@ impl Capture {
         let response = replayable.then(|| {
             StoredResponse::from_buffer(self.status, std::mem::take(&mut self.buf), self.fields_len)
         });
-        let ending = Ending::Response {
-            status: self.status,
-            replayable,
+        let ending = match self.grpc {
+            Some(Some(code)) => crate::policy::grpc::ending(code, replayable),
+            _ => Ending::Response {
+                status: self.status,
+                replayable,
+            },
         };
         recorder.finish(ending, response);
     }
@@ -504,7 +552,25 @@ pub(crate) fn replay_response(
     annotate: bool,
 ) -> http::Response<super::body::Body> {
     let (parts, body) = replay_parts(stored, annotate);
-    http::Response::from_parts(parts, super::body::full(body))
+    if !stored.has_trailers() {
+        return http::Response::from_parts(parts, super::body::full(body));
+    }
+    // Replayed whole: the messages, then the trailers they ended with.
+    let mut trailers = http::HeaderMap::new();
+    for (n, v) in stored.trailers() {
+        if let (Ok(n), Ok(v)) = (
+            http::HeaderName::from_bytes(n),
+            http::HeaderValue::from_bytes(v),
+        ) {
+            trailers.append(n, v);
+        }
+    }
+    let frames = vec![
+        http_body::Frame::data(body),
+        http_body::Frame::trailers(trailers),
+    ];
+    let body = super::body::ReadAhead::<super::body::Body>::new(frames, None);
+    http::Response::from_parts(parts, super::body::boxed(body))
 }
 
 /// The fields of a response kept for replays (see [`kept`]), as a block.

@@ -94,7 +94,18 @@ pub(crate) fn read(metrics: &Metrics, snap: &Snapshot) -> (HashMap<String, Sampl
                     // The upstream's answers below 500; weir's own
                     // answers (a 429, a 404) carry an `error` and are not.
                     let error = label("error");
-                    if error.is_empty() && label("code").parse::<u16>().is_ok_and(|c| c < 500) {
+                    // A gRPC call's outcome is its code: an `Unavailable`
+                    // under HTTP 200 is no success.
+                    let grpc = label("grpc_code");
+                    let grpc_ok = grpc.is_empty()
+                        || crate::policy::grpc::CODES
+                            .iter()
+                            .find(|(_, _, l)| *l == grpc)
+                            .is_some_and(|(c, _, _)| crate::policy::grpc::http_equivalent(*c) < 500);
+                    if error.is_empty()
+                        && grpc_ok
+                        && label("code").parse::<u16>().is_ok_and(|c| c < 500)
+                    {
                         s.successes += value;
                     }
                     if let Some(i) = REFUSAL_CODES.iter().position(|c| *c == error) {

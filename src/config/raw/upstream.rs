@@ -74,6 +74,19 @@ pub struct RawUpstream {
     pub hedge: Option<RawHedge>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub throttle: Option<RawThrottle>,
+    /// gRPC's own policy: the methods safe to retry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc: Option<RawGrpc>,
+}
+
+/// `[upstreams.NAME.grpc]` (docs/guide/tls-and-grpc.md#grpc-policies).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGrpc {
+    /// Methods safe to retry and hedge without a key: `/pkg.Svc/Method`
+    /// or `/pkg.Svc/*`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotent_methods: Option<Vec<String>>,
 }
 
 /// `balance`'s default.

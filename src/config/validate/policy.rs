@@ -159,13 +159,14 @@ fn object_within_max_bytes(p: &mut RawPolicy) {
 
 pub(super) fn breaker(cx: &mut ErrorSink, name: &str, p: &RawPolicy) -> Option<BreakerParams> {
     let b = p.breaker.clone().unwrap_or_default();
+    let (statuses, grpc) = failure_statuses(cx, name, b.failure_statuses.as_deref());
     BreakerParams::try_new(
         b.enabled.unwrap_or(true),
         b.consecutive_failures.unwrap_or_default(),
         b.window.unwrap_or_default(),
         b.min_samples.unwrap_or_default(),
         b.failure_rate.unwrap_or_default(),
-        b.failure_statuses.unwrap_or_default(),
+        statuses,
         b.open.map(|d| d.0).unwrap_or_default(),
         b.max_open.map(|d| d.0).unwrap_or_default(),
         b.open_jitter.unwrap_or_default(),
@@ -174,10 +175,43 @@ pub(super) fn breaker(cx: &mut ErrorSink, name: &str, p: &RawPolicy) -> Option<B
     .map(|p| {
         p.with_scope(b.scope.unwrap_or(Scope::Fleet))
             .with_failing_for(b.failing_for.map(|d| d.0).unwrap_or_default())
+            .with_grpc_failures(grpc)
     })
     .map_err(|e| cx.policy_errs(name, "breaker", e))
     .ok()
     .inspect(|p| held_back_note(cx, name, p))
+}
+
+/// `failure_statuses` split into HTTP statuses and gRPC codes; an unknown
+/// code's name is an error naming the field.
+fn failure_statuses(
+    cx: &mut ErrorSink,
+    name: &str,
+    entries: Option<&[crate::config::raw::FailureStatus]>,
+) -> (Vec<u16>, Vec<u8>) {
+    use crate::config::raw::FailureStatus;
+    let (mut statuses, mut grpc) = (Vec::new(), Vec::new());
+    for e in entries.unwrap_or_default() {
+        match e {
+            FailureStatus::Http(s) => statuses.push(*s),
+            FailureStatus::Grpc(n) => match crate::policy::grpc::code_named(n) {
+                Some(c) => grpc.push(c),
+                None => {
+                    let at = cx.policy_path(name, "breaker.failure_statuses");
+                    let names = crate::policy::grpc::CODES.iter().map(|(_, n, _)| *n);
+                    cx.err(
+                        at,
+                        format!(
+                            "{n:?} is neither an HTTP status nor a gRPC code: {}expected a number \
+                             (500) or a gRPC code's name (unavailable, internal, …)",
+                            crate::policy::suggest::hint(n, names)
+                        ),
+                    );
+                }
+            },
+        }
+    }
+    (statuses, grpc)
 }
 
 /// An `open` the user set without `max_open`: until 2026-12-03 it doubled

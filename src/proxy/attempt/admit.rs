@@ -36,21 +36,65 @@ impl<'a> BreakerTicket<'a> {
     /// Records the attempt's verdict (`None`: no verdict, release the slot)
     /// at policy time `now`.
     pub(super) fn record(&mut self, failure: Option<bool>, now: Duration) {
-        let Some(a) = self.admission.take() else {
-            return;
-        };
-        let mut guard = self.state.live();
-        let live = &mut *guard;
-        let t = match failure {
-            Some(f) => live.breaker.record(a, f, now, &mut live.rng),
-            None => {
-                live.breaker.release(a);
-                None
-            }
-        };
-        drop(guard);
-        if let Some(t) = t {
-            self.state.log_transition(&t);
+        if let Some(a) = self.admission.take() {
+            settle(self.state, a, failure, now);
+        }
+    }
+
+    /// The admission, to be settled later by a [`PendingVerdict`].
+    pub(super) fn defer(&mut self, state: &std::sync::Arc<UpstreamState>) -> PendingVerdict {
+        PendingVerdict {
+            state: state.clone(),
+            admission: self.admission.take(),
+        }
+    }
+}
+
+/// Records a verdict on an admission (`None`: no verdict, release it).
+fn settle(state: &UpstreamState, a: Admission, failure: Option<bool>, now: Duration) {
+    let mut guard = state.live();
+    let live = &mut *guard;
+    let t = match failure {
+        Some(f) => live.breaker.record(a, f, now, &mut live.rng),
+        None => {
+            live.breaker.release(a);
+            None
+        }
+    };
+    drop(guard);
+    if let Some(t) = t {
+        state.log_transition(&t);
+    }
+}
+
+/// The breaker's verdict on an attempt whose outcome is known only at the
+/// end of its answer: a gRPC call whose status comes in its trailers
+/// (docs/reference/breaker.md#what-counts-as-a-failure). Dropped unsettled
+/// (the client left), the admission is released with no verdict.
+#[derive(Debug)]
+pub(crate) struct PendingVerdict {
+    state: std::sync::Arc<UpstreamState>,
+    admission: Option<Admission>,
+}
+
+impl PendingVerdict {
+    /// The upstream's live state.
+    pub(crate) fn state(&self) -> &UpstreamState {
+        &self.state
+    }
+
+    /// Records the verdict now.
+    pub(crate) fn settle(mut self, failure: Option<bool>) {
+        if let Some(a) = self.admission.take() {
+            settle(&self.state, a, failure, self.state.now());
+        }
+    }
+}
+
+impl Drop for PendingVerdict {
+    fn drop(&mut self) {
+        if let Some(a) = self.admission.take() {
+            self.state.live().breaker.release(a);
         }
     }
 }

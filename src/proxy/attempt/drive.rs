@@ -84,6 +84,22 @@ pub(crate) struct Attempts<'a> {
     pub(crate) hedged: Option<bool>,
     /// The request's spans, when it is traced (docs/reference/tracing.md#spans).
     pub(crate) trace: Option<crate::trace::Trace>,
+    /// A gRPC call: an answer without a status in its head is judged by
+    /// the status in its trailers.
+    grpc: bool,
+    /// That answer's verdict, its attempt and when it was made, until the
+    /// trailers come ([`Attempts::take_pending`]).
+    pending: Option<Pending>,
+    /// The gRPC status of the last answer that had one.
+    grpc_status: Option<u8>,
+}
+
+/// A gRPC answer's outcome, waiting for its trailers.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub(crate) verdict: super::admit::PendingVerdict,
+    /// How long the attempt took to its head.
+    pub(crate) took: Duration,
 }
 
 /// An attempt's latency for the adaptive concurrency limit
@@ -140,7 +156,27 @@ impl<'a> Attempts<'a> {
             keyed_write: false,
             hedged: None,
             trace: None,
+            grpc: false,
+            pending: None,
+            grpc_status: None,
         })
+    }
+
+    /// Marks the request a gRPC call (see [`Attempts::take_pending`]).
+    pub(crate) fn set_grpc(&mut self, grpc: bool) {
+        self.grpc = grpc;
+    }
+
+    /// The returned answer's outcome when it waits for its trailers: a gRPC
+    /// call whose head carried no status.
+    pub(crate) fn take_pending(&mut self) -> Option<Pending> {
+        self.pending.take()
+    }
+
+    /// The gRPC status of the last attempt's answer, when it had one (in
+    /// its head, or in trailers read before any message).
+    pub(crate) fn grpc_status(&self) -> Option<u8> {
+        self.grpc_status
     }
 
     /// Marks the request a write made replayable by its idempotency key.
@@ -181,8 +217,30 @@ impl<'a> Attempts<'a> {
     ) -> Duration {
         let state = &self.up.state;
         let took = ended.saturating_duration_since(started);
-        state.metrics.attempt(outcome, took);
         observe_latency(self.up, outcome, started, took);
+        if let Outcome::Response { grpc_status, .. } = outcome {
+            self.grpc_status = *grpc_status;
+        }
+        if self.grpc
+            && matches!(
+                outcome,
+                Outcome::Response {
+                    status: 200,
+                    grpc_status: None,
+                    ..
+                }
+            )
+        {
+            // The call's status is in its trailers: counted, judged and
+            // throttled when they come (`proxy::general::grpc_tail`).
+            if self.up.config.hedge.is_some() {
+                state.live().hedge.latency.observe(took, state.now_at(ended));
+            }
+            let verdict = self.ticket.defer(&self.up.state);
+            self.pending = Some(Pending { verdict, took });
+            return state.now_at(ended);
+        }
+        state.metrics.attempt(outcome, took);
         state.throttle.answered(ended, outcome, self.facts.caller);
         if self.up.config.hedge.is_some() {
             let now = state.now_at(ended);

@@ -16,10 +16,12 @@ mod admit;
 mod drive;
 mod hedge;
 
-pub(crate) use admit::{admit, admit_breaker_at, deadline, refund, Admitted, Dropped, Watch};
+pub(crate) use admit::{
+    admit, admit_breaker_at, deadline, refund, Admitted, Dropped, Watch,
+};
 pub use drive::Annotations;
 pub(crate) use drive::{
     annotate, annotate_response, annotation_fields, drive, timed_out, Attempted, Attempts,
-    Transport,
+    Pending, Transport,
 };
 pub(crate) use hedge::{race, Hedging, Raced, Seen};

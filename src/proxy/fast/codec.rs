@@ -279,6 +279,7 @@ impl Codec for FastRequest<'_, '_> {
             up.state.metrics.body_error(code);
         }
         let entry = access::AccessEntry {
+            grpc_status: None,
             upstream: &cfg.name,
             method: "",
             path: "",

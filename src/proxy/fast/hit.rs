@@ -48,6 +48,7 @@ impl Ctx<'_> {
         let took = start.elapsed();
         up.state.metrics.status(status, took);
         let entry = access::AccessEntry {
+            grpc_status: None,
             upstream: &up.config.name,
             method: "",
             path: "",

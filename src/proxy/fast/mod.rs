@@ -205,6 +205,7 @@ impl Ctx<'_> {
         access::write(
             self.access,
             &access::AccessEntry {
+                grpc_status: None,
                 method,
                 path,
                 who,
@@ -299,6 +300,7 @@ impl Ctx<'_> {
             None => (None, None, None),
         };
         let entry = access::AccessEntry {
+            grpc_status: None,
             upstream: &up.config.name,
             method: "",
             path: "",

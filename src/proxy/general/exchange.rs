@@ -133,6 +133,9 @@ async fn exchange(
     }
     parts.headers.remove(header::HOST);
     parts.uri = uri;
+    // A method the upstream declares safe to retry is retried and hedged
+    // as a GET is (docs/guide/tls-and-grpc.md#grpc-policies).
+    let declared = is_grpc_request && cfg.idempotent_methods.contains(parts.uri.path());
     // An HTTP/2 client's request to an upstream spoken to in HTTP/1.1 goes
     // on weir's own HTTP/1.1 client (`upstream::http1`), but for an
     // upgrade and an `Expect: 100-continue` (hyper's interim callback
@@ -167,7 +170,10 @@ async fn exchange(
         asked: [parsed.lowered, grpc],
         keyed,
         has_idempotency_key: parsed.carries_key,
+        declared,
         caller: parsed.caller,
+        pending: None,
+        grpc_status: None,
         // An upgrade is one attempt: its body is the connection itself.
         single: cfg.retry.max_attempts <= 1 || on_upgrade.is_some(),
         stream_unknown: up.h2 || is_grpc_request,
@@ -221,8 +227,15 @@ struct HyperRequest<'r> {
     /// A keyed write's key and target, until its record is begun.
     keyed: Option<(String, String)>,
     has_idempotency_key: bool,
+    /// A gRPC method declared safe to retry.
+    declared: bool,
     /// Who asked, for client-side throttling.
     caller: Option<u64>,
+    /// A gRPC answer's outcome, settled at its trailers.
+    pending: Option<crate::proxy::attempt::Pending>,
+    /// The gRPC status of the answer, when its head (or trailers read
+    /// before any message) carried one.
+    grpc_status: Option<u8>,
     /// `max_attempts = 1`, or an upgrade: nothing is kept for a replay.
     single: bool,
     /// The body's length may be unknown to the upstream (HTTP/2, gRPC).
@@ -262,7 +275,13 @@ impl HyperRequest<'_> {
         ended: Instant,
     ) -> Forwarded {
         let took = ended.saturating_duration_since(self.start);
-        up.state.metrics.error(e.code(), took);
+        if self.is_grpc_request {
+            // Counted as the client got it: a trailers-only answer.
+            let m = &up.state.metrics;
+            m.grpc_call(200, Some(e.code()), e.grpc_status(), took);
+        } else {
+            up.state.metrics.error(e.code(), took);
+        }
         let (mut parts, body) = e
             .respond(Some(&up.config.name), self.is_grpc_request)
             .into_parts();
@@ -305,7 +324,18 @@ impl KeyedWrites for HyperRequest<'_> {
     }
 
     async fn replay(&mut self, up: &Upstream, stored: StoredResponse) -> Forwarded {
-        up.state.metrics.status(stored.status, self.start.elapsed());
+        let took = self.start.elapsed();
+        if self.is_grpc_request {
+            let status = |(n, v): (&[u8], &[u8])| {
+                let n = n.eq_ignore_ascii_case(b"grpc-status");
+                n.then(|| std::str::from_utf8(v).ok()?.parse().ok())?
+            };
+            let code = stored.fields().chain(stored.trailers()).find_map(status);
+            let code = code.unwrap_or_else(|| crate::policy::grpc::from_http(stored.status));
+            up.state.metrics.grpc_call(stored.status, None, code, took);
+        } else {
+            up.state.metrics.status(stored.status, took);
+        }
         Ok((
             idempotent::replay_response(&stored, up.config.annotate),
             None,
@@ -371,7 +401,11 @@ impl Codec for HyperRequest<'_> {
         let method = ready.parts.method.as_str();
         RequestFacts {
             caller: self.caller,
-            ..RequestFacts::new(method, self.has_idempotency_key, ready.body.facts())
+            ..RequestFacts::new(
+                method,
+                self.has_idempotency_key || self.declared,
+                ready.body.facts(),
+            )
         }
     }
 
@@ -397,9 +431,13 @@ impl Codec for HyperRequest<'_> {
             grpc_trailers: self.is_grpc_request && !self.single && cfg.retry.retry_on.any_grpc(),
             continue_gate: ready.continue_gate,
         };
+        attempts.set_grpc(self.is_grpc_request);
         // Boxed: the attempts' future is most of a request's, and each
         // layer that holds it inline copies it whole when it is made.
-        Some(Box::pin(super::transport::run(up, self.conn, plan, attempts)).await)
+        let attempted = Box::pin(super::transport::run(up, self.conn, plan, attempts)).await;
+        self.pending = attempts.take_pending();
+        self.grpc_status = attempts.grpc_status();
+        Some(attempted)
     }
 
     async fn refuse(
@@ -474,11 +512,32 @@ impl Codec for HyperRequest<'_> {
             cached::mark(&mut rparts.headers, m);
         }
         let took = attempted.ended.saturating_duration_since(self.start);
-        up.state.metrics.status(rparts.status.as_u16(), took);
+        let status = rparts.status.as_u16();
+        let pending = self.pending.take();
+        if !self.is_grpc_request {
+            up.state.metrics.status(status, took);
+        } else if pending.is_none() {
+            let code = headers::grpc_status(&rparts.headers)
+                .or(self.grpc_status)
+                .unwrap_or_else(|| crate::policy::grpc::from_http(status));
+            up.state.metrics.grpc_call(status, None, code, took);
+        }
         let first = attempted.ended + cfg.idle_timeout;
         let body = match self.ahead.take() {
             None => boxed(rbody),
             Some(ahead) => ahead.before(boxed(rbody)),
+        };
+        let body = match pending {
+            None => body,
+            Some(pending) => {
+                let caller = self.caller;
+                let tail = super::grpc_tail::Tail {
+                    pending,
+                    took,
+                    caller,
+                };
+                boxed(super::grpc_tail::GrpcTail::new(body, tail))
+            }
         };
         let body = IdleTimeout::new(body, first, cfg.idle_timeout, Some(slot));
         Ok((Response::from_parts(rparts, boxed(body)), capture))

@@ -16,6 +16,7 @@
 
 pub(crate) mod conn;
 pub(crate) mod exchange;
+pub(crate) mod grpc_tail;
 pub(crate) mod guard;
 mod trailers;
 pub(crate) mod transport;
@@ -175,7 +176,12 @@ async fn serve(
     let resp = match forwarded {
         Ok(resp) => resp,
         Err(e) => {
-            up.state.metrics.error(e.code(), start.elapsed());
+            let (m, took) = (&up.state.metrics, start.elapsed());
+            if grpc {
+                m.grpc_call(200, Some(e.code()), e.grpc_status(), took);
+            } else {
+                m.error(e.code(), took);
+            }
             let mut resp = e.respond(Some(&up.config.name), grpc);
             if miss && up.config.annotate {
                 cached::mark(resp.headers_mut(), crate::policy::cache::CacheResult::Miss);
@@ -256,8 +262,10 @@ fn access_log(
     let took = start.elapsed();
     let mut trace_id = [0u8; 32];
     let trace_id = super::traced::id(asker.trace.as_ref(), &mut trace_id);
+    let grpc_status = crate::proxy::headers::grpc_status(resp.headers());
     let entry = super::access::AccessEntry {
         upstream,
+        grpc_status,
         method: method.as_str(),
         path: uri.path(),
         status,
@@ -300,6 +308,7 @@ fn access_log(
         status,
         attempts,
         retry_stop: retry_stop.map(str::to_string),
+        grpc_status,
         hedge,
         endpoint,
         took,

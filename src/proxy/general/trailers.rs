@@ -3,7 +3,8 @@
 //! (docs/reference/retries.md).
 
 use crate::proxy::body::UpstreamBody;
-use http::{HeaderMap, Response};
+use crate::proxy::headers::grpc_status;
+use http::Response;
 use tokio::time::Instant;
 
 /// Holds a gRPC response until its first message or its trailers, whichever
@@ -55,9 +56,4 @@ pub(super) async fn hold_for_trailers(
         Response::from_parts(parts, UpstreamBody::Right(body)),
         status,
     )
-}
-
-/// `grpc-status` of a trailers-only response.
-pub(super) fn grpc_status(h: &HeaderMap) -> Option<u8> {
-    h.get("grpc-status")?.to_str().ok()?.parse().ok()
 }

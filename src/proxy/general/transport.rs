@@ -2,7 +2,8 @@
 //! one and sent through hyper's client (or a held connection); gRPC
 //! responses held until their first message.
 
-use super::trailers::{grpc_status, hold_for_trailers};
+use super::trailers::hold_for_trailers;
+use crate::proxy::headers::grpc_status;
 use crate::policy::{parse_retry_after, Outcome};
 use crate::proxy::attempt::Watch;
 use crate::proxy::attempt::{drive, timed_out, Attempted, Attempts, Transport};

@@ -178,12 +178,12 @@ impl Drop for RecordingBody {
     }
 }
 
-/// Keeps one frame: its data, or the trailers that make it unreplayable.
+/// Keeps one frame: its data, or its trailers.
 fn keep(capture: &mut Capture, frame: &Frame<Bytes>) {
     if let Some(d) = frame.data_ref() {
         capture.push(d);
-    } else if frame.is_trailers() {
-        capture.spoil();
+    } else if let Some(t) = frame.trailers_ref() {
+        capture.trailers(t);
     }
 }
 
