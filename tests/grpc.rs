@@ -395,3 +395,197 @@ async fn a_deadline_reaches_a_grpc_client_as_deadline_exceeded() {
         (Some("4"), "deadline_exceeded")
     );
 }
+
+// ---- gRPC policies: the status is the outcome ----
+// (docs/guide/tls-and-grpc.md#grpc-policies)
+
+/// weir's metrics as `/metrics` shows them.
+fn metrics(weir: &Weir) -> String {
+    weir.handle.as_ref().unwrap().snapshot().metrics.render()
+}
+
+/// A gRPC answer with a message, then trailers with `status` and `x-a: 1`.
+fn reply_with_trailing(status: u8) -> Response<TestBody> {
+    let frames: Vec<Chunk> = vec![
+        Ok(Frame::data(Bytes::from_static(b"\x00\x00\x00\x00\x02ok"))),
+        Ok(Frame::trailers({
+            let mut t = http::HeaderMap::new();
+            t.insert("grpc-status", status.to_string().parse().unwrap());
+            t.insert("x-a", "1".parse().unwrap());
+            t
+        })),
+    ];
+    Response::builder()
+        .header("content-type", "application/grpc")
+        .body(BodyExt::boxed(StreamBody::new(futures_util::stream::iter(
+            frames,
+        ))))
+        .unwrap()
+}
+
+/// Answers trailers-only `code` to the first `n` requests, OK after.
+async fn failing_first(n: usize, code: u8) -> TestUpstream {
+    let seen = Arc::new(AtomicUsize::new(0));
+    TestUpstream::start(move |_r| {
+        let i = seen.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if i < n {
+                trailers_only(code)
+            } else {
+                reply_with_trailing(0)
+            }
+        }
+    })
+    .await
+}
+
+/// A keyed call that every attempt answered UNAVAILABLE was not processed:
+/// no record keeps it, and its repeat reaches the (healthy again) server.
+/// (Before: the repeat got the UNAVAILABLE from the record, for a day.)
+#[tokio::test]
+async fn a_keyed_call_that_failed_is_forwarded_again() {
+    for code in [14u8, 8] {
+        let up = failing_first(1, code).await;
+        let weir = Weir::single(&up.url(), "protocol = \"grpc\"\n").await;
+        let (head, _, attempts, _) = call(&weir, grpc_request("/pkg.Svc/Pay", None)).await;
+        assert_eq!((head.as_deref(), attempts.as_str()), (Some(code.to_string().as_str()), "1"));
+        let resp = h2_request(weir.addr, grpc_request("/pkg.Svc/Pay", None)).await;
+        assert!(resp.headers().get("idempotent-replayed").is_none(), "code {code}");
+        let (_, b) = resp.into_parts();
+        let t = b.collect().await.unwrap().trailers().cloned().unwrap();
+        assert_eq!(t["grpc-status"], "0", "code {code}");
+        assert_eq!(up.requests(), 2, "code {code}: the repeat reached the server");
+    }
+}
+
+/// A keyed call that succeeded, its status in trailers after its message,
+/// is kept whole and its repeat replayed whole: head, message, trailers.
+/// (Before: it was not kept, and its repeat got ALREADY_EXISTS.)
+#[tokio::test]
+async fn a_keyed_call_that_succeeded_is_replayed_whole() {
+    let up = TestUpstream::start(|_r| async move { reply_with_trailing(0) }).await;
+    let weir = Weir::single(&up.url(), "protocol = \"grpc\"\n").await;
+    let mut bodies = Vec::new();
+    for _ in 0..2 {
+        let resp = h2_request(weir.addr, grpc_request("/pkg.Svc/Pay", None)).await;
+        let (parts, b) = resp.into_parts();
+        let collected = b.collect().await.unwrap();
+        let t = collected.trailers().cloned().expect("trailers");
+        assert_eq!(t["grpc-status"], "0");
+        assert_eq!(t["x-a"], "1");
+        bodies.push((header_of(&parts, "idempotent-replayed"), collected.to_bytes()));
+    }
+    assert_eq!(bodies[0].0, "");
+    assert_eq!(bodies[1].0, "true");
+    assert_eq!(bodies[0].1, bodies[1].1);
+    assert_eq!(&bodies[1].1[..], b"\x00\x00\x00\x00\x02ok");
+    assert_eq!(up.requests(), 1);
+}
+
+const DECLARED: &str = "protocol = \"grpc\"\n[upstreams.svc.retry]\nretry_on = [\"unavailable\"]\n[upstreams.svc.retry.backoff]\nbase = \"5ms\"\n[upstreams.svc.grpc]\nidempotent_methods = [\"/pkg.Reads/*\", \"/pkg.Svc/Get\"]\n";
+
+/// A method the upstream declares safe to retry is retried on a listed
+/// code without a key; any other is not. (Before: no way to declare one.)
+#[tokio::test]
+async fn a_declared_method_is_retried_without_a_key() {
+    for (path, retried) in [
+        ("/pkg.Reads/List", true),
+        ("/pkg.Svc/Get", true),
+        ("/pkg.Svc/Charge", false),
+    ] {
+        let up = failing_first(1, 14).await;
+        let weir = Weir::single(&up.url(), DECLARED).await;
+        let mut req = grpc_request(path, None);
+        req.headers_mut().remove("idempotency-key");
+        let resp = h2_request(weir.addr, req).await;
+        let (parts, b) = resp.into_parts();
+        let _ = b.collect().await.unwrap();
+        let attempts = header_of(&parts, "x-weir-attempts");
+        assert_eq!(attempts, if retried { "2" } else { "1" }, "{path}");
+        if !retried {
+            assert_eq!(header_of(&parts, "x-weir-retry-stop"), "unsafe");
+        }
+    }
+}
+
+/// UNAVAILABLE counts for the breaker as a 503 does, whether it comes in a
+/// trailers-only answer or in trailers after a message. (Before: 20 in a
+/// row left it closed.)
+#[tokio::test]
+async fn the_breaker_opens_on_unavailable() {
+    for in_trailers in [false, true] {
+        let up = TestUpstream::start(move |_r| async move {
+            if in_trailers {
+                reply_with_trailing(14)
+            } else {
+                trailers_only(14)
+            }
+        })
+        .await;
+        let cfg = "protocol = \"grpc\"\n[upstreams.svc.breaker]\nconsecutive_failures = 5\nfailing_for = \"0s\"\nopen = \"10s\"\nmax_open = \"10s\"\n";
+        let weir = Weir::single(&up.url(), cfg).await;
+        let mut errors = Vec::new();
+        for i in 0..8 {
+            let req = grpc_request(&format!("/pkg.Svc/Get{i}"), None);
+            let resp = h2_request(weir.addr, req).await;
+            let (parts, b) = resp.into_parts();
+            let _ = b.collect().await.unwrap();
+            errors.push(header_of(&parts, "x-weir-error"));
+        }
+        assert_eq!(up.requests(), 5, "trailers: {in_trailers}: {errors:?}");
+        assert_eq!(errors[5], "circuit_open", "trailers: {in_trailers}");
+        let m = metrics(&weir);
+        assert!(
+            m.contains(r#"weir_requests_total{code="200",error="circuit_open",grpc_code="Unavailable",upstream="svc"} 3"#),
+            "{m}"
+        );
+        assert!(
+            m.contains(r#"weir_requests_total{code="200",error="",grpc_code="Unavailable",upstream="svc"} 5"#),
+            "{m}"
+        );
+        assert!(
+            m.contains(r#"weir_upstream_attempts_total{grpc_code="Unavailable",result="ok",upstream="svc"} 5"#),
+            "{m}"
+        );
+    }
+}
+
+/// The metrics name the code each call ended with, from a trailers-only
+/// head or the trailers, and weir's own errors as the client got them.
+/// (Before: every call was `code="200"`, weir's errors 502/504.)
+#[tokio::test]
+async fn metrics_carry_grpc_code() {
+    let up = TestUpstream::start(|r: Request<hyper::body::Incoming>| async move {
+        match r.uri().path() {
+            "/pkg.Svc/Ok" => reply_with_trailing(0),
+            "/pkg.Svc/Missing" => reply_with_trailing(5),
+            _ => trailers_only(14),
+        }
+    })
+    .await;
+    let weir = Weir::single(&up.url(), "protocol = \"grpc\"\n").await;
+    for path in ["/pkg.Svc/Ok", "/pkg.Svc/Missing", "/pkg.Svc/Down"] {
+        let mut req = grpc_request(path, None);
+        req.headers_mut().remove("idempotency-key");
+        let _ = call(&weir, req).await;
+    }
+    let refused = refused_addr().await;
+    let down = Weir::single(&format!("http://{refused}"), "protocol = \"grpc\"\n").await;
+    let mut req = grpc_request("/pkg.Svc/Ok", None);
+    req.headers_mut().remove("idempotency-key");
+    let (head, _, _, error) = call(&down, req).await;
+    assert_eq!((head.as_deref(), error.as_str()), (Some("14"), "connect_failed"));
+    let m = metrics(&weir);
+    for code in ["OK", "NotFound", "Unavailable"] {
+        let line = format!(
+            r#"weir_requests_total{{code="200",error="",grpc_code="{code}",upstream="svc"}} 1"#
+        );
+        assert!(m.contains(&line), "{line}\n{m}");
+    }
+    assert!(!m.contains(r#"weir_requests_total{code="200",error="",upstream="svc"}"#), "{m}");
+    let m = metrics(&down);
+    assert!(
+        m.contains(r#"weir_requests_total{code="200",error="connect_failed",grpc_code="Unavailable",upstream="svc"} 1"#),
+        "{m}"
+    );
+}
