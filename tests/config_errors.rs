@@ -1530,3 +1530,29 @@ fn throttle_fields_are_checked_even_while_it_is_off() {
     let src = format!("{UP}[upstreams.api.throttle]\nenabled = true\nwindow = \"100ms\"\n");
     expect_one(&src, 6, "upstreams.api.throttle.window", "at least 1s");
 }
+
+/// gRPC's own fields: a method pattern that is neither `/pkg.Svc/Method`
+/// nor `/pkg.Svc/*`, and a `failure_statuses` name that is no gRPC code,
+/// each name the field and the line.
+#[test]
+fn grpc_fields_are_checked() {
+    let src = format!("{UP}protocol = \"grpc\"\n[upstreams.api.grpc]\nidempotent_methods = [\"/pkg.Svc/Get\", \"pkg.Svc/*\"]\n");
+    expect_one(
+        &src,
+        6,
+        "upstreams.api.grpc.idempotent_methods",
+        "\"pkg.Svc/*\" is not a gRPC method",
+    );
+    let src = format!("{UP}[upstreams.api.breaker]\nfailure_statuses = [503, \"unavailabel\"]\n");
+    let e = expect_one(
+        &src,
+        5,
+        "upstreams.api.breaker.failure_statuses",
+        "neither an HTTP status nor a gRPC code",
+    );
+    assert!(e.message.contains("did you mean \"unavailable\"?"), "{e}");
+    let ok = format!("{UP}[upstreams.api.breaker]\nfailure_statuses = [503, \"UNAVAILABLE\", \"deadline_exceeded\"]\n[upstreams.api.grpc]\nidempotent_methods = [\"/a.B/*\"]\n");
+    let cfg = Config::parse(Path::new("weir.toml"), &ok).unwrap();
+    assert_eq!(cfg.upstreams[0].breaker.failure_grpc, vec![14, 4]);
+    assert!(cfg.upstreams[0].idempotent_methods.contains("/a.B/C"));
+}

@@ -448,13 +448,23 @@ async fn a_keyed_call_that_failed_is_forwarded_again() {
         let up = failing_first(1, code).await;
         let weir = Weir::single(&up.url(), "protocol = \"grpc\"\n").await;
         let (head, _, attempts, _) = call(&weir, grpc_request("/pkg.Svc/Pay", None)).await;
-        assert_eq!((head.as_deref(), attempts.as_str()), (Some(code.to_string().as_str()), "1"));
+        assert_eq!(
+            (head.as_deref(), attempts.as_str()),
+            (Some(code.to_string().as_str()), "1")
+        );
         let resp = h2_request(weir.addr, grpc_request("/pkg.Svc/Pay", None)).await;
-        assert!(resp.headers().get("idempotent-replayed").is_none(), "code {code}");
+        assert!(
+            resp.headers().get("idempotent-replayed").is_none(),
+            "code {code}"
+        );
         let (_, b) = resp.into_parts();
         let t = b.collect().await.unwrap().trailers().cloned().unwrap();
         assert_eq!(t["grpc-status"], "0", "code {code}");
-        assert_eq!(up.requests(), 2, "code {code}: the repeat reached the server");
+        assert_eq!(
+            up.requests(),
+            2,
+            "code {code}: the repeat reached the server"
+        );
     }
 }
 
@@ -473,7 +483,10 @@ async fn a_keyed_call_that_succeeded_is_replayed_whole() {
         let t = collected.trailers().cloned().expect("trailers");
         assert_eq!(t["grpc-status"], "0");
         assert_eq!(t["x-a"], "1");
-        bodies.push((header_of(&parts, "idempotent-replayed"), collected.to_bytes()));
+        bodies.push((
+            header_of(&parts, "idempotent-replayed"),
+            collected.to_bytes(),
+        ));
     }
     assert_eq!(bodies[0].0, "");
     assert_eq!(bodies[1].0, "true");
@@ -574,7 +587,10 @@ async fn metrics_carry_grpc_code() {
     let mut req = grpc_request("/pkg.Svc/Ok", None);
     req.headers_mut().remove("idempotency-key");
     let (head, _, _, error) = call(&down, req).await;
-    assert_eq!((head.as_deref(), error.as_str()), (Some("14"), "connect_failed"));
+    assert_eq!(
+        (head.as_deref(), error.as_str()),
+        (Some("14"), "connect_failed")
+    );
     let m = metrics(&weir);
     for code in ["OK", "NotFound", "Unavailable"] {
         let line = format!(
@@ -582,7 +598,10 @@ async fn metrics_carry_grpc_code() {
         );
         assert!(m.contains(&line), "{line}\n{m}");
     }
-    assert!(!m.contains(r#"weir_requests_total{code="200",error="",upstream="svc"}"#), "{m}");
+    assert!(
+        !m.contains(r#"weir_requests_total{code="200",error="",upstream="svc"}"#),
+        "{m}"
+    );
     let m = metrics(&down);
     assert!(
         m.contains(r#"weir_requests_total{code="200",error="connect_failed",grpc_code="Unavailable",upstream="svc"} 1"#),

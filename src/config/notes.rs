@@ -41,6 +41,21 @@ impl Config {
                     u.name
                 ));
             }
+            if u.protocol == super::Protocol::Grpc
+                && u.breaker.enabled
+                && u.breaker.failure_grpc.is_empty()
+            {
+                out.push(format!(
+                    "note: upstream `{}`: its `breaker.failure_statuses` names no gRPC code, so a call that ends UNAVAILABLE (HTTP 200, grpc-status 14) counts as a success; the default now adds \"unavailable\", \"internal\" and \"deadline-exceeded\" (changed 2026-12-07; docs/reference/breaker.md#what-counts-as-a-failure)",
+                    u.name
+                ));
+            }
+            if u.protocol == super::Protocol::Grpc && u.idempotency.is_some() {
+                out.push(format!(
+                    "note: upstream `{}`: a keyed gRPC call is recorded by its grpc-status: UNAVAILABLE and RESOURCE_EXHAUSTED are no longer kept (a repeat is forwarded), and a completed call is kept with its trailers and replayed whole (changed 2026-12-07; docs/reference/idempotency.md#grpc)",
+                    u.name
+                ));
+            }
             if u.concurrency.adaptive.is_some() {
                 out.push(format!(
                     "note: upstream `{}`: the adaptive limit now counts only requests waiting for the upstream's answer (not a slow client's upload or download), and its slow start doubles a window from `initial_limit` (default 4, was 12) (changed 2026-12-07; docs/reference/admission.md#adaptive-limit)",

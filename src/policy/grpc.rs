@@ -53,7 +53,9 @@ pub fn config_name(code: u8) -> std::borrow::Cow<'static, str> {
 /// The `grpc_code` label of a code: gRPC's name (`Unavailable`); a code
 /// outside gRPC's seventeen is `Unknown`, as gRPC's clients take it.
 pub fn label(code: u8) -> &'static str {
-    CODES.get(usize::from(code)).map_or("Unknown", |(_, _, l)| l)
+    CODES
+        .get(usize::from(code))
+        .map_or("Unknown", |(_, _, l)| l)
 }
 
 /// Whether an answer with this code says the server did not process the
@@ -234,7 +236,15 @@ mod tests {
 
     #[test]
     fn bad_patterns_are_named() {
-        for bad in ["pkg.Svc/Get", "/pkg.Svc", "//Get", "/pkg.Svc/", "/pkg.Svc/G*", "/*/Get", "/p kg/Get"] {
+        for bad in [
+            "pkg.Svc/Get",
+            "/pkg.Svc",
+            "//Get",
+            "/pkg.Svc/",
+            "/pkg.Svc/G*",
+            "/*/Get",
+            "/p kg/Get",
+        ] {
             let e = IdempotentMethods::parse(&[bad]).expect_err(bad);
             assert!(e.contains(bad), "{e}");
         }

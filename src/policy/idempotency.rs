@@ -323,7 +323,9 @@ impl StoredResponse {
 
     /// The fields as (name, value) pairs (not the trailers).
     pub fn fields(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
-        self.lines().filter(|l| !l.starts_with(b":")).filter_map(split_field)
+        self.lines()
+            .filter(|l| !l.starts_with(b":"))
+            .filter_map(split_field)
     }
 
     /// The trailers as (name, value) pairs: kept in the field block, each

@@ -101,7 +101,9 @@ pub(crate) fn read(metrics: &Metrics, snap: &Snapshot) -> (HashMap<String, Sampl
                         || crate::policy::grpc::CODES
                             .iter()
                             .find(|(_, _, l)| *l == grpc)
-                            .is_some_and(|(c, _, _)| crate::policy::grpc::http_equivalent(*c) < 500);
+                            .is_some_and(|(c, _, _)| {
+                                crate::policy::grpc::http_equivalent(*c) < 500
+                            });
                     if error.is_empty()
                         && grpc_ok
                         && label("code").parse::<u16>().is_ok_and(|c| c < 500)

@@ -166,6 +166,27 @@ pub(super) fn endpoints(
     })
 }
 
+/// `[upstreams.NAME.grpc] idempotent_methods`, compiled; a bad pattern is
+/// an error naming the field.
+pub(super) fn idempotent_methods(
+    cx: &mut ErrorSink,
+    name: &str,
+    up: &RawUpstream,
+) -> crate::policy::grpc::IdempotentMethods {
+    let patterns = up
+        .grpc
+        .as_ref()
+        .and_then(|g| g.idempotent_methods.as_deref());
+    match crate::policy::grpc::IdempotentMethods::parse(patterns.unwrap_or_default()) {
+        Ok(m) => m,
+        Err(e) => {
+            let at = format!("upstreams.{}.grpc.idempotent_methods", quote(name));
+            cx.err(at, e);
+            Default::default()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::entry;

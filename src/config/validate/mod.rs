@@ -441,7 +441,7 @@ fn upstream(
     let hedge = hedge(cx, name, p, retry.as_ref());
     let concurrency = policy::concurrency(cx, name, p);
     let throttle = policy::throttle(cx, name, p);
-    let idempotent_methods = idempotent_methods(cx, name, up);
+    let idempotent_methods = endpoints::idempotent_methods(cx, name, up);
 
     if cx.errors.len() > n_errors {
         return None;
@@ -476,24 +476,6 @@ fn upstream(
         throttle,
         idempotent_methods,
     })
-}
-
-/// `[upstreams.NAME.grpc] idempotent_methods`, compiled; a bad pattern is
-/// an error naming the field.
-fn idempotent_methods(
-    cx: &mut ErrorSink,
-    name: &str,
-    up: &RawUpstream,
-) -> crate::policy::grpc::IdempotentMethods {
-    let patterns = up.grpc.as_ref().and_then(|g| g.idempotent_methods.as_deref());
-    match crate::policy::grpc::IdempotentMethods::parse(patterns.unwrap_or_default()) {
-        Ok(m) => m,
-        Err(e) => {
-            let at = format!("upstreams.{}.grpc.idempotent_methods", ctx::quote(name));
-            cx.err(at, e);
-            Default::default()
-        }
-    }
 }
 
 /// Checks across upstreams: unique listen addresses and unique (host, prefix) routes.

@@ -234,7 +234,11 @@ impl<'a> Attempts<'a> {
             // The call's status is in its trailers: counted, judged and
             // throttled when they come (`proxy::general::grpc_tail`).
             if self.up.config.hedge.is_some() {
-                state.live().hedge.latency.observe(took, state.now_at(ended));
+                state
+                    .live()
+                    .hedge
+                    .latency
+                    .observe(took, state.now_at(ended));
             }
             let verdict = self.ticket.defer(&self.up.state);
             self.pending = Some(Pending { verdict, took });

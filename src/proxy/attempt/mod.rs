@@ -16,12 +16,10 @@ mod admit;
 mod drive;
 mod hedge;
 
-pub(crate) use admit::{
-    admit, admit_breaker_at, deadline, refund, Admitted, Dropped, Watch,
-};
+pub(crate) use admit::{admit, admit_breaker_at, deadline, refund, Admitted, Dropped, Watch};
 pub use drive::Annotations;
 pub(crate) use drive::{
-    annotate, annotate_response, annotation_fields, drive, timed_out, Attempted, Attempts,
-    Pending, Transport,
+    annotate, annotate_response, annotation_fields, drive, timed_out, Attempted, Attempts, Pending,
+    Transport,
 };
 pub(crate) use hedge::{race, Hedging, Raced, Seen};

@@ -3,12 +3,12 @@
 //! responses held until their first message.
 
 use super::trailers::hold_for_trailers;
-use crate::proxy::headers::grpc_status;
 use crate::policy::{parse_retry_after, Outcome};
 use crate::proxy::attempt::Watch;
 use crate::proxy::attempt::{drive, timed_out, Attempted, Attempts, Transport};
 use crate::proxy::body::{Body, UpstreamBody};
 use crate::proxy::error::ProxyError;
+use crate::proxy::headers::grpc_status;
 use crate::proxy::replay::RequestBody;
 use crate::proxy::Upstream;
 use crate::state::UpstreamState;
