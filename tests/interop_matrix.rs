@@ -35,7 +35,8 @@
 //! and `httpx` over HTTP/2 with prior knowledge (tests/servers/interop_client.py),
 //! Node's `fetch` (tests/servers/interop_fetch.js), grpcio on both ends of a
 //! `protocol = "grpc"` upstream (tests/servers/interop_grpc.py: a message's
-//! digest and trailing metadata, and a trailers-only error), and h2load
+//! digest and trailing metadata, and a trailers-only error; and the gRPC
+//! policy rows of tests/interop/grpc_policies.rs), and h2load
 //! (POSTs to `/check`, which answers 2xx only when the body arrived whole
 //! with its `Content-Length`).
 //!
@@ -87,6 +88,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+#[path = "interop/grpc_policies.rs"]
+mod grpc_policies;
 
 use common::third_party::{
     free_port, nginx, nginx_logs, python, require, run_bounded, server_script, wait_for_port,
@@ -1517,6 +1520,7 @@ fn interop_matrix() {
             grpc.port
         ),
     );
+    let grpc_weirs = grpc_policies::start(&bin, &d, grpc.port);
     eprintln!(
         "weir {} and its peers up after {:?}",
         bin.display(),
@@ -1633,6 +1637,13 @@ fn interop_matrix() {
             failures.push((name, p));
         }
     }
+
+    failures.extend(grpc_policies::rows(
+        &py,
+        &grpc_weirs,
+        grpc_weir.port,
+        grpc.port,
+    ));
 
     // h2load: POSTs over h2c, checked by the server itself (`/check`): 1 KiB
     // (held by weir) and 64 KiB + 1 (streamed).
@@ -1768,6 +1779,7 @@ fn interop_matrix() {
         let logs: Vec<String> = procs
             .values()
             .chain([&grpc, &grpc_weir])
+            .chain(grpc_weirs.procs())
             .map(|p| format!("--- {} (last lines)\n{}", p.name, p.log_tail()))
             .collect();
         panic!(

@@ -11,9 +11,20 @@ code.
         * `Refuse` (unary): fails with FAILED_PRECONDITION, details
           "refused on purpose" and trailing metadata `x-why: test` (a
           trailers-only response).
+        * `Flaky` (unary), for weir's gRPC policies: the request is text,
+          `KEY N CODE` (the first N calls with KEY fail with CODE, the rest
+          answer OK), `rand KEY CODE` (30 % of calls fail with CODE, from a
+          seeded random source) or `count KEY` (answers the calls seen with
+          KEY, without counting itself). An OK answer is `ok <calls>` with
+          trailing metadata `x-calls: <calls>`; a failure is trailers-only.
     interop_grpc.py client --target HOST:PORT --method Digest|Refuse --body FILE
         Prints one JSON object: {"code", "details", "response", "trailing":
         {name: value}}.
+    interop_grpc.py calls --target HOST:PORT --request TEXT --n N [--key K]
+        N unary `Flaky` calls one after another (with `idempotency-key: K`
+        metadata when given); prints one JSON object: {"codes": {CODE: n},
+        "calls": [{"code", "details", "response", "trailing", "replayed"}]}
+        (the calls listed only up to 20).
 """
 
 import argparse
@@ -40,13 +51,35 @@ def serve():
         context.set_trailing_metadata((("x-why", "test"),))
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, "refused on purpose")
 
+    import random
+    import threading
+
+    seen = {}
+    lock = threading.Lock()
+    rng = random.Random(54)
+
+    def flaky(request, context):
+        words = request.decode().split()
+        if words[0] == "count":
+            with lock:
+                return ("%d" % seen.get(words[1], 0)).encode()
+        mode, key = (words[0], words[1]) if words[0] == "rand" else ("first", words[0])
+        with lock:
+            seen[key] = seen.get(key, 0) + 1
+            n = seen[key]
+            fail = rng.random() < 0.3 if mode == "rand" else n <= int(words[1])
+        if fail:
+            context.abort(getattr(grpc.StatusCode, words[-1]), "failed on purpose")
+        context.set_trailing_metadata((("x-calls", str(n)),))
+        return ("ok %d" % n).encode()
+
     handler = grpc.method_handlers_generic_handler(
         "weir.interop.Matrix",
         {
             name: grpc.unary_unary_rpc_method_handler(
                 fn, request_deserializer=identity, response_serializer=identity
             )
-            for name, fn in (("Digest", digest), ("Refuse", refuse))
+            for name, fn in (("Digest", digest), ("Refuse", refuse), ("Flaky", flaky))
         },
     )
     server = grpc.server(
@@ -92,8 +125,44 @@ def client(argv):
     sys.stdout.write("\n")
 
 
+def calls(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--target", required=True)
+    p.add_argument("--request", required=True)
+    p.add_argument("--n", type=int, default=1)
+    p.add_argument("--key")
+    args = p.parse_args(argv)
+    channel = grpc.insecure_channel(args.target, options=[("grpc.enable_http_proxy", 0)])
+    call = channel.unary_unary(
+        "/weir.interop.Matrix/Flaky", request_serializer=None, response_deserializer=None
+    )
+    metadata = (("idempotency-key", args.key),) if args.key else None
+    out = {"codes": {}, "calls": []}
+    started = time.monotonic()
+    for _ in range(args.n):
+        one = {"code": "OK", "details": "", "response": None, "trailing": {}, "replayed": None}
+        try:
+            response, c = call.with_call(args.request.encode(), timeout=10, metadata=metadata)
+            one["response"] = response.decode(errors="replace")
+            one["trailing"] = {k: v for k, v in c.trailing_metadata()}
+            one["replayed"] = dict(c.initial_metadata()).get("idempotent-replayed")
+        except grpc.RpcError as e:
+            one["code"] = e.code().name
+            one["details"] = e.details() or ""
+            one["trailing"] = {k: v for k, v in (e.trailing_metadata() or ())}
+        out["codes"][one["code"]] = out["codes"].get(one["code"], 0) + 1
+        if len(out["calls"]) < 20:
+            out["calls"].append(one)
+    channel.close()
+    out["ms"] = int((time.monotonic() - started) * 1000)
+    json.dump(out, sys.stdout)
+    sys.stdout.write("\n")
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["server"]:
+    if sys.argv[1:2] == ["calls"]:
+        calls(sys.argv[2:])
+    elif sys.argv[1:2] == ["server"]:
         try:
             serve()
         except KeyboardInterrupt:
