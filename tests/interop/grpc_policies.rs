@@ -168,21 +168,16 @@ pub(super) fn rows(py: &Path, w: &Weirs, default: u16, grpc_port: u16) -> Vec<(S
         })(),
     );
 
-    check(
-        "gRPC metrics carry grpc_code",
-        (|| {
-            let m = metrics(w.admin);
-            let has = |c: &str| {
-                m.lines().any(|l| {
-                    l.starts_with("weir_requests_total{")
-                        && l.contains(&format!("grpc_code=\"{c}\""))
-                        && l.contains("upstream=\"grpcp\"")
-                })
-            };
-            Ok((!has("OK") || !has("Unavailable")).then(|| {
-                format!("expected weir_requests_total with grpc_code OK and Unavailable: {m}")
-            }))
-        })(),
-    );
+    let m = metrics(w.admin);
+    let has = |c: &str| {
+        m.lines().any(|l| {
+            l.starts_with("weir_requests_total{")
+                && l.contains(&format!("grpc_code=\"{c}\""))
+                && l.contains("upstream=\"grpcp\"")
+        })
+    };
+    let problem = (!has("OK") || !has("Unavailable"))
+        .then(|| format!("expected weir_requests_total with grpc_code OK and Unavailable: {m}"));
+    check("gRPC metrics carry grpc_code", Ok(problem));
     failures
 }
