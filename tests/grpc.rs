@@ -608,3 +608,35 @@ async fn metrics_carry_grpc_code() {
         "{m}"
     );
 }
+
+/// A declared method is hedged without a key (and without
+/// `keyed_writes`): the first attempt stalls, the hedge answers. An
+/// undeclared one is not hedged. (Before: a gRPC call was hedged only with
+/// a key and `keyed_writes = true`.)
+#[tokio::test]
+async fn a_declared_method_is_hedged_without_a_key() {
+    for (path, hedged) in [("/pkg.Reads/List", true), ("/pkg.Svc/Charge", false)] {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let up = TestUpstream::start(move |_r| {
+            let i = seen.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if i == 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+                }
+                reply_with_trailing(0)
+            }
+        })
+        .await;
+        let cfg = format!("{DECLARED}[upstreams.svc.hedge]\nafter = \"20ms\"\nmax_extra = 1.0\n");
+        let weir = Weir::single(&up.url(), &cfg).await;
+        let mut req = grpc_request(path, None);
+        req.headers_mut().remove("idempotency-key");
+        let resp = h2_request(weir.addr, req).await;
+        let (parts, b) = resp.into_parts();
+        let t = b.collect().await.unwrap().trailers().cloned().unwrap();
+        assert_eq!(t["grpc-status"], "0");
+        let hedge = header_of(&parts, "x-weir-hedge");
+        assert_eq!(hedge, if hedged { "won" } else { "" }, "{path}");
+        assert_eq!(up.requests(), if hedged { 2 } else { 1 }, "{path}");
+    }
+}
