@@ -640,3 +640,37 @@ async fn a_declared_method_is_hedged_without_a_key() {
         assert_eq!(up.requests(), if hedged { 2 } else { 1 }, "{path}");
     }
 }
+
+/// An endpoint whose calls end UNAVAILABLE in their trailers, after a
+/// message, is ejected as one that answers 503 is: its status is judged
+/// when the trailers come. (Before: such an answer was a success for the
+/// endpoint, which kept half the calls.)
+#[tokio::test]
+async fn an_endpoint_failing_in_its_trailers_is_ejected() {
+    let bad =
+        TestUpstream::start_at("127.0.0.2:0", |_r| async move { reply_with_trailing(14) }).await;
+    let good =
+        TestUpstream::start_at("127.0.0.3:0", |_r| async move { reply_with_trailing(0) }).await;
+    let addr = |u: &TestUpstream| u.url().trim_start_matches("http://").to_string();
+    let cfg = format!(
+        "[upstreams.svc]\nurl = \"http://svc.internal\"\nhosts = [\"svc\"]\nprotocol = \"grpc\"\n\
+         endpoints = [\"{}\", \"{}\"]\nbalance = \"round_robin\"\n\
+         [upstreams.svc.ejection]\nconsecutive_failures = 3\nbase = \"30s\"\n\
+         [upstreams.svc.breaker]\nenabled = false\n",
+        addr(&bad),
+        addr(&good)
+    );
+    let weir = Weir::start(&cfg).await;
+    for i in 0..40 {
+        let mut req = grpc_request(&format!("/pkg.Svc/M{i}"), None);
+        req.headers_mut().remove("idempotency-key");
+        let resp = h2_request(weir.addr, req).await;
+        let _ = resp.into_body().collect().await.unwrap();
+    }
+    assert!(
+        bad.requests() <= 4,
+        "the failing endpoint got {} of 40",
+        bad.requests()
+    );
+    assert_eq!(bad.requests() + good.requests(), 40);
+}

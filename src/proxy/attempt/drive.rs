@@ -221,16 +221,7 @@ impl<'a> Attempts<'a> {
         if let Outcome::Response { grpc_status, .. } = outcome {
             self.grpc_status = *grpc_status;
         }
-        if self.grpc
-            && matches!(
-                outcome,
-                Outcome::Response {
-                    status: 200,
-                    grpc_status: None,
-                    ..
-                }
-            )
-        {
+        if self.grpc && crate::proxy::general::grpc_tail::pending(outcome) {
             // The call's status is in its trailers: counted, judged and
             // throttled when they come (`proxy::general::grpc_tail`).
             if self.up.config.hedge.is_some() {

@@ -532,7 +532,12 @@ impl Codec for HyperRequest<'_> {
             None => body,
             Some(pending) => {
                 let caller = self.caller;
+                let endpoint = rparts
+                    .extensions
+                    .remove::<super::grpc_tail::LateEndpoint>()
+                    .and_then(|e| e.take());
                 let tail = super::grpc_tail::Tail {
+                    endpoint,
                     pending,
                     took,
                     caller,

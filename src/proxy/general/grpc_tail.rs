@@ -6,11 +6,14 @@
 use crate::policy::Outcome;
 use crate::proxy::attempt::Pending;
 use crate::proxy::body::{Body, BoxError};
+use crate::upstream::Picked;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// `CANCELLED`: the client left before the status came.
 const CANCELLED: u8 = 1;
@@ -24,8 +27,39 @@ pub(crate) struct GrpcTail {
     pending: Option<Tail>,
 }
 
+/// Whether an attempt's outcome waits for the call's trailers: an answer
+/// to a gRPC call whose head carried no status.
+pub(crate) fn pending(outcome: &Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Response {
+            status: 200,
+            grpc_status: None,
+            ..
+        }
+    )
+}
+
+/// The endpoint that gave an answer whose status is still to come, in the
+/// response's extensions until the exchange hands it to its [`Tail`].
+#[derive(Clone)]
+pub(crate) struct LateEndpoint(Arc<Mutex<Option<(Picked, Instant)>>>);
+
+impl LateEndpoint {
+    pub(crate) fn new(picked: Option<(Picked, Instant)>) -> Self {
+        LateEndpoint(Arc::new(Mutex::new(picked)))
+    }
+
+    /// The endpoint and when its attempt started.
+    pub(crate) fn take(&self) -> Option<(Picked, Instant)> {
+        self.0.lock().ok()?.take()
+    }
+}
+
 /// What is settled at the end.
 pub(crate) struct Tail {
+    /// The endpoint that answered, judged by the status too.
+    pub(crate) endpoint: Option<(Picked, Instant)>,
     pub(crate) pending: Pending,
     /// The request's time to its response head.
     pub(crate) took: Duration,
@@ -70,6 +104,9 @@ impl GrpcTail {
             .throttle
             .answered(tokio::time::Instant::now(), &outcome, t.caller);
         let failure = outcome.breaker_failure(state.live().breaker.params());
+        if let Some((p, started)) = t.endpoint {
+            p.finish(failure, started);
+        }
         t.pending.verdict.settle(failure);
     }
 }

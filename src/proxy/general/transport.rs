@@ -298,6 +298,10 @@ async fn send(
     let started = Instant::now();
     let mut picked = None;
     let mut req = req;
+    let grpc = req
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| crate::proxy::request::grpc_content_type(v.as_bytes()));
     let interims = req.extensions_mut().remove::<Interims>();
     // Made inside the block that awaits it: made outside and moved in, it
     // would be held twice in this future (once captured, once pinned).
@@ -327,6 +331,13 @@ async fn send(
     let (outcome, mut result) = judge(up, (grpc_trailers, deadline), try_deadline, sent).await;
     if let (Ok(r), Some(p)) = (&mut result, &picked) {
         r.extensions_mut().insert(crate::upstream::Served(p.addr()));
+        // A gRPC answer whose status is still to come: the endpoint is
+        // judged by it, at the trailers (`grpc_tail`).
+        if grpc && super::grpc_tail::pending(&outcome) {
+            let p = picked.take().map(|p| (p, started));
+            r.extensions_mut()
+                .insert(super::grpc_tail::LateEndpoint::new(p));
+        }
     }
     crate::upstream::report(picked, &outcome, &up.config.breaker, started, avoid);
     (outcome, result)
