@@ -112,6 +112,19 @@ pub(super) fn observe_latency(up: &Upstream, outcome: &Outcome, started: Instant
     }
 }
 
+/// Whether an attempt's outcome waits for the call's trailers: an answer
+/// to a gRPC call whose head carried no status.
+pub(crate) fn pending(outcome: &Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::Response {
+            status: 200,
+            grpc_status: None,
+            ..
+        }
+    )
+}
+
 /// What follows an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Step {
@@ -221,7 +234,7 @@ impl<'a> Attempts<'a> {
         if let Outcome::Response { grpc_status, .. } = outcome {
             self.grpc_status = *grpc_status;
         }
-        if self.grpc && crate::proxy::general::grpc_tail::pending(outcome) {
+        if self.grpc && pending(outcome) {
             // The call's status is in its trailers: counted, judged and
             // throttled when they come (`proxy::general::grpc_tail`).
             if self.up.config.hedge.is_some() {

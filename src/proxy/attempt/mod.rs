@@ -19,7 +19,7 @@ mod hedge;
 pub(crate) use admit::{admit, admit_breaker_at, deadline, refund, Admitted, Dropped, Watch};
 pub use drive::Annotations;
 pub(crate) use drive::{
-    annotate, annotate_response, annotation_fields, drive, timed_out, Attempted, Attempts, Pending,
-    Transport,
+    annotate, annotate_response, annotation_fields, drive, pending, timed_out, Attempted, Attempts,
+    Pending, Transport,
 };
 pub(crate) use hedge::{race, Hedging, Raced, Seen};

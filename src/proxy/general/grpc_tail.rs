@@ -27,18 +27,7 @@ pub(crate) struct GrpcTail {
     pending: Option<Tail>,
 }
 
-/// Whether an attempt's outcome waits for the call's trailers: an answer
-/// to a gRPC call whose head carried no status.
-pub(crate) fn pending(outcome: &Outcome) -> bool {
-    matches!(
-        outcome,
-        Outcome::Response {
-            status: 200,
-            grpc_status: None,
-            ..
-        }
-    )
-}
+pub(crate) use crate::proxy::attempt::pending;
 
 /// The endpoint that gave an answer whose status is still to come, in the
 /// response's extensions until the exchange hands it to its [`Tail`].
