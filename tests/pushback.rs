@@ -1,7 +1,8 @@
 //! Pushback (docs/reference/retries.md#pushback): an answer that asks not
 //! to be retried, or to be retried later, is taken at its word — gRPC's
 //! `grpc-retry-pushback-ms` (gRFC A6), Envoy's `x-envoy-overloaded`, and
-//! another weir's refusal under load. Issue 54, items 6 and 7.
+//! another weir's refusal under load — and weir's own refusals say so in
+//! the way the next proxy reads. Issue 54, items 6 and 7.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -292,4 +293,134 @@ async fn a_refusal_still_counts_for_the_breaker(path: DataPath) {
     assert_eq!(parts.status, 503);
     assert_eq!(header(&parts, "x-weir-error"), "circuit_open");
     assert_eq!(up.requests(), 2);
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    a_chain_of_weirs_does_not_multiply_retries
+);
+/// Two weirs in a row: the inner one's breaker opens on its upstream's
+/// 503s and refuses; the outer one, which retries 503s, does not retry
+/// that refusal, and the client hears it with Envoy's mark.
+async fn a_chain_of_weirs_does_not_multiply_retries(path: DataPath) {
+    let up = always(503, &[]).await;
+    let inner = Weir::single(
+        &up.url(),
+        "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 1\nfailing_for = \"0s\"\nopen = \"30s\"\n",
+    )
+    .await;
+    let outer = Weir::single_on(
+        path,
+        &format!("http://{}", inner.addr),
+        &format!("preserve_host = true\n{FAST}"),
+    )
+    .await;
+    let (parts, _) = get(&outer).await;
+    // The first attempt reached the app and got its 503 (which opened the
+    // inner breaker); the retry was refused by the inner weir, and not
+    // retried again.
+    assert_eq!(parts.status, 503);
+    assert_eq!(header(&parts, "x-weir-attempts"), "2");
+    assert_eq!(header(&parts, "x-weir-retry-stop"), "pushback");
+    assert_eq!(header(&parts, "x-envoy-overloaded"), "true");
+    assert_eq!(header(&parts, "x-weir-error"), "");
+    assert_eq!(up.requests(), 1);
+}
+
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    weirs_own_refusals_carry_envoys_marks
+);
+/// weir's own refusals under load say so the way an Envoy in front reads:
+/// `x-envoy-overloaded: true` on `overloaded` and `circuit_open`,
+/// `x-envoy-ratelimited: true` on `rate_limited`; other errors carry
+/// neither.
+async fn weirs_own_refusals_carry_envoys_marks(path: DataPath) {
+    // overloaded: one in flight, no queue.
+    let busy = Arc::new(AtomicUsize::new(0));
+    let b = busy.clone();
+    let up = TestUpstream::start(move |_r| {
+        b.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Response::new(body("done"))
+        }
+    })
+    .await;
+    let weir = Weir::single_on(
+        path,
+        &up.url(),
+        "[upstreams.svc.concurrency]\nmax_in_flight = 1\nmax_queue = 0\n",
+    )
+    .await;
+    let w = weir.url("/r");
+    let first = tokio::spawn(async move {
+        let req = Request::get(w)
+            .header("host", "svc")
+            .body(body(""))
+            .unwrap();
+        client().request(req).await.unwrap().status()
+    });
+    while busy.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (parts, _) = get(&weir).await;
+    assert_eq!(
+        (
+            parts.status.as_u16(),
+            header(&parts, "x-weir-error").as_str()
+        ),
+        (503, "overloaded")
+    );
+    assert_eq!(header(&parts, "x-envoy-overloaded"), "true");
+    assert_eq!(first.await.unwrap(), 200);
+
+    // rate_limited (an upstream that answers at once: no token comes back
+    // meanwhile).
+    let up = TestUpstream::text("ok").await;
+    let weir = Weir::single_on(
+        path,
+        &up.url(),
+        "[upstreams.svc.rate_limit]\nrps = 1.0\nburst = 1\n",
+    )
+    .await;
+    get(&weir).await;
+    let (parts, _) = get(&weir).await;
+    assert_eq!(header(&parts, "x-weir-error"), "rate_limited");
+    assert_eq!(header(&parts, "x-envoy-ratelimited"), "true");
+    assert_eq!(header(&parts, "x-envoy-overloaded"), "");
+
+    // circuit_open, and an error that is not a refusal (connect_failed).
+    let dead = refused_addr().await;
+    let weir = Weir::single_on(
+        path,
+        &format!("http://{dead}"),
+        "[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 1\nfailing_for = \"0s\"\nopen = \"30s\"\n",
+    )
+    .await;
+    let (parts, _) = get(&weir).await;
+    assert_eq!(header(&parts, "x-weir-error"), "connect_failed");
+    assert_eq!(header(&parts, "x-envoy-overloaded"), "");
+    let (parts, _) = get(&weir).await;
+    assert_eq!(header(&parts, "x-weir-error"), "circuit_open");
+    assert_eq!(header(&parts, "x-envoy-overloaded"), "true");
+}
+
+/// weir's gRPC-shaped refusals carry the mark too.
+#[tokio::test(start_paused = true)]
+async fn weirs_own_grpc_refusals_carry_envoys_mark() {
+    let dead = refused_addr().await;
+    let weir = Weir::single(
+        &format!("http://{dead}"),
+        "protocol = \"grpc\"\n[upstreams.svc.retry]\nmax_attempts = 1\n[upstreams.svc.breaker]\nconsecutive_failures = 1\nfailing_for = \"0s\"\nopen = \"30s\"\n",
+    )
+    .await;
+    let resp = h2_request(weir.addr, grpc_call()).await;
+    assert_eq!(resp.headers()["x-weir-error"], "connect_failed");
+    assert!(resp.headers().get("x-envoy-overloaded").is_none());
+    let resp = h2_request(weir.addr, grpc_call()).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["grpc-status"], "14");
+    assert_eq!(resp.headers()["x-weir-error"], "circuit_open");
+    assert_eq!(resp.headers()["x-envoy-overloaded"], "true");
 }

@@ -158,6 +158,7 @@ impl ProxyError {
         if let Some(secs) = self.retry_after_secs() {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        self.mark_refusal(h);
         resp.extensions_mut().insert(ErrorCode(self.code()));
         resp
     }
@@ -171,6 +172,19 @@ impl ProxyError {
                 | ProxyError::CircuitOpen { .. }
                 | ProxyError::RateLimited { .. }
         )
+    }
+
+    /// Marks a refusal that sheds load the way Envoy marks its own, so
+    /// that an Envoy in front does not retry it: `x-envoy-overloaded`, and
+    /// `x-envoy-ratelimited` for a rate limit (a retry policy's
+    /// `envoy-ratelimited` may still opt in to retrying that one).
+    fn mark_refusal(&self, h: &mut http::HeaderMap) {
+        let name = match self {
+            ProxyError::RateLimited { .. } => ENVOY_RATELIMITED,
+            _ if self.sheds_load() => ENVOY_OVERLOADED,
+            _ => return,
+        };
+        h.insert(name, HeaderValue::from_static("true"));
     }
 
     /// The JSON body of weir's own error response (docs/reference/responses.md#error-responses).
@@ -211,6 +225,7 @@ impl ProxyError {
         if let Some(secs) = self.retry_after_secs() {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        self.mark_refusal(h);
         if self.closes_connection() {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
