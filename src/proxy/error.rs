@@ -116,8 +116,9 @@ impl ProxyError {
     /// The gRPC status a gRPC client gets for this error.
     pub fn grpc_status(&self) -> u8 {
         match self {
-            ProxyError::NoRoute => 12, // UNIMPLEMENTED
-            ProxyError::BadRequest(_) | ProxyError::HeadTooLarge(_) => 3, // INVALID_ARGUMENT
+            ProxyError::NoRoute => 12,           // UNIMPLEMENTED
+            ProxyError::BadRequest(_) => 3,      // INVALID_ARGUMENT
+            ProxyError::HeadTooLarge(_) => 8,    // RESOURCE_EXHAUSTED, as gRPC's own metadata limit
             ProxyError::ConnectNotAllowed => 12, // UNIMPLEMENTED
             ProxyError::RateLimited { .. } => 8, // RESOURCE_EXHAUSTED
             ProxyError::UpstreamTimeout | ProxyError::DeadlineExceeded => 4, // DEADLINE_EXCEEDED
