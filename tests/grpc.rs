@@ -213,6 +213,56 @@ async fn weir_errors_reach_grpc_clients_as_grpc_statuses() {
     );
 }
 
+/// Regression (issue 54, item 8): 70 KB of metadata reached a gRPC client
+/// as a bare HTTP 431 from the HTTP/2 layer (grpcio: `UNKNOWN 'Received
+/// http2 header with status: 431'`). weir reads a header list up to twice
+/// `max_header_bytes` itself and refuses what is over the limit the way it
+/// refuses the rest: gRPC-shaped for gRPC (`RESOURCE_EXHAUSTED`, as gRPC's
+/// own metadata limit answers), its JSON 431 otherwise.
+#[tokio::test]
+async fn oversized_metadata_gets_resource_exhausted() {
+    let up = TestUpstream::start(|_r| async move { grpc_reply(0) }).await;
+    let weir = Weir::single(&up.url(), GRPC).await;
+    let big = |kib: usize| http::HeaderValue::from_str(&"m".repeat(kib * 1024)).unwrap();
+    let mut req = grpc_request("/pkg.Svc/Get", None);
+    req.headers_mut().insert("x-metadata", big(70));
+    let resp = h2_request(weir.addr, req).await;
+    assert_eq!(resp.status(), 200, "a gRPC error is an HTTP 200");
+    let h = resp.headers();
+    assert_eq!(h["content-type"], "application/grpc");
+    assert_eq!(h["grpc-status"], "8", "RESOURCE_EXHAUSTED");
+    assert_eq!(h["x-weir-error"], "header_too_large");
+    let message = h["grpc-message"].to_str().unwrap();
+    assert!(message.starts_with("weir header_too_large"), "{message}");
+    assert_eq!(up.requests(), 0);
+
+    // Not gRPC: weir's JSON 431.
+    let req = Request::get("http://svc/x")
+        .header("x-metadata", big(70))
+        .body(body(""))
+        .unwrap();
+    let (status, code, json) = json_error(h2_request(weir.addr, req).await).await;
+    assert_eq!((status, code.as_str()), (431, "header_too_large"));
+    assert_eq!(json["error"], "header_too_large");
+
+    // Within the limit, a call goes through (to an upstream whose HTTP/2
+    // limit, hyper's 16 KiB, takes it)…
+    let mut req = grpc_request("/pkg.Svc/Get", None);
+    req.headers_mut().insert("x-metadata", big(12));
+    let (_, trailer, attempts, _) = call(&weir, req).await;
+    assert_eq!((trailer.as_deref(), attempts.as_str()), (Some("0"), "1"));
+    assert_eq!(up.requests(), 1);
+    // …and so does an HTTP/2 head just under the limit (64 KiB by default).
+    let up = TestUpstream::text("ok").await;
+    let weir = Weir::single(&up.url(), "").await;
+    let req = Request::get("http://svc/x")
+        .header("x-metadata", big(63))
+        .body(body(""))
+        .unwrap();
+    assert_eq!(h2_request(weir.addr, req).await.status(), 200);
+    assert_eq!(up.requests(), 1);
+}
+
 /// Interoperability beyond hyper talking to hyper: nghttp2's h2load drives
 /// weir over HTTP/2 prior knowledge. `.ci/run` installs it and sets
 /// WEIR_REQUIRE_H2LOAD=1; elsewhere the test says it was skipped.

@@ -40,6 +40,15 @@
 //! (POSTs to `/check`, which answers 2xx only when the body arrived whole
 //! with its `Content-Length`).
 //!
+//! **Pushback** (docs/reference/retries.md#pushback): grpcio's server
+//! fails a keyed call UNAVAILABLE with `grpc-retry-pushback-ms` (`-1`: the
+//! call is not retried, the server saw it once; `2000`: the retry reached
+//! it at least 2 s after the first call), through a weir that retries
+//! `unavailable`; and nginx answers a GET 503 with `x-envoy-overloaded:
+//! true`, which weir passes back after one attempt (nginx's own access log
+//! counts them), from curl over HTTP/1.1 (the fast path) and h2c (the
+//! general path).
+//!
 //! **Which of weir's paths serves a request** (`src/proxy/fast/head/mod.rs`,
 //! `plan`): the fast path takes an HTTP/1.1 request on a cleartext connection
 //! whose body (of known length, or chunked without trailers) is at most the
@@ -1365,6 +1374,11 @@ fn nginx_block(static_dir: &Path) -> String {
     location /download/ {{ root {d}; try_files /blob =404; }}
     location /status/304/ {{ root {d}; try_files /blob =404; if_modified_since before; }}
     location /status/204/ {{ return 204; }}
+    location /overloaded/ {{
+        access_log overloaded.log;
+        add_header x-envoy-overloaded true always;
+        return 503 'shedding load';
+    }}
 }}"
     )
 }
@@ -1521,6 +1535,16 @@ fn interop_matrix() {
         ),
     );
     let grpc_weirs = grpc_policies::start(&bin, &d, grpc.port);
+    let pushback_weir = start_weir(
+        &bin,
+        &d,
+        "grpc-pushback",
+        &format!(
+            "[upstreams.grpc]\nurl = \"http://127.0.0.1:{}\"\nprotocol = \"grpc\"\n\
+             [upstreams.grpc.retry]\nretry_on = [\"connect-failure\", \"unavailable\"]\n",
+            grpc.port
+        ),
+    );
     eprintln!(
         "weir {} and its peers up after {:?}",
         bin.display(),
@@ -1644,6 +1668,11 @@ fn interop_matrix() {
         grpc_weir.port,
         grpc.port,
     ));
+    failures.extend(grpc_pushback(&py, pushback_weir.port, &d));
+    failures.extend(envoy_overloaded(
+        weirs[&(Server::Nginx, Variant::Cap1m)].port,
+        &ng,
+    ));
 
     // h2load: POSTs over h2c, checked by the server itself (`/check`): 1 KiB
     // (held by weir) and 64 KiB + 1 (streamed).
@@ -1763,7 +1792,7 @@ fn interop_matrix() {
 
     let took = real_now() - started;
     eprintln!(
-        "interop matrix: {} cases ({} meant for the fast path, {} for hyper's), 2 gRPC calls, {} h2load runs, in {took:?}; {} failures",
+        "interop matrix: {} cases ({} meant for the fast path, {} for hyper's), 2 gRPC calls, 2 pushback rows, {} h2load runs, in {took:?}; {} failures",
         results.len(),
         counted[0],
         counted[1],
@@ -1778,7 +1807,7 @@ fn interop_matrix() {
         }
         let logs: Vec<String> = procs
             .values()
-            .chain([&grpc, &grpc_weir])
+            .chain([&grpc, &grpc_weir, &pushback_weir])
             .chain(grpc_weirs.procs())
             .map(|p| format!("--- {} (last lines)\n{}", p.name, p.log_tail()))
             .collect();
@@ -1790,4 +1819,124 @@ fn interop_matrix() {
             nginx_logs(&ng)
         );
     }
+}
+
+/// One grpcio call through `port` to `method` with `body`, and metadata;
+/// the client's JSON line, or why there is none.
+fn grpc_call(
+    py: &Path,
+    port: u16,
+    method: &str,
+    body: &Path,
+    metadata: &[&str],
+) -> Result<Value, String> {
+    let mut cmd = Command::new(py);
+    cmd.arg(server_script("interop_grpc.py"))
+        .args(["client", "--target"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--method", method, "--body"])
+        .arg(body);
+    for m in metadata {
+        cmd.args(["--metadata", m]);
+    }
+    let out = run_bounded(&mut cmd, Duration::from_secs(40));
+    serde_json::from_slice(&out.stdout).map_err(|_| {
+        format!(
+            "the grpcio client printed no result: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+    })
+}
+
+/// gRPC's pushback, grpcio on both ends (tests/servers/interop_grpc.py's
+/// `Pushback`, first call UNAVAILABLE with `grpc-retry-pushback-ms`, and
+/// `Count`), through `port`: a weir that retries `unavailable`. Each call
+/// carries an `idempotency-key`, which makes it retryable.
+fn grpc_pushback(py: &Path, port: u16, dir: &Path) -> Vec<(String, String)> {
+    let mut failures = Vec::new();
+    for value in ["-1", "2000"] {
+        let name = format!(
+            "gRPC UNAVAILABLE with grpc-retry-pushback-ms: {value} · grpcio · grpcio h2c · grpc (the general path)"
+        );
+        let body = dir.join(format!("pushback{value}"));
+        std::fs::write(&body, value).unwrap();
+        let key = format!("idempotency-key=pushback{value}");
+        let called = grpc_call(py, port, "Pushback", &body, &[&key]).and_then(|v| {
+            let counted = grpc_call(py, port, "Count", &body, &["idempotency-key=count"])?;
+            Ok((v, counted))
+        });
+        let (v, counted) = match called {
+            Ok(r) => r,
+            Err(e) => {
+                failures.push((name, e));
+                continue;
+            }
+        };
+        let calls = |v: &Value| -> Value {
+            serde_json::from_str(v["response"].as_str().unwrap_or("null")).unwrap_or(Value::Null)
+        };
+        let problem = if value == "-1" {
+            // Not retried: the client hears the UNAVAILABLE, the server saw one call.
+            (v["code"] != "UNAVAILABLE"
+                || v["trailing"]["x-weir-retry-stop"] != "pushback"
+                || calls(&counted)["calls"] != 1)
+                .then(|| format!("expected UNAVAILABLE after 1 call, x-weir-retry-stop: pushback: {v}; count {counted}"))
+        } else {
+            // Retried once, 2 s after the first call at the earliest.
+            let second = calls(&v);
+            (v["code"] != "OK"
+                || second["calls"] != 2
+                || second["gap_ms"].as_u64().is_none_or(|ms| ms < 2000))
+            .then(|| format!("expected OK on a retry ≥ 2000 ms after the first call: {v}"))
+        };
+        if let Some(p) = problem {
+            failures.push((name, p));
+        }
+    }
+    failures
+}
+
+/// nginx answers `/overloaded/` 503 with `x-envoy-overloaded: true`: weir
+/// (at `port`, an nginx listener without hedging) makes one attempt and
+/// passes it back with `x-weir-retry-stop: pushback`, from curl over
+/// HTTP/1.1 (the fast path) and h2c (the general path). nginx's access log
+/// for that location counts the attempts.
+fn envoy_overloaded(port: u16, ng: &common::third_party::Child) -> Vec<(String, String)> {
+    let mut failures = Vec::new();
+    for h2 in [false, true] {
+        let (conn, path) = if h2 {
+            ("h2c", "the general path")
+        } else {
+            ("h1", "fast path")
+        };
+        let name =
+            format!("GET answered 503 x-envoy-overloaded · nginx · curl {conn} · cap1m ({path})");
+        let target = format!("/overloaded/{conn}");
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sS", "--max-time", "30", "-o", "/dev/null", "-D", "-"]);
+        if h2 {
+            cmd.arg("--http2-prior-knowledge");
+        }
+        cmd.arg(format!("http://127.0.0.1:{port}{target}"));
+        let out = run_bounded(&mut cmd, Duration::from_secs(35));
+        let head = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+        let has = |field: &str| head.lines().any(|l| l.trim_end() == field);
+        let log = ng
+            .dir()
+            .and_then(|d| std::fs::read_to_string(d.join("overloaded.log")).ok())
+            .unwrap_or_default();
+        let seen = log.lines().filter(|l| l.contains(&target)).count();
+        let fine = head.contains(" 503")
+            && has("x-weir-attempts: 1")
+            && has("x-weir-retry-stop: pushback")
+            && has("x-envoy-overloaded: true")
+            && seen == 1;
+        if !fine {
+            failures.push((
+                name,
+                format!("expected one attempt (nginx saw {seen}), 503 with x-weir-retry-stop: pushback: {head}"),
+            ));
+        }
+    }
+    failures
 }

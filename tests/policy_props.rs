@@ -8,8 +8,8 @@ use std::time::Duration;
 use weir::policy::breaker::State;
 use weir::policy::{
     decide, delay, schedule, Admission, BackoffPolicy, BodyFacts, Breaker, BreakerParams,
-    BudgetParams, DecideInput, FixedGates, Growth, Jitter, Outcome, RequestFacts, RetryBudget,
-    RetryOn, RetryPolicy, SeededRandom, SlidingWindow, TokenBucket, Verdict,
+    BudgetParams, DecideInput, FixedGates, Growth, Jitter, Outcome, Pushback, RequestFacts,
+    RetryBudget, RetryOn, RetryPolicy, SeededRandom, SlidingWindow, TokenBucket, Verdict,
 };
 
 fn growth() -> impl Strategy<Value = Growth> {
@@ -281,8 +281,11 @@ proptest! {
         key in any::<bool>(),
         body_len in prop::option::of(0u64..200_000),
         outcome in prop_oneof![
-            (100u16..600, prop::option::of(0u64..120)).prop_map(|(s, ra)| Outcome::Response {
-                status: s, retry_after: ra.map(Duration::from_secs), grpc_status: None }),
+            (100u16..600, prop::option::of(0u64..120), prop_oneof![
+                Just(None), Just(Some(Pushback::DoNotRetry)), Just(Some(Pushback::Refused)),
+                (0u64..120_000).prop_map(|ms| Some(Pushback::After(Duration::from_millis(ms)))),
+            ]).prop_map(|(s, ra, pushback)| Outcome::Response {
+                status: s, retry_after: ra.map(Duration::from_secs), grpc_status: None, pushback }),
             Just(Outcome::ConnectFailure),
             any::<bool>().prop_map(|s| Outcome::Reset { request_sent: s }),
             Just(Outcome::Timeout),
@@ -317,6 +320,11 @@ proptest! {
             prop_assert!(body_len.is_none_or(|l| l <= 65_536));
             prop_assert!(attempts < 3);
             prop_assert!(gates.0 && gates.1 && gates.2);
+            // Pushback (docs/reference/retries.md#pushback): a refusal is
+            // never retried; an asked wait is the delay, whatever else.
+            if let Outcome::Response { pushback: Some(p), .. } = outcome {
+                prop_assert!(matches!(p, Pushback::After(d) if d == delay), "{p:?} {delay:?}");
+            }
             if let Some(left) = left {
                 prop_assert!(delay + Duration::from_millis(10) <= Duration::from_millis(left));
             }

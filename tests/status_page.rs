@@ -209,8 +209,8 @@ async fn status_json_reports_every_field() {
         got.sort_unstable();
         assert_eq!(got, want, "{name}: {u}");
         let stops = u["retry_stops_total"].as_object().unwrap();
-        assert_eq!(stops.len(), 8, "{u}");
-        assert_eq!(u["retry_stops_per_s"].as_object().unwrap().len(), 8);
+        assert_eq!(stops.len(), 9, "{u}");
+        assert_eq!(u["retry_stops_per_s"].as_object().unwrap().len(), 9);
         let codes: Vec<&String> = u["refusals_total"].as_object().unwrap().keys().collect();
         assert_eq!(codes, REFUSAL_CODES, "{u}");
         let codes: Vec<&String> = u["refusals_per_s"].as_object().unwrap().keys().collect();

@@ -45,6 +45,7 @@ fn benches(c: &mut Criterion) {
         status: 503,
         retry_after: None,
         grpc_status: None,
+        pushback: None,
     };
     let mut rng = SeededRandom::new(7);
     c.bench_function("decide", |b| {

@@ -27,7 +27,7 @@ pub struct UpstreamMetrics {
     pub(super) retries: Mutex<HashMap<Cause, IntCounter>>,
     /// Created at start for the reasons the upstream's config can give
     /// (see [`UpstreamMetrics::precreate_features`]), else at the first.
-    pub(super) stops: [OnceLock<IntCounter>; 8],
+    pub(super) stops: [OnceLock<IntCounter>; StopReason::ALL.len()],
     pub(super) stops_vec: IntCounterVec,
     /// Created by [`UpstreamMetrics::precreate_hedges`] when the upstream
     /// hedges, else at the first count.

@@ -15,7 +15,7 @@ use super::decide::{
     Verdict,
 };
 use super::random::SeededRandom;
-use super::retry_after::parse_retry_after;
+use super::retry_after::{parse_retry_after, Pushback};
 use super::PolicyError;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -90,6 +90,16 @@ pub enum OutcomeJson {
         /// The gRPC status code.
         #[serde(default)]
         grpc_status: Option<u8>,
+        /// The raw `grpc-retry-pushback-ms` value: whole milliseconds to
+        /// wait, or (negative, malformed) no retry
+        /// (docs/reference/retries.md#pushback).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        grpc_retry_pushback_ms: Option<String>,
+        /// The answer is a proxy's refusal under load (`x-envoy-overloaded`,
+        /// `x-envoy-ratelimited`, another weir's `x-weir-error: overloaded |
+        /// circuit_open | rate_limited`); default false.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        refused: bool,
     },
     /// Nothing reached the upstream.
     ConnectFailure,
@@ -286,12 +296,18 @@ fn to_outcome(o: &OutcomeJson, now_wall: SystemTime) -> Outcome {
             status,
             retry_after,
             grpc_status,
+            grpc_retry_pushback_ms,
+            refused,
         } => Outcome::Response {
             status: *status,
             retry_after: retry_after
                 .as_deref()
                 .and_then(|v| parse_retry_after(v, now_wall)),
             grpc_status: *grpc_status,
+            pushback: Pushback::of(
+                *refused,
+                grpc_retry_pushback_ms.as_deref().map(str::as_bytes),
+            ),
         },
         OutcomeJson::ConnectFailure => Outcome::ConnectFailure,
         OutcomeJson::Reset { request_sent } => Outcome::Reset {

@@ -9,19 +9,9 @@
 
 use super::backoff::delay;
 use super::random::Random;
+use super::retry_after::{ceil_ms, Pushback};
 use super::{BackoffPolicy, BudgetParams, PolicyError};
 use std::time::Duration;
-
-/// gRPC status codes weir understands in `retry_on`.
-pub const GRPC_CODES: &[(&str, u8)] = &[
-    ("cancelled", 1),
-    ("unknown", 2),
-    ("deadline-exceeded", 4),
-    ("resource-exhausted", 8),
-    ("aborted", 10),
-    ("internal", 13),
-    ("unavailable", 14),
-];
 
 /// What `retry_on` lists, compiled into bit sets.
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
@@ -65,9 +55,8 @@ impl RetryOn {
                             ));
                         }
                         on.set_status(code);
-                    } else if let Some((_, c)) = GRPC_CODES
-                        .iter()
-                        .find(|(n, _)| *n == other.replace('_', "-"))
+                    } else if let Some(c) = super::grpc::code_named(other)
+                        .filter(|c| super::grpc::RETRYABLE.contains(c))
                     {
                         on.grpc |= 1 << c;
                     } else {
@@ -79,7 +68,9 @@ impl RetryOn {
                             "gateway-error",
                         ]
                         .into_iter()
-                        .chain(GRPC_CODES.iter().map(|(n, _)| *n));
+                        .chain(
+                            super::grpc::RETRYABLE.map(|c| super::grpc::CODES[usize::from(c)].1),
+                        );
                         let hint = super::suggest::hint(other, known);
                         return Err(PolicyError::new(
                             "retry_on",
@@ -266,6 +257,10 @@ pub enum Outcome {
         retry_after: Option<Duration>,
         /// The gRPC status from a trailers-only response (or buffered trailers).
         grpc_status: Option<u8>,
+        /// What the answer says of being retried besides `Retry-After`:
+        /// `grpc-retry-pushback-ms`, or a proxy's refusal
+        /// (docs/reference/retries.md#pushback).
+        pushback: Option<Pushback>,
     },
     /// Nothing reached the upstream: refused, DNS, connect timeout, TLS
     /// handshake.
@@ -363,10 +358,7 @@ impl std::fmt::Display for Cause {
             Cause::Reset => f.write_str("reset"),
             Cause::Timeout => f.write_str("timeout"),
             Cause::Status(s) => write!(f, "status_{s}"),
-            Cause::Grpc(c) => match GRPC_CODES.iter().find(|(_, n)| n == c) {
-                Some((name, _)) => write!(f, "grpc_{}", name.replace('-', "_")),
-                None => write!(f, "grpc_{c}"),
-            },
+            Cause::Grpc(c) => write!(f, "grpc_{}", super::grpc::config_name(*c).replace('-', "_")),
         }
     }
 }
@@ -467,7 +459,11 @@ pub enum StopReason {
     Body,
     /// `max_attempts` attempts were made.
     Attempts,
-    /// The upstream's `Retry-After` exceeds `max_retry_after`.
+    /// The answer asks not to be retried: a negative or malformed
+    /// `grpc-retry-pushback-ms`, or a proxy's refusal under load.
+    Pushback,
+    /// The upstream's `Retry-After` (or `grpc-retry-pushback-ms`) exceeds
+    /// `max_retry_after`.
     RetryAfter,
     /// The delay plus `min_attempt_time` does not fit before the deadline.
     Deadline,
@@ -486,6 +482,7 @@ impl StopReason {
             StopReason::Unsafe => "unsafe",
             StopReason::Body => "body",
             StopReason::Attempts => "attempts",
+            StopReason::Pushback => "pushback",
             StopReason::RetryAfter => "retry_after",
             StopReason::Deadline => "deadline",
             StopReason::Budget => "budget",
@@ -495,10 +492,11 @@ impl StopReason {
     }
 
     /// Every reason, in the order of docs/reference/retries.md#the-retry-decision (to pre-register metric series).
-    pub const ALL: [StopReason; 8] = [
+    pub const ALL: [StopReason; 9] = [
         StopReason::Unsafe,
         StopReason::Body,
         StopReason::Attempts,
+        StopReason::Pushback,
         StopReason::RetryAfter,
         StopReason::Deadline,
         StopReason::Budget,
@@ -519,7 +517,7 @@ impl std::fmt::Display for StopReason {
 pub enum Verdict {
     /// Wait `delay`, then make another attempt.
     Retry {
-        /// The backoff delay, or the honoured `Retry-After`.
+        /// The backoff delay, or the honoured `Retry-After` or pushback.
         #[serde(rename = "delay_ms", serialize_with = "ser_ms")]
         delay: Duration,
         /// What is being retried.
@@ -543,7 +541,7 @@ fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// The stateful checks of docs/reference/retries.md#the-retry-decision (6–8), asked lazily and in order: a later gate
+/// The stateful checks of docs/reference/retries.md#the-retry-decision (7–9), asked lazily and in order: a later gate
 /// is only asked when every earlier check passed, so a budget token is only
 /// withdrawn for a retry that got that far.
 pub trait Gates {
@@ -604,7 +602,7 @@ pub struct DecideInput<'a> {
 
 /// Decides whether to retry (docs/reference/retries.md#the-retry-decision). The backoff delay is drawn from
 /// `rng` only when it is needed (no draw when a check before it fails, or a
-/// `Retry-After` replaces it).
+/// `Retry-After` or pushback replaces it).
 pub fn decide(input: &DecideInput<'_>, rng: &mut dyn Random, gates: &mut dyn Gates) -> Verdict {
     let backoff = &input.policy.backoff;
     decide_with(
@@ -647,12 +645,23 @@ pub fn decide_with(
     if input.attempts_made >= p.max_attempts {
         return stop(StopReason::Attempts);
     }
-    // 4. retry_after: when honoured, it replaces the computed delay
-    let retry_after = match input.outcome {
-        Outcome::Response { retry_after, .. } => *retry_after,
-        _ => None,
+    // 4. pushback: the answer asks not to be retried
+    let (retry_after, pushback) = match input.outcome {
+        Outcome::Response {
+            retry_after,
+            pushback,
+            ..
+        } => (*retry_after, *pushback),
+        _ => (None, None),
     };
-    let delay = match retry_after {
+    let asked = match pushback {
+        Some(Pushback::DoNotRetry | Pushback::Refused) => return stop(StopReason::Pushback),
+        // gRPC's own word on the wait outranks an HTTP `Retry-After`.
+        Some(Pushback::After(wait)) => Some(wait),
+        None => retry_after,
+    };
+    // 5. retry_after: an honoured wait replaces the computed delay
+    let delay = match asked {
         Some(ra) if ra > p.max_retry_after => return stop(StopReason::RetryAfter),
         Some(ra) => ceil_ms(ra),
         // A refused stream goes straight to a new connection: nothing is wrong.
@@ -661,13 +670,13 @@ pub fn decide_with(
         None if input.elsewhere => Duration::ZERO,
         None => backoff_delay(),
     };
-    // 5. deadline
+    // 6. deadline
     if let Some(left) = input.time_left {
         if delay.saturating_add(p.min_attempt_time) > left {
             return stop(StopReason::Deadline);
         }
     }
-    // 6. budget
+    // 7. budget
     let cost = match input.outcome {
         Outcome::Timeout => p.budget.timeout_cost,
         // Not a failure: a replay of what the upstream never saw costs nothing.
@@ -677,28 +686,15 @@ pub fn decide_with(
     if cost > 0 && !gates.budget(cost) {
         return stop(StopReason::Budget);
     }
-    // 7. circuit_open
+    // 8. circuit_open
     if !gates.breaker() {
         return stop(StopReason::CircuitOpen);
     }
-    // 8. rate_limited
+    // 9. rate_limited
     if !gates.limiter() {
         return stop(StopReason::RateLimited);
     }
     Verdict::Retry { delay, cause }
-}
-
-/// Rounds up to whole milliseconds: a `Retry-After` is never cut short.
-fn ceil_ms(d: Duration) -> Duration {
-    if d.subsec_nanos() % 1_000_000 == 0 {
-        d
-    } else {
-        Duration::from_millis(
-            u64::try_from(d.as_millis())
-                .unwrap_or(u64::MAX)
-                .saturating_add(1),
-        )
-    }
 }
 
 #[cfg(test)]
@@ -782,10 +778,111 @@ mod tests {
             status: 503,
             retry_after: Some(Duration::from_secs(2)),
             grpc_status: None,
+            pushback: None,
         };
         assert!(
             matches!(verdict(&wait, true), Verdict::Retry { delay, .. } if delay == Duration::from_secs(2))
         );
+    }
+
+    /// Pushback (docs/reference/retries.md#pushback): gRPC's
+    /// `grpc-retry-pushback-ms` sets the wait or forbids the retry; a
+    /// proxy's refusal forbids it. Regression (issue 54): −1 was retried,
+    /// and 2000 was retried after the backoff's few milliseconds.
+    #[test]
+    fn pushback_sets_the_wait_or_stops() {
+        let policy = PolicyJson {
+            retry_on: ["unavailable", "503"].map(String::from).to_vec(),
+            ..PolicyJson::default()
+        }
+        .to_policy()
+        .unwrap();
+        let keyed = RequestFacts::new("POST", true, BodyFacts::Empty);
+        let post = RequestFacts::new("POST", false, BodyFacts::Empty);
+        let answer = |status, grpc_status, retry_after, pushback| Outcome::Response {
+            status,
+            retry_after,
+            grpc_status,
+            pushback,
+        };
+        let unavailable = |p| answer(200, Some(14), None, Some(p));
+        let verdict =
+            |facts: &RequestFacts, outcome: &Outcome, attempts, left, g: &mut Recording| {
+                let input = DecideInput {
+                    policy: &policy,
+                    facts,
+                    outcome,
+                    attempts_made: attempts,
+                    time_left: Some(Duration::from_millis(left)),
+                    prev_delay: Duration::ZERO,
+                    elsewhere: true,
+                };
+                decide(&input, &mut FixedRandom(1.0), g)
+            };
+        let stop = |reason, cause| Verdict::Stop { reason, cause };
+        let (grpc, s503) = (Cause::Grpc(14), Cause::Status(503));
+        let mut g = Recording::default();
+        // Negative or malformed: no retry, and no gate is asked.
+        let no = unavailable(Pushback::DoNotRetry);
+        assert_eq!(
+            verdict(&keyed, &no, 1, 10_000, &mut g),
+            stop(StopReason::Pushback, grpc)
+        );
+        // A proxy's refusal, HTTP or gRPC alike.
+        let refused = answer(503, None, None, Some(Pushback::Refused));
+        let get = RequestFacts::new("GET", false, BodyFacts::Empty);
+        assert_eq!(
+            verdict(&get, &refused, 1, 10_000, &mut g),
+            stop(StopReason::Pushback, s503)
+        );
+        assert!(g.asked.is_empty());
+        // The checks before it still come first.
+        assert_eq!(
+            verdict(&post, &refused, 1, 10_000, &mut g),
+            stop(StopReason::Unsafe, s503)
+        );
+        assert_eq!(
+            verdict(&keyed, &no, 3, 10_000, &mut g),
+            stop(StopReason::Attempts, grpc)
+        );
+        // An answer nobody would retry stays not retryable.
+        let ok = answer(200, Some(0), None, Some(Pushback::Refused));
+        assert_eq!(
+            verdict(&keyed, &ok, 1, 10_000, &mut g),
+            Verdict::NotRetryable
+        );
+        // A wait: honoured wherever the retry goes, over a `Retry-After`,
+        // bounded by `max_retry_after` and by the deadline.
+        let mut yes = Recording {
+            answer: true,
+            ..Recording::default()
+        };
+        let wait = |ms| Pushback::After(Duration::from_millis(ms));
+        let two_s = answer(
+            200,
+            Some(14),
+            Some(Duration::from_secs(1)),
+            Some(wait(2000)),
+        );
+        assert_eq!(
+            verdict(&keyed, &two_s, 1, 10_000, &mut yes),
+            Verdict::Retry {
+                delay: Duration::from_secs(2),
+                cause: grpc
+            }
+        );
+        assert_eq!(
+            verdict(&keyed, &unavailable(wait(60_001)), 1, 100_000, &mut g),
+            stop(StopReason::RetryAfter, grpc)
+        );
+        assert_eq!(
+            verdict(&keyed, &two_s, 1, 2_005, &mut g),
+            stop(StopReason::Deadline, grpc)
+        );
+        assert!(matches!(
+            verdict(&keyed, &unavailable(wait(0)), 1, 10_000, &mut yes),
+            Verdict::Retry { delay, .. } if delay.is_zero()
+        ));
     }
 
     #[test]
@@ -902,6 +999,7 @@ mod tests {
             status,
             retry_after: None,
             grpc_status: grpc,
+            pushback: None,
         };
         let r = |cause, delivery, safe| Class::Retryable {
             cause,

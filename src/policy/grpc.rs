@@ -27,6 +27,9 @@ pub const CODES: [(u8, &str, &str); 17] = [
     (16, "unauthenticated", "Unauthenticated"),
 ];
 
+/// The codes `retry_on` may list: those a retry can change.
+pub const RETRYABLE: [u8; 7] = [1, 2, 4, 8, 10, 13, 14];
+
 /// `UNAVAILABLE`.
 pub const UNAVAILABLE: u8 = 14;
 /// `RESOURCE_EXHAUSTED`.
@@ -97,25 +100,6 @@ pub fn from_http(status: u16) -> u8 {
         404 => 12,
         429 | 502 | 503 | 504 => UNAVAILABLE,
         _ => 2,
-    }
-}
-
-/// How a keyed gRPC call ended, by its status (docs/reference/idempotency.md#grpc):
-/// one that says the call was not processed (`UNAVAILABLE`,
-/// `RESOURCE_EXHAUSTED`) is a failure, forgotten so that a repeat is
-/// forwarded; `CANCELLED` and `DEADLINE_EXCEEDED` may have been processed
-/// (uncertain: the repeat is forwarded again); any other is judged as the
-/// HTTP status it stands for is (`INTERNAL` as a 500: forgotten; `OK`, or a
-/// client error such as `NOT_FOUND`: completed, and replayed).
-pub fn ending(code: u8, replayable: bool) -> super::idempotency::Ending {
-    use super::idempotency::Ending;
-    match code {
-        _ if not_processed(code) => Ending::Failed,
-        1 | 4 => Ending::Uncertain,
-        _ => Ending::Response {
-            status: http_equivalent(code),
-            replayable,
-        },
     }
 }
 
@@ -204,21 +188,6 @@ mod tests {
         for (i, (c, _, _)) in CODES.iter().enumerate() {
             assert_eq!(usize::from(*c), i);
         }
-    }
-
-    #[test]
-    fn a_call_not_processed_is_forgotten_and_ok_is_kept() {
-        use crate::policy::idempotency::{record, Record};
-        let rec = |c| record(ending(c, true));
-        assert_eq!(rec(0), Record::Completed);
-        assert_eq!(rec(5), Record::Completed);
-        assert_eq!(rec(14), Record::Forget);
-        assert_eq!(rec(8), Record::Forget);
-        assert_eq!(rec(13), Record::Forget);
-        assert_eq!(rec(10), Record::Forget);
-        assert_eq!(rec(4), Record::Uncertain);
-        assert_eq!(rec(1), Record::Uncertain);
-        assert_eq!(record(ending(0, false)), Record::CompletedNotReplayable);
     }
 
     #[test]

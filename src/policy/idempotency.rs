@@ -526,6 +526,25 @@ pub enum Ending {
     ClientGone,
 }
 
+/// How a keyed gRPC call ended, by its status (docs/reference/idempotency.md#grpc):
+/// one that says the call was not processed (`UNAVAILABLE`,
+/// `RESOURCE_EXHAUSTED`) is a failure, forgotten so that a repeat is
+/// forwarded; `CANCELLED` and `DEADLINE_EXCEEDED` may have been processed
+/// (uncertain: the repeat is forwarded again); any other is judged as the
+/// HTTP status it stands for is (`INTERNAL` as a 500: forgotten; `OK`, or a
+/// client error such as `NOT_FOUND`: completed, and replayed).
+pub fn grpc_ending(code: u8, replayable: bool) -> Ending {
+    use super::grpc::{http_equivalent, not_processed};
+    match code {
+        _ if not_processed(code) => Ending::Failed,
+        1 | 4 => Ending::Uncertain,
+        _ => Ending::Response {
+            status: http_equivalent(code),
+            replayable,
+        },
+    }
+}
+
 /// What an [`Ending`] leaves in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -668,6 +687,23 @@ pub trait IdempotencyStore: Send + fmt::Debug {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_not_processed_is_forgotten_and_ok_is_kept() {
+        let rec = |c| record(grpc_ending(c, true));
+        assert_eq!(rec(0), Record::Completed);
+        assert_eq!(rec(5), Record::Completed);
+        assert_eq!(rec(14), Record::Forget);
+        assert_eq!(rec(8), Record::Forget);
+        assert_eq!(rec(13), Record::Forget);
+        assert_eq!(rec(10), Record::Forget);
+        assert_eq!(rec(4), Record::Uncertain);
+        assert_eq!(rec(1), Record::Uncertain);
+        assert_eq!(
+            record(grpc_ending(0, false)),
+            Record::CompletedNotReplayable
+        );
+    }
 
     fn s(x: u64) -> Duration {
         Duration::from_secs(x)

@@ -15,7 +15,7 @@
 //! | module | owns |
 //! |---|---|
 //! | [`backoff`] | delay per retry; `schedule`, `envelope` |
-//! | [`retry_after`] | parsing `Retry-After` against a passed-in wall clock |
+//! | [`retry_after`] | what an answer says of being retried: `Retry-After` against a passed-in wall clock, pushback (`grpc-retry-pushback-ms`, a proxy's refusal) |
 //! | [`budget`] | the retry budget (deposit / withdraw / balance) |
 //! | [`breaker`] | the circuit breaker state machine |
 //! | [`limiter`] | token bucket, sliding window, both combined |
@@ -85,7 +85,7 @@ pub use lease::{LeasedBucket, Take};
 pub use limiter::{Left, Limiter, RateLimitParams, SlidingWindow, TokenBucket};
 pub use random::{FixedRandom, Random, SeededRandom};
 pub use report::{schedule_report, schedule_report_with};
-pub use retry_after::parse_retry_after;
+pub use retry_after::{parse_grpc_pushback, parse_retry_after, Pushback};
 pub use throttle::{AdaptiveThrottle, ThrottleParams};
 
 use std::time::Duration;

@@ -116,8 +116,9 @@ impl ProxyError {
     /// The gRPC status a gRPC client gets for this error.
     pub fn grpc_status(&self) -> u8 {
         match self {
-            ProxyError::NoRoute => 12, // UNIMPLEMENTED
-            ProxyError::BadRequest(_) | ProxyError::HeadTooLarge(_) => 3, // INVALID_ARGUMENT
+            ProxyError::NoRoute => 12,           // UNIMPLEMENTED
+            ProxyError::BadRequest(_) => 3,      // INVALID_ARGUMENT
+            ProxyError::HeadTooLarge(_) => 8,    // RESOURCE_EXHAUSTED, as gRPC's own metadata limit
             ProxyError::ConnectNotAllowed => 12, // UNIMPLEMENTED
             ProxyError::RateLimited { .. } => 8, // RESOURCE_EXHAUSTED
             ProxyError::UpstreamTimeout | ProxyError::DeadlineExceeded => 4, // DEADLINE_EXCEEDED
@@ -158,8 +159,33 @@ impl ProxyError {
         if let Some(secs) = self.retry_after_secs() {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        self.mark_refusal(h);
         resp.extensions_mut().insert(ErrorCode(self.code()));
         resp
+    }
+
+    /// Whether this is weir shedding load: a refusal the next proxy in a
+    /// chain must not retry (docs/reference/retries.md#pushback).
+    pub fn sheds_load(&self) -> bool {
+        matches!(
+            self,
+            ProxyError::Overloaded
+                | ProxyError::CircuitOpen { .. }
+                | ProxyError::RateLimited { .. }
+        )
+    }
+
+    /// Marks a refusal that sheds load the way Envoy marks its own, so
+    /// that an Envoy in front does not retry it: `x-envoy-overloaded`, and
+    /// `x-envoy-ratelimited` for a rate limit (a retry policy's
+    /// `envoy-ratelimited` may still opt in to retrying that one).
+    fn mark_refusal(&self, h: &mut http::HeaderMap) {
+        let name = match self {
+            ProxyError::RateLimited { .. } => ENVOY_RATELIMITED,
+            _ if self.sheds_load() => ENVOY_OVERLOADED,
+            _ => return,
+        };
+        h.insert(name, HeaderValue::from_static("true"));
     }
 
     /// The JSON body of weir's own error response (docs/reference/responses.md#error-responses).
@@ -200,6 +226,7 @@ impl ProxyError {
         if let Some(secs) = self.retry_after_secs() {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
+        self.mark_refusal(h);
         if self.closes_connection() {
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
@@ -221,6 +248,43 @@ impl ProxyError {
         let (parts, body) = self.parts(upstream);
         Response::from_parts(parts, full(body))
     }
+}
+
+/// Envoy's mark on a request it refused under load (circuit breaking,
+/// overload): Envoy never retries an answer that carries it.
+pub(crate) const ENVOY_OVERLOADED: &str = "x-envoy-overloaded";
+/// Envoy's mark on a request its rate limit refused: not retried unless
+/// the retry policy lists `envoy-ratelimited`.
+pub(crate) const ENVOY_RATELIMITED: &str = "x-envoy-ratelimited";
+/// weir's codes for the refusals that shed load ([`ProxyError::sheds_load`]).
+const LOAD_SHEDDING_CODES: [&str; 3] = ["overloaded", "circuit_open", "rate_limited"];
+
+/// Whether a field of an upstream's answer marks it as a proxy's refusal
+/// under load (docs/reference/retries.md#pushback): Envoy's
+/// `x-envoy-overloaded` or `x-envoy-ratelimited` (present, whatever its
+/// value, as Envoy reads it), or another weir's `x-weir-error` naming one
+/// of its load-shedding refusals. Read before the `x-weir-*` fields are
+/// stripped; by length first, as every field of every answer passes here.
+pub(crate) fn marks_refusal(name: &str, value: &[u8]) -> bool {
+    match name.len() {
+        12 => {
+            name.eq_ignore_ascii_case("x-weir-error")
+                && LOAD_SHEDDING_CODES
+                    .contains(&std::str::from_utf8(value.trim_ascii()).unwrap_or(""))
+        }
+        18 => name.eq_ignore_ascii_case(ENVOY_OVERLOADED),
+        19 => name.eq_ignore_ascii_case(ENVOY_RATELIMITED),
+        _ => false,
+    }
+}
+
+/// [`marks_refusal`] over a head or trailers.
+pub(crate) fn refused_by_proxy(h: &http::HeaderMap) -> bool {
+    h.contains_key(ENVOY_OVERLOADED)
+        || h.contains_key(ENVOY_RATELIMITED)
+        || h.get_all("x-weir-error")
+            .iter()
+            .any(|v| marks_refusal("x-weir-error", v.as_bytes()))
 }
 
 /// The code of weir's own error response (its `x-weir-error`), carried as
@@ -292,6 +356,15 @@ mod tests {
             ProxyError::IdempotencyNotReplayable,
         ];
         assert_eq!(all.len(), crate::metrics::ERROR_CODES.len());
+        // What weir marks as shedding load, the next weir reads as such.
+        for e in &all {
+            let (parts, _) = e.parts(None);
+            let code = parts.headers["x-weir-error"].as_bytes();
+            assert_eq!(marks_refusal("X-Weir-Error", code), e.sheds_load(), "{e:?}");
+            assert_eq!(refused_by_proxy(&parts.headers), e.sheds_load(), "{e:?}");
+            let grpc = e.respond(None, true);
+            assert_eq!(refused_by_proxy(grpc.headers()), e.sheds_load(), "{e:?}");
+        }
         for e in all {
             let row = crate::metrics::ERROR_CODES.iter().find(|r| r.0 == e.code());
             assert_eq!(row.map(|r| r.1), Some(e.status().as_str()), "{e:?}");

@@ -339,7 +339,7 @@ impl Capture {
             StoredResponse::from_buffer(self.status, std::mem::take(&mut self.buf), self.fields_len)
         });
         let ending = match self.grpc {
-            Some(Some(code)) => crate::policy::grpc::ending(code, replayable),
+            Some(Some(code)) => crate::policy::idempotency::grpc_ending(code, replayable),
             _ => Ending::Response {
                 status: self.status,
                 replayable,

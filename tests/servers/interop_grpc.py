@@ -17,7 +17,15 @@ code.
           seeded random source) or `count KEY` (answers the calls seen with
           KEY, without counting itself). An OK answer is `ok <calls>` with
           trailing metadata `x-calls: <calls>`; a failure is trailers-only.
-    interop_grpc.py client --target HOST:PORT --method Digest|Refuse --body FILE
+        * `Pushback` (unary): the request's bytes are a
+          `grpc-retry-pushback-ms` value (`-1`, `2000`). The first call
+          with those bytes fails UNAVAILABLE with that trailing metadata;
+          a later one answers JSON {"calls": n, "gap_ms": ms since the
+          first}.
+        * `Count` (unary): JSON {"calls": n} — the `Pushback` calls made
+          with these bytes so far (0 for none).
+    interop_grpc.py client --target HOST:PORT --method METHOD --body FILE
+            [--metadata KEY=VALUE ...]
         Prints one JSON object: {"code", "details", "response", "trailing":
         {name: value}}.
     interop_grpc.py calls --target HOST:PORT --request TEXT --n N [--key K]
@@ -31,6 +39,7 @@ import argparse
 import hashlib
 import json
 import sys
+import threading
 import time
 from concurrent import futures
 
@@ -52,7 +61,6 @@ def serve():
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, "refused on purpose")
 
     import random
-    import threading
 
     seen = {}
     lock = threading.Lock()
@@ -73,13 +81,39 @@ def serve():
         context.set_trailing_metadata((("x-calls", str(n)),))
         return ("ok %d" % n).encode()
 
+    # Pushback's calls, by request bytes: when each came (monotonic).
+    pushback_calls = {}
+    pushback_lock = threading.Lock()
+
+    def pushback(request, context):
+        with pushback_lock:
+            calls = pushback_calls.setdefault(request, [])
+            calls.append(time.monotonic())
+            n, first = len(calls), calls[0]
+        if n == 1:
+            value = request.decode(errors="replace")
+            context.set_trailing_metadata((("grpc-retry-pushback-ms", value),))
+            context.abort(grpc.StatusCode.UNAVAILABLE, "pushback " + value)
+        gap_ms = int((time.monotonic() - first) * 1000)
+        return json.dumps({"calls": n, "gap_ms": gap_ms}).encode()
+
+    def count(request, context):
+        with pushback_lock:
+            return json.dumps({"calls": len(pushback_calls.get(request, []))}).encode()
+
     handler = grpc.method_handlers_generic_handler(
         "weir.interop.Matrix",
         {
             name: grpc.unary_unary_rpc_method_handler(
                 fn, request_deserializer=identity, response_serializer=identity
             )
-            for name, fn in (("Digest", digest), ("Refuse", refuse), ("Flaky", flaky))
+            for name, fn in (
+                ("Digest", digest),
+                ("Refuse", refuse),
+                ("Pushback", pushback),
+                ("Count", count),
+                ("Flaky", flaky),
+            )
         },
     )
     server = grpc.server(
@@ -96,8 +130,9 @@ def serve():
 def client(argv):
     p = argparse.ArgumentParser()
     p.add_argument("--target", required=True)
-    p.add_argument("--method", required=True, choices=["Digest", "Refuse"])
+    p.add_argument("--method", required=True)
     p.add_argument("--body", required=True)
+    p.add_argument("--metadata", action="append", default=[], help="KEY=VALUE")
     args = p.parse_args(argv)
     with open(args.body, "rb") as f:
         body = f.read()
@@ -111,7 +146,8 @@ def client(argv):
     out = {"code": "OK", "details": "", "response": None, "trailing": {}}
     started = time.monotonic()
     try:
-        response, c = call.with_call(body, timeout=30)
+        metadata = tuple(tuple(m.split("=", 1)) for m in args.metadata)
+        response, c = call.with_call(body, timeout=30, metadata=metadata)
         out["response"] = response.decode(errors="replace")
         out["trailing"] = {k: v for k, v in c.trailing_metadata()}
     except grpc.RpcError as e:

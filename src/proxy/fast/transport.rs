@@ -5,7 +5,7 @@
 
 use super::head::{self, Framing, Head};
 use super::{client_gone, read_more, Pool, Timer};
-use crate::policy::{parse_retry_after, Outcome};
+use crate::policy::{parse_retry_after, Outcome, Pushback};
 use crate::proxy::attempt;
 use crate::proxy::error::ProxyError;
 use crate::proxy::{Upstream, MAX_RESPONSE_HEAD};
@@ -29,6 +29,8 @@ pub(super) struct Exchange {
     pub(super) framing: Framing,
     pub(super) reusable: bool,
     pub(super) retry_after: Option<Duration>,
+    /// A proxy's refusal under load (docs/reference/retries.md#pushback).
+    pub(super) refused: bool,
 }
 
 impl Exchange {
@@ -245,6 +247,7 @@ fn conclude(
             status: x.status,
             retry_after: None,
             grpc_status: None,
+            pushback: None,
         },
         Err((o, _)) => *o,
     };
@@ -255,6 +258,7 @@ fn conclude(
                 status: x.status,
                 retry_after: x.retry_after,
                 grpc_status: None,
+                pushback: Pushback::of(x.refused, None),
             },
             Ok(x),
         ),
@@ -440,6 +444,7 @@ async fn read_head(
                         framing: r.framing,
                         reusable: r.reusable && whole,
                         retry_after,
+                        refused: r.refused,
                     });
                 }
                 Err(why) => return Err(SendError::new(Failure::BadResponse, why)),

@@ -51,11 +51,43 @@ pub(in crate::proxy) fn builder(config: &Config) -> auto::Builder<TokioExecutor>
         // path: an HTTP/1.1 peer that cares about case sees no difference.
         .preserve_header_case(true)
         .keep_alive(true);
+    // Above `max_header_bytes`, so that weir answers a header list over
+    // the limit itself (`over_header_limit`): h2 answers one over its own
+    // limit with a bare 431, which a gRPC client takes for no status at all.
+    let h2_limit = config.server.max_header_bytes.saturating_mul(2);
     b.http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(config.server.max_header_bytes.min(u32::MAX as usize) as u32)
+        .max_header_list_size(h2_limit.min(u32::MAX as usize) as u32)
         .max_concurrent_streams(config.server.max_streams_per_connection);
     b
+}
+
+/// Whether an HTTP/2 request's header list is larger than `max` bytes,
+/// counted as RFC 9113 §6.5.2 (and h2) count it: each field's name and
+/// value and 32 more, the pseudo-fields included. h2 reads up to twice
+/// that ([`builder`]), so that weir refuses it with its own 431 — gRPC-shaped
+/// for a gRPC request (docs/reference/routing.md#header-hygiene).
+pub(in crate::proxy) fn over_header_limit(parts: &http::request::Parts, max: usize) -> bool {
+    let field = |name: usize, value: usize| name + value + 32;
+    let uri = &parts.uri;
+    let pseudo = field(":method".len(), parts.method.as_str().len())
+        + field(":scheme".len(), uri.scheme_str().map_or(0, str::len))
+        + field(
+            ":authority".len(),
+            uri.authority().map_or(0, |a| a.as_str().len()),
+        )
+        + field(
+            ":path".len(),
+            uri.path_and_query().map_or(0, |p| p.as_str().len()),
+        );
+    let mut size = pseudo;
+    for (name, value) in &parts.headers {
+        size += field(name.as_str().len(), value.len());
+        if size > max {
+            return true;
+        }
+    }
+    size > max
 }
 
 /// One client connection's context, however its bytes arrive (plain or TLS).

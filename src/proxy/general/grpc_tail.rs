@@ -78,6 +78,7 @@ impl GrpcTail {
                 status: 200,
                 retry_after: None,
                 grpc_status: Some(code.unwrap_or(UNKNOWN)),
+                pushback: None,
             }
         };
         state.metrics.attempt(&outcome, t.pending.took);

@@ -103,6 +103,16 @@ async fn serve(
         };
         return log(NO_UPSTREAM, &asker, resp.to_response(None));
     }
+    // An HTTP/2 head over the limit: hyper's h2 read it (up to twice the
+    // limit), and weir answers it, gRPC-shaped for gRPC. The stream ends
+    // there; the connection, framed by HTTP/2, goes on.
+    let max_head = snap.config.server.max_header_bytes;
+    if parts.version == Version::HTTP_2 && conn::over_header_limit(&parts, max_head) {
+        snap.metrics.header_too_large();
+        let mut resp = ProxyError::HeadTooLarge(max_head).respond(None, is_grpc(&parts.headers));
+        resp.headers_mut().remove(header::CONNECTION);
+        return log(NO_UPSTREAM, &asker, resp);
+    }
     if let Some(field) = super::route::userinfo_in(&parts) {
         snap.metrics.bad_request();
         let resp = ProxyError::BadRequest(format!(

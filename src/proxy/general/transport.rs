@@ -2,7 +2,7 @@
 //! one and sent through hyper's client (or a held connection); gRPC
 //! responses held until their first message.
 
-use super::trailers::hold_for_trailers;
+use super::trailers::{hold_for_trailers, pushback_of};
 use crate::policy::{parse_retry_after, Outcome};
 use crate::proxy::attempt::Watch;
 use crate::proxy::attempt::{drive, timed_out, Attempted, Attempts, Transport};
@@ -382,10 +382,14 @@ async fn judge(
     match sent {
         Ok(Ok(resp)) => {
             let mut grpc = grpc_status(resp.headers());
+            // Read before the `x-weir-*` fields are stripped.
+            let mut pushback = pushback_of(resp.headers());
             let resp = if grpc_trailers && grpc.is_none() && resp.status() == http::StatusCode::OK {
                 let limit = up.config.retry.max_replay_body_bytes;
-                let (resp, trailer_status) = hold_for_trailers(resp, limit, try_deadline).await;
+                let (resp, trailer_status, trailer_pushback) =
+                    hold_for_trailers(resp, limit, try_deadline).await;
                 grpc = trailer_status;
+                pushback = pushback.or(trailer_pushback);
                 resp
             } else {
                 resp.map(UpstreamBody::Left)
@@ -395,6 +399,7 @@ async fn judge(
                     status: resp.status().as_u16(),
                     retry_after: retry_after(resp.headers(), state),
                     grpc_status: grpc,
+                    pushback,
                 },
                 Ok(resp),
             )

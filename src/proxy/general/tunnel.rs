@@ -173,6 +173,7 @@ impl attempt::Transport for Connect {
                     status: 200,
                     retry_after: None,
                     grpc_status: None,
+                    pushback: None,
                 };
                 return Some((ok, Ok(upstream)));
             }

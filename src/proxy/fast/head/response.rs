@@ -19,6 +19,11 @@ pub struct Response<'b> {
     pub reusable: bool,
     /// `Retry-After`, as sent.
     pub retry_after: Option<&'b str>,
+    /// The answer is a proxy's refusal under load (`x-envoy-overloaded`,
+    /// another weir's `x-weir-error: overloaded`, …): read here, before
+    /// the `x-weir-*` fields are left out of the client's head
+    /// (docs/reference/retries.md#pushback).
+    pub refused: bool,
     /// Where in `out` the fields a stored response keeps lie, as one block
     /// (see [`fields`]); `None` when the upstream sent one that must be
     /// left out of it (`Idempotent-Replayed`).
@@ -75,9 +80,11 @@ pub fn parse_response<'b>(
     let mut connection = ConnectionField::default();
     let mut dated = false;
     let mut replayed = false;
+    let mut refused = false;
     for h in resp.headers.iter() {
         let n = h.name;
         dated |= eq(n, "date");
+        refused |= crate::proxy::error::marks_refusal(n, h.value);
         replayed |= eq(n, crate::policy::idempotency::REPLAYED_HEADER);
         if eq(n, "content-length") {
             let v = h1::content_length_list(h.value)
@@ -136,6 +143,7 @@ pub fn parse_response<'b>(
         framing,
         reusable,
         retry_after,
+        refused,
         kept,
     })))
 }
