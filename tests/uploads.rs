@@ -310,3 +310,40 @@ async fn a_grpc_client_stream_that_stops_is_ended_at_idle_timeout() {
     // One second after the third message (at 200 ms).
     assert!(took >= 1200 * MS && took < 2500 * MS, "{took:?}");
 }
+
+/// The change is said by `weir check` where a config sets `timeout` or
+/// `per_try_timeout` (once for a `[defaults]` field every upstream
+/// shares), and nowhere else.
+#[test]
+fn weir_check_says_what_changed_where_a_timeout_is_set() {
+    let notes = |src: &str| -> Vec<String> {
+        let c = weir::config::Config::parse(std::path::Path::new("w.toml"), src).unwrap();
+        c.notes()
+            .into_iter()
+            .filter(|n| n.contains("no longer counts the time the request body takes to arrive"))
+            .collect()
+    };
+    let up = |name: &str, extra: &str| {
+        format!("[upstreams.{name}]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"{name}\"]\n{extra}")
+    };
+    let src = format!(
+        "[defaults]\ntimeout = \"10s\"\n{}{}",
+        up("a", "per_try_timeout = \"1s\"\n"),
+        up("b", "")
+    );
+    let said = notes(&src);
+    assert_eq!(said.len(), 2, "{said:#?}");
+    assert!(
+        said.iter().any(|n| n.starts_with("note: w.toml:2:")
+            && n.contains("`defaults.timeout`: `timeout` no longer counts")),
+        "{said:#?}"
+    );
+    assert!(
+        said.iter()
+            .any(|n| n.contains("`upstreams.a.per_try_timeout`")
+                && n.contains("docs/reference/deadlines.md#uploads")),
+        "{said:#?}"
+    );
+    let plain = notes(&up("c", "idle_timeout = \"5s\"\n"));
+    assert!(plain.is_empty(), "{plain:#?}");
+}
