@@ -11,9 +11,15 @@ code.
         * `Refuse` (unary): fails with FAILED_PRECONDITION, details
           "refused on purpose" and trailing metadata `x-why: test` (a
           trailers-only response).
-    interop_grpc.py client --target HOST:PORT --method Digest|Refuse --body FILE
+        * `Upload` (client streaming): reads every message, then answers
+          "<messages> messages, <bytes> bytes" with trailing metadata
+          `x-messages`.
+    interop_grpc.py client --target HOST:PORT --method Digest|Refuse|Upload --body FILE
+            [--messages N] [--every-ms MS]
         Prints one JSON object: {"code", "details", "response", "trailing":
-        {name: value}}.
+        {name: value}, "ms"}. For `Upload`, the file's bytes are sent as
+        each of N messages (default 10), MS milliseconds apart (default
+        100).
 """
 
 import argparse
@@ -53,7 +59,23 @@ def serve():
         futures.ThreadPoolExecutor(max_workers=8),
         options=[("grpc.max_receive_message_length", 64 << 20)],
     )
-    server.add_generic_rpc_handlers((handler,))
+    def upload(requests, context):
+        n, size = 0, 0
+        for m in requests:
+            n += 1
+            size += len(m)
+        context.set_trailing_metadata((("x-messages", str(n)),))
+        return ("%d messages, %d bytes" % (n, size)).encode()
+
+    streams = grpc.method_handlers_generic_handler(
+        "weir.interop.Matrix",
+        {
+            "Upload": grpc.stream_unary_rpc_method_handler(
+                upload, request_deserializer=identity, response_serializer=identity
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((handler, streams))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print("PORT %d" % port, flush=True)
@@ -63,8 +85,10 @@ def serve():
 def client(argv):
     p = argparse.ArgumentParser()
     p.add_argument("--target", required=True)
-    p.add_argument("--method", required=True, choices=["Digest", "Refuse"])
+    p.add_argument("--method", required=True, choices=["Digest", "Refuse", "Upload"])
     p.add_argument("--body", required=True)
+    p.add_argument("--messages", type=int, default=10)
+    p.add_argument("--every-ms", type=int, default=100)
     args = p.parse_args(argv)
     with open(args.body, "rb") as f:
         body = f.read()
@@ -75,10 +99,24 @@ def client(argv):
     call = channel.unary_unary(
         "/weir.interop.Matrix/" + args.method, request_serializer=None, response_deserializer=None
     )
+    if args.method == "Upload":
+        call = channel.stream_unary(
+            "/weir.interop.Matrix/Upload", request_serializer=None, response_deserializer=None
+        )
+
+        def messages():
+            for i in range(args.messages):
+                if i:
+                    time.sleep(args.every_ms / 1000.0)
+                yield body
+
+        request = messages()
+    else:
+        request = body
     out = {"code": "OK", "details": "", "response": None, "trailing": {}}
     started = time.monotonic()
     try:
-        response, c = call.with_call(body, timeout=30)
+        response, c = call.with_call(request, timeout=30)
         out["response"] = response.decode(errors="replace")
         out["trailing"] = {k: v for k, v in c.trailing_metadata()}
     except grpc.RpcError as e:
