@@ -347,3 +347,39 @@ fn weir_check_says_what_changed_where_a_timeout_is_set() {
     let plain = notes(&up("c", "idle_timeout = \"5s\"\n"));
     assert!(plain.is_empty(), "{plain:#?}");
 }
+
+/// `weir_concurrency_latency_seconds{upstream="svc"}`: the adaptive limit's
+/// latency estimate.
+fn adaptive_latency(weir: &Weir) -> f64 {
+    let handle = weir.handle.as_ref().unwrap();
+    // Brought up to date as a scrape does.
+    handle.snapshot().upstreams[0].refresh_gauges();
+    let text = handle.metrics().render();
+    text.lines()
+        .find(|l| l.starts_with("weir_concurrency_latency_seconds{") && l.contains("\"svc\""))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+// The adaptive limit measures the upstream, not the client: uploads of
+// 300 ms to an upstream that answers at once are no 300 ms latency (the
+// general path streams them through the attempt, and its estimate was
+// 0.3 s; the fast path reads such a body whole before it takes a place).
+both_paths!(
+    #[tokio::test(start_paused = true)]
+    the_adaptive_limit_leaves_the_upload_out_of_its_samples
+);
+async fn the_adaptive_limit_leaves_the_upload_out_of_its_samples(path: DataPath) {
+    let up = counting(Duration::ZERO).await;
+    let config = "[upstreams.svc.retry]\nmax_attempts = 1\n\
+                  [upstreams.svc.concurrency]\nlimit = \"adaptive\"";
+    let weir = Weir::single_on(path, &up.url(), config).await;
+    for i in 0..24 {
+        let req = post(&weir, upload(4, 1024, 100 * MS, None), &[]);
+        let (parts, _) = read_body(client().request(req).await.unwrap()).await;
+        assert_eq!(parts.status, 200, "upload {i}");
+    }
+    let latency = adaptive_latency(&weir);
+    assert!(latency < 0.05, "the adaptive limit's latency: {latency} s");
+}

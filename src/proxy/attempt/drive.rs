@@ -202,11 +202,12 @@ impl<'a> Attempts<'a> {
         state.metrics.attempt(outcome, took);
         // The client's upload is no part of the upstream's latency.
         let held = self.upload.held(started, ended);
-        observe_latency(self.up, outcome, started + held, took - held);
+        let waited = took.saturating_sub(held);
+        observe_latency(self.up, outcome, started + held, waited);
         state.throttle.answered(ended, outcome, self.facts.caller);
         if self.up.config.hedge.is_some() {
             let now = state.now_at(ended);
-            state.live().hedge.latency.observe(took - held, now);
+            state.live().hedge.latency.observe(waited, now);
         }
         // A deadline the client lowered itself is the client's doing, not the
         // upstream's: no verdict for the breaker.
