@@ -231,10 +231,13 @@ impl Upload {
                 return (r.map_err(|_| Expired::Deadline), try_deadline, deadline);
             }
         };
+        // Boxed: only a streaming upload's attempt waits this way, and every
+        // attempt's future would otherwise carry it.
+        let expiry = Box::pin(self.expiry(tell, started, try_deadline, deadline));
         let r = tokio::select! {
             biased;
             r = answer => Ok(r),
-            e = self.expiry(tell, started, try_deadline, deadline) => Err(e),
+            e = expiry => Err(e),
         };
         let held = self.held(started, Instant::now());
         let (t, d) = self.moved((try_deadline, deadline), held);
