@@ -91,7 +91,9 @@
 //!   request-smuggling guard, `exchange` its codec, `transport` its
 //!   attempts, `exchange::refresh` a stale entry's background refresh,
 //!   `tunnel` CONNECT,
-//!   `upgrade` WebSocket pass-through). Beside them: `replay` (bodies kept for a retry), `idempotent` (keyed writes),
+//!   `upgrade` WebSocket pass-through). Beside them: `replay` (bodies kept for a retry),
+//!   `upload` (the request body's upload, which `timeout` and
+//!   `per_try_timeout` set aside), `idempotent` (keyed writes),
 //!   `error` (weir's own responses), `access` (the access log), `headers`,
 //!   `route`, `body`, `traced`.
 //! - [`admin`]: the admin endpoints; `admin::status`, the status page they

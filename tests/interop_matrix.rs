@@ -35,8 +35,9 @@
 //! and `httpx` over HTTP/2 with prior knowledge (tests/servers/interop_client.py),
 //! Node's `fetch` (tests/servers/interop_fetch.js), grpcio on both ends of a
 //! `protocol = "grpc"` upstream (tests/servers/interop_grpc.py: a message's
-//! digest and trailing metadata, and a trailers-only error; and the gRPC
-//! policy rows of tests/interop/grpc_policies.rs), and h2load
+//! digest and trailing metadata, and a trailers-only error; a client
+//! stream, 10 messages 100 ms apart, through `per_try_timeout = "500ms"`;
+//! and the gRPC policy rows of tests/interop/grpc_policies.rs), and h2load
 //! (POSTs to `/check`, which answers 2xx only when the body arrived whole
 //! with its `Content-Length`).
 //!
@@ -1545,6 +1546,18 @@ fn interop_matrix() {
             grpc.port
         ),
     );
+    // A client stream through `per_try_timeout = "500ms"` (issue 54, item
+    // 5): the upload is not counted against it.
+    let grpc_upload_weir = start_weir(
+        &bin,
+        &d,
+        "grpc-upload",
+        &format!(
+            "[upstreams.grpcupload]\nurl = \"http://127.0.0.1:{}\"\nprotocol = \"grpc\"\n\
+             per_try_timeout = \"500ms\"\n",
+            grpc.port
+        ),
+    );
     eprintln!(
         "weir {} and its peers up after {:?}",
         bin.display(),
@@ -1673,6 +1686,55 @@ fn interop_matrix() {
         weirs[&(Server::Nginx, Variant::Cap1m)].port,
         &ng,
     ));
+    // A gRPC client stream, grpcio to grpcio: 10 messages 100 ms apart
+    // through `per_try_timeout = "500ms"` end OK after about a second
+    // (until issue 54, item 5: DEADLINE_EXCEEDED at ~550 ms), each message
+    // counted at the far end.
+    {
+        let name = "gRPC Upload (10 messages 100 ms apart, per_try_timeout 500ms) · grpcio · \
+                    grpcio h2c · grpc (the general path)"
+            .to_string();
+        let message = d.join("grpc-message");
+        std::fs::write(&message, request_body(KIB)).unwrap();
+        let mut cmd = Command::new(&py);
+        cmd.arg(server_script("interop_grpc.py"))
+            .args(["client", "--target"])
+            .arg(format!("127.0.0.1:{}", grpc_upload_weir.port))
+            .args([
+                "--method",
+                "Upload",
+                "--messages",
+                "10",
+                "--every-ms",
+                "100",
+            ])
+            .arg("--body")
+            .arg(&message);
+        let out = run_bounded(&mut cmd, Duration::from_secs(40));
+        match serde_json::from_slice::<Value>(&out.stdout) {
+            Ok(v) => {
+                let ms = v["ms"].as_u64().unwrap_or(0);
+                let whole = format!("10 messages, {} bytes", 10 * KIB);
+                if v["code"] != "OK"
+                    || v["response"] != whole.as_str()
+                    || v["trailing"]["x-messages"] != "10"
+                    || ms < 900
+                {
+                    failures.push((
+                        name,
+                        format!("expected OK after ~1 s with every message: {v}"),
+                    ));
+                }
+            }
+            Err(_) => failures.push((
+                name,
+                format!(
+                    "the grpcio client printed no result: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            )),
+        }
+    }
 
     // h2load: POSTs over h2c, checked by the server itself (`/check`): 1 KiB
     // (held by weir) and 64 KiB + 1 (streamed).
@@ -1792,7 +1854,7 @@ fn interop_matrix() {
 
     let took = real_now() - started;
     eprintln!(
-        "interop matrix: {} cases ({} meant for the fast path, {} for hyper's), 2 gRPC calls, 2 pushback rows, {} h2load runs, in {took:?}; {} failures",
+        "interop matrix: {} cases ({} meant for the fast path, {} for hyper's), 3 gRPC calls, 2 pushback rows, {} h2load runs, in {took:?}; {} failures",
         results.len(),
         counted[0],
         counted[1],
@@ -1807,7 +1869,7 @@ fn interop_matrix() {
         }
         let logs: Vec<String> = procs
             .values()
-            .chain([&grpc, &grpc_weir, &pushback_weir])
+            .chain([&grpc, &grpc_weir, &pushback_weir, &grpc_upload_weir])
             .chain(grpc_weirs.procs())
             .map(|p| format!("--- {} (last lines)\n{}", p.name, p.log_tail()))
             .collect();

@@ -20,6 +20,7 @@ pub mod request;
 pub(crate) mod route;
 mod server;
 pub(crate) mod traced;
+pub(crate) mod upload;
 
 /// The largest upstream response head weir reads, on either path; a larger
 /// one is a `bad_response` (502), not retried.

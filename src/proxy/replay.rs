@@ -56,17 +56,33 @@ pub(crate) enum RequestBody {
 /// stream; a streaming call that opens with a pause waits this long once.
 const READ_AHEAD_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// Why a body could not be read ahead.
+#[derive(Debug)]
+pub(crate) enum Unread {
+    /// It broke off, or was malformed.
+    Broke(BoxError),
+    /// The client sent none of the rest of it for `idle_timeout`
+    /// (docs/reference/deadlines.md#uploads).
+    Idle,
+}
+
+impl From<BoxError> for Unread {
+    fn from(e: BoxError) -> Self {
+        Unread::Broke(e)
+    }
+}
+
 impl RequestBody {
-    /// Reads up to `limit` bytes of `body` when a retry is possible. A body
-    /// of unknown length is streamed rather than read ahead when
-    /// `stream_unknown` (HTTP/2 and gRPC: it may be a stream the client keeps
-    /// open while it waits for answers).
+    /// Reads up to `limit` bytes of `body` when a retry is possible, each
+    /// gap at most `idle`. A body of unknown length is streamed rather than
+    /// read ahead when `stream_unknown` (HTTP/2 and gRPC: it may be a
+    /// stream the client keeps open while it waits for answers).
     pub(crate) async fn prepare(
         body: Body,
         retry_possible: bool,
-        limit: u64,
+        (limit, idle): (u64, std::time::Duration),
         stream_unknown: bool,
-    ) -> Result<Self, BoxError> {
+    ) -> Result<Self, Unread> {
         let hint = body.size_hint();
         if !retry_possible {
             let len = if body.is_end_stream() {
@@ -103,7 +119,10 @@ impl RequestBody {
                         return Ok(RequestBody::streamed(boxed(rest), None));
                     }
                 },
-                None => body.frame().await,
+                None => match tokio::time::timeout(idle, body.frame()).await {
+                    Ok(f) => f,
+                    Err(_) => return Err(Unread::Idle),
+                },
             };
             let Some(frame) = next else { break };
             let frame = frame?;

@@ -24,10 +24,15 @@ code.
           first}.
         * `Count` (unary): JSON {"calls": n} — the `Pushback` calls made
           with these bytes so far (0 for none).
+        * `Upload` (client streaming): reads every message, then answers
+          "<messages> messages, <bytes> bytes" with trailing metadata
+          `x-messages`.
     interop_grpc.py client --target HOST:PORT --method METHOD --body FILE
-            [--metadata KEY=VALUE ...]
+            [--metadata KEY=VALUE ...] [--messages N] [--every-ms MS]
         Prints one JSON object: {"code", "details", "response", "trailing":
-        {name: value}}.
+        {name: value}, "ms"}. For `Upload`, the file's bytes are sent as
+        each of N messages (default 10), MS milliseconds apart (default
+        100).
     interop_grpc.py calls --target HOST:PORT --request TEXT --n N [--key K]
         N unary `Flaky` calls one after another (with `idempotency-key: K`
         metadata when given); prints one JSON object: {"codes": {CODE: n},
@@ -120,7 +125,23 @@ def serve():
         futures.ThreadPoolExecutor(max_workers=8),
         options=[("grpc.max_receive_message_length", 64 << 20)],
     )
-    server.add_generic_rpc_handlers((handler,))
+    def upload(requests, context):
+        n, size = 0, 0
+        for m in requests:
+            n += 1
+            size += len(m)
+        context.set_trailing_metadata((("x-messages", str(n)),))
+        return ("%d messages, %d bytes" % (n, size)).encode()
+
+    streams = grpc.method_handlers_generic_handler(
+        "weir.interop.Matrix",
+        {
+            "Upload": grpc.stream_unary_rpc_method_handler(
+                upload, request_deserializer=identity, response_serializer=identity
+            )
+        },
+    )
+    server.add_generic_rpc_handlers((handler, streams))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print("PORT %d" % port, flush=True)
@@ -133,6 +154,8 @@ def client(argv):
     p.add_argument("--method", required=True)
     p.add_argument("--body", required=True)
     p.add_argument("--metadata", action="append", default=[], help="KEY=VALUE")
+    p.add_argument("--messages", type=int, default=10)
+    p.add_argument("--every-ms", type=int, default=100)
     args = p.parse_args(argv)
     with open(args.body, "rb") as f:
         body = f.read()
@@ -143,11 +166,25 @@ def client(argv):
     call = channel.unary_unary(
         "/weir.interop.Matrix/" + args.method, request_serializer=None, response_deserializer=None
     )
+    if args.method == "Upload":
+        call = channel.stream_unary(
+            "/weir.interop.Matrix/Upload", request_serializer=None, response_deserializer=None
+        )
+
+        def messages():
+            for i in range(args.messages):
+                if i:
+                    time.sleep(args.every_ms / 1000.0)
+                yield body
+
+        request = messages()
+    else:
+        request = body
     out = {"code": "OK", "details": "", "response": None, "trailing": {}}
     started = time.monotonic()
     try:
         metadata = tuple(tuple(m.split("=", 1)) for m in args.metadata)
-        response, c = call.with_call(body, timeout=30, metadata=metadata)
+        response, c = call.with_call(request, timeout=30, metadata=metadata)
         out["response"] = response.decode(errors="replace")
         out["trailing"] = {k: v for k, v in c.trailing_metadata()}
     except grpc.RpcError as e:

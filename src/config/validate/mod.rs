@@ -394,6 +394,7 @@ fn upstream(
         cx.err(f, "must be greater than 0");
     }
     let per_try_timeout = p.per_try_timeout.map(|d| d.0);
+    policy::uploads_note(cx, name);
     if let Some(t) = per_try_timeout.filter(|t| !timeout.is_zero() && *t > timeout) {
         let f = cx.policy_path(name, "per_try_timeout");
         cx.note(

@@ -234,6 +234,32 @@ fn no_longer_doubles_note(cx: &mut ErrorSink, name: &str, p: &BreakerParams) {
     );
 }
 
+/// `timeout` or `per_try_timeout` the user set: since 2026-12-07 they no
+/// longer count the time a request body takes to arrive
+/// (docs/reference/deadlines.md#uploads). Said once where each is set (a
+/// `[defaults]` field is shared by every upstream).
+pub(super) fn uploads_note(cx: &mut ErrorSink, name: &str) {
+    for field in ["timeout", "per_try_timeout"] {
+        if !cx.policy_set(name, field) {
+            continue;
+        }
+        let at = cx.policy_path(name, field);
+        let message = format!(
+            "`{field}` no longer counts the time the request body takes to arrive: it \
+             stands still from weir's first read of the body to its last byte, while \
+             `idle_timeout` bounds each gap and the client's own deadline still counts \
+             (changed 2026-12-07; docs/reference/deadlines.md#uploads)"
+        );
+        if !cx
+            .notes
+            .iter()
+            .any(|n| n.field == at && n.message == message)
+        {
+            cx.note(&at, message);
+        }
+    }
+}
+
 /// `max_open`'s default until 2026-12-03.
 const OLD_MAX_OPEN: std::time::Duration = std::time::Duration::from_secs(30);
 

@@ -9,6 +9,7 @@ use crate::policy::{
     RetryBudget, StopReason, Verdict,
 };
 use crate::proxy::error::ProxyError;
+use crate::proxy::upload::Upload;
 use crate::proxy::Upstream;
 use crate::state::Live;
 use http::{HeaderMap, HeaderValue};
@@ -66,9 +67,13 @@ pub(crate) struct Attempts<'a> {
     pub(super) ticket: BreakerTicket<'a>,
     pub(super) facts: RequestFacts,
     key: Option<&'a str>,
-    pub(super) deadline: Instant,
+    /// The request's deadline on arrival: [`Attempts::deadline_at`] moves
+    /// it on by the time the upload takes.
+    deadline: Instant,
     /// The client lowered its deadline below the upstream's `timeout`.
     lowered: bool,
+    /// The request body's upload (docs/reference/deadlines.md#uploads).
+    upload: Upload,
     pub(super) made: u32,
     prev_delay: Duration,
     /// The hedge's breaker slot while one is in flight.
@@ -137,21 +142,25 @@ pub(crate) enum Step {
 
 impl<'a> Attempts<'a> {
     /// Deposits the first attempt into the retry budget at `t0` (a clock
-    /// reading the caller already has). `Err(t0)`: less than
-    /// `min_attempt_time` is left, and an attempt started now could only
-    /// time out and be blamed on the upstream (504 `deadline_exceeded`).
+    /// reading the caller already has). `deadline`: the request's on
+    /// arrival, whether the client lowered it, and the upload that moves it
+    /// on. `Err(t0)`: less than `min_attempt_time` is left, and an attempt
+    /// started now could only time out and be blamed on the upstream (504
+    /// `deadline_exceeded`).
     pub(crate) fn begin(
         up: &'a Upstream,
         ticket: BreakerTicket<'a>,
         facts: RequestFacts,
         key: Option<&'a str>,
-        deadline: Instant,
-        lowered: bool,
+        ((deadline, lowered), upload): ((Instant, bool), Upload),
         t0: Instant,
     ) -> Result<Self, Instant> {
         let state = &up.state;
         state.live().budget.deposit(state.now_at(t0));
-        if deadline.saturating_duration_since(t0) < up.config.retry.min_attempt_time {
+        let left = upload
+            .deadline(deadline, || t0)
+            .saturating_duration_since(t0);
+        if left < up.config.retry.min_attempt_time {
             return Err(t0);
         }
         Ok(Attempts {
@@ -161,6 +170,7 @@ impl<'a> Attempts<'a> {
             key,
             deadline,
             lowered,
+            upload,
             made: 0,
             prev_delay: Duration::ZERO,
             hedge_ticket: None,
@@ -197,9 +207,15 @@ impl<'a> Attempts<'a> {
         self.keyed_write = keyed;
     }
 
-    /// The request's deadline.
-    pub(crate) fn deadline(&self) -> Instant {
-        self.deadline
+    /// The request's deadline as it stands at `now`: moved on by the time
+    /// its body's upload has taken (docs/reference/deadlines.md#uploads).
+    pub(crate) fn deadline_at(&self, now: Instant) -> Instant {
+        self.upload.deadline(self.deadline, || now)
+    }
+
+    /// The request body's upload.
+    pub(crate) fn upload(&self) -> &Upload {
+        &self.upload
     }
 
     /// Attempts made so far.
@@ -208,14 +224,16 @@ impl<'a> Attempts<'a> {
     }
 
     /// Starts an attempt: counts it, and returns when it must give up (the
-    /// per-try timeout, never past the deadline).
+    /// per-try timeout, never past the deadline), as it stands now: a body
+    /// still to be read moves it on as it comes (`Upload::within`).
     pub(crate) fn start(&mut self, started: Instant) -> Instant {
         self.made += 1;
+        let deadline = self.deadline_at(started);
         self.up
             .config
             .per_try_timeout
-            .map(|p| (started + p).min(self.deadline))
-            .unwrap_or(self.deadline)
+            .map(|p| (started + p).min(deadline))
+            .unwrap_or(deadline)
     }
 
     /// Records an attempt's outcome (metrics, the breaker's verdict) without
@@ -230,7 +248,10 @@ impl<'a> Attempts<'a> {
     ) -> Duration {
         let state = &self.up.state;
         let took = ended.saturating_duration_since(started);
-        observe_latency(self.up, outcome, started, took);
+        // The client's upload is no part of the upstream's latency.
+        let held = self.upload.held(started, ended);
+        let waited = took.saturating_sub(held);
+        observe_latency(self.up, outcome, started + held, waited);
         if let Outcome::Response { grpc_status, .. } = outcome {
             self.grpc_status = *grpc_status;
         }
@@ -238,11 +259,8 @@ impl<'a> Attempts<'a> {
             // The call's status is in its trailers: counted, judged and
             // throttled when they come (`proxy::general::grpc_tail`).
             if self.up.config.hedge.is_some() {
-                state
-                    .live()
-                    .hedge
-                    .latency
-                    .observe(took, state.now_at(ended));
+                let now = state.now_at(ended);
+                state.live().hedge.latency.observe(waited, now);
             }
             let verdict = self.ticket.defer(&self.up.state);
             self.pending = Some(Pending { verdict, took });
@@ -252,12 +270,13 @@ impl<'a> Attempts<'a> {
         state.throttle.answered(ended, outcome, self.facts.caller);
         if self.up.config.hedge.is_some() {
             let now = state.now_at(ended);
-            state.live().hedge.latency.observe(took, now);
+            state.live().hedge.latency.observe(waited, now);
         }
         // A deadline the client lowered itself is the client's doing, not the
         // upstream's: no verdict for the breaker.
+        let lowered = self.lowered || self.upload.client_binds(self.deadline, ended);
         let blame = match error {
-            Some(ProxyError::DeadlineExceeded) if self.lowered => None,
+            Some(ProxyError::DeadlineExceeded) if lowered => None,
             _ => outcome.breaker_failure(&self.up.config.breaker),
         };
         let now = state.now_at(ended);
@@ -276,7 +295,7 @@ impl<'a> Attempts<'a> {
     ) -> Step {
         let now = self.record(outcome, error, started, ended);
         let state = &self.up.state;
-        let time_left = self.deadline.saturating_duration_since(ended);
+        let time_left = self.deadline_at(ended).saturating_duration_since(ended);
         let fleet = super::admit::fleet_bucket(self.up);
         let (verdict, admission) = {
             let mut guard = state.live();
@@ -453,7 +472,7 @@ pub(crate) async fn drive<T: Transport>(
     loop {
         let started = first.take().unwrap_or_else(Instant::now);
         let try_deadline = attempts.start(started);
-        let deadline = attempts.deadline;
+        let deadline = attempts.deadline_at(started);
         if let Some(tp) = attempts.trace_attempt(started) {
             t.traceparent(&tp);
         }

@@ -206,7 +206,7 @@ impl<'a> super::Attempts<'a> {
         if !self.facts.idempotent || (self.keyed_write && !p.keyed_writes) || !body_ok {
             return skip(HedgeResult::SkippedUnsafe);
         }
-        if self.deadline.saturating_duration_since(now) < retry.min_attempt_time {
+        if self.deadline_at(now).saturating_duration_since(now) < retry.min_attempt_time {
             return skip(HedgeResult::SkippedDeadline);
         }
         // A hedge takes a concurrency slot like any attempt.
@@ -246,8 +246,8 @@ impl<'a> super::Attempts<'a> {
             .up
             .config
             .per_try_timeout
-            .map(|t| (now + t).min(self.deadline))
-            .unwrap_or(self.deadline);
+            .map(|t| (now + t).min(self.deadline_at(now)))
+            .unwrap_or_else(|| self.deadline_at(now));
         Some(give_up)
     }
 

@@ -16,6 +16,7 @@ use crate::proxy::error::ProxyError;
 use crate::proxy::idempotent::{self, Begun, Recorder};
 use crate::proxy::order::cache::{CacheFields, CacheIo};
 use crate::proxy::order::{Codec, KeyedWrites};
+use crate::proxy::upload::Upload;
 use crate::proxy::Upstream;
 use crate::state::gate::Slot;
 use bytes::Bytes;
@@ -75,7 +76,8 @@ impl KeyedWrites for FastRequest<'_, '_> {
         &mut self,
         up: &Upstream,
         head: H2Head,
-        deadline: Instant,
+        _deadline: Instant,
+        upload: &mut Upload,
     ) -> Result<(Option<Begun>, H2Head), bool> {
         let p = self.p;
         let Some(k) = p.idem.clone() else {
@@ -83,7 +85,7 @@ impl KeyedWrites for FastRequest<'_, '_> {
         };
         let need = self.need();
         self.read_first = self.ctx.bufs.client.len() < need;
-        self.ctx.read_body(up, self.start, p, deadline).await?;
+        self.ctx.read_body(up, self.start, p, upload).await?;
         let (method, target) = k.parts(&self.ctx.bufs.client);
         let key = p.asked.key.as_deref().unwrap_or_default();
         let body = &self.ctx.bufs.client[p.head_len..need];
@@ -127,11 +129,11 @@ impl Codec for FastRequest<'_, '_> {
         &mut self,
         up: &Upstream,
         head: H2Head,
-        deadline: Instant,
+        upload: &mut Upload,
     ) -> Result<(H2Head, bool), bool> {
         let (p, need) = (self.p, self.need());
         let waited = self.read_first || self.ctx.bufs.client.len() < need;
-        self.ctx.read_body(up, self.start, p, deadline).await?;
+        self.ctx.read_body(up, self.start, p, upload).await?;
         if !p.chunked {
             let body = &self.ctx.bufs.client[p.head_len..need];
             self.ctx.bufs.request.extend_from_slice(body);

@@ -110,7 +110,7 @@ impl Ctx<'_> {
         t0: Instant,
         detached: bool,
     ) -> Option<Attempted<UpstreamAnswer>> {
-        let deadline = attempts.deadline();
+        let deadline = attempts.deadline_at(t0);
         let need = p.head_len + p.body_len;
         let body = self.bufs.client.get(p.head_len..need).unwrap_or_default();
         let data = match p.chunked {
@@ -131,6 +131,7 @@ impl Ctx<'_> {
             upgrade: false,
             grpc_trailers: false,
             continue_gate: None,
+            upload: attempts.upload().clone(),
         };
         // No held connection: those are HTTP/1.1 (`upstream::pool::held`).
         let conn = crate::upstream::pool::held::ConnCtx::new(self.pool.clone());

@@ -246,15 +246,23 @@ impl Ctx<'_> {
         order::serve_http(up, &mut request, h2_parts, start, key, cached).await
     }
 
-    /// Reads the rest of the request's body, within the request's deadline.
-    /// `Err` says whether the connection stays open when it does not come.
+    /// Reads the rest of the request's body, timed by `upload`: each gap
+    /// within `idle_timeout`, the whole within the client's own deadline,
+    /// and the time it takes not counted against `timeout`
+    /// (docs/reference/deadlines.md#uploads). `Err` says whether the
+    /// connection stays open when it does not come.
     async fn read_body(
         &mut self,
         up: &Upstream,
         start: Instant,
         p: &Planned,
-        deadline: Instant,
+        upload: &mut crate::proxy::upload::Upload,
     ) -> Result<(), bool> {
+        if self.bufs.client.len() >= p.head_len + p.body_len {
+            return Ok(());
+        }
+        let began = Instant::now();
+        let mut moved = began;
         while self.bufs.client.len() < p.head_len + p.body_len {
             tokio::select! {
                 biased;
@@ -265,14 +273,15 @@ impl Ctx<'_> {
                         up.state.metrics.error(e.code(), start.elapsed());
                         return Err(false);
                     }
-                    Ok(_) => {}
+                    Ok(_) => moved = Instant::now(),
                 },
-                () = self.timer.at(deadline) => {
+                () = self.timer.at(upload.gives_up(moved)) => {
                     let f = OwnError { error: ProxyError::DeadlineExceeded, attempts: None, endpoint: None, cache: None };
                     return Err(self.fail(up, start, p, f).await);
                 }
             }
         }
+        upload.read(began, moved);
         Ok(())
     }
 

@@ -18,8 +18,9 @@ use crate::proxy::error::ProxyError;
 use crate::proxy::headers;
 use crate::proxy::idempotent::{self, Begun, Forwarded};
 use crate::proxy::order::{self, Codec, KeyedWrites};
-use crate::proxy::replay::RequestBody;
+use crate::proxy::replay::{RequestBody, Unread};
 use crate::proxy::request::Parsed;
+use crate::proxy::upload::Upload;
 use crate::proxy::Upstream;
 use crate::state::gate::Slot;
 use http::header;
@@ -305,6 +306,7 @@ impl KeyedWrites for HyperRequest<'_> {
         up: &Upstream,
         arrived: ArrivedRequest,
         deadline: Instant,
+        upload: &mut Upload,
     ) -> Result<(Option<Begun>, ArrivedRequest), Forwarded> {
         let Some((k, target)) = self.keyed.take() else {
             return Ok((None, arrived));
@@ -314,7 +316,8 @@ impl KeyedWrites for HyperRequest<'_> {
             UnreadBody::Held(held) => held,
             UnreadBody::Streaming(body) => {
                 let limit = up.config.retry.max_replay_body_bytes;
-                let held = prepare(body, true, limit, self.stream_unknown, deadline).await;
+                let body = upload.watch(body);
+                let held = prepare(body, true, limit, self.stream_unknown, upload).await;
                 held.map_err(Err)?
             }
         };
@@ -358,7 +361,7 @@ impl Codec for HyperRequest<'_> {
         &mut self,
         up: &Upstream,
         arrived: ArrivedRequest,
-        deadline: Instant,
+        upload: &mut Upload,
     ) -> Result<(ReadyRequest, bool), Forwarded> {
         let ArrivedRequest { parts, body } = arrived;
         let body = match body {
@@ -373,7 +376,7 @@ impl Codec for HyperRequest<'_> {
                     true,
                 ));
             }
-            UnreadBody::Streaming(body) => body,
+            UnreadBody::Streaming(body) => upload.watch(body),
         };
         // `Expect: 100-continue`: the body waits for the upstream's 100.
         let gate = (parts.version == Version::HTTP_11
@@ -386,7 +389,7 @@ impl Codec for HyperRequest<'_> {
         let limit = up.config.retry.max_replay_body_bytes;
         let body = match &gate {
             Some(gate) => RequestBody::gated(body, gate.clone(), !self.single),
-            None => prepare(body, !self.single, limit, self.stream_unknown, deadline)
+            None => prepare(body, !self.single, limit, self.stream_unknown, upload)
                 .await
                 .map_err(Err)?,
         };
@@ -415,13 +418,14 @@ impl Codec for HyperRequest<'_> {
         up: &Upstream,
         ready: ReadyRequest,
         attempts: &mut Attempts<'_>,
-        _t0: Instant,
+        t0: Instant,
         _detached: bool,
     ) -> Option<Attempted<Response<UpstreamBody>>> {
         let cfg = &up.config;
         let plan = Outbound {
             grpc_deadline: self.asked[1].map(|g| self.start + g),
-            deadline: attempts.deadline(),
+            deadline: attempts.deadline_at(t0),
+            upload: attempts.upload().clone(),
             parts: ready.parts,
             body: ready.body,
             has_idempotency_key: self.has_idempotency_key,
@@ -550,21 +554,26 @@ impl Codec for HyperRequest<'_> {
     }
 }
 
-/// Prepares the request body for the attempts (see [`RequestBody::prepare`]),
-/// within the request's deadline.
+/// Prepares the request body for the attempts (see [`RequestBody::prepare`]):
+/// each gap within `idle_timeout` and the whole within the client's own
+/// deadline, not `timeout` (docs/reference/deadlines.md#uploads).
 async fn prepare(
     body: Body,
     retry_possible: bool,
     limit: u64,
     stream_unknown: bool,
-    deadline: Instant,
+    upload: &Upload,
 ) -> Result<RequestBody, ProxyError> {
-    let prepared = RequestBody::prepare(body, retry_possible, limit, stream_unknown);
-    match tokio::time::timeout_at(deadline, prepared).await {
-        Ok(Ok(b)) => Ok(b),
-        Ok(Err(e)) => Err(ProxyError::BadRequest(format!(
-            "the request body could not be read: {e}"
-        ))),
-        Err(_) => Err(ProxyError::DeadlineExceeded),
-    }
+    let bounds = (limit, upload.idle());
+    let prepared = RequestBody::prepare(body, retry_possible, bounds, stream_unknown);
+    let read = match upload.client() {
+        Some(c) => (tokio::time::timeout_at(c, prepared).await).unwrap_or(Err(Unread::Idle)),
+        None => prepared.await,
+    };
+    read.map_err(|e| match e {
+        Unread::Broke(e) => {
+            ProxyError::BadRequest(format!("the request body could not be read: {e}"))
+        }
+        Unread::Idle => ProxyError::DeadlineExceeded,
+    })
 }

@@ -10,6 +10,7 @@ use crate::proxy::body::{Body, UpstreamBody};
 use crate::proxy::error::ProxyError;
 use crate::proxy::headers::grpc_status;
 use crate::proxy::replay::RequestBody;
+use crate::proxy::upload::{Expired, Upload};
 use crate::proxy::Upstream;
 use crate::state::UpstreamState;
 use crate::upstream::pool::held::ConnCtx;
@@ -37,6 +38,9 @@ pub(crate) struct Outbound {
     pub grpc_trailers: bool,
     /// `Expect: 100-continue`: the upstream's 100 opens the body's gate.
     pub continue_gate: Option<std::sync::Arc<crate::proxy::replay::ContinueGate>>,
+    /// The body's upload: an attempt's timers wait while it comes
+    /// (docs/reference/deadlines.md#uploads).
+    pub upload: Upload,
 }
 
 /// The general path's transport: hyper's client (or a held connection),
@@ -82,10 +86,10 @@ impl Transport for HyperTransport<'_, '_> {
         &mut self,
         _started: Instant,
         try_deadline: Instant,
-        _deadline: Instant,
+        deadline: Instant,
     ) -> Option<(Outcome, Result<Self::Response, ProxyError>)> {
         let req = build(self.plan);
-        let grpc = (self.plan.grpc_trailers, self.plan.deadline);
+        let grpc = (self.plan.grpc_trailers, deadline, &self.plan.upload);
         Some(
             send(
                 self.up,
@@ -104,11 +108,12 @@ impl Transport for HyperTransport<'_, '_> {
         &mut self,
         started: Instant,
         try_deadline: Instant,
-        _deadline: Instant,
+        deadline: Instant,
         hedging: crate::proxy::attempt::Hedging<'_>,
     ) -> Option<crate::proxy::attempt::Raced<Self::Response>> {
         let first = build(self.plan);
-        let grpc = (self.plan.grpc_trailers, self.plan.deadline);
+        let upload = self.plan.upload.clone();
+        let grpc = (self.plan.grpc_trailers, deadline, &upload);
         let (up, conn) = (self.up, self.conn);
         let (seen, seen2) = (
             crate::proxy::attempt::Seen::default(),
@@ -186,7 +191,7 @@ pub(crate) async fn run(
         let started = Instant::now();
         let try_deadline = attempts.start(started);
         let req = build(&mut plan);
-        let grpc = (plan.grpc_trailers, plan.deadline);
+        let grpc = (plan.grpc_trailers, plan.deadline, &plan.upload);
         let (outcome, result) =
             send(up, conn, req, grpc, try_deadline, &mut Vec::new(), None).await;
         let ended = Instant::now();
@@ -284,13 +289,14 @@ fn build(plan: &mut Outbound) -> Request<crate::proxy::body::Body> {
     req
 }
 
-/// Sends one attempt; gives up at `try_deadline`.
+/// Sends one attempt; gives up at `try_deadline` (or `deadline`), each moved
+/// on by the time the request body's `upload` takes meanwhile.
 /// `seen` learns the endpoint picked while the attempt is in flight.
 async fn send(
     up: &Upstream,
     conn: &ConnCtx,
     req: Request<crate::proxy::body::Body>,
-    (grpc_trailers, deadline): (bool, Instant),
+    (grpc_trailers, deadline, upload): (bool, Instant, &Upload),
     try_deadline: Instant,
     avoid: &mut Vec<std::net::SocketAddr>,
     seen: Option<&crate::proxy::attempt::Seen>,
@@ -327,7 +333,9 @@ async fn send(
             },
         }
     };
-    let sent = tokio::time::timeout_at(try_deadline, sending).await;
+    let (sent, try_deadline, deadline) = upload
+        .within(started, try_deadline, deadline, sending)
+        .await;
     let (outcome, mut result) = judge(up, (grpc_trailers, deadline), try_deadline, sent).await;
     if let (Ok(r), Some(p)) = (&mut result, &picked) {
         r.extensions_mut().insert(crate::upstream::Served(p.addr()));
@@ -375,7 +383,7 @@ async fn judge(
     try_deadline: Instant,
     sent: Result<
         Result<Response<crate::proxy::body::UpBody>, crate::upstream::client::SendError>,
-        tokio::time::error::Elapsed,
+        Expired,
     >,
 ) -> (Outcome, Result<Response<UpstreamBody>, ProxyError>) {
     let state = &up.state;
@@ -411,8 +419,10 @@ async fn judge(
             let (outcome, error) = e.into_parts();
             (outcome, Err(error))
         }
-        Err(_) => {
-            let (outcome, e) = timed_out(try_deadline, deadline);
+        Err(expired) => {
+            let (outcome, e) = expired
+                .idle_parts()
+                .unwrap_or_else(|| timed_out(try_deadline, deadline));
             (outcome, Err(e))
         }
     }

@@ -79,7 +79,7 @@ impl Codec for Tunnel {
         &mut self,
         _: &Upstream,
         client: OnUpgrade,
-        _: Instant,
+        _: &mut crate::proxy::upload::Upload,
     ) -> Result<(OnUpgrade, bool), Opened> {
         // No body: the tunnel's bytes follow the 200.
         Ok((client, false))

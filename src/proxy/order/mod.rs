@@ -21,6 +21,7 @@ use super::attempt::{self, Admitted, Annotations, Attempted, Attempts};
 use super::cached::Cached;
 use super::error::ProxyError;
 use super::idempotent::{self, Begun, Recorder};
+use super::upload::Upload;
 use super::Upstream;
 use crate::policy::idempotency::{Ending, StoredResponse};
 use crate::policy::RequestFacts;
@@ -69,12 +70,14 @@ pub(crate) trait Codec {
     }
 
     /// The request body, ready for the attempts (whole when it is kept for a
-    /// replay), with whether it had to be waited for.
+    /// replay), with whether it had to be waited for. Its read is timed by
+    /// `upload` and bounded by it (`idle_timeout`, the client's own
+    /// deadline), not by `timeout` (docs/reference/deadlines.md#uploads).
     async fn body(
         &mut self,
         up: &Upstream,
         arrived: Self::Arrived,
-        deadline: Instant,
+        upload: &mut Upload,
     ) -> Result<(Self::Ready, bool), Self::Out>;
 
     /// What the retry policy asks of the request (method, key, body).
@@ -125,14 +128,16 @@ pub(crate) trait KeyedWrites: Codec {
     /// does not never makes [`KeyedWrites::begin_keyed`]'s future.
     fn keyed(&self) -> bool;
 
-    /// The request's body read as its fingerprint needs, and the store
-    /// asked; `None` when the request is no keyed write. The request comes
-    /// back for the steps that follow.
+    /// The request's body read as its fingerprint needs (timed by `upload`,
+    /// as [`Codec::body`] reads it), and the store asked; `None` when the
+    /// request is no keyed write. The request comes back for the steps
+    /// that follow.
     async fn begin_keyed(
         &mut self,
         up: &Upstream,
         arrived: Self::Arrived,
         deadline: Instant,
+        upload: &mut Upload,
     ) -> Result<(Option<Begun>, Self::Arrived), Self::Out>;
 
     /// A keyed write's stored response, replayed.
@@ -218,8 +223,11 @@ pub(crate) async fn serve<C: Codec>(
     start: Instant,
     key: Option<&str>,
 ) -> C::Out {
-    let deadline = attempt::deadline(&up.config, start, codec.asked());
-    match admitted(up, codec, arrived, start, key, deadline, None, &Plain).await {
+    let asked = codec.asked();
+    let deadline = attempt::deadline(&up.config, start, asked);
+    let mut upload = Upload::new(start, asked, up.config.idle_timeout);
+    let clock = (deadline, &mut upload);
+    match admitted(up, codec, arrived, start, key, clock, None, &Plain).await {
         Finished::Out(out) => out,
         // Plain steps never ask again.
         Finished::Again(_) => codec.gone(),
@@ -239,7 +247,11 @@ pub(crate) async fn serve_http<C: KeyedWrites + CacheIo>(
     key: Option<&str>,
     cached: Cached,
 ) -> C::Out {
-    let deadline = attempt::deadline(&up.config, start, codec.asked());
+    let asked = codec.asked();
+    let deadline = attempt::deadline(&up.config, start, asked);
+    // The time the client's body takes to arrive is set aside
+    // (docs/reference/deadlines.md#uploads).
+    let mut upload = Upload::new(start, asked, up.config.idle_timeout);
     // Held until the request ends: the key's other misses wait for what
     // this one stores.
     // (Boxed: only a cached upstream's reads take this step, and every
@@ -255,7 +267,10 @@ pub(crate) async fn serve_http<C: KeyedWrites + CacheIo>(
     };
     let (begun, arrived) = match codec.keyed() {
         false => (None, arrived),
-        true => match codec.begin_keyed(up, arrived, deadline.0).await {
+        true => match codec
+            .begin_keyed(up, arrived, deadline.0, &mut upload)
+            .await
+        {
             Err(out) => return out,
             Ok(b) => b,
         },
@@ -277,9 +292,10 @@ pub(crate) async fn serve_http<C: KeyedWrites + CacheIo>(
         let step = CacheStep {
             cached: plain.as_ref().unwrap_or(&cached),
         };
+        let clock = (deadline, &mut upload);
         // Awaited where it is made: bound to a name first, the future was
         // moved once more, whole.
-        match admitted(up, codec, arrived, start, key, deadline, recorder, &step).await {
+        match admitted(up, codec, arrived, start, key, clock, recorder, &step).await {
             Finished::Out(out) => return out,
             Finished::Again(_) if plain.is_some() => return codec.gone(),
             Finished::Again(again) => {
@@ -293,8 +309,8 @@ pub(crate) async fn serve_http<C: KeyedWrites + CacheIo>(
     }
 }
 
-/// The order from admission on; `deadline`: the request's, and whether
-/// the client lowered it.
+/// The order from admission on; `deadline`: the request's on arrival, and
+/// whether the client lowered it; `upload`: its body's, which moves it on.
 #[allow(clippy::too_many_arguments)]
 async fn admitted<C: Codec, S: Steps<C>>(
     up: &Upstream,
@@ -302,7 +318,7 @@ async fn admitted<C: Codec, S: Steps<C>>(
     arrived: C::Arrived,
     start: Instant,
     key: Option<&str>,
-    (deadline, lowered): (Instant, bool),
+    ((deadline, lowered), upload): ((Instant, bool), &mut Upload),
     mut recorder: Option<Recorder>,
     steps: &S,
 ) -> Finished<C> {
@@ -317,8 +333,9 @@ async fn admitted<C: Codec, S: Steps<C>>(
     // Admission in the order of docs/reference/admission.md#admission:
     // client-side throttling, rate limit, concurrency; the body is read
     // before the breaker is asked, so a slow upload never holds a half-open
-    // probe slot.
-    let (mut slot, waited, taken) = match codec.admit(up, key, start, deadline).await {
+    // probe slot. A keyed write's body, read already, moved the deadline on.
+    let by = upload.deadline(deadline, Instant::now);
+    let (mut slot, waited, taken) = match codec.admit(up, key, start, by).await {
         None => {
             unsent(&mut recorder);
             return Finished::Out(codec.gone());
@@ -329,7 +346,7 @@ async fn admitted<C: Codec, S: Steps<C>>(
         }
         Some(Ok(a)) => (a.slot, a.waited, a.taken),
     };
-    let (ready, body_waited) = match codec.body(up, arrived, deadline).await {
+    let (ready, body_waited) = match codec.body(up, arrived, upload).await {
         Ok(r) => r,
         Err(out) => {
             unsent(&mut recorder);
@@ -368,7 +385,8 @@ async fn admitted<C: Codec, S: Steps<C>>(
         let e = ProxyError::RateLimited { retry_after: None };
         return Finished::Out(steps.refuse(up, codec, e, None, None).await);
     }
-    let begun = Attempts::begin(up, ticket, facts, key, deadline, lowered, t0);
+    let clock = ((deadline, lowered), upload.clone());
+    let begun = Attempts::begin(up, ticket, facts, key, clock, t0);
     let Ok(mut attempts) = begun else {
         let none = Annotations {
             attempts: 0,
