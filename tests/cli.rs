@@ -879,6 +879,54 @@ fn check_refuses_an_endpoint_with_the_log_exporter() {
     assert!(err.contains("exporter = \"log\""), "{err}");
 }
 
+/// Issue 58, item 2: `weir check` says every warning in the same pass as
+/// the errors (it used to say them only for a file without errors), a
+/// `per_try_timeout` past `timeout` is a warning naming both values and
+/// what weir does, and `--strict` fails on a warning (not on a note).
+#[test]
+fn check_says_warnings_beside_errors_and_strict_fails_on_them() {
+    let api = "[upstreams.api]\nurl = \"http://127.0.0.1:8080\"\nhosts = [\"api\"]\ntimeout = \"1s\"\nper_try_timeout = \"5s\"\n";
+    let bad = "[upstreams.bad]\nurl = \"ftp://x\"\nhosts = [\"bad\"]\n";
+    let warning = ":5:19: `upstreams.api.per_try_timeout`: 5s is longer than `timeout` (1s), so it never applies: weir ends every attempt at the request's deadline, 1s after it arrived";
+    let (code, _, err) = check(&format!("{api}{bad}"));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("`upstreams.bad.url`: invalid url"), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("per_try_timeout"))
+        .unwrap_or_else(|| panic!("no per_try_timeout warning beside the error:\n{err}"));
+    assert!(line.starts_with("warning: "), "{line}");
+    assert!(line.contains(warning), "{line}");
+
+    // Valid: exit 0, the warning said; --strict: exit 1 for it.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("w.toml");
+    std::fs::write(&p, api).unwrap();
+    let path = p.to_str().unwrap();
+    let (code, _, err) = weir(&["check", "--config", path], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(&format!("warning: {path}{warning}")), "{err}");
+    let (code, out, err) = weir(&["check", "--strict", "--config", path], None);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        out.contains("[upstreams.api]"),
+        "the effective config still: {out}"
+    );
+    assert!(err.contains(warning), "{err}");
+    assert!(
+        err.contains("1 warning (--strict: a warning fails the check)"),
+        "{err}"
+    );
+    assert!(!err.contains(": ok ("), "{err}");
+
+    // A note alone passes --strict.
+    let noted = "[upstreams.t]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"t\"]\n[upstreams.t.throttle]\nenabled = true\n";
+    std::fs::write(&p, noted).unwrap();
+    let (code, _, err) = weir(&["check", "--strict", "--config", path], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("note: upstream `t`"), "{err}");
+}
+
 /// Issue 53: settings whose meaning changed (client-side throttling's
 /// quota answers, the adaptive limit's count and slow start) are said by
 /// `weir check` where they are set, and nowhere else.

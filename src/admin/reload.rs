@@ -107,11 +107,7 @@ impl Reloader {
             return self.failed(why, e.to_string());
         }
         let changes = Changes::between(&self.proxy.snapshot().config, &config);
-        let warnings: Vec<String> = config
-            .notes()
-            .into_iter()
-            .filter_map(|n| n.strip_prefix("warning: ").map(str::to_string))
-            .collect();
+        let warnings: Vec<String> = config.warnings().map(str::to_string).collect();
         if let Err(e) = self.proxy.reload(config).await {
             return self.failed(why, e.to_string());
         }

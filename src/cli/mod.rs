@@ -119,12 +119,16 @@ pub enum Command {
     /// Validate a config file and print the effective config (every default filled in).
     ///
     /// Exit 0 when valid. Otherwise every error is printed with its file, line, column and
-    /// field path, and the exit code is 1 — use it in CI before shipping a config.
+    /// field path, and the exit code is 1 — use it in CI before shipping a config. Every
+    /// warning and note is printed too, errors or not; with --strict a warning exits 1.
     Check {
         #[command(flatten)]
         config: ConfigArg,
         #[command(flatten)]
         over: OverrideArgs,
+        /// Exit 1 on any warning too, not only on errors (for CI).
+        #[arg(long)]
+        strict: bool,
     },
     /// Show each upstream's retry schedule: every retry's delay range, the worst-case wait.
     ///
@@ -189,7 +193,11 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log_level, cli.log_format);
     match cli.command {
-        Command::Check { config, over } => check(&config, &over),
+        Command::Check {
+            config,
+            over,
+            strict,
+        } => check(&config, &over, strict),
         Command::Run {
             config,
             over,
@@ -263,18 +271,35 @@ fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
-fn check(config: &ConfigArg, over: &OverrideArgs) -> ExitCode {
-    match load(config, over) {
+/// `weir check`: the errors, then every warning and note found in the same
+/// pass (those of the upstreams that validated, when some did not); with
+/// `strict`, a warning fails the check too (docs/reference/cli.md#command-line).
+fn check(config: &ConfigArg, over: &OverrideArgs, strict: bool) -> ExitCode {
+    let file = config.file();
+    let (checked, advice) = Config::load_checked(file.as_deref(), &over.overrides(file.is_none()));
+    let warnings = advice.iter().filter(|a| a.is_warning()).count();
+    match checked {
         Ok(c) => {
             print!("{}", c.effective_toml());
-            for note in c.notes() {
-                eprintln!("{note}");
+            for a in &advice {
+                eprintln!("{a}");
+            }
+            if strict && warnings > 0 {
+                eprintln!(
+                    "{}: {warnings} warning{} (--strict: a warning fails the check)",
+                    c.path.display(),
+                    if warnings == 1 { "" } else { "s" }
+                );
+                return ExitCode::FAILURE;
             }
             eprintln!("{}: ok ({} upstreams)", c.path.display(), c.upstreams.len());
             ExitCode::SUCCESS
         }
         Err(errors) => {
             eprintln!("{errors}");
+            for a in &advice {
+                eprintln!("{a}");
+            }
             ExitCode::FAILURE
         }
     }
@@ -404,10 +429,8 @@ async fn serve(config: Config, workers: usize) -> ExitCode {
         );
     }
     // What `weir check` warns about (not its notes) is worth a line here.
-    for w in config.notes() {
-        if let Some(w) = w.strip_prefix("warning: ") {
-            tracing::warn!(config = %config.path.display(), "{w}");
-        }
+    for w in config.warnings() {
+        tracing::warn!(config = %config.path.display(), "{w}");
     }
     let path = config.path.clone();
     let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();

@@ -23,12 +23,21 @@ use policy::{breaker, cache, hedge, idempotency, merged, rate_limit, retry_polic
 /// Validates `raw`. `removed` are the fields stage one rejected
 /// (`schema::Read`): `raw` has defaults in their place, and no error that
 /// rests on one of them is reported.
+/// What stage two found: the config or its errors, and in either case the
+/// warnings and notes of its fields and the upstreams that validated (for
+/// their advice: `weir check` says it beside the errors).
+pub(super) struct Validated {
+    pub config: Result<Config, ConfigErrors>,
+    pub notes: Vec<(super::notes::Severity, super::ConfigError)>,
+    pub upstreams: Vec<Arc<UpstreamConfig>>,
+}
+
 pub(super) fn validate(
     raw: RawConfig,
     file: &Path,
     idx: &SpanIndex,
     removed: &[String],
-) -> Result<Config, ConfigErrors> {
+) -> Validated {
     let mut cx = ErrorSink::new(file, idx, removed);
     let server_raw = raw.server.clone().merge(RawServer::builtin());
     let server = server(&mut cx, &server_raw);
@@ -73,14 +82,23 @@ pub(super) fn validate(
     }
     cross_checks(&mut cx, server.as_ref(), &reach);
 
+    cx.notes.sort_by_key(|(_, e)| (e.line, e.column));
+    let notes = std::mem::take(&mut cx.notes);
+    let failed = |mut errors: Vec<super::ConfigError>, upstreams| {
+        errors.sort_by_key(|e| (e.line, e.column));
+        Validated {
+            config: Err(ConfigErrors(errors)),
+            notes: notes.clone(),
+            upstreams,
+        }
+    };
     if !cx.errors.is_empty() {
-        cx.errors.sort_by_key(|e| (e.line, e.column));
-        return Err(ConfigErrors(cx.errors));
+        return failed(cx.errors, upstreams);
     }
     let (Some(server), Some(state), Some(tracing)) = (server, state, tracing) else {
-        return Err(ConfigErrors(cx.errors));
+        return failed(cx.errors, upstreams);
     };
-    Ok(Config {
+    let config = Config {
         path: file.to_path_buf(),
         server,
         state,
@@ -93,12 +111,14 @@ pub(super) fn validate(
             defaults,
             upstreams: effective_upstreams,
         },
-        field_notes: {
-            cx.notes.sort_by_key(|e| (e.line, e.column));
-            cx.notes
-        },
+        advice: Vec::new(),
         overrides: Overrides::default(),
-    })
+    };
+    Validated {
+        upstreams: config.upstreams.clone(),
+        config: Ok(config),
+        notes,
+    }
 }
 
 fn addr(cx: &mut ErrorSink, field: &str, s: &str) -> Option<SocketAddr> {
@@ -396,13 +416,14 @@ fn upstream(
     let per_try_timeout = p.per_try_timeout.map(|d| d.0);
     if let Some(t) = per_try_timeout.filter(|t| !timeout.is_zero() && *t > timeout) {
         let f = cx.policy_path(name, "per_try_timeout");
-        cx.note(
+        let (t, timeout) = (duration::format(t), duration::format(timeout));
+        cx.warn(
             &f,
             format!(
-                "{} is longer than `timeout` ({}): every attempt ends at the request's \
-                 deadline first, so only one attempt ever runs its full length",
-                duration::format(t),
-                duration::format(timeout),
+                "{t} is longer than `timeout` ({timeout}), so it never applies: weir ends \
+                 every attempt at the request's deadline, {timeout} after it arrived, and \
+                 an attempt cut there is not retried; set `per_try_timeout` below \
+                 `timeout`, or leave it unset (docs/reference/deadlines.md)"
             ),
         );
     }
