@@ -678,11 +678,10 @@ jitter = "none"
     );
 }
 
-/// Issue 46, item 4: one event, one line. A rejected reload's error holds
-/// one line per mistake; in the text log it is escaped onto the event's
-/// line, so every line of the log starts with a timestamp.
-#[test]
-fn a_rejected_reload_is_one_line_of_the_text_log() {
+/// Runs weir on a good config with `--log-format FORMAT`, replaces the
+/// file with `bad`, asks `POST /reload` (expecting 422), stops weir and
+/// returns its whole log.
+fn log_of_a_rejected_reload(format: &str, bad: &str) -> String {
     use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("w.toml");
@@ -690,7 +689,7 @@ fn a_rejected_reload_is_one_line_of_the_text_log() {
                 [upstreams.app]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"app\"]\n";
     std::fs::write(&p, good).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["--log-format", "text", "run", "--workers", "1", "--config"])
+        .args(["--log-format", format, "run", "--workers", "1", "--config"])
         .arg(&p)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -705,18 +704,17 @@ fn a_rejected_reload_is_one_line_of_the_text_log() {
         let text = String::from_utf8_lossy(&log);
         if let Some(l) = text.lines().find(|l| l.contains("weir is serving")) {
             if text.ends_with('\n') {
-                let at = l.find(" admin=").unwrap() + 7;
-                let end = l[at..].find(' ').unwrap() + at;
-                break l[at..end].to_string();
+                let at = l.find("admin").unwrap() + 5;
+                let addr: String = l[at..]
+                    .trim_start_matches(['=', '"', ':'])
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                    .collect();
+                break addr;
             }
         }
     };
-    std::fs::write(
-        &p,
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
-         [upstreams.app]\nurl = \"ftp://x\"\nhosts = [\"app\"]\ntimout = \"1s\"\n",
-    )
-    .unwrap();
+    std::fs::write(&p, bad).unwrap();
     let mut s = std::net::TcpStream::connect(&admin).unwrap();
     write!(
         s,
@@ -731,23 +729,98 @@ fn a_rejected_reload_is_one_line_of_the_text_log() {
     child.kill().unwrap();
     err.read_to_end(&mut log).unwrap();
     let _ = child.wait();
-    let log = String::from_utf8(log).unwrap();
+    String::from_utf8(log).unwrap()
+}
+
+/// Three mistakes: a bad URL, a misspelt field (a "did you mean" hint) and
+/// an unknown field with no close name (serde would list the 29 valid ones).
+const THREE_MISTAKES: &str = "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+     [upstreams.app]\nurl = \"ftp://x\"\nhosts = [\"app\"]\ntimout = \"1s\"\nfrobnicate = true\n";
+
+/// Issue 58, item 1 (and issue 46, item 4): a rejected reload is one event
+/// per mistake, each on one line with its place as fields of its own, and
+/// never the list of every valid field name. It used to be one event whose
+/// `error` held every mistake with a literal `\n` between them, followed by
+/// the 29 field names an `[upstreams.NAME]` table takes.
+#[test]
+fn a_rejected_reload_logs_one_event_per_mistake() {
+    let log = log_of_a_rejected_reload("text", THREE_MISTAKES);
     for line in log.lines() {
         assert!(
             line.starts_with("20"),
             "a line with no timestamp: {line:?}\n{log}"
         );
     }
-    let rejected: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("config reload rejected"))
-        .collect();
+    assert!(!log.contains("\\n"), "a literal \\n in the log:\n{log}");
+    assert!(!log.contains("expected one of"), "{log}");
+    assert!(!log.contains("`max_attempts`"), "{log}");
     // One from POST /reload; the file watch may have seen the edit first.
-    assert!(!rejected.is_empty(), "{log}");
-    for r in rejected {
-        assert!(r.contains("unknown field `timout`"), "{log}");
-        assert!(r.contains("\\nerror: "), "{log}");
+    let summaries: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("config reload rejected; the running config stays"))
+        .collect();
+    assert!(!summaries.is_empty(), "{log}");
+    assert!(summaries.iter().all(|l| l.contains("errors=3")), "{log}");
+    let why: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("config reload rejected: why"))
+        .collect();
+    assert_eq!(why.len(), 3 * summaries.len(), "{log}");
+    for (field, line, error) in [
+        ("upstreams.app.url", 5, "invalid url"),
+        (
+            "upstreams.app.timout",
+            7,
+            "unknown field `timout`: did you mean `timeout`?",
+        ),
+        (
+            "upstreams.app.frobnicate",
+            8,
+            "error=unknown field `frobnicate`",
+        ),
+    ] {
+        assert!(
+            why.iter().any(|l| l.contains(&format!("field=\"{field}\""))
+                && l.contains(&format!("line={line} "))
+                && l.contains(error)),
+            "no line for {field}:\n{log}"
+        );
     }
+
+    // The JSON log: the same events, every field its own JSON value.
+    let log = log_of_a_rejected_reload("json", THREE_MISTAKES);
+    let events: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .filter(|v: &serde_json::Value| {
+            v["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("config reload rejected"))
+        })
+        .collect();
+    let why: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|v| v["message"] == "config reload rejected: why")
+        .collect();
+    assert!(!why.is_empty() && why.len() % 3 == 0, "{log}");
+    for v in &why {
+        let error = v["error"].as_str().unwrap();
+        assert!(
+            !error.contains('\n') && !error.contains("expected one of"),
+            "{v}"
+        );
+        assert!(v["line"].is_u64() && v["column"].is_u64(), "{v}");
+        assert!(v["file"].as_str().unwrap().ends_with("w.toml"), "{v}");
+    }
+    assert!(
+        why.iter()
+            .any(|v| v["field"] == "upstreams.app.frobnicate" && v["line"] == 8),
+        "{log}"
+    );
+    assert!(
+        events.iter().any(|v| v["errors"] == 3),
+        "no summary event counting 3 errors:\n{log}"
+    );
 }
 
 /// An upstream on a free loopback port answering its first request `503`

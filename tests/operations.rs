@@ -817,3 +817,78 @@ async fn metrics_have_no_series_that_cannot_happen() {
     }
     rt.shutdown(Duration::from_millis(10)).await;
 }
+
+/// `/status.json`'s `.reload`, as a JSON value.
+async fn reload_status(rt: &Runtime) -> serde_json::Value {
+    let (status, text) = admin(rt, "GET", "/status.json").await;
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["reload"].clone()
+}
+
+/// Issue 58, item 1: a rejected reload shows in `/status.json`: when it
+/// was tried, that it was not applied, each error with its place, and the
+/// file's hash against the running config's. Only
+/// `weir_config_last_reload_success 0` said so before.
+#[tokio::test]
+async fn status_json_says_a_rejected_reload_and_whether_the_file_runs() {
+    let up = TestUpstream::text("ok").await;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n[upstreams.a]\nurl = \"{}\"\nhosts = [\"a\"]\n",
+        up.url()
+    );
+    let (rt, path) = start(dir.path(), &toml, NO_WATCH).await;
+    let r = reload_status(&rt).await;
+    assert!(r["last"].is_null(), "{r}");
+    assert_eq!(r["file_is_running"], true, "{r}");
+    let running = r["running_sha256"].as_str().unwrap().to_string();
+    assert_eq!(running.len(), 64, "{r}");
+    assert_eq!(r["file_sha256"], running.as_str(), "{r}");
+
+    // Two mistakes, one with no close name: rejected, and said.
+    std::fs::write(&path, format!("{toml}timeout = 5\nfrobnicate = true\n")).unwrap();
+    assert_eq!(admin(&rt, "POST", "/reload").await.0, 422);
+    let r = reload_status(&rt).await;
+    assert_eq!(r["file_is_running"], false, "{r}");
+    assert_eq!(r["running_sha256"], running.as_str(), "{r}");
+    assert_ne!(r["file_sha256"], running.as_str(), "{r}");
+    let last = &r["last"];
+    assert_eq!(last["applied"], false, "{r}");
+    assert_eq!(last["trigger"], "admin", "{r}");
+    assert!(
+        last["at_unix_ms"].as_u64().unwrap() > 1_700_000_000_000,
+        "{r}"
+    );
+    let errors = last["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 2, "{r}");
+    assert_eq!(errors[0]["line"], 7, "{r}");
+    assert_eq!(errors[0]["column"], 11, "{r}");
+    assert_eq!(errors[0]["field"], "upstreams.a.timeout", "{r}");
+    assert!(
+        errors[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("bare number"),
+        "{r}"
+    );
+    assert_eq!(errors[1]["field"], "upstreams.a.frobnicate", "{r}");
+    assert_eq!(errors[1]["message"], "unknown field `frobnicate`", "{r}");
+    assert!(errors[0]["file"].as_str().unwrap().ends_with("weir.toml"));
+
+    // The file put right and reloaded: applied, no errors, the file runs.
+    std::fs::write(&path, format!("{toml}timeout = \"5s\"\n")).unwrap();
+    assert_eq!(admin(&rt, "POST", "/reload").await.0, 200);
+    let r = reload_status(&rt).await;
+    assert_eq!(r["last"]["applied"], true, "{r}");
+    assert_eq!(r["last"]["errors"].as_array().unwrap().len(), 0, "{r}");
+    assert_eq!(r["file_is_running"], true, "{r}");
+    assert_ne!(r["running_sha256"], running.as_str(), "{r}");
+
+    // Edited, not reloaded (no watch here): not the config that runs.
+    std::fs::write(&path, format!("{toml}timeout = \"6s\"\n")).unwrap();
+    let r = reload_status(&rt).await;
+    assert_eq!(r["file_is_running"], false, "{r}");
+    assert_eq!(r["last"]["applied"], true, "{r}");
+    rt.shutdown(Duration::from_millis(10)).await;
+}

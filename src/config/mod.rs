@@ -63,6 +63,18 @@ pub struct Config {
     /// What the command line set over the file; every reload applies it
     /// again.
     pub overrides: Overrides,
+    /// SHA-256 of the text it was parsed from, in hex: `/status.json`
+    /// compares the file on disk with it (docs/reference/admin.md#status-page).
+    pub source_sha256: String,
+}
+
+/// SHA-256 of a config's text, in hex ([`Config::source_sha256`]).
+pub fn text_sha256(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Which requests get an access-log line (docs/reference/logs.md#logs).
@@ -386,6 +398,7 @@ impl Config {
                 column: 0,
                 field: String::new(),
                 message: format!("cannot read the config file: {e}"),
+                expected: Vec::new(),
             }])
         })?;
         Config::parse(path, &src)
@@ -428,6 +441,7 @@ impl Config {
                     column: 0,
                     field: String::new(),
                     message: format!("cannot read the config file: {e}"),
+                    expected: Vec::new(),
                 }])),
                 Vec::new(),
             ),
@@ -475,6 +489,7 @@ impl Config {
                 Ok(mut c) => {
                     c.advice = advice.clone();
                     c.overrides = overrides.clone();
+                    c.source_sha256 = text_sha256(src);
                     (Ok(c), advice)
                 }
                 Err(ConfigErrors(errors)) => (

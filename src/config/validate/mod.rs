@@ -113,6 +113,7 @@ pub(super) fn validate(
         },
         advice: Vec::new(),
         overrides: Overrides::default(),
+        source_sha256: String::new(),
     };
     Validated {
         upstreams: config.upstreams.clone(),
