@@ -55,7 +55,8 @@
 //! - [`config`]: the TOML schema, defaults, validation into typed snapshots,
 //!   errors with file:line:col and field path.
 //! - [`metrics`]: every metric family, handles resolved once per upstream,
-//!   the wire meter (`metrics::meter`).
+//!   the wire meter (`metrics::meter`), and which series an upstream's
+//!   config can move (`metrics::possible`: only those exist).
 //! - [`tls`]: certificates, keys and TLS configurations; failures in words.
 //!   [`trace`]: W3C/B3 trace context, a traced request's spans, and the
 //!   OTLP exporter behind a bounded queue; the data plane calls it.
