@@ -938,6 +938,12 @@ fn the_log_exporter_prints_a_retried_requests_three_spans() {
     assert_eq!(attempts[0]["attributes"]["weir.retry_cause"], "status_503");
     assert_eq!(attempts[0]["status"], "ERROR");
     assert_eq!(attempts[1]["attributes"]["http.response.status_code"], 200);
+    // Issue 58, item 4: in the order docs/reference/tracing.md shows them —
+    // the attempts in turn, then the server span (it came first).
+    let kinds: Vec<&str> = spans.iter().map(|s| s["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["CLIENT", "CLIENT", "SERVER"], "{spans:#?}");
+    assert_eq!(spans[0]["attributes"]["weir.attempt"], 1, "{spans:#?}");
+    assert_eq!(spans[1]["attributes"]["weir.attempt"], 2, "{spans:#?}");
 }
 
 /// `exporter = "log"` with an `endpoint` is refused: one or the other.
