@@ -1029,3 +1029,87 @@ fn check_says_what_changed_under_throttling_and_the_adaptive_limit() {
     );
     assert!(!err.contains("upstream `p`"), "{err}");
 }
+
+/// The JSON log lines of `weir run ARGS` (in an empty directory, so the
+/// built-in default is the config) up to "weir is serving".
+fn start_log(args: &[&str]) -> Vec<serde_json::Value> {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["--log-format", "json", "run", "--workers", "1"])
+        .args(args)
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let _running = Running {
+        child,
+        admin: "127.0.0.1:1".parse().unwrap(),
+    };
+    let mut out = Vec::new();
+    loop {
+        let line = lines.next().expect("weir exited before serving").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let serving = v["message"] == "weir is serving";
+        out.push(v);
+        if serving {
+            return out;
+        }
+    }
+}
+
+/// Issue 58, item 4: a listener or the admin bound beyond loopback is
+/// said at start, with what it lets other hosts reach; nothing was said.
+#[test]
+fn run_warns_of_listeners_bound_beyond_loopback() {
+    let warnings = |log: &[serde_json::Value]| -> Vec<String> {
+        log.iter()
+            .filter(|v| {
+                v["level"] == "WARN" && v["message"].as_str().unwrap().contains("beyond loopback")
+            })
+            .map(|v| {
+                format!(
+                    "{} {}",
+                    v["address"].as_str().unwrap(),
+                    v["message"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    let up = ["--upstream", "app=http://127.0.0.1:1"];
+    let log = start_log(&[&["--listen", "0.0.0.0:0", "--admin", "0.0.0.0:0"][..], &up].concat());
+    let w = warnings(&log);
+    assert_eq!(w.len(), 2, "{log:#?}");
+    assert!(
+        w[0].starts_with("0.0.0.0:")
+            && w[0].contains("the shared listener is bound beyond loopback: any host that can reach this one on port ")
+            && w[0].contains("can send requests through weir, with its policy and its place in the network, to `app` (http://127.0.0.1:1)"),
+        "{w:?}"
+    );
+    assert!(
+        w[1].contains("the admin listener is bound beyond loopback: /metrics, /healthz and /readyz answer any host")
+            && w[1].contains("/config, /reload and the status page still answer loopback peers only"),
+        "{w:?}"
+    );
+    // Only the one beyond loopback is said.
+    let log = start_log(
+        &[
+            &["--listen", "127.0.0.1:0", "--admin", "0.0.0.0:0"][..],
+            &up,
+        ]
+        .concat(),
+    );
+    let w = warnings(&log);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].contains("the admin listener"), "{w:?}");
+    let log = start_log(
+        &[
+            &["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"][..],
+            &up,
+        ]
+        .concat(),
+    );
+    assert_eq!(warnings(&log), Vec::<String>::new());
+}

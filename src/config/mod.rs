@@ -311,6 +311,21 @@ pub struct UpstreamUrl {
     pub base_path: String,
 }
 
+impl UpstreamUrl {
+    /// `scheme://host:port`: where it goes, never its credentials or path.
+    pub fn origin(&self) -> String {
+        let scheme = match self.scheme {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        };
+        if self.host.contains(':') && !self.host.starts_with('[') {
+            format!("{scheme}://[{}]:{}", self.host, self.port)
+        } else {
+            format!("{scheme}://{}:{}", self.host, self.port)
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConcurrencyParams {
     pub max_in_flight: u32,
