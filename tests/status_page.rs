@@ -486,6 +486,25 @@ async fn chromium_renders_the_open_breaker() {
     rt.shutdown(Duration::from_secs(1)).await;
 }
 
+/// Issue 58, item 4 (done in issue 53, held here): `GET /status` serves the
+/// status page, as `GET /` does.
+#[tokio::test]
+async fn status_serves_the_page_as_the_root_does() {
+    let up = TestUpstream::text("ok").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = start(dir.path(), &config(&up.url(), &up.url())).await;
+    let (s, h, root) = admin(&rt, "GET", "/", &[]).await;
+    assert_eq!(s, 200);
+    assert_eq!(h["content-type"], "text/html; charset=utf-8");
+    let (s, h, status) = admin(&rt, "GET", "/status", &[]).await;
+    assert_eq!(s, 200);
+    assert_eq!(h["content-type"], "text/html; charset=utf-8");
+    assert!(h.contains_key("content-security-policy"));
+    assert_eq!(status, root);
+    assert!(status.contains("<title>weir status</title>"));
+    rt.shutdown(Duration::from_millis(10)).await;
+}
+
 /// Issue 58, item 1: while the config file on disk is not the config that
 /// runs, the page says so above the table: its last reload was rejected,
 /// with each error and its place. Nothing on the page said so before.
