@@ -8,6 +8,8 @@
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// The `op` label values: every kind of call weir makes to the backend.
 /// `ping` is the connection's own check: connecting, and one PING a second
@@ -44,6 +46,11 @@ pub struct StateMetrics {
     errors: IntCounterVec,
     roundtrip: HistogramVec,
     leased: IntCounterVec,
+    /// Whether a Redis backend is in use: from [`StateMetrics::precreate_ops`]
+    /// to [`StateMetrics::forget_backend`]. A fleet a reload replaced may
+    /// still finish a call or a health check after it; it then counts into
+    /// series of its own, so the memory backend's `/metrics` stays without.
+    on: Arc<AtomicBool>,
 }
 
 /// One `op`'s series, resolved once.
@@ -116,6 +123,7 @@ impl StateMetrics {
             errors,
             roundtrip,
             leased,
+            on: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -124,16 +132,31 @@ impl StateMetrics {
         StateMetrics::register(&Registry::new())
     }
 
-    /// Every command's series at zero, so that a rate over them reads 0
-    /// before the first: called when a Redis backend starts.
+    /// A Redis backend starts: every command's series at zero, so that a
+    /// rate over them reads 0 before the first.
     pub fn precreate_ops(&self) {
+        self.on.store(true, Ordering::Relaxed);
         for op in OPS {
             self.op(op);
         }
     }
 
-    /// `op`'s series (any name; the callers use [`OPS`]).
+    /// `op`'s series (any name; the callers use [`OPS`]); unregistered
+    /// ones while no Redis backend is in use.
     pub fn op(&self, op: &str) -> OpSeries {
+        if !self.on.load(Ordering::Relaxed) {
+            return OpSeries {
+                commands: IntCounter::new("weir_state_commands_total", "-")
+                    .expect("static metric definition"),
+                errors: IntCounter::new("weir_state_errors_total", "-")
+                    .expect("static metric definition"),
+                roundtrip: Histogram::with_opts(HistogramOpts::new(
+                    "weir_state_roundtrip_seconds",
+                    "-",
+                ))
+                .expect("static metric definition"),
+            };
+        }
         OpSeries {
             commands: self.commands.with_label_values(&[op]),
             errors: self.errors.with_label_values(&[op]),
@@ -142,7 +165,9 @@ impl StateMetrics {
     }
 
     pub fn set_up(&self, up: bool) {
-        self.up.with_label_values(NO_LABELS).set(i64::from(up));
+        if self.on.load(Ordering::Relaxed) {
+            self.up.with_label_values(NO_LABELS).set(i64::from(up));
+        }
     }
 
     /// Whether the backend answers (`false` with none).
@@ -156,6 +181,7 @@ impl StateMetrics {
     /// command's): the memory backend, which sends no command, has none
     /// (docs/reference/metrics.md#which-series-exist).
     pub fn forget_backend(&self) {
+        self.on.store(false, Ordering::Relaxed);
         self.up.remove_label_values(NO_LABELS).ok();
         for op in OPS {
             self.commands.remove_label_values(&[op]).ok();
@@ -165,11 +191,15 @@ impl StateMetrics {
     }
 
     pub fn errors(&self, op: &str) -> u64 {
-        self.errors.with_label_values(&[op]).get()
+        self.errors
+            .get_metric_with_label_values(&[op])
+            .map_or(0, |c| c.get())
     }
 
     pub fn commands(&self, op: &str) -> u64 {
-        self.commands.with_label_values(&[op]).get()
+        self.commands
+            .get_metric_with_label_values(&[op])
+            .map_or(0, |c| c.get())
     }
 
     /// `weir_state_leased_tokens_total` for `upstream`.
