@@ -55,7 +55,8 @@
 //! - [`config`]: the TOML schema, defaults, validation into typed snapshots,
 //!   errors with file:line:col and field path.
 //! - [`metrics`]: every metric family, handles resolved once per upstream,
-//!   the wire meter (`metrics::meter`).
+//!   the wire meter (`metrics::meter`), and which series an upstream's
+//!   config can move (`metrics::possible`: only those exist).
 //! - [`tls`]: certificates, keys and TLS configurations; failures in words.
 //!   [`trace`]: W3C/B3 trace context, a traced request's spans, and the
 //!   OTLP exporter behind a bounded queue; the data plane calls it.
@@ -69,7 +70,8 @@
 //!   knows nothing of endpoints or connections.
 //! - [`upstream`]: the upstream side — `reach` (each upstream's endpoints,
 //!   their resolver and client, keyed by name, surviving reloads),
-//!   endpoints (resolution, static lists; `resolve`), the dial loop
+//!   endpoints (resolution, static lists; `resolve`; `seen`, what the
+//!   status page and `/metrics` show of them), the dial loop
 //!   (`dial`), `checkout` (the general path's one checkout: the endpoint
 //!   picked, and the lease or HTTP/2 pool it is reached over), `pool` (every connection weir keeps to an upstream: `h1` the
 //!   worker's idle HTTP/1.1 connections, `lease` hyper's client over one,

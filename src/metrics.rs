@@ -17,11 +17,13 @@ pub mod grpc;
 pub mod idempotency;
 mod labels;
 pub mod meter;
+mod possible;
 pub mod state;
 pub mod trace;
 mod upstream;
 mod wire;
 
+pub use possible::Possible;
 pub use upstream::UpstreamMetrics;
 
 pub use labels::{ATTEMPT_RESULTS, BODY_ERRORS, ERROR_CODES};
@@ -295,34 +297,38 @@ impl Metrics {
         }
     }
 
-    /// Handles for one upstream, every fixed series pre-registered at zero.
+    /// Handles for one upstream: the series every upstream has, at zero;
+    /// the rest are made by [`UpstreamMetrics::fit`] for what its config
+    /// can produce.
     pub fn upstream(&self, name: &str) -> UpstreamMetrics {
         let by = |v: &IntCounterVec, l: &str| v.with_label_values(&[name, l]);
         UpstreamMetrics {
             name: name.to_string(),
             requests: self.requests.clone(),
             statuses: (100..=599).map(|_| OnceLock::new()).collect(),
-            errors: ERROR_CODES.map(|_| OnceLock::new()),
+            errors: Default::default(),
             request_duration: self.request_duration.with_label_values(&[name]),
-            attempts: ATTEMPT_RESULTS.map(|r| by(&self.attempts, r)),
+            attempts: Default::default(),
+            attempts_vec: self.attempts.clone(),
             attempt_duration: self.attempt_duration.with_label_values(&[name]),
             retries_vec: self.retries.clone(),
             retries: Mutex::new(HashMap::new()),
-            stops: StopReason::ALL.map(|_| OnceLock::new()),
+            stops: Default::default(),
             stops_vec: self.stops.clone(),
-            hedges: HedgeResult::ALL.map(|_| OnceLock::new()),
+            hedges: Default::default(),
             hedges_vec: self.hedges.clone(),
             budget: self.budget_tokens.with_label_values(&[name]),
             breaker: STATES.map(|s| self.breaker_state.with_label_values(&[name, s.as_str()])),
             transitions: STATES.map(|s| by(&self.breaker_transitions, s.as_str())),
-            rate_limited: OnceLock::new(),
+            rate_limited: Default::default(),
             rate_limited_vec: self.rate_limited.clone(),
             in_flight: self.in_flight.with_label_values(&[name]),
-            tunnels: OnceLock::new(),
+            tunnels: Default::default(),
             tunnels_vec: self.tunnels.clone(),
             body_errors: BODY_ERRORS.map(|c| by(&self.body_errors, c)),
-            idempotency: self.idempotency.upstream(name),
-            cache: OnceLock::new(),
+            idempotency: Default::default(),
+            idempotency_families: self.idempotency.clone(),
+            cache: Default::default(),
             cache_families: self.cache.clone(),
             concurrency: self.concurrency.upstream(name),
             wire: self.wire.upstream(name),

@@ -83,12 +83,7 @@ impl UpstreamState {
         let now = clock.now();
         let metrics = metrics.upstream(&u.name);
         metrics.set_breaker(crate::policy::StateKind::Closed);
-        metrics.precreate_retries(&u.retry.retry_on.causes());
-        metrics.precreate_errors(possible_errors(u));
-        if u.hedge.is_some() {
-            metrics.precreate_hedges();
-        }
-        metrics.precreate_features(u.rate_limit.is_some(), u.tunnel, u.breaker.enabled);
+        metrics.fit(&possible(u));
         UpstreamState {
             name: u.name.clone(),
             clock,
@@ -129,12 +124,7 @@ impl UpstreamState {
     fn update(&self, u: &UpstreamConfig, fleet: bool) {
         let now = self.clock.now();
         let rate = local_rate(u, fleet);
-        self.metrics.precreate_retries(&u.retry.retry_on.causes());
-        if u.hedge.is_some() {
-            self.metrics.precreate_hedges();
-        }
-        self.metrics
-            .precreate_features(u.rate_limit.is_some(), u.tunnel, u.breaker.enabled);
+        self.metrics.fit(&possible(u));
         {
             let mut live = self.live();
             if live.breaker.params() != &u.breaker {
@@ -217,7 +207,7 @@ impl UpstreamState {
                 let fleet = *link.idempotency.lock().expect("fleet stats lock poisoned");
                 stats.add(&fleet);
             }
-            self.metrics.idempotency.show(&stats);
+            self.metrics.idempotency().show(&stats);
         }
     }
 
@@ -299,6 +289,8 @@ impl StateRegistry {
     /// memory backend.
     fn fleet_for(&self, config: &Config) -> Result<Option<FleetRun>, String> {
         if config.state.backend != StateBackend::Redis {
+            // Nothing to be up or down, no command sent: no series.
+            self.metrics.state().forget_backend();
             return Ok(None);
         }
         let mut run = self.fleet.lock().expect("fleet lock poisoned");
@@ -365,42 +357,27 @@ impl StateRegistry {
     }
 }
 
-/// The error codes an upstream can answer with, given its config: its
-/// `weir_requests_total{error}` series start at zero
-/// (docs/reference/metrics.md#label-values). Never `no_route`, `bad_request` or
-/// `header_too_large`, which no upstream was chosen for (`upstream="none"`);
-/// `rate_limited`, `circuit_open` and the `idempotency_*` codes only with
-/// their feature on; `connect_not_allowed` only without `tunnel`;
-/// `refused_stream` only for an upstream that may speak HTTP/2.
-fn possible_errors(u: &UpstreamConfig) -> impl Iterator<Item = &'static str> {
+/// What an upstream's config can produce, for its series
+/// (docs/reference/metrics.md#which-series-exist): `refused_stream` only for
+/// an upstream that may speak HTTP/2; `rate_limited`, `circuit_open`, the
+/// `idempotency_*` codes and series, hedges, the cache's series and the
+/// adaptive limit's latency only with their feature on; tunnels only with
+/// `tunnel = true` (and then no `connect_not_allowed`).
+fn possible(u: &UpstreamConfig) -> crate::metrics::Possible {
     use crate::config::{Protocol, Scheme};
-    let h2 = match u.protocol {
-        Protocol::H2c | Protocol::Grpc => true,
-        Protocol::Auto => u.url.scheme == Scheme::Https,
-        Protocol::Http1 => false,
-    };
-    let always = [
-        "bad_response",
-        "overloaded",
-        "connect_failed",
-        "upstream_reset",
-        "upstream_timeout",
-        "deadline_exceeded",
-    ];
-    let idempotency = [
-        "idempotency_in_flight",
-        "idempotency_key_reused",
-        "idempotency_not_replayable",
-    ];
-    always
-        .into_iter()
-        .chain(h2.then_some("refused_stream"))
-        .chain((!u.tunnel).then_some("connect_not_allowed"))
-        .chain(u.rate_limit.is_some().then_some("rate_limited"))
-        .chain(u.breaker.enabled.then_some("circuit_open"))
-        .chain(
-            idempotency
-                .into_iter()
-                .take(if u.idempotency.is_some() { 3 } else { 0 }),
-        )
+    crate::metrics::Possible {
+        h2: match u.protocol {
+            Protocol::H2c | Protocol::Grpc => true,
+            Protocol::Auto => u.url.scheme == Scheme::Https,
+            Protocol::Http1 => false,
+        },
+        breaker: u.breaker.enabled,
+        rate_limit: u.rate_limit.is_some(),
+        tunnel: u.tunnel,
+        idempotency: u.idempotency.is_some(),
+        hedge: u.hedge.is_some(),
+        cache: u.cache.is_some(),
+        adaptive: u.concurrency.adaptive.is_some(),
+        retry_on: u.retry.retry_on.causes(),
+    }
 }

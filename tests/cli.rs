@@ -678,11 +678,10 @@ jitter = "none"
     );
 }
 
-/// Issue 46, item 4: one event, one line. A rejected reload's error holds
-/// one line per mistake; in the text log it is escaped onto the event's
-/// line, so every line of the log starts with a timestamp.
-#[test]
-fn a_rejected_reload_is_one_line_of_the_text_log() {
+/// Runs weir on a good config with `--log-format FORMAT`, replaces the
+/// file with `bad`, asks `POST /reload` (expecting 422), stops weir and
+/// returns its whole log.
+fn log_of_a_rejected_reload(format: &str, bad: &str) -> String {
     use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("w.toml");
@@ -690,7 +689,7 @@ fn a_rejected_reload_is_one_line_of_the_text_log() {
                 [upstreams.app]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"app\"]\n";
     std::fs::write(&p, good).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["--log-format", "text", "run", "--workers", "1", "--config"])
+        .args(["--log-format", format, "run", "--workers", "1", "--config"])
         .arg(&p)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -705,18 +704,17 @@ fn a_rejected_reload_is_one_line_of_the_text_log() {
         let text = String::from_utf8_lossy(&log);
         if let Some(l) = text.lines().find(|l| l.contains("weir is serving")) {
             if text.ends_with('\n') {
-                let at = l.find(" admin=").unwrap() + 7;
-                let end = l[at..].find(' ').unwrap() + at;
-                break l[at..end].to_string();
+                let at = l.find("admin").unwrap() + 5;
+                let addr: String = l[at..]
+                    .trim_start_matches(['=', '"', ':'])
+                    .chars()
+                    .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                    .collect();
+                break addr;
             }
         }
     };
-    std::fs::write(
-        &p,
-        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
-         [upstreams.app]\nurl = \"ftp://x\"\nhosts = [\"app\"]\ntimout = \"1s\"\n",
-    )
-    .unwrap();
+    std::fs::write(&p, bad).unwrap();
     let mut s = std::net::TcpStream::connect(&admin).unwrap();
     write!(
         s,
@@ -731,23 +729,98 @@ fn a_rejected_reload_is_one_line_of_the_text_log() {
     child.kill().unwrap();
     err.read_to_end(&mut log).unwrap();
     let _ = child.wait();
-    let log = String::from_utf8(log).unwrap();
+    String::from_utf8(log).unwrap()
+}
+
+/// Three mistakes: a bad URL, a misspelt field (a "did you mean" hint) and
+/// an unknown field with no close name (serde would list the 29 valid ones).
+const THREE_MISTAKES: &str = "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+     [upstreams.app]\nurl = \"ftp://x\"\nhosts = [\"app\"]\ntimout = \"1s\"\nfrobnicate = true\n";
+
+/// Issue 58, item 1 (and issue 46, item 4): a rejected reload is one event
+/// per mistake, each on one line with its place as fields of its own, and
+/// never the list of every valid field name. It used to be one event whose
+/// `error` held every mistake with a literal `\n` between them, followed by
+/// the 29 field names an `[upstreams.NAME]` table takes.
+#[test]
+fn a_rejected_reload_logs_one_event_per_mistake() {
+    let log = log_of_a_rejected_reload("text", THREE_MISTAKES);
     for line in log.lines() {
         assert!(
             line.starts_with("20"),
             "a line with no timestamp: {line:?}\n{log}"
         );
     }
-    let rejected: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("config reload rejected"))
-        .collect();
+    assert!(!log.contains("\\n"), "a literal \\n in the log:\n{log}");
+    assert!(!log.contains("expected one of"), "{log}");
+    assert!(!log.contains("`max_attempts`"), "{log}");
     // One from POST /reload; the file watch may have seen the edit first.
-    assert!(!rejected.is_empty(), "{log}");
-    for r in rejected {
-        assert!(r.contains("unknown field `timout`"), "{log}");
-        assert!(r.contains("\\nerror: "), "{log}");
+    let summaries: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("config reload rejected; the running config stays"))
+        .collect();
+    assert!(!summaries.is_empty(), "{log}");
+    assert!(summaries.iter().all(|l| l.contains("errors=3")), "{log}");
+    let why: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("config reload rejected: why"))
+        .collect();
+    assert_eq!(why.len(), 3 * summaries.len(), "{log}");
+    for (field, line, error) in [
+        ("upstreams.app.url", 5, "invalid url"),
+        (
+            "upstreams.app.timout",
+            7,
+            "unknown field `timout`: did you mean `timeout`?",
+        ),
+        (
+            "upstreams.app.frobnicate",
+            8,
+            "error=unknown field `frobnicate`",
+        ),
+    ] {
+        assert!(
+            why.iter().any(|l| l.contains(&format!("field=\"{field}\""))
+                && l.contains(&format!("line={line} "))
+                && l.contains(error)),
+            "no line for {field}:\n{log}"
+        );
     }
+
+    // The JSON log: the same events, every field its own JSON value.
+    let log = log_of_a_rejected_reload("json", THREE_MISTAKES);
+    let events: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .filter(|v: &serde_json::Value| {
+            v["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("config reload rejected"))
+        })
+        .collect();
+    let why: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|v| v["message"] == "config reload rejected: why")
+        .collect();
+    assert!(!why.is_empty() && why.len() % 3 == 0, "{log}");
+    for v in &why {
+        let error = v["error"].as_str().unwrap();
+        assert!(
+            !error.contains('\n') && !error.contains("expected one of"),
+            "{v}"
+        );
+        assert!(v["line"].is_u64() && v["column"].is_u64(), "{v}");
+        assert!(v["file"].as_str().unwrap().ends_with("w.toml"), "{v}");
+    }
+    assert!(
+        why.iter()
+            .any(|v| v["field"] == "upstreams.app.frobnicate" && v["line"] == 8),
+        "{log}"
+    );
+    assert!(
+        events.iter().any(|v| v["errors"] == 3),
+        "no summary event counting 3 errors:\n{log}"
+    );
 }
 
 /// An upstream on a free loopback port answering its first request `503`
@@ -865,6 +938,12 @@ fn the_log_exporter_prints_a_retried_requests_three_spans() {
     assert_eq!(attempts[0]["attributes"]["weir.retry_cause"], "status_503");
     assert_eq!(attempts[0]["status"], "ERROR");
     assert_eq!(attempts[1]["attributes"]["http.response.status_code"], 200);
+    // Issue 58, item 4: in the order docs/reference/tracing.md shows them —
+    // the attempts in turn, then the server span (it came first).
+    let kinds: Vec<&str> = spans.iter().map(|s| s["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["CLIENT", "CLIENT", "SERVER"], "{spans:#?}");
+    assert_eq!(spans[0]["attributes"]["weir.attempt"], 1, "{spans:#?}");
+    assert_eq!(spans[1]["attributes"]["weir.attempt"], 2, "{spans:#?}");
 }
 
 /// `exporter = "log"` with an `endpoint` is refused: one or the other.
@@ -877,6 +956,54 @@ fn check_refuses_an_endpoint_with_the_log_exporter() {
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("tracing.endpoint"), "{err}");
     assert!(err.contains("exporter = \"log\""), "{err}");
+}
+
+/// Issue 58, item 2: `weir check` says every warning in the same pass as
+/// the errors (it used to say them only for a file without errors), a
+/// `per_try_timeout` past `timeout` is a warning naming both values and
+/// what weir does, and `--strict` fails on a warning (not on a note).
+#[test]
+fn check_says_warnings_beside_errors_and_strict_fails_on_them() {
+    let api = "[upstreams.api]\nurl = \"http://127.0.0.1:8080\"\nhosts = [\"api\"]\ntimeout = \"1s\"\nper_try_timeout = \"5s\"\n";
+    let bad = "[upstreams.bad]\nurl = \"ftp://x\"\nhosts = [\"bad\"]\n";
+    let warning = ":5:19: `upstreams.api.per_try_timeout`: 5s is longer than `timeout` (1s), so it never applies: weir ends every attempt at the request's deadline, 1s after it arrived";
+    let (code, _, err) = check(&format!("{api}{bad}"));
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("`upstreams.bad.url`: invalid url"), "{err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("per_try_timeout") && !l.contains("no longer counts the time"))
+        .unwrap_or_else(|| panic!("no per_try_timeout warning beside the error:\n{err}"));
+    assert!(line.starts_with("warning: "), "{line}");
+    assert!(line.contains(warning), "{line}");
+
+    // Valid: exit 0, the warning said; --strict: exit 1 for it.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("w.toml");
+    std::fs::write(&p, api).unwrap();
+    let path = p.to_str().unwrap();
+    let (code, _, err) = weir(&["check", "--config", path], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains(&format!("warning: {path}{warning}")), "{err}");
+    let (code, out, err) = weir(&["check", "--strict", "--config", path], None);
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        out.contains("[upstreams.api]"),
+        "the effective config still: {out}"
+    );
+    assert!(err.contains(warning), "{err}");
+    assert!(
+        err.contains("1 warning (--strict: a warning fails the check)"),
+        "{err}"
+    );
+    assert!(!err.contains(": ok ("), "{err}");
+
+    // A note alone passes --strict.
+    let noted = "[upstreams.t]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"t\"]\n[upstreams.t.throttle]\nenabled = true\n";
+    std::fs::write(&p, noted).unwrap();
+    let (code, _, err) = weir(&["check", "--strict", "--config", path], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("note: upstream `t`"), "{err}");
 }
 
 /// Issue 53: settings whose meaning changed (client-side throttling's
@@ -901,4 +1028,88 @@ fn check_says_what_changed_under_throttling_and_the_adaptive_limit() {
         "{err}"
     );
     assert!(!err.contains("upstream `p`"), "{err}");
+}
+
+/// The JSON log lines of `weir run ARGS` (in an empty directory, so the
+/// built-in default is the config) up to "weir is serving".
+fn start_log(args: &[&str]) -> Vec<serde_json::Value> {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["--log-format", "json", "run", "--workers", "1"])
+        .args(args)
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let _running = Running {
+        child,
+        admin: "127.0.0.1:1".parse().unwrap(),
+    };
+    let mut out = Vec::new();
+    loop {
+        let line = lines.next().expect("weir exited before serving").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let serving = v["message"] == "weir is serving";
+        out.push(v);
+        if serving {
+            return out;
+        }
+    }
+}
+
+/// Issue 58, item 4: a listener or the admin bound beyond loopback is
+/// said at start, with what it lets other hosts reach; nothing was said.
+#[test]
+fn run_warns_of_listeners_bound_beyond_loopback() {
+    let warnings = |log: &[serde_json::Value]| -> Vec<String> {
+        log.iter()
+            .filter(|v| {
+                v["level"] == "WARN" && v["message"].as_str().unwrap().contains("beyond loopback")
+            })
+            .map(|v| {
+                format!(
+                    "{} {}",
+                    v["address"].as_str().unwrap(),
+                    v["message"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    let up = ["--upstream", "app=http://127.0.0.1:1"];
+    let log = start_log(&[&["--listen", "0.0.0.0:0", "--admin", "0.0.0.0:0"][..], &up].concat());
+    let w = warnings(&log);
+    assert_eq!(w.len(), 2, "{log:#?}");
+    assert!(
+        w[0].starts_with("0.0.0.0:")
+            && w[0].contains("the shared listener is bound beyond loopback: any host that can reach this one on port ")
+            && w[0].contains("can send requests through weir, with its policy and its place in the network, to `app` (http://127.0.0.1:1)"),
+        "{w:?}"
+    );
+    assert!(
+        w[1].contains("the admin listener is bound beyond loopback: /metrics, /healthz and /readyz answer any host")
+            && w[1].contains("/config, /reload and the status page still answer loopback peers only"),
+        "{w:?}"
+    );
+    // Only the one beyond loopback is said.
+    let log = start_log(
+        &[
+            &["--listen", "127.0.0.1:0", "--admin", "0.0.0.0:0"][..],
+            &up,
+        ]
+        .concat(),
+    );
+    let w = warnings(&log);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].contains("the admin listener"), "{w:?}");
+    let log = start_log(
+        &[
+            &["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"][..],
+            &up,
+        ]
+        .concat(),
+    );
+    assert_eq!(warnings(&log), Vec::<String>::new());
 }

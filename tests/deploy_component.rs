@@ -216,6 +216,25 @@ fn the_component_adds_weir_to_a_plain_deployment() {
         ),
         "the component's sidecar and deploy/kubernetes/deployment.yaml's have drifted apart"
     );
+    // Issue 58, item 4: Pod Security's `restricted` profile (and the
+    // RuntimeDefault seccomp profile docs/guide/sidecar.md promises) on the
+    // sidecar container itself: a pod it is added to may set none of it —
+    // PLAIN's sets no securityContext — and only the demo's pod did.
+    assert!(pod["spec"].get("securityContext").is_none());
+    let sc = at(weir, &["securityContext"]);
+    assert_eq!(s(at(sc, &["seccompProfile", "type"])), "RuntimeDefault");
+    assert_eq!(at(sc, &["runAsNonRoot"]).as_bool(), Some(true));
+    assert_eq!(at(sc, &["allowPrivilegeEscalation"]).as_bool(), Some(false));
+    assert_eq!(at(sc, &["readOnlyRootFilesystem"]).as_bool(), Some(true));
+    assert_eq!(
+        at(sc, &["capabilities", "drop"]),
+        &yaml_text("[ALL]", "drop ALL")
+    );
+    assert_eq!(
+        at(sc, &["runAsUser"]).as_u64(),
+        Some(65532),
+        "the image's USER (distroless nonroot)"
+    );
 
     // Its config: the component's ConfigMap, mounted as a directory.
     let cm = of_kind(&c, "ConfigMap");

@@ -486,6 +486,37 @@ fn the_metrics_reference_names_every_family() {
     }
 }
 
+/// The value of `const NAME: &str = "…";` in the source file `rel`.
+fn str_const(rel: &str, name: &str) -> String {
+    let text = std::fs::read_to_string(root().join(rel)).unwrap();
+    let at = text
+        .find(&format!("const {name}: &str = \""))
+        .unwrap_or_else(|| panic!("no const {name} in {rel}"));
+    text[at..].split('"').nth(1).unwrap().to_string()
+}
+
+/// Issue 58, item 4: the fields weir adds to the requests it forwards are
+/// listed together, `x-request-id` among them (it was said only in
+/// logs.md), in responses.md beside what weir adds to responses.
+#[test]
+fn the_fields_weir_adds_to_requests_are_listed_together() {
+    let text = std::fs::read_to_string(root().join("docs/reference/responses.md")).unwrap();
+    let section = text
+        .split("\n## ")
+        .find(|s| s.starts_with("What weir adds to requests\n"))
+        .expect("docs/reference/responses.md has no section `What weir adds to requests`");
+    for field in [
+        str_const("src/proxy/request.rs", "REQUEST_ID_FIELD"),
+        str_const("src/trace/context.rs", "TRACEPARENT"),
+        "grpc-timeout".to_string(),
+    ] {
+        assert!(
+            section.contains(&format!("- `{field}` — ")),
+            "`{field}` is not listed in responses.md's `What weir adds to requests`"
+        );
+    }
+}
+
 // ---- the runnable examples ----
 
 /// One `console,example` block: where it is, its commands with what each

@@ -486,6 +486,83 @@ async fn chromium_renders_the_open_breaker() {
     rt.shutdown(Duration::from_secs(1)).await;
 }
 
+/// Issue 58, item 4 (done in issue 53, held here): `GET /status` serves the
+/// status page, as `GET /` does.
+#[tokio::test]
+async fn status_serves_the_page_as_the_root_does() {
+    let up = TestUpstream::text("ok").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rt, _) = start(dir.path(), &config(&up.url(), &up.url())).await;
+    let (s, h, root) = admin(&rt, "GET", "/", &[]).await;
+    assert_eq!(s, 200);
+    assert_eq!(h["content-type"], "text/html; charset=utf-8");
+    let (s, h, status) = admin(&rt, "GET", "/status", &[]).await;
+    assert_eq!(s, 200);
+    assert_eq!(h["content-type"], "text/html; charset=utf-8");
+    assert!(h.contains_key("content-security-policy"));
+    assert_eq!(status, root);
+    assert!(status.contains("<title>weir status</title>"));
+    rt.shutdown(Duration::from_millis(10)).await;
+}
+
+/// Issue 58, item 1: while the config file on disk is not the config that
+/// runs, the page says so above the table: its last reload was rejected,
+/// with each error and its place. Nothing on the page said so before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chromium_shows_a_banner_while_the_file_is_not_the_running_config() {
+    let bin = chromium();
+    if !require(CHROMIUM_TOOL, bin.is_some()) {
+        return;
+    }
+    let bin = bin.unwrap();
+    let up = TestUpstream::text("ok").await;
+    let dead_url = format!("http://{}", refused_addr().await);
+    let dir = tempfile::tempdir().unwrap();
+    let good = config(&dead_url, &up.url());
+    let (rt, path) = start(dir.path(), &good).await;
+    let url = format!("http://{}/", rt.admin_addr);
+    let render = |bin: PathBuf, url: String| {
+        tokio::task::spawn_blocking(move || {
+            run_chromium(&bin, &url, &["--virtual-time-budget=5000", "--dump-dom"])
+        })
+    };
+    let empty = "<div id=\"reload\" role=\"alert\" class=\"\"></div>";
+    let dom = render(bin.clone(), url.clone()).await.unwrap();
+    assert!(dom.contains(empty), "{dom}");
+
+    std::fs::write(&path, format!("{good}timeout = 5\n")).unwrap();
+    assert_eq!(admin(&rt, "POST", "/reload", &[]).await.0, 422);
+    let dom = render(bin.clone(), url.clone()).await.unwrap();
+    let at = dom.find("id=\"reload\"").unwrap();
+    let banner = &dom[at..at + dom[at..].find("</div>").unwrap()];
+    assert!(banner.contains("class=\"stale\""), "{banner}");
+    assert!(
+        banner.contains(
+            "The config file on disk is not the config that runs: its last reload (admin, "
+        ),
+        "{banner}"
+    );
+    assert!(
+        banner.contains("was rejected with 1 error; the running config stays."),
+        "{banner}"
+    );
+    // The error with its place: the file, line and column, and the field.
+    let line = good.lines().count() + 1;
+    assert!(
+        banner.contains(&format!(
+            "weir.toml:{line}:1 `upstreams.ok.throttle.timeout`: unknown field `timeout`</li>"
+        )),
+        "{banner}"
+    );
+
+    // Put right and reloaded: no banner.
+    std::fs::write(&path, &good).unwrap();
+    assert_eq!(admin(&rt, "POST", "/reload", &[]).await.0, 200);
+    let dom = render(bin, url).await.unwrap();
+    assert!(dom.contains(empty), "{dom}");
+    rt.shutdown(Duration::from_secs(1)).await;
+}
+
 /// Writes docs/status-page.png (the screenshot in docs/guide/operations.md): `ok` with 150 s
 /// of traffic, some of it failing and retried (40 % of it from 50 s to
 /// 90 s), `dead` with its breaker open, and `orders` on three replicas,

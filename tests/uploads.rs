@@ -318,8 +318,9 @@ async fn a_grpc_client_stream_that_stops_is_ended_at_idle_timeout() {
 fn weir_check_says_what_changed_where_a_timeout_is_set() {
     let notes = |src: &str| -> Vec<String> {
         let c = weir::config::Config::parse(std::path::Path::new("w.toml"), src).unwrap();
-        c.notes()
-            .into_iter()
+        c.advice
+            .iter()
+            .map(|a| a.to_string())
             .filter(|n| n.contains("no longer counts the time the request body takes to arrive"))
             .collect()
     };

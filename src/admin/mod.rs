@@ -168,7 +168,7 @@ pub async fn route<B>(reloader: &Reloader, peer: SocketAddr, req: Request<B>) ->
             r
         }
         (&Method::GET, "/" | "/status") => crate::admin::status::page(),
-        (&Method::GET, "/status.json") => crate::admin::status::json(proxy),
+        (&Method::GET, "/status.json") => crate::admin::status::json(reloader),
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {
             // The shared state's health is told, never a reason for 503:

@@ -7,12 +7,65 @@
 //! it names — is fingerprinted, so the watch reloads when any of it changed
 //! and never when none did.
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError, ConfigErrors};
 use crate::metrics::Metrics;
 use crate::proxy::ProxyHandle;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+
+/// What `/status.json` says of reloads, as `.reload`
+/// (docs/reference/admin.md#status-page).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReloadReport {
+    /// The last reload tried since weir started; `None` before one.
+    pub last: Option<LastReload>,
+    /// SHA-256 of the text the running config was read from.
+    pub running_sha256: String,
+    /// SHA-256 of the config file on disk now; `None` when it cannot be read.
+    pub file_sha256: Option<String>,
+    /// Why the file cannot be read, when it cannot.
+    pub file_error: Option<String>,
+    /// Whether the file on disk is the text of the config that runs.
+    pub file_is_running: bool,
+}
+
+/// One reload: when, what started it, whether it was applied, and why not.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LastReload {
+    pub at_unix_ms: u64,
+    /// `admin` (`POST /reload`), `SIGHUP` or `file change` (the watch).
+    pub trigger: String,
+    pub applied: bool,
+    /// Every error of a rejected reload, in file order.
+    pub errors: Vec<ReloadError>,
+}
+
+/// One error of a rejected reload, located when it has a place in the file.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReloadError {
+    /// The file, or the command-line flag that set the field.
+    pub file: String,
+    pub line: Option<usize>,
+    pub column: Option<usize>,
+    pub field: Option<String>,
+    /// What is wrong (a URL's credentials shown as `***`; a "did you
+    /// mean" hint kept, the list of every valid name left out).
+    pub message: String,
+}
+
+impl From<&ConfigError> for ReloadError {
+    fn from(e: &ConfigError) -> Self {
+        let located = e.line > 0;
+        ReloadError {
+            file: e.file.display().to_string(),
+            line: located.then_some(e.line),
+            column: located.then_some(e.column),
+            field: (!e.field.is_empty()).then(|| e.field.clone()),
+            message: e.brief().into_owned(),
+        }
+    }
+}
 
 /// Reloads the config file into the running proxy.
 #[derive(Debug)]
@@ -25,6 +78,8 @@ pub struct Reloader {
     last: Mutex<Option<u64>>,
     /// The TLS files the config file named when last read.
     files: Mutex<Vec<PathBuf>>,
+    /// The last reload tried, for `/status.json`.
+    tried: Mutex<Option<LastReload>>,
 }
 
 impl Reloader {
@@ -37,6 +92,7 @@ impl Reloader {
             metrics,
             last: Mutex::new(None),
             files: Mutex::new(Vec::new()),
+            tried: Mutex::new(None),
         };
         if let Ok(src) = r.read() {
             let fp = r.fingerprint(&src);
@@ -85,12 +141,12 @@ impl Reloader {
 
     /// Reloads from the file now. `why` names the trigger in the log.
     pub async fn reload(&self, why: &str) -> Result<(), String> {
-        let src = self
-            .read()
-            .map_err(|e| format!("{}: cannot read the config file: {e}", self.path.display()));
-        let src = match src {
+        let src = match self.read() {
             Ok(s) => s,
-            Err(e) => return self.failed(why, e),
+            Err(e) => {
+                let e = self.unlocated(format!("cannot read the config file: {e}"));
+                return self.failed(why, vec![e]);
+            }
         };
         // Before the files are loaded: a file that changes in between is
         // seen changed by the next watch event.
@@ -100,22 +156,19 @@ impl Reloader {
         let overrides = self.proxy.snapshot().config.overrides.clone();
         let config = match Config::parse_with(&self.path, &src, &overrides) {
             Ok(c) => c,
-            Err(e) => return self.failed(why, e.to_string()),
+            Err(ConfigErrors(errors)) => return self.failed(why, errors),
         };
         let upstreams = config.upstreams.len();
         if let Some(e) = fixed_fields_changed(&self.proxy.snapshot().config, &config, &src) {
-            return self.failed(why, e.to_string());
+            return self.failed(why, vec![e]);
         }
         let changes = Changes::between(&self.proxy.snapshot().config, &config);
-        let warnings: Vec<String> = config
-            .notes()
-            .into_iter()
-            .filter_map(|n| n.strip_prefix("warning: ").map(str::to_string))
-            .collect();
+        let warnings: Vec<String> = config.warnings().map(str::to_string).collect();
         if let Err(e) = self.proxy.reload(config).await {
-            return self.failed(why, e.to_string());
+            return self.failed(why, vec![self.unlocated(e.to_string())]);
         }
         self.metrics.reload(true);
+        self.remember(why, true, &[]);
         tracing::info!(
             trigger = why,
             config = %self.path.display(),
@@ -132,6 +185,50 @@ impl Reloader {
         Ok(())
     }
 
+    /// What `/status.json` says of reloads: the last one, and whether the
+    /// file on disk now is the text the running config was read from.
+    pub fn report(&self) -> ReloadReport {
+        let running = self.proxy.snapshot().config.source_sha256.clone();
+        let (file_sha256, file_error) = match self.read() {
+            Ok(text) => (Some(crate::config::text_sha256(&text)), None),
+            Err(e) => (None, Some(format!("{}: {e}", self.path.display()))),
+        };
+        ReloadReport {
+            last: self.tried.lock().expect("reload lock poisoned").clone(),
+            file_is_running: file_sha256.as_deref() == Some(running.as_str()),
+            running_sha256: running,
+            file_sha256,
+            file_error,
+        }
+    }
+
+    /// A reload's outcome, kept for [`Self::report`].
+    fn remember(&self, why: &str, applied: bool, errors: &[ConfigError]) {
+        let at_unix_ms = crate::clock::Clock::default()
+            .wall()
+            .duration_since(std::time::SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        *self.tried.lock().expect("reload lock poisoned") = Some(LastReload {
+            at_unix_ms,
+            trigger: why.to_string(),
+            applied,
+            errors: errors.iter().map(ReloadError::from).collect(),
+        });
+    }
+
+    /// An error with no place in the file (it cannot be read; a listener
+    /// cannot be bound).
+    fn unlocated(&self, message: String) -> ConfigError {
+        ConfigError {
+            file: self.path.clone(),
+            line: 0,
+            column: 0,
+            field: String::new(),
+            message,
+            expected: Vec::new(),
+        }
+    }
+
     /// Reloads only if the file's content, or that of a TLS file it names,
     /// differs from what the last reload tried.
     pub async fn reload_if_changed(&self, why: &str) -> Result<(), String> {
@@ -146,14 +243,35 @@ impl Reloader {
         self.reload(why).await
     }
 
-    /// A rejected reload: logged and answered with the credentials of any
-    /// URL it quotes masked (every message that comes here says why a
-    /// config was refused, and may quote it).
-    fn failed(&self, why: &str, e: String) -> Result<(), String> {
-        let e = crate::config::error::redact_credentials(&e).into_owned();
+    /// A rejected reload: counted, kept for `/status.json`, and logged as
+    /// one event saying so and one event per error, each with its place in
+    /// the file as fields of its own and its message on one line, never the
+    /// list of every valid name (docs/reference/reload.md#reload). The
+    /// answer (`POST /reload`'s 422 body) is every error, one a line. Both
+    /// mask the credentials of any URL they quote: every message that comes
+    /// here says why a config was refused, and may quote it.
+    fn failed(&self, why: &str, errors: Vec<ConfigError>) -> Result<(), String> {
         self.metrics.reload(false);
-        tracing::error!(trigger = why, error = %e, "config reload rejected; the running config stays");
-        Err(e)
+        self.remember(why, false, &errors);
+        tracing::error!(
+            trigger = why,
+            config = %self.path.display(),
+            errors = errors.len(),
+            "config reload rejected; the running config stays"
+        );
+        for e in &errors {
+            let located = e.line > 0;
+            tracing::error!(
+                trigger = why,
+                file = %e.file.display(),
+                line = located.then_some(e.line),
+                column = located.then_some(e.column),
+                field = (!e.field.is_empty()).then_some(e.field.as_str()),
+                error = %e.brief(),
+                "config reload rejected: why"
+            );
+        }
+        Err(ConfigErrors(errors).to_string())
     }
 }
 

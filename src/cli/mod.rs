@@ -119,12 +119,16 @@ pub enum Command {
     /// Validate a config file and print the effective config (every default filled in).
     ///
     /// Exit 0 when valid. Otherwise every error is printed with its file, line, column and
-    /// field path, and the exit code is 1 — use it in CI before shipping a config.
+    /// field path, and the exit code is 1 — use it in CI before shipping a config. Every
+    /// warning and note is printed too, errors or not; with --strict a warning exits 1.
     Check {
         #[command(flatten)]
         config: ConfigArg,
         #[command(flatten)]
         over: OverrideArgs,
+        /// Exit 1 on any warning too, not only on errors (for CI).
+        #[arg(long)]
+        strict: bool,
     },
     /// Show each upstream's retry schedule: every retry's delay range, the worst-case wait.
     ///
@@ -189,7 +193,11 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log_level, cli.log_format);
     match cli.command {
-        Command::Check { config, over } => check(&config, &over),
+        Command::Check {
+            config,
+            over,
+            strict,
+        } => check(&config, &over, strict),
         Command::Run {
             config,
             over,
@@ -263,18 +271,35 @@ fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
-fn check(config: &ConfigArg, over: &OverrideArgs) -> ExitCode {
-    match load(config, over) {
+/// `weir check`: the errors, then every warning and note found in the same
+/// pass (those of the upstreams that validated, when some did not); with
+/// `strict`, a warning fails the check too (docs/reference/cli.md#command-line).
+fn check(config: &ConfigArg, over: &OverrideArgs, strict: bool) -> ExitCode {
+    let file = config.file();
+    let (checked, advice) = Config::load_checked(file.as_deref(), &over.overrides(file.is_none()));
+    let warnings = advice.iter().filter(|a| a.is_warning()).count();
+    match checked {
         Ok(c) => {
             print!("{}", c.effective_toml());
-            for note in c.notes() {
-                eprintln!("{note}");
+            for a in &advice {
+                eprintln!("{a}");
+            }
+            if strict && warnings > 0 {
+                eprintln!(
+                    "{}: {warnings} warning{} (--strict: a warning fails the check)",
+                    c.path.display(),
+                    if warnings == 1 { "" } else { "s" }
+                );
+                return ExitCode::FAILURE;
             }
             eprintln!("{}: ok ({} upstreams)", c.path.display(), c.upstreams.len());
             ExitCode::SUCCESS
         }
         Err(errors) => {
             eprintln!("{errors}");
+            for a in &advice {
+                eprintln!("{a}");
+            }
             ExitCode::FAILURE
         }
     }
@@ -332,6 +357,67 @@ fn try_it(
     }
     let (_, addr) = dedicated.iter().next()?;
     Some(format!("curl http://{addr}/"))
+}
+
+/// A warning for each listener bound beyond loopback (an unspecified
+/// address such as `0.0.0.0`, or any other that is not loopback), saying
+/// what it lets other hosts reach (docs/reference/cli.md#command-line).
+fn exposure(
+    config: &Config,
+    listen: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+    dedicated: &std::collections::BTreeMap<String, std::net::SocketAddr>,
+) -> Vec<(std::net::SocketAddr, String)> {
+    let beyond = |a: &std::net::SocketAddr| !a.ip().is_loopback();
+    let mut out = Vec::new();
+    if beyond(&listen) {
+        let routed: Vec<String> = config
+            .upstreams
+            .iter()
+            .filter(|u| !u.hosts.is_empty())
+            .map(|u| format!("`{}` ({})", u.name, u.url.origin()))
+            .collect();
+        let to = if routed.is_empty() {
+            "no upstream (none is routed by host)".to_string()
+        } else {
+            routed.join(", ")
+        };
+        out.push((
+            listen,
+            format!(
+                "the shared listener is bound beyond loopback: any host that can reach this one on \
+                 port {} can send requests through weir, with its policy and its place in the \
+                 network, to {to}; bind it to 127.0.0.1 unless other hosts are meant to call it",
+                listen.port()
+            ),
+        ));
+    }
+    for (name, addr) in dedicated.iter().filter(|(_, a)| beyond(a)) {
+        let target = config
+            .upstream(name)
+            .map(|u| u.url.origin())
+            .unwrap_or_default();
+        out.push((
+            *addr,
+            format!(
+                "the listener of upstream `{name}` is bound beyond loopback: any host that can \
+                 reach this one on port {} can send requests through weir to `{name}` ({target})",
+                addr.port()
+            ),
+        ));
+    }
+    if beyond(&admin) {
+        out.push((
+            admin,
+            format!(
+                "the admin listener is bound beyond loopback: /metrics, /healthz and /readyz \
+                 answer any host that can reach this one on port {}; /config, /reload and the \
+                 status page still answer loopback peers only",
+                admin.port()
+            ),
+        ));
+    }
+    out
 }
 
 fn decide(input: Option<&std::path::Path>) -> ExitCode {
@@ -404,10 +490,8 @@ async fn serve(config: Config, workers: usize) -> ExitCode {
         );
     }
     // What `weir check` warns about (not its notes) is worth a line here.
-    for w in config.notes() {
-        if let Some(w) = w.strip_prefix("warning: ") {
-            tracing::warn!(config = %config.path.display(), "{w}");
-        }
+    for w in config.warnings() {
+        tracing::warn!(config = %config.path.display(), "{w}");
     }
     let path = config.path.clone();
     let names: Vec<String> = config.upstreams.iter().map(|u| u.name.clone()).collect();
@@ -433,6 +517,9 @@ async fn serve(config: Config, workers: usize) -> ExitCode {
         .join(",");
     let listen = rt.proxy.listen_addr();
     let example = try_it(&rt.proxy.snapshot().config, listen, &addrs);
+    for (address, w) in exposure(&rt.proxy.snapshot().config, listen, rt.admin_addr, &addrs) {
+        tracing::warn!(address = %address, "{w}");
+    }
     tracing::info!(
         config = %path.display(),
         listen = %listen,
@@ -459,4 +546,36 @@ async fn serve(config: Config, workers: usize) -> ExitCode {
     }
     tracing::info!("stopped");
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dedicated_listener_beyond_loopback_is_said_with_its_upstream() {
+        let src = "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\
+                   [upstreams.pay]\nurl = \"https://pay.example:8443/v1\"\nlisten = \"10.0.0.5:9001\"\n\
+                   [upstreams.app]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"app\"]\nlisten = \"127.0.0.1:9002\"\n";
+        let config =
+            Config::parse(std::path::Path::new("t.toml"), src).unwrap_or_else(|e| panic!("{e}"));
+        let local = |p: u16| std::net::SocketAddr::from(([127, 0, 0, 1], p));
+        let dedicated = [
+            (
+                "pay".to_string(),
+                "10.0.0.5:9001".parse().unwrap_or(local(1)),
+            ),
+            ("app".to_string(), local(9002)),
+        ]
+        .into_iter()
+        .collect();
+        let w = exposure(&config, local(15001), local(15000), &dedicated);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].0, "10.0.0.5:9001".parse().unwrap_or(local(1)));
+        assert_eq!(
+            w[0].1,
+            "the listener of upstream `pay` is bound beyond loopback: any host that can reach \
+             this one on port 9001 can send requests through weir to `pay` (https://pay.example:8443)"
+        );
+    }
 }

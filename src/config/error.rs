@@ -18,6 +18,18 @@ pub struct ConfigError {
     /// Dotted field path, e.g. `upstreams.payments.retry.max_attempts`.
     pub field: String,
     pub message: String,
+    /// For an unknown field with no close name: the names valid at its
+    /// place. `weir check` and `POST /reload` list them after the message
+    /// ([`fmt::Display`]); a rejected reload's log lines leave them out.
+    pub expected: Vec<String>,
+}
+
+impl ConfigError {
+    /// The message, its credentials masked, without the list of expected
+    /// names (a "did you mean" hint stays: it is part of the message).
+    pub fn brief(&self) -> std::borrow::Cow<'_, str> {
+        redact_credentials(&self.message)
+    }
 }
 
 impl fmt::Display for ConfigError {
@@ -29,7 +41,12 @@ impl fmt::Display for ConfigError {
         if !self.field.is_empty() {
             write!(f, ": `{}`", self.field)?;
         }
-        write!(f, ": {}", redact_credentials(&self.message))
+        write!(f, ": {}", self.brief())?;
+        if !self.expected.is_empty() {
+            let names: Vec<String> = self.expected.iter().map(|n| format!("`{n}`")).collect();
+            write!(f, ": expected one of {}", names.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -226,6 +243,7 @@ impl SpanIndex {
             column,
             field: field.to_string(),
             message,
+            expected: Vec::new(),
         }
     }
 }
@@ -247,21 +265,34 @@ pub(super) fn join(prefix: &str, key: &str) -> String {
 }
 
 /// serde's "unknown field `timout`, expected one of `a`, `b`" (or "unknown
-/// variant …") with "; did you mean `timeout`?" added when one of the
-/// expected names is a slip away.
-pub(super) fn with_suggestion(message: &str) -> String {
-    let unknown = ["unknown field `", "unknown variant `"]
-        .iter()
-        .find_map(|p| message.strip_prefix(p))
+/// variant …, expected …") with "; did you mean `timeout`?" added when one
+/// of the expected names is a slip away. For an unknown field the expected
+/// names are split off (returned, for [`ConfigError::expected`]), or
+/// dropped when a hint names the one meant.
+pub(super) fn with_suggestion(message: &str) -> (String, Vec<String>) {
+    let field = message.strip_prefix("unknown field `");
+    let unknown = field
+        .or_else(|| message.strip_prefix("unknown variant `"))
         .and_then(|r| r.split('`').next());
     let expected = message.split_once("expected").map(|(_, r)| r);
     let (Some(word), Some(expected)) = (unknown, expected) else {
-        return message.to_string();
+        return (message.to_string(), Vec::new());
     };
-    let names = expected.split('`').skip(1).step_by(2);
-    match crate::policy::suggest::closest(word, names) {
-        Some(c) => format!("{message}; did you mean `{c}`?"),
-        None => message.to_string(),
+    let names: Vec<String> = expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect();
+    let hint = crate::policy::suggest::closest(word, names.iter().map(String::as_str));
+    match (field.is_some(), hint) {
+        (true, Some(c)) => (
+            format!("unknown field `{word}`: did you mean `{c}`?"),
+            Vec::new(),
+        ),
+        (true, None) => (format!("unknown field `{word}`"), names),
+        (false, Some(c)) => (format!("{message}; did you mean `{c}`?"), Vec::new()),
+        (false, None) => (message.to_string(), Vec::new()),
     }
 }
 
@@ -273,7 +304,7 @@ pub fn from_toml(file: &Path, src: &str, idx: &SpanIndex, e: &toml::de::Error) -
         .and_then(|o| idx.path_at(o))
         .unwrap_or_default()
         .to_string();
-    let message = with_suggestion(e.message().trim());
+    let (message, expected) = with_suggestion(e.message().trim());
     // For an unknown field, the path is the field itself; name it even when the
     // span index could not (e.g. the document did not parse at all).
     if field.is_empty() {
@@ -291,6 +322,7 @@ pub fn from_toml(file: &Path, src: &str, idx: &SpanIndex, e: &toml::de::Error) -
         column,
         field,
         message,
+        expected,
     }
 }
 

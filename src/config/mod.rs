@@ -19,6 +19,7 @@ mod schema;
 mod validate;
 
 pub use error::{ConfigError, ConfigErrors};
+pub use notes::{Advice, Severity};
 pub use overrides::Overrides;
 
 /// The default config, `config/weir.toml`, built into the binary: what
@@ -56,13 +57,24 @@ pub struct Config {
     pub upstreams: Vec<Arc<UpstreamConfig>>,
     /// The effective, merged config in its raw form, for `weir check` and `/config`.
     pub effective: raw::RawConfig,
-    /// What this valid config does that its author may not expect, located
-    /// like errors, found while validating: [`Config::notes`] prints each
-    /// as a `note:`.
-    pub field_notes: Vec<ConfigError>,
+    /// What this valid config does that its author may not expect
+    /// (`weir check`'s warnings and notes, in file order, then by upstream).
+    pub advice: Vec<Advice>,
     /// What the command line set over the file; every reload applies it
     /// again.
     pub overrides: Overrides,
+    /// SHA-256 of the text it was parsed from, in hex: `/status.json`
+    /// compares the file on disk with it (docs/reference/admin.md#status-page).
+    pub source_sha256: String,
+}
+
+/// SHA-256 of a config's text, in hex ([`Config::source_sha256`]).
+pub fn text_sha256(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Which requests get an access-log line (docs/reference/logs.md#logs).
@@ -299,6 +311,21 @@ pub struct UpstreamUrl {
     pub base_path: String,
 }
 
+impl UpstreamUrl {
+    /// `scheme://host:port`: where it goes, never its credentials or path.
+    pub fn origin(&self) -> String {
+        let scheme = match self.scheme {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        };
+        if self.host.contains(':') && !self.host.starts_with('[') {
+            format!("{scheme}://[{}]:{}", self.host, self.port)
+        } else {
+            format!("{scheme}://{}:{}", self.host, self.port)
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConcurrencyParams {
     pub max_in_flight: u32,
@@ -386,6 +413,7 @@ impl Config {
                 column: 0,
                 field: String::new(),
                 message: format!("cannot read the config file: {e}"),
+                expected: Vec::new(),
             }])
         })?;
         Config::parse(path, &src)
@@ -407,19 +435,32 @@ impl Config {
     /// [`Config::load`], or the built-in default when `path` is `None`, with
     /// what the command line sets over it.
     pub fn load_with(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigErrors> {
+        Config::load_checked(path, overrides).0
+    }
+
+    /// [`Config::load_with`], and the warnings and notes
+    /// ([`Config::check_with`]).
+    pub fn load_checked(
+        path: Option<&Path>,
+        overrides: &Overrides,
+    ) -> (Result<Config, ConfigErrors>, Vec<Advice>) {
         let Some(path) = path else {
-            return Config::parse_with(Path::new(BUILTIN_NAME), BUILTIN, overrides);
+            return Config::check_with(Path::new(BUILTIN_NAME), BUILTIN, overrides);
         };
-        let src = std::fs::read_to_string(path).map_err(|e| {
-            ConfigErrors(vec![ConfigError {
-                file: path.to_path_buf(),
-                line: 0,
-                column: 0,
-                field: String::new(),
-                message: format!("cannot read the config file: {e}"),
-            }])
-        })?;
-        Config::parse_with(path, &src, overrides)
+        match std::fs::read_to_string(path) {
+            Ok(src) => Config::check_with(path, &src, overrides),
+            Err(e) => (
+                Err(ConfigErrors(vec![ConfigError {
+                    file: path.to_path_buf(),
+                    line: 0,
+                    column: 0,
+                    field: String::new(),
+                    message: format!("cannot read the config file: {e}"),
+                    expected: Vec::new(),
+                }])),
+                Vec::new(),
+            ),
+        }
     }
 
     /// [`Config::parse`] with `overrides` set over the text: an error in
@@ -429,30 +470,66 @@ impl Config {
         src: &str,
         overrides: &Overrides,
     ) -> Result<Config, ConfigErrors> {
+        Config::check_with(path, src, overrides).0
+    }
+
+    /// [`Config::parse_with`], and the warnings and notes found on the way
+    /// whether the config is valid or not (`weir check` prints both).
+    pub fn check_with(
+        path: &Path,
+        src: &str,
+        overrides: &Overrides,
+    ) -> (Result<Config, ConfigErrors>, Vec<Advice>) {
         let idx = error::SpanIndex::new(src);
-        let mut read = schema::read(path, src, &idx)?;
+        let mut read = match schema::read(path, src, &idx) {
+            Ok(r) => r,
+            Err(e) => return (Err(e), Vec::new()),
+        };
         let added = overrides.apply(&mut read.raw);
         let checked = validate::validate(read.raw, path, &idx, &read.removed);
         let locate = |e: ConfigError| overrides.locate(&added, e);
+        let advice: Vec<Advice> = checked
+            .notes
+            .into_iter()
+            .map(|(severity, e)| Advice::at(severity, &locate(e)))
+            .chain(
+                checked
+                    .upstreams
+                    .iter()
+                    .flat_map(|u| notes::upstream_advice(u)),
+            )
+            .collect();
         if read.errors.is_empty() {
-            return match checked {
+            return match checked.config {
                 Ok(mut c) => {
-                    c.field_notes = c.field_notes.into_iter().map(locate).collect();
+                    c.advice = advice.clone();
                     c.overrides = overrides.clone();
-                    Ok(c)
+                    c.source_sha256 = text_sha256(src);
+                    (Ok(c), advice)
                 }
-                Err(ConfigErrors(errors)) => {
-                    Err(ConfigErrors(errors.into_iter().map(locate).collect()))
-                }
+                Err(ConfigErrors(errors)) => (
+                    Err(ConfigErrors(errors.into_iter().map(locate).collect())),
+                    advice,
+                ),
             };
         }
         let mut errors = read.errors;
-        if let Err(ConfigErrors(more)) = checked {
+        if let Err(ConfigErrors(more)) = checked.config {
             errors.extend(more);
         }
         // Stable: at one place, stage one's error comes first.
         errors.sort_by_key(|e| (e.line, e.column));
-        Err(ConfigErrors(errors.into_iter().map(locate).collect()))
+        let errors = ConfigErrors(errors.into_iter().map(locate).collect());
+        (Err(errors), advice)
+    }
+
+    /// The warnings of [`Config::advice`] (logged at start and on every
+    /// reload).
+    pub fn warnings(&self) -> impl Iterator<Item = &str> {
+        self.advice
+            .iter()
+            .filter(|a| a.is_warning())
+            .map(|a| a.text.as_str())
     }
 
     /// Whether this is the built-in default rather than a file's.

@@ -258,6 +258,16 @@ fn missing_field(e: &toml::de::Error) -> Option<&str> {
 
 impl Walk<'_> {
     fn push(&mut self, offset: usize, field: String, message: String) {
+        self.push_expecting(offset, field, message, Vec::new());
+    }
+
+    fn push_expecting(
+        &mut self,
+        offset: usize,
+        field: String,
+        message: String,
+        expected: Vec<String>,
+    ) {
         let (line, column) = self.idx.line_col(offset);
         self.errors.push(ConfigError {
             file: self.file.to_path_buf(),
@@ -265,6 +275,7 @@ impl Walk<'_> {
             column,
             field,
             message,
+            expected,
         });
     }
 
@@ -276,7 +287,8 @@ impl Walk<'_> {
             Some(p) if p.len() > path.len() && p.starts_with(path) => p.to_string(),
             _ => path.to_string(),
         };
-        self.push(offset, field, with_suggestion(e.message().trim()));
+        let (message, expected) = with_suggestion(e.message().trim());
+        self.push_expecting(offset, field, message, expected);
     }
 
     /// Checks a table field by field; returns the fields that passed (the
@@ -336,6 +348,7 @@ impl Walk<'_> {
                 _ => {}
             }
             if !known.contains(&name) {
+                let mut expected = Vec::new();
                 let message = match suggest(schema, name) {
                     Some(s) => {
                         let m = format!("unknown field `{name}`: did you mean `{s}`?");
@@ -351,16 +364,12 @@ impl Walk<'_> {
                         meant.push(s);
                         m
                     }
-                    None => format!(
-                        "unknown field `{name}`: expected one of {}",
-                        known
-                            .iter()
-                            .map(|f| format!("`{f}`"))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
+                    None => {
+                        expected = known.iter().map(|f| f.to_string()).collect();
+                        format!("unknown field `{name}`")
+                    }
                 };
-                self.push(k.span().start, p, message);
+                self.push_expecting(k.span().start, p, message, expected);
                 continue;
             }
             match (schema.check)(alone(k, v, span.clone())) {

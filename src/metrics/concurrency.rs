@@ -10,7 +10,8 @@
 //! `weir_throttle_refusals_total{upstream}`.
 
 use super::follow::Follow;
-use prometheus::{Gauge, GaugeVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{GaugeVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -37,7 +38,7 @@ impl ConcurrencyFamilies {
         let latency = GaugeVec::new(
             Opts::new(
                 "weir_concurrency_latency_seconds",
-                "The adaptive limit's latency estimate: the median attempt latency of its last window (0 before one, or with a fixed limit).",
+                "The adaptive limit's latency estimate: the median attempt latency of its last window (0 before one; no series with a fixed limit).",
             ),
             &["upstream"],
         )
@@ -89,7 +90,11 @@ impl ConcurrencyFamilies {
     pub fn upstream(&self, name: &str) -> ConcurrencySeries {
         ConcurrencySeries {
             limit: self.limit.with_label_values(&[name]),
-            latency: self.latency.with_label_values(&[name]),
+            latency: Adaptive {
+                upstream: name.to_string(),
+                latency: self.latency.clone(),
+                on: AtomicBool::new(false),
+            },
             refusals: Follow::of([self.refusals.with_label_values(&[name])]),
             throttle: Throttled {
                 upstream: name.to_string(),
@@ -113,9 +118,18 @@ impl ConcurrencyFamilies {
 #[derive(Debug)]
 pub struct ConcurrencySeries {
     limit: IntGauge,
-    latency: Gauge,
+    latency: Adaptive,
     refusals: Follow<1>,
     throttle: Throttled,
+}
+
+/// One upstream's `weir_concurrency_latency_seconds`, present only while
+/// its limit is adaptive (a fixed limit has no latency estimate).
+#[derive(Debug)]
+struct Adaptive {
+    upstream: String,
+    latency: GaugeVec,
+    on: AtomicBool,
 }
 
 /// One upstream's throttling series, present only while it is on.
@@ -134,8 +148,27 @@ impl ConcurrencySeries {
     /// `refusals` since the start.
     pub fn show(&self, limit: u32, latency: Option<Duration>, refusals: u64) {
         self.limit.set(i64::from(limit));
-        self.latency.set(latency.map_or(0.0, |d| d.as_secs_f64()));
+        let a = &self.latency;
+        if a.on.load(Ordering::Relaxed) {
+            a.latency
+                .with_label_values(&[a.upstream.as_str()])
+                .set(latency.map_or(0.0, |d| d.as_secs_f64()));
+        }
         self.refusals.show([refusals]);
+    }
+
+    /// Makes `weir_concurrency_latency_seconds` exist (at 0 until the
+    /// adaptive limit's first window) with an adaptive limit, and not
+    /// with a fixed one (docs/reference/metrics.md#which-series-exist).
+    pub fn fit(&self, adaptive: bool) {
+        let a = &self.latency;
+        a.on.store(adaptive, Ordering::Relaxed);
+        let name = [a.upstream.as_str()];
+        if adaptive {
+            a.latency.with_label_values(&name);
+        } else {
+            a.latency.remove_label_values(&name).ok();
+        }
     }
 
     /// Brings the throttling series up to `throttle`'s probability and

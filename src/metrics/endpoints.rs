@@ -1,9 +1,12 @@
 //! The per-endpoint families (docs/reference/endpoints.md#seeing-it): bounded by each
-//! upstream's `max_endpoints`, dropped when an endpoint goes away.
+//! upstream's `max_endpoints`, dropped when an endpoint goes away; those of
+//! ejection only while an endpoint can be ejected.
 
 use prometheus::{
     Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// The families, registered once.
 #[derive(Debug, Clone)]
@@ -17,15 +20,20 @@ pub struct EndpointFamilies {
     ejected: IntGaugeVec,
 }
 
-/// One endpoint's series.
+/// One endpoint's series. Those of ejection (`weir_endpoint_ejected`,
+/// `weir_endpoint_ejections_total`) exist only while the endpoint can be
+/// ejected ([`EndpointMetrics::fit`]): never for an upstream's only
+/// endpoint (docs/reference/endpoints.md#ejection).
 #[derive(Debug, Clone)]
 pub struct EndpointMetrics {
     pub requests: IntCounter,
     pub failures: IntCounter,
     pub in_flight: IntGauge,
     pub latency: Gauge,
-    pub ejected: IntGauge,
+    ejected: IntGaugeVec,
     ejections: IntCounterVec,
+    /// Whether the ejection series exist now.
+    ejectable: Arc<AtomicBool>,
     upstream: String,
     endpoint: String,
 }
@@ -36,6 +44,72 @@ impl EndpointMetrics {
         self.ejections
             .with_label_values(&[&self.upstream, &self.endpoint, reason])
             .inc();
+    }
+
+    /// Sets `weir_endpoint_ejected` (when it exists): read at a scrape.
+    pub fn show_ejected(&self, out: bool) {
+        if self.ejectable.load(Ordering::Relaxed) {
+            self.ejected
+                .with_label_values(&[&self.upstream, &self.endpoint])
+                .set(i64::from(out));
+        }
+    }
+
+    /// Makes the ejection series exist, at zero when new, while the
+    /// endpoint can be ejected, and removes them when it cannot
+    /// (docs/reference/metrics.md#which-series-exist).
+    pub fn fit(&self, ejectable: bool) {
+        self.ejectable.store(ejectable, Ordering::Relaxed);
+        let l = [self.upstream.as_str(), self.endpoint.as_str()];
+        for reason in REASONS {
+            let r = [l[0], l[1], reason];
+            if ejectable {
+                self.ejections.with_label_values(&r);
+            } else {
+                self.ejections.remove_label_values(&r).ok();
+            }
+        }
+        if ejectable {
+            self.ejected.with_label_values(&l);
+        } else {
+            self.ejected.remove_label_values(&l).ok();
+        }
+    }
+}
+
+/// An upstream's `weir_endpoints{state}` gauges: `active` always,
+/// `ejected` while one of its endpoints can be ejected.
+#[derive(Debug)]
+pub struct EndpointCounts {
+    family: IntGaugeVec,
+    upstream: String,
+    ejectable: AtomicBool,
+}
+
+impl EndpointCounts {
+    /// Sets the gauges: read at a scrape.
+    pub fn show(&self, active: usize, ejected: usize) {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let u = self.upstream.as_str();
+        self.family
+            .with_label_values(&[u, "active"])
+            .set(count(active));
+        if self.ejectable.load(Ordering::Relaxed) {
+            self.family
+                .with_label_values(&[u, "ejected"])
+                .set(count(ejected));
+        }
+    }
+
+    /// As [`EndpointMetrics::fit`], for `state="ejected"`.
+    pub fn fit(&self, ejectable: bool) {
+        self.ejectable.store(ejectable, Ordering::Relaxed);
+        let l = [self.upstream.as_str(), "ejected"];
+        if ejectable {
+            self.family.with_label_values(&l);
+        } else {
+            self.family.remove_label_values(&l).ok();
+        }
     }
 }
 
@@ -81,25 +155,28 @@ impl EndpointFamilies {
         }
     }
 
-    /// The `weir_endpoints` gauges of one upstream.
-    pub fn counts(&self, upstream: &str) -> [IntGauge; 2] {
-        ["active", "ejected"].map(|s| self.endpoints.with_label_values(&[upstream, s]))
+    /// The `weir_endpoints` gauges of one upstream (`active` at zero).
+    pub fn counts(&self, upstream: &str) -> EndpointCounts {
+        self.endpoints.with_label_values(&[upstream, "active"]);
+        EndpointCounts {
+            family: self.endpoints.clone(),
+            upstream: upstream.to_string(),
+            ejectable: AtomicBool::new(false),
+        }
     }
 
-    /// One endpoint's series, created at zero.
+    /// One endpoint's series, created at zero (those of ejection by
+    /// [`EndpointMetrics::fit`]).
     pub fn endpoint(&self, upstream: &str, endpoint: &str) -> EndpointMetrics {
         let l = [upstream, endpoint];
-        for reason in REASONS {
-            self.ejections
-                .with_label_values(&[upstream, endpoint, reason]);
-        }
         EndpointMetrics {
             requests: self.requests.with_label_values(&l),
             failures: self.failures.with_label_values(&l),
             in_flight: self.in_flight.with_label_values(&l),
             latency: self.latency.with_label_values(&l),
-            ejected: self.ejected.with_label_values(&l),
+            ejected: self.ejected.clone(),
             ejections: self.ejections.clone(),
+            ejectable: Arc::new(AtomicBool::new(false)),
             upstream: upstream.to_string(),
             endpoint: endpoint.to_string(),
         }

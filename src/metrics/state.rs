@@ -2,11 +2,14 @@
 //! `weir_state_backend_up`, `weir_state_commands_total{op}`,
 //! `weir_state_errors_total{op}`, `weir_state_roundtrip_seconds{op}` and
 //! `weir_state_leased_tokens_total{upstream}`. `op` is one of [`OPS`], a
-//! fixed set; every series exists at zero from the start.
+//! fixed set; every series exists at zero while a Redis backend is in use,
+//! and none with the memory backend.
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// The `op` label values: every kind of call weir makes to the backend.
 /// `ping` is the connection's own check: connecting, and one PING a second
@@ -30,14 +33,24 @@ const BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 ];
 
+/// The label values of a family without labels.
+const NO_LABELS: &[&str] = &[];
+
 /// The families, registered once; cheap to clone (handles).
 #[derive(Debug, Clone)]
 pub struct StateMetrics {
-    up: IntGauge,
+    /// No labels: its one series exists only while a Redis backend is in
+    /// use (with `backend = "memory"` there is nothing to be up or down).
+    up: IntGaugeVec,
     commands: IntCounterVec,
     errors: IntCounterVec,
     roundtrip: HistogramVec,
     leased: IntCounterVec,
+    /// Whether a Redis backend is in use: from [`StateMetrics::precreate_ops`]
+    /// to [`StateMetrics::forget_backend`]. A fleet a reload replaced may
+    /// still finish a call or a health check after it; it then counts into
+    /// series of its own, so the memory backend's `/metrics` stays without.
+    on: Arc<AtomicBool>,
 }
 
 /// One `op`'s series, resolved once.
@@ -50,9 +63,12 @@ pub struct OpSeries {
 
 impl StateMetrics {
     pub fn register(r: &Registry) -> Self {
-        let up = IntGauge::new(
-            "weir_state_backend_up",
-            "1 while the shared-state backend answers (always 1 with backend = \"memory\"), else 0.",
+        let up = IntGaugeVec::new(
+            Opts::new(
+                "weir_state_backend_up",
+                "1 while the shared-state Redis answers, else 0 (no series with backend = \"memory\").",
+            ),
+            &[],
         )
         .expect("static metric definition");
         let commands = IntCounterVec::new(
@@ -98,15 +114,16 @@ impl StateMetrics {
             .expect("metric registered once");
         r.register(Box::new(leased.clone()))
             .expect("metric registered once");
-        // The per-command series exist only with a Redis backend: a fleet
-        // link creates them at zero when it starts ([`StateMetrics::precreate_ops`]).
-        up.set(1);
+        // The backend's series exist only with a Redis backend: a fleet
+        // creates them when it starts ([`StateMetrics::precreate_ops`]) and
+        // a reload to the memory backend removes them ([`StateMetrics::forget_backend`]).
         StateMetrics {
             up,
             commands,
             errors,
             roundtrip,
             leased,
+            on: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -115,16 +132,31 @@ impl StateMetrics {
         StateMetrics::register(&Registry::new())
     }
 
-    /// Every command's series at zero, so that a rate over them reads 0
-    /// before the first: called when a Redis backend starts.
+    /// A Redis backend starts: every command's series at zero, so that a
+    /// rate over them reads 0 before the first.
     pub fn precreate_ops(&self) {
+        self.on.store(true, Ordering::Relaxed);
         for op in OPS {
             self.op(op);
         }
     }
 
-    /// `op`'s series (any name; the callers use [`OPS`]).
+    /// `op`'s series (any name; the callers use [`OPS`]); unregistered
+    /// ones while no Redis backend is in use.
     pub fn op(&self, op: &str) -> OpSeries {
+        if !self.on.load(Ordering::Relaxed) {
+            return OpSeries {
+                commands: IntCounter::new("weir_state_commands_total", "-")
+                    .expect("static metric definition"),
+                errors: IntCounter::new("weir_state_errors_total", "-")
+                    .expect("static metric definition"),
+                roundtrip: Histogram::with_opts(HistogramOpts::new(
+                    "weir_state_roundtrip_seconds",
+                    "-",
+                ))
+                .expect("static metric definition"),
+            };
+        }
         OpSeries {
             commands: self.commands.with_label_values(&[op]),
             errors: self.errors.with_label_values(&[op]),
@@ -133,19 +165,41 @@ impl StateMetrics {
     }
 
     pub fn set_up(&self, up: bool) {
-        self.up.set(i64::from(up));
+        if self.on.load(Ordering::Relaxed) {
+            self.up.with_label_values(NO_LABELS).set(i64::from(up));
+        }
     }
 
+    /// Whether the backend answers (`false` with none).
     pub fn up(&self) -> bool {
-        self.up.get() == 1
+        self.up
+            .get_metric_with_label_values(NO_LABELS)
+            .is_ok_and(|g| g.get() == 1)
+    }
+
+    /// Removes the backend's series (`weir_state_backend_up` and every
+    /// command's): the memory backend, which sends no command, has none
+    /// (docs/reference/metrics.md#which-series-exist).
+    pub fn forget_backend(&self) {
+        self.on.store(false, Ordering::Relaxed);
+        self.up.remove_label_values(NO_LABELS).ok();
+        for op in OPS {
+            self.commands.remove_label_values(&[op]).ok();
+            self.errors.remove_label_values(&[op]).ok();
+            self.roundtrip.remove_label_values(&[op]).ok();
+        }
     }
 
     pub fn errors(&self, op: &str) -> u64 {
-        self.errors.with_label_values(&[op]).get()
+        self.errors
+            .get_metric_with_label_values(&[op])
+            .map_or(0, |c| c.get())
     }
 
     pub fn commands(&self, op: &str) -> u64 {
-        self.commands.with_label_values(&[op]).get()
+        self.commands
+            .get_metric_with_label_values(&[op])
+            .map_or(0, |c| c.get())
     }
 
     /// `weir_state_leased_tokens_total` for `upstream`.

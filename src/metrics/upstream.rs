@@ -2,6 +2,7 @@
 //! once when its live state is created ([`super::Metrics::upstream`]): the
 //! hot path increments a counter it already holds.
 
+use super::possible::{Possible, SeriesSlot};
 use super::{cache, idempotency};
 use super::{ATTEMPT_RESULTS, BODY_ERRORS, ERROR_CODES, STATES};
 use crate::policy::{Cause, HedgeResult, Outcome, StateKind, StopReason};
@@ -10,49 +11,47 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-/// One upstream's handles, resolved once.
+/// One upstream's handles, resolved once. The series of what its config
+/// may not allow are held in [`SeriesSlot`]s, made by [`UpstreamMetrics::fit`]
+/// (and at a first use) and dropped by it when a reload makes them
+/// impossible (docs/reference/metrics.md#which-series-exist).
 #[derive(Debug)]
 pub struct UpstreamMetrics {
     pub(super) name: String,
     pub(super) requests: IntCounterVec,
     pub(super) statuses: Box<[OnceLock<IntCounter>]>,
-    /// `weir_requests_total{error}` by [`ERROR_CODES`]: created at zero by
-    /// [`UpstreamMetrics::precreate_errors`] for the codes the upstream's
-    /// config can produce, else at the first count.
-    pub(super) errors: [OnceLock<IntCounter>; ERROR_CODES.len()],
+    /// `weir_requests_total{error}` by [`ERROR_CODES`].
+    pub(super) errors: [SeriesSlot<IntCounter>; ERROR_CODES.len()],
     pub(super) request_duration: Histogram,
-    pub(super) attempts: [IntCounter; ATTEMPT_RESULTS.len()],
+    /// `weir_upstream_attempts_total{result}` by [`ATTEMPT_RESULTS`].
+    pub(super) attempts: [SeriesSlot<IntCounter>; ATTEMPT_RESULTS.len()],
+    pub(super) attempts_vec: IntCounterVec,
     pub(super) attempt_duration: Histogram,
     pub(super) retries_vec: IntCounterVec,
     pub(super) retries: Mutex<HashMap<Cause, IntCounter>>,
-    /// Created at start for the reasons the upstream's config can give
-    /// (see [`UpstreamMetrics::precreate_features`]), else at the first.
-    pub(super) stops: [OnceLock<IntCounter>; StopReason::ALL.len()],
+    /// Created at start for the reasons the upstream's config can give,
+    /// else at the first.
+    pub(super) stops: [SeriesSlot<IntCounter>; StopReason::ALL.len()],
     pub(super) stops_vec: IntCounterVec,
-    /// Created by [`UpstreamMetrics::precreate_hedges`] when the upstream
-    /// hedges, else at the first count.
-    pub(super) hedges: [OnceLock<IntCounter>; HedgeResult::ALL.len()],
+    pub(super) hedges: [SeriesSlot<IntCounter>; HedgeResult::ALL.len()],
     pub(super) hedges_vec: IntCounterVec,
     pub(super) budget: Gauge,
     pub(super) breaker: [IntGauge; 3],
     pub(super) transitions: [IntCounter; 3],
-    /// With a `[rate_limit]` ([`UpstreamMetrics::precreate_features`]),
-    /// else at the first count.
-    pub(super) rate_limited: OnceLock<IntCounter>,
+    pub(super) rate_limited: SeriesSlot<IntCounter>,
     pub(super) rate_limited_vec: IntCounterVec,
     pub(super) in_flight: IntGauge,
-    /// With `tunnel = true` ([`UpstreamMetrics::precreate_features`]),
-    /// else at the first tunnel.
-    pub(super) tunnels: OnceLock<IntGauge>,
+    pub(super) tunnels: SeriesSlot<IntGauge>,
     pub(super) tunnels_vec: prometheus::IntGaugeVec,
     /// `weir_upstream_body_errors_total`, by [`BODY_ERRORS`].
     pub(super) body_errors: [IntCounter; 2],
-    /// `weir_idempotency_*`, brought up to the store's counts on a scrape.
-    pub idempotency: idempotency::IdempotencySeries,
-    /// `weir_cache_*`, brought up to the cache's counts on a scrape:
-    /// created at the first scrape with a cache (an upstream without one
-    /// has none of these series).
-    pub(super) cache: OnceLock<cache::CacheSeries>,
+    /// `weir_idempotency_*`, brought up to the store's counts on a scrape,
+    /// while the store is on.
+    pub(super) idempotency: SeriesSlot<idempotency::IdempotencySeries>,
+    pub(super) idempotency_families: idempotency::IdempotencyFamilies,
+    /// `weir_cache_*`, brought up to the cache's counts on a scrape, while
+    /// the cache is on.
+    pub(super) cache: SeriesSlot<cache::CacheSeries>,
     pub(super) cache_families: cache::CacheFamilies,
     /// `weir_concurrency_*`, brought up to the gate's on a scrape.
     pub concurrency: super::concurrency::ConcurrencySeries,
@@ -127,45 +126,33 @@ impl UpstreamMetrics {
         }
         let label = outcome.result_label();
         if let Some(i) = ATTEMPT_RESULTS.iter().position(|r| *r == label) {
-            self.attempts[i].inc();
+            self.attempt_series(i).inc();
         }
         self.attempt_duration.observe(took.as_secs_f64());
     }
 
-    /// Creates the `weir_retries_total` series of these causes at zero, so a
-    /// rate over them reads 0 before the first retry, not nothing.
-    fn error_series(&self, i: usize) -> &IntCounter {
-        self.errors[i].get_or_init(|| {
+    fn attempt_series(&self, i: usize) -> std::sync::Arc<IntCounter> {
+        self.attempts[i].get_or(|| {
+            self.attempts_vec
+                .with_label_values(&[self.name.as_str(), ATTEMPT_RESULTS[i]])
+        })
+    }
+
+    fn error_series(&self, i: usize) -> std::sync::Arc<IntCounter> {
+        self.errors[i].get_or(|| {
             let (code, status, _) = ERROR_CODES[i];
             self.requests
                 .with_label_values(&[self.name.as_str(), status, code])
         })
     }
 
-    /// `weir_requests_total{error}` at zero for each of `codes`: those the
-    /// upstream can answer with, so that a rate reads 0 before the first
-    /// (docs/reference/metrics.md#label-values). An unknown code is ignored.
-    pub fn precreate_errors<'a>(&self, codes: impl IntoIterator<Item = &'a str>) {
-        for code in codes {
-            if let Some(i) = ERROR_CODES.iter().position(|(c, _, _)| *c == code) {
-                self.error_series(i);
-            }
-        }
-    }
-
-    pub fn precreate_retries(&self, causes: &[Cause]) {
-        let mut m = self.retries.lock().expect("metrics lock poisoned");
-        for cause in causes {
-            m.entry(*cause).or_insert_with(|| {
-                self.retries_vec
-                    .with_label_values(&[self.name.as_str(), &cause.to_string()])
-            });
-        }
+    fn retries(&self) -> std::sync::MutexGuard<'_, HashMap<Cause, IntCounter>> {
+        self.retries.lock().expect("metrics lock poisoned")
     }
 
     pub fn retry(&self, cause: Cause) {
-        let mut m = self.retries.lock().expect("metrics lock poisoned");
-        m.entry(cause)
+        self.retries()
+            .entry(cause)
             .or_insert_with(|| {
                 self.retries_vec
                     .with_label_values(&[self.name.as_str(), &cause.to_string()])
@@ -173,8 +160,8 @@ impl UpstreamMetrics {
             .inc();
     }
 
-    fn stop_series(&self, i: usize) -> &IntCounter {
-        self.stops[i].get_or_init(|| {
+    fn stop_series(&self, i: usize) -> std::sync::Arc<IntCounter> {
+        self.stops[i].get_or(|| {
             self.stops_vec
                 .with_label_values(&[self.name.as_str(), StopReason::ALL[i].as_str()])
         })
@@ -186,54 +173,113 @@ impl UpstreamMetrics {
         }
     }
 
-    fn hedge_series(&self, i: usize) -> &IntCounter {
-        self.hedges[i].get_or_init(|| {
+    fn hedge_series(&self, i: usize) -> std::sync::Arc<IntCounter> {
+        self.hedges[i].get_or(|| {
             self.hedges_vec
                 .with_label_values(&[self.name.as_str(), HedgeResult::ALL[i].as_str()])
         })
     }
 
-    /// `weir_hedges_total{result}` at zero for every result: for an
-    /// upstream that hedges (docs/reference/metrics.md#label-values).
-    pub fn precreate_hedges(&self) {
-        for i in 0..HedgeResult::ALL.len() {
-            self.hedge_series(i);
-        }
-    }
-
-    fn rate_limited(&self) -> &IntCounter {
-        self.rate_limited.get_or_init(|| {
+    fn rate_limited(&self) -> std::sync::Arc<IntCounter> {
+        self.rate_limited.get_or(|| {
             self.rate_limited_vec
                 .with_label_values(&[self.name.as_str()])
         })
     }
 
-    /// `weir_rate_limited_total` with a rate limit and `weir_tunnels_open`
-    /// with `tunnel = true`, at zero: series for what the upstream's config
-    /// can do (docs/reference/metrics.md#label-values).
-    /// Also `weir_retry_stops_total{reason}` for every reason but
-    /// `rate_limited` without a rate limit, and `circuit_open` without a
-    /// breaker.
-    pub fn precreate_features(&self, rate_limit: bool, tunnel: bool, breaker: bool) {
-        for (i, r) in StopReason::ALL.iter().enumerate() {
-            let cannot = (*r == StopReason::RateLimited && !rate_limit)
-                || (*r == StopReason::CircuitOpen && !breaker);
-            if !cannot {
-                self.stop_series(i);
+    /// Makes the series match what the upstream's config can produce
+    /// (docs/reference/metrics.md#which-series-exist): those it can, at zero
+    /// when new; those it cannot, removed — at the upstream's creation and
+    /// on every reload, so a feature a reload turns off takes its series
+    /// with it. A request in flight across the reload may make one again
+    /// with its count.
+    pub fn fit(&self, can: &Possible) {
+        let name = self.name.as_str();
+        for (i, (code, status, _)) in ERROR_CODES.iter().enumerate() {
+            if can.error(code) {
+                self.error_series(i);
+            } else if self.errors[i].clear() {
+                self.requests
+                    .remove_label_values(&[name, status, code])
+                    .ok();
             }
         }
-        if rate_limit {
+        for (i, result) in ATTEMPT_RESULTS.iter().enumerate() {
+            if can.result(result) {
+                self.attempt_series(i);
+            } else if self.attempts[i].clear() {
+                self.attempts_vec.remove_label_values(&[name, result]).ok();
+            }
+        }
+        {
+            let causes = can.causes();
+            let mut retries = self.retries();
+            retries.retain(|cause, _| {
+                let keep = causes.contains(cause);
+                if !keep {
+                    let label = cause.to_string();
+                    self.retries_vec.remove_label_values(&[name, &label]).ok();
+                }
+                keep
+            });
+            for cause in causes {
+                retries.entry(cause).or_insert_with(|| {
+                    self.retries_vec
+                        .with_label_values(&[name, &cause.to_string()])
+                });
+            }
+        }
+        for (i, reason) in StopReason::ALL.iter().enumerate() {
+            if can.stop(*reason) {
+                self.stop_series(i);
+            } else if self.stops[i].clear() {
+                self.stops_vec
+                    .remove_label_values(&[name, reason.as_str()])
+                    .ok();
+            }
+        }
+        for (i, result) in HedgeResult::ALL.iter().enumerate() {
+            if can.hedge {
+                self.hedge_series(i);
+            } else if self.hedges[i].clear() {
+                self.hedges_vec
+                    .remove_label_values(&[name, result.as_str()])
+                    .ok();
+            }
+        }
+        if can.rate_limit {
             self.rate_limited();
+        } else if self.rate_limited.clear() {
+            self.rate_limited_vec.remove_label_values(&[name]).ok();
         }
-        if tunnel {
+        if can.tunnel {
             self.tunnels();
+        } else if self.tunnels.clear() {
+            self.tunnels_vec.remove_label_values(&[name]).ok();
         }
+        if can.idempotency {
+            self.idempotency();
+        } else if self.idempotency.clear() {
+            self.idempotency_families.forget(name);
+        }
+        if can.cache {
+            self.cache();
+        } else if self.cache.clear() {
+            self.cache_families.forget(name);
+        }
+        self.concurrency.fit(can.adaptive);
     }
 
     /// `weir_cache_*` for this upstream, created at zero on first use.
-    pub fn cache(&self) -> &cache::CacheSeries {
+    pub fn cache(&self) -> std::sync::Arc<cache::CacheSeries> {
         self.cache
-            .get_or_init(|| self.cache_families.upstream(&self.name))
+            .get_or(|| self.cache_families.upstream(&self.name))
+    }
+
+    /// `weir_idempotency_*` for this upstream, created at zero on first use.
+    pub fn idempotency(&self) -> std::sync::Arc<idempotency::IdempotencySeries> {
+        self.idempotency
+            .get_or(|| self.idempotency_families.upstream(&self.name))
     }
 
     /// `weir_hedges_total{result}`.
@@ -265,8 +311,8 @@ impl UpstreamMetrics {
     }
 
     /// The `weir_tunnels_open` gauge, raised while a CONNECT tunnel is open.
-    pub fn tunnels(&self) -> &IntGauge {
+    pub fn tunnels(&self) -> std::sync::Arc<IntGauge> {
         self.tunnels
-            .get_or_init(|| self.tunnels_vec.with_label_values(&[self.name.as_str()]))
+            .get_or(|| self.tunnels_vec.with_label_values(&[self.name.as_str()]))
     }
 }

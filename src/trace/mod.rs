@@ -120,15 +120,18 @@ impl Registry {
         let mut current = self.current.lock().expect("tracing registry lock poisoned");
         let Some(settings) = export::Settings::of(config) else {
             *current = None;
+            // Off: no span to export or drop, so no series.
+            metrics.forget();
             return Ok(Tracer::off());
         };
         let pipeline = match current.as_ref() {
             Some(p) if p.settings == settings => p.clone(),
             _ => {
+                let c = metrics.counters();
                 let counters = export::ExportCounters {
-                    exported: metrics.exported.clone(),
-                    queue_full: metrics.dropped("queue_full"),
-                    failed: metrics.dropped("export_failed"),
+                    exported: c.exported,
+                    queue_full: c.queue_full,
+                    failed: c.export_failed,
                 };
                 let p = export::Pipeline::start(settings, counters)?;
                 match config.exporter {

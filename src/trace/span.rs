@@ -369,39 +369,24 @@ impl ServerSpan {
         self.wall0 + at.saturating_duration_since(self.t0)
     }
 
-    /// Builds the spans and queues them; the queue never waits.
+    /// Builds the spans and queues them: the attempts in turn, then the
+    /// server span (children before their parent, as `exporter = "log"`
+    /// prints them, docs/reference/tracing.md#without-a-collector); the
+    /// queue never waits.
     fn export(&self, r: &mut SpanRecord) {
         r.done = true;
         let end = r.end.unwrap_or_else(Instant::now);
         let i = self;
         let server = SpanId::from_bytes(i.span_id.to_be_bytes());
+        let name: std::borrow::Cow<'static, str> = std::mem::take(&mut r.name).into();
         let mut spans = Vec::with_capacity(1 + r.attempts.len());
-        let mut events = SpanEvents::default();
-        events.events = std::mem::take(&mut r.events);
-        spans.push(SpanData {
-            span_context: self.context(i.span_id),
-            parent_span_id: i
-                .parent
-                .map_or(SpanId::INVALID, |p| SpanId::from_bytes(p.to_be_bytes())),
-            parent_span_is_remote: i.parent.is_some(),
-            span_kind: SpanKind::Server,
-            name: std::mem::take(&mut r.name).into(),
-            start_time: i.wall0,
-            end_time: self.wall(end),
-            attributes: std::mem::take(&mut r.attributes),
-            dropped_attributes_count: 0,
-            events,
-            links: SpanLinks::default(),
-            status: status(r.error.take()),
-            instrumentation_scope: i.pipeline.scope(),
-        });
         for a in r.attempts.drain(..) {
             spans.push(SpanData {
                 span_context: self.context(a.span_id),
                 parent_span_id: server,
                 parent_span_is_remote: false,
                 span_kind: SpanKind::Client,
-                name: spans[0].name.clone(),
+                name: name.clone(),
                 start_time: self.wall(a.start),
                 end_time: self.wall(a.end.unwrap_or(end)),
                 attributes: a.attributes,
@@ -412,6 +397,25 @@ impl ServerSpan {
                 instrumentation_scope: i.pipeline.scope(),
             });
         }
+        let mut events = SpanEvents::default();
+        events.events = std::mem::take(&mut r.events);
+        spans.push(SpanData {
+            span_context: self.context(i.span_id),
+            parent_span_id: i
+                .parent
+                .map_or(SpanId::INVALID, |p| SpanId::from_bytes(p.to_be_bytes())),
+            parent_span_is_remote: i.parent.is_some(),
+            span_kind: SpanKind::Server,
+            name,
+            start_time: i.wall0,
+            end_time: self.wall(end),
+            attributes: std::mem::take(&mut r.attributes),
+            dropped_attributes_count: 0,
+            events,
+            links: SpanLinks::default(),
+            status: status(r.error.take()),
+            instrumentation_scope: i.pipeline.scope(),
+        });
         i.pipeline.send(spans);
     }
 

@@ -18,20 +18,20 @@ pub(crate) mod http1;
 pub mod pool;
 pub mod reach;
 pub mod resolve;
+mod seen;
 pub mod send;
 
 pub use dial::Served;
 pub(crate) use dial::{dial, report};
 
 use crate::clock::Clock;
-use crate::metrics::endpoints::{EndpointFamilies, EndpointMetrics};
+use crate::metrics::endpoints::{EndpointCounts, EndpointFamilies, EndpointMetrics};
 use crate::policy::balance::{self, Balance, PeakEwma};
 use crate::policy::eject::{self, Availability, EjectAction, Health, Why};
 pub use crate::policy::BalanceParams;
 use crate::policy::Now;
 use crate::upstream::client::UpstreamClient;
 use arc_swap::ArcSwap;
-use prometheus::IntGauge;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -149,7 +149,7 @@ pub struct Endpoints {
     /// What new endpoints' pools are made from.
     client: ArcSwap<UpstreamClient>,
     families: EndpointFamilies,
-    counts: [IntGauge; 2],
+    counts: EndpointCounts,
     /// Endpoints ejected or on probation now: a count the balancer reads
     /// without a lock, recounted from the set (never adjusted by ±1) under
     /// `changes` whenever an ejection, a return or a new set may change it.
@@ -315,6 +315,7 @@ impl Endpoints {
     pub fn set_params(&self, params: BalanceParams) {
         if **self.params.load() != params {
             self.params.store(Arc::new(params));
+            self.fit(&self.set.load());
         }
     }
 
@@ -382,6 +383,7 @@ impl Endpoints {
         }
         tracing::debug!(upstream = %self.upstream, endpoints = next.len(), "endpoints changed");
         let empty = next.is_empty();
+        self.fit(&next);
         let _changes = self.changes.lock().expect("endpoint changes lock poisoned");
         self.recount(&next);
         // The set before the flag: a request that sees the flag finds it.
@@ -615,29 +617,6 @@ impl Endpoints {
             ejected_for = %crate::config::duration::format(length),
             "endpoint ejected"
         );
-    }
-
-    /// Each endpoint as the status page shows it.
-    pub fn views(&self) -> Vec<EndpointView> {
-        let now = self.clock.now();
-        self.set.load().iter().map(|e| e.view(now)).collect()
-    }
-
-    /// Sets the gauges; called when `/metrics` is scraped.
-    pub fn refresh_gauges(&self) {
-        let now = self.clock.now();
-        let mut ejected = 0;
-        let set = self.set.load();
-        for e in set.iter() {
-            let s = e.stats();
-            let out = s.health.is_out();
-            ejected += i64::from(out);
-            e.metrics.ejected.set(i64::from(out));
-            e.metrics.latency.set(s.ewma.estimate_at(now) / 1e9);
-            e.metrics.in_flight.set(i64::from(e.in_flight()));
-        }
-        self.counts[0].set(set.len() as i64 - ejected);
-        self.counts[1].set(ejected);
     }
 }
 

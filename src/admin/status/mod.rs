@@ -174,8 +174,10 @@ pub fn page() -> Response<Body> {
 }
 
 /// `GET /status.json`.
-pub fn json(proxy: &ProxyHandle) -> Response<Body> {
-    let report = report::build(&proxy.snapshot(), proxy.draining());
+pub fn json(reloader: &crate::admin::reload::Reloader) -> Response<Body> {
+    let proxy = reloader.proxy();
+    let mut report = report::build(&proxy.snapshot(), proxy.draining());
+    report.reload = Some(reloader.report());
     let body = serde_json::to_string(&report)
         .unwrap_or_else(|e| format!("{{\"error\":\"cannot encode the status: {e}\"}}"));
     respond("application/json", body)

@@ -25,6 +25,9 @@ pub struct Report {
     pub history_s: f64,
     pub draining: bool,
     pub upstreams: Vec<UpstreamReport>,
+    /// The last reload and whether the file on disk is the config that
+    /// runs (set by the admin listener, which holds the reloader).
+    pub reload: Option<crate::admin::reload::ReloadReport>,
 }
 
 /// One upstream's row.
@@ -157,6 +160,7 @@ pub fn build(snap: &Snapshot, draining: bool) -> Report {
         history_s: (INTERVAL * (CAPACITY as u32 - 1)).as_secs_f64(),
         draining,
         upstreams,
+        reload: None,
     }
 }
 

@@ -3,6 +3,7 @@
 //! (docs/reference/configuration.md#configuration-and-defaults).
 
 use super::super::error::{ConfigError, SpanIndex};
+use super::super::notes::Severity;
 use crate::policy::{PolicyError, PolicyErrors};
 use std::path::Path;
 
@@ -14,9 +15,10 @@ pub(in crate::config) struct ErrorSink<'a> {
     /// (`schema::Read::removed`): stage two saw a default in its place.
     removed: &'a [String],
     pub(super) errors: Vec<ConfigError>,
-    /// What a valid config does that its author may not expect: `weir
-    /// check` prints each as a `note:` (docs/reference/cli.md#command-line).
-    pub(super) notes: Vec<ConfigError>,
+    /// What a config does that its author may not expect: `weir check`
+    /// prints each as a `warning:` or `note:`, with the errors or without
+    /// (docs/reference/cli.md#command-line).
+    pub(super) notes: Vec<(Severity, ConfigError)>,
 }
 
 /// `path` is `table` or a field under it (`a.b`, `a.b.c`, `a.b[0]`).
@@ -92,8 +94,14 @@ impl<'a> ErrorSink<'a> {
 
     /// A note at `field`, located like an error.
     pub(super) fn note(&mut self, field: &str, message: impl Into<String>) {
-        self.notes
-            .push(self.idx.error_at_path(self.file, field, message.into()));
+        let at = self.idx.error_at_path(self.file, field, message.into());
+        self.notes.push((Severity::Note, at));
+    }
+
+    /// A warning at `field`: a setting that does not do what it says.
+    pub(super) fn warn(&mut self, field: &str, message: impl Into<String>) {
+        let at = self.idx.error_at_path(self.file, field, message.into());
+        self.notes.push((Severity::Warning, at));
     }
 
     /// Whether the user wrote an upstream's policy field, in its table or

@@ -11,6 +11,7 @@ mod ctx;
 mod endpoints;
 mod files;
 mod policy;
+mod server;
 mod state;
 mod tracing;
 
@@ -23,15 +24,24 @@ use policy::{breaker, cache, hedge, idempotency, merged, rate_limit, retry_polic
 /// Validates `raw`. `removed` are the fields stage one rejected
 /// (`schema::Read`): `raw` has defaults in their place, and no error that
 /// rests on one of them is reported.
+/// What stage two found: the config or its errors, and in either case the
+/// warnings and notes of its fields and the upstreams that validated (for
+/// their advice: `weir check` says it beside the errors).
+pub(super) struct Validated {
+    pub config: Result<Config, ConfigErrors>,
+    pub notes: Vec<(super::notes::Severity, super::ConfigError)>,
+    pub upstreams: Vec<Arc<UpstreamConfig>>,
+}
+
 pub(super) fn validate(
     raw: RawConfig,
     file: &Path,
     idx: &SpanIndex,
     removed: &[String],
-) -> Result<Config, ConfigErrors> {
+) -> Validated {
     let mut cx = ErrorSink::new(file, idx, removed);
     let server_raw = raw.server.clone().merge(RawServer::builtin());
-    let server = server(&mut cx, &server_raw);
+    let server = server::server(&mut cx, &server_raw);
     let state_raw = raw.state.clone().merge(super::raw::RawState::builtin());
     let state = state::state(&mut cx, &state_raw);
     let tracing_raw = raw.tracing.clone().merge(super::raw::RawTracing::builtin());
@@ -73,14 +83,23 @@ pub(super) fn validate(
     }
     cross_checks(&mut cx, server.as_ref(), &reach);
 
+    cx.notes.sort_by_key(|(_, e)| (e.line, e.column));
+    let notes = std::mem::take(&mut cx.notes);
+    let failed = |mut errors: Vec<super::ConfigError>, upstreams| {
+        errors.sort_by_key(|e| (e.line, e.column));
+        Validated {
+            config: Err(ConfigErrors(errors)),
+            notes: notes.clone(),
+            upstreams,
+        }
+    };
     if !cx.errors.is_empty() {
-        cx.errors.sort_by_key(|e| (e.line, e.column));
-        return Err(ConfigErrors(cx.errors));
+        return failed(cx.errors, upstreams);
     }
     let (Some(server), Some(state), Some(tracing)) = (server, state, tracing) else {
-        return Err(ConfigErrors(cx.errors));
+        return failed(cx.errors, upstreams);
     };
-    Ok(Config {
+    let config = Config {
         path: file.to_path_buf(),
         server,
         state,
@@ -93,92 +112,15 @@ pub(super) fn validate(
             defaults,
             upstreams: effective_upstreams,
         },
-        field_notes: {
-            cx.notes.sort_by_key(|e| (e.line, e.column));
-            cx.notes
-        },
+        advice: Vec::new(),
         overrides: Overrides::default(),
-    })
-}
-
-fn addr(cx: &mut ErrorSink, field: &str, s: &str) -> Option<SocketAddr> {
-    match s.parse::<SocketAddr>() {
-        Ok(a) => Some(a),
-        Err(_) => {
-            cx.err(
-                field,
-                format!("invalid listen address {s:?}: expected IP:PORT, e.g. \"127.0.0.1:15001\""),
-            );
-            None
-        }
+        source_sha256: String::new(),
+    };
+    Validated {
+        upstreams: config.upstreams.clone(),
+        config: Ok(config),
+        notes,
     }
-}
-
-fn server(cx: &mut ErrorSink, s: &RawServer) -> Option<ServerConfig> {
-    let listen = addr(cx, "server.listen", s.listen.as_deref().unwrap_or_default());
-    let admin = addr(cx, "server.admin", s.admin.as_deref().unwrap_or_default());
-    let max_connections = s.max_connections.unwrap_or_default();
-    if max_connections == 0 {
-        cx.err("server.max_connections", "must be at least 1");
-    }
-    let max_header_bytes = s.max_header_bytes.unwrap_or_default();
-    if max_header_bytes < 8192 {
-        cx.err(
-            "server.max_header_bytes",
-            format!("must be at least 8192 (hyper's smallest read buffer), got {max_header_bytes}"),
-        );
-    }
-    let max_streams_per_connection = s.max_streams_per_connection.unwrap_or_default();
-    if max_streams_per_connection == 0 {
-        cx.err("server.max_streams_per_connection", "must be at least 1");
-    }
-    let max_resets_per_second = s.max_resets_per_second.unwrap_or_default();
-    if max_resets_per_second == 0 {
-        cx.err("server.max_resets_per_second", "must be at least 1");
-    }
-    let client_write_timeout = s.client_write_timeout.map(|d| d.0).unwrap_or_default();
-    if client_write_timeout.is_zero() {
-        cx.err("server.client_write_timeout", "must be greater than 0");
-    }
-    let client_idle_timeout = s.client_idle_timeout.map(|d| d.0).unwrap_or_default();
-    if client_idle_timeout.is_zero() {
-        cx.err("server.client_idle_timeout", "must be greater than 0");
-    }
-    let header_read_timeout = s.header_read_timeout.map(|d| d.0).unwrap_or_default();
-    if header_read_timeout.is_zero() {
-        cx.err("server.header_read_timeout", "must be greater than 0");
-    }
-    if let (Some(l), Some(a)) = (listen, admin) {
-        if l == a && l.port() != 0 {
-            cx.err_given(
-                "server.admin",
-                &["server.listen".into()],
-                format!("the admin listener cannot share {l} with `server.listen`"),
-            );
-        }
-    }
-    let tls = s.tls.as_ref().map(|t| ListenerTls {
-        cert: PathBuf::from(&t.cert),
-        key: PathBuf::from(&t.key),
-    });
-    if let Some(t) = &tls {
-        files::listener(cx, "server.tls", t);
-    }
-    Some(ServerConfig {
-        listen: listen?,
-        admin: admin?,
-        max_connections: max_connections as usize,
-        header_read_timeout,
-        client_idle_timeout,
-        client_write_timeout,
-        max_streams_per_connection,
-        max_resets_per_second,
-        access_log: s.access_log.unwrap_or_default(),
-        max_header_bytes: max_header_bytes as usize,
-        shutdown_timeout: s.shutdown_timeout.map(|d| d.0).unwrap_or_default(),
-        tls,
-        fast_path: true,
-    })
 }
 
 fn url(cx: &mut ErrorSink, name: &str, s: Option<&str>) -> Option<UpstreamUrl> {
@@ -297,7 +239,7 @@ fn upstream(
     let listen = up
         .listen
         .as_deref()
-        .and_then(|l| addr(cx, &format!("upstreams.{q}.listen"), l));
+        .and_then(|l| server::addr(cx, &format!("upstreams.{q}.listen"), l));
     if up.hosts.as_ref().is_none_or(|h| h.is_empty()) && up.listen.is_none() {
         cx.err_given(
             format!("upstreams.{q}"),
@@ -397,13 +339,14 @@ fn upstream(
     policy::uploads_note(cx, name);
     if let Some(t) = per_try_timeout.filter(|t| !timeout.is_zero() && *t > timeout) {
         let f = cx.policy_path(name, "per_try_timeout");
-        cx.note(
+        let (t, timeout) = (duration::format(t), duration::format(timeout));
+        cx.warn(
             &f,
             format!(
-                "{} is longer than `timeout` ({}): every attempt ends at the request's \
-                 deadline first, so only one attempt ever runs its full length",
-                duration::format(t),
-                duration::format(timeout),
+                "{t} is longer than `timeout` ({timeout}), so it never applies: weir ends \
+                 every attempt at the request's deadline, {timeout} after it arrived, and \
+                 an attempt cut there is not retried; set `per_try_timeout` below \
+                 `timeout`, or leave it unset (docs/reference/deadlines.md)"
             ),
         );
     }

@@ -253,7 +253,7 @@ pub(super) fn uploads_note(cx: &mut ErrorSink, name: &str) {
         if !cx
             .notes
             .iter()
-            .any(|n| n.field == at && n.message == message)
+            .any(|(_, n)| n.field == at && n.message == message)
         {
             cx.note(&at, message);
         }

@@ -115,8 +115,8 @@ impl Fleet {
             .map_err(|_| StateError::Setup("the shared state needs a tokio runtime".into()))?;
         let client = redis::Client::open(url).map_err(|e| StateError::Setup(e.to_string()))?;
         let conn = manager(&client)?;
-        metrics.set_up(false);
         metrics.precreate_ops();
+        metrics.set_up(false);
         let wake = Arc::new(Notify::new());
         let inner = Arc::new(FleetShared {
             conn: ArcSwap::from_pointee(conn),
