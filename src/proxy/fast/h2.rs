@@ -129,7 +129,7 @@ impl Ctx<'_> {
             grpc_deadline: None,
             single: up.config.retry.max_attempts <= 1,
             upgrade: false,
-            grpc_trailers: false,
+            grpc: Default::default(),
             continue_gate: None,
             upload: attempts.upload().clone(),
         };

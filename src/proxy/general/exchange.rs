@@ -431,12 +431,16 @@ impl Codec for HyperRequest<'_> {
             has_idempotency_key: self.has_idempotency_key,
             single: self.single,
             upgrade: self.on_upgrade.is_some(),
-            // gRPC codes sent before the first message can only be acted on
-            // when the response is held until then.
-            grpc_trailers: self.is_grpc_request && !self.single && cfg.retry.retry_on.any_grpc(),
+            grpc: super::transport::GrpcPlan {
+                call: self.is_grpc_request,
+                // gRPC codes sent before the first message can only be
+                // acted on when the response is held until then.
+                hold_trailers: self.is_grpc_request
+                    && !self.single
+                    && cfg.retry.retry_on.any_grpc(),
+            },
             continue_gate: ready.continue_gate,
         };
-        attempts.set_grpc(self.is_grpc_request);
         // Boxed: the attempts' future is most of a request's, and each
         // layer that holds it inline copies it whole when it is made.
         let attempted = Box::pin(super::transport::run(up, self.conn, plan, attempts)).await;

@@ -34,13 +34,24 @@ pub(crate) struct Outbound {
     pub single: bool,
     /// A connection upgrade: one attempt, never retried.
     pub upgrade: bool,
-    /// Hold a gRPC response (up to the replay limit) to read its trailers.
-    pub grpc_trailers: bool,
+    /// What gRPC asks of the attempts (see [`GrpcPlan`]).
+    pub grpc: GrpcPlan,
     /// `Expect: 100-continue`: the upstream's 100 opens the body's gate.
     pub continue_gate: Option<std::sync::Arc<crate::proxy::replay::ContinueGate>>,
     /// The body's upload: an attempt's timers wait while it comes
     /// (docs/reference/deadlines.md#uploads).
     pub upload: Upload,
+}
+
+/// A request's gRPC side, as the attempts need it: known once, when the
+/// request is read, not looked up again per attempt.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct GrpcPlan {
+    /// A gRPC call: an answer without a status in its head waits for its
+    /// trailers to be judged (`grpc_tail`).
+    pub call: bool,
+    /// Hold a gRPC response (up to the replay limit) to read its trailers.
+    pub hold_trailers: bool,
 }
 
 /// The general path's transport: hyper's client (or a held connection),
@@ -89,7 +100,7 @@ impl Transport for HyperTransport<'_, '_> {
         deadline: Instant,
     ) -> Option<(Outcome, Result<Self::Response, ProxyError>)> {
         let req = build(self.plan);
-        let grpc = (self.plan.grpc_trailers, deadline, &self.plan.upload);
+        let grpc = (self.plan.grpc, deadline, &self.plan.upload);
         Some(
             send(
                 self.up,
@@ -113,7 +124,7 @@ impl Transport for HyperTransport<'_, '_> {
     ) -> Option<crate::proxy::attempt::Raced<Self::Response>> {
         let first = build(self.plan);
         let upload = self.plan.upload.clone();
-        let grpc = (self.plan.grpc_trailers, deadline, &upload);
+        let grpc = (self.plan.grpc, deadline, &upload);
         let (up, conn) = (self.up, self.conn);
         let (seen, seen2) = (
             crate::proxy::attempt::Seen::default(),
@@ -186,12 +197,13 @@ pub(crate) async fn run(
     attempts: &mut Attempts<'_>,
 ) -> Attempted<Response<UpstreamBody>> {
     attempts.trace = plan.parts.extensions.get::<crate::trace::Trace>().cloned();
+    attempts.set_grpc(plan.grpc.call);
     if plan.upgrade {
         // An upgrade is one attempt, never retried: recorded, not judged.
         let started = Instant::now();
         let try_deadline = attempts.start(started);
         let req = build(&mut plan);
-        let grpc = (plan.grpc_trailers, plan.deadline, &plan.upload);
+        let grpc = (plan.grpc, plan.deadline, &plan.upload);
         let (outcome, result) =
             send(up, conn, req, grpc, try_deadline, &mut Vec::new(), None).await;
         let ended = Instant::now();
@@ -296,7 +308,7 @@ async fn send(
     up: &Upstream,
     conn: &ConnCtx,
     req: Request<crate::proxy::body::Body>,
-    (grpc_trailers, deadline, upload): (bool, Instant, &Upload),
+    (grpc, deadline, upload): (GrpcPlan, Instant, &Upload),
     try_deadline: Instant,
     avoid: &mut Vec<std::net::SocketAddr>,
     seen: Option<&crate::proxy::attempt::Seen>,
@@ -304,10 +316,6 @@ async fn send(
     let started = Instant::now();
     let mut picked = None;
     let mut req = req;
-    let grpc = req
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|v| crate::proxy::request::grpc_content_type(v.as_bytes()));
     let interims = req.extensions_mut().remove::<Interims>();
     // Made inside the block that awaits it: made outside and moved in, it
     // would be held twice in this future (once captured, once pinned).
@@ -336,12 +344,12 @@ async fn send(
     let (sent, try_deadline, deadline) = upload
         .within(started, try_deadline, deadline, sending)
         .await;
-    let (outcome, mut result) = judge(up, (grpc_trailers, deadline), try_deadline, sent).await;
+    let (outcome, mut result) = judge(up, (grpc.hold_trailers, deadline), try_deadline, sent).await;
     if let (Ok(r), Some(p)) = (&mut result, &picked) {
         r.extensions_mut().insert(crate::upstream::Served(p.addr()));
         // A gRPC answer whose status is still to come: the endpoint is
         // judged by it, at the trailers (`grpc_tail`).
-        if grpc && super::grpc_tail::pending(&outcome) {
+        if grpc.call && super::grpc_tail::pending(&outcome) {
             let p = picked.take().map(|p| (p, started));
             r.extensions_mut()
                 .insert(super::grpc_tail::LateEndpoint::new(p));
