@@ -265,6 +265,7 @@ const LOAD_SHEDDING_CODES: [&str; 3] = ["overloaded", "circuit_open", "rate_limi
 /// value, as Envoy reads it), or another weir's `x-weir-error` naming one
 /// of its load-shedding refusals. Read before the `x-weir-*` fields are
 /// stripped; by length first, as every field of every answer passes here.
+#[inline]
 pub(crate) fn marks_refusal(name: &str, value: &[u8]) -> bool {
     match name.len() {
         12 => {

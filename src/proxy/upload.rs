@@ -180,12 +180,20 @@ impl Upload {
 
     /// How long of `from..now` the upload took: not counted against the
     /// timers, nor as the upstream's latency.
+    #[inline]
     pub(crate) fn held(&self, from: Instant, now: Instant) -> Duration {
+        if let Track::Nothing = self.track {
+            return Duration::ZERO;
+        }
         self.progress().span.within(from, now)
     }
 
     /// The upload's time so far; `now` is read only while it streams.
+    #[inline]
     fn total(&self, now: impl FnOnce() -> Instant) -> Duration {
+        if let Track::Nothing = self.track {
+            return Duration::ZERO;
+        }
         let span = self.progress().span;
         match span.began {
             None => Duration::ZERO,
@@ -199,6 +207,7 @@ impl Upload {
     /// The request's deadline `d` (fixed on arrival) as it stands: moved on
     /// by the upload's time so far, never past the client's own. `now` is
     /// read only while the body streams.
+    #[inline]
     pub(crate) fn deadline(&self, d: Instant, now: impl FnOnce() -> Instant) -> Instant {
         let moved = d + self.total(now);
         self.client.map_or(moved, |c| c.min(moved))
@@ -207,6 +216,7 @@ impl Upload {
     /// Whether the client's own deadline is the one that holds for a
     /// request whose deadline on arrival was `d`: then expiry is the
     /// client's doing, not the upstream's.
+    #[inline]
     pub(crate) fn client_binds(&self, d: Instant, now: Instant) -> bool {
         self.client.is_some_and(|c| c < d + self.total(|| now))
     }
