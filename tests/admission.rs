@@ -1,7 +1,7 @@
 //! The circuit breaker, rate limits and the concurrency gate on live traffic.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::{Request, Response};

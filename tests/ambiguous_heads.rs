@@ -6,7 +6,7 @@
 //! authority as it judges `Host` (docs/reference/admin.md#admin-listener).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::Path;

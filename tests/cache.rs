@@ -7,7 +7,7 @@
 //! once in the background, a 304 revalidates.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::{Request, Response};

@@ -19,8 +19,7 @@
 //! and both answers of `on_error`.
 #![allow(clippy::unwrap_used)]
 
-#[path = "common/fixtures.rs"]
-mod fixtures;
+use crate::common::fixtures;
 
 use serde::Deserialize;
 use serde_json::Value;

@@ -17,14 +17,11 @@
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
-use tokio::sync::{Mutex, MutexGuard};
 use weir::cli::chaos::timeline::{first_success_after, to_success};
 use weir::cli::chaos::{run, Column, Scenario, ScenarioOptions, ScenarioReport};
 
-static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
-
-async fn serial() -> MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().await
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    crate::common::one_heavy_at_a_time().await
 }
 
 fn col<'a>(r: &'a ScenarioReport, name: &str) -> &'a Column {

@@ -10,7 +10,7 @@
 //! - A request in flight keeps its connection, however long it takes.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::{Request, Response};

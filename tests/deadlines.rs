@@ -3,7 +3,7 @@
 //! tokio's paused clock: a 2 s test takes milliseconds and cannot flake.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

@@ -14,7 +14,7 @@
 //!   the `/metrics` of a weir that has served traffic.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::{Response, StatusCode};

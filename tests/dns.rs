@@ -5,7 +5,7 @@
 //! resolver's reason); one that resolves later is served once it does.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::Response;

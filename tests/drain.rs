@@ -7,7 +7,7 @@
 //! listener's backlog when it closes are served, not reset.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::Request;

@@ -4,7 +4,7 @@
 //! run against whichever path a request takes.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use http_body_util::BodyExt;

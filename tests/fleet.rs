@@ -17,7 +17,7 @@
 //! drivers would measure each other.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::redis_server::RedisServer;
@@ -30,15 +30,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::MutexGuard;
 use tokio::time::Instant;
 use weir::config::Config;
 use weir::runtime::{Options, Runtime};
 
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-async fn serial() -> MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().await
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    crate::common::one_heavy_at_a_time().await
 }
 
 fn ms(x: u64) -> Duration {

@@ -8,7 +8,7 @@
 //! `redis-server` (tests/common/redis_server.rs), skipped without it.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::redis_server::{self, RedisServer};
 use std::sync::atomic::{AtomicUsize, Ordering};

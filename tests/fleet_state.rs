@@ -6,7 +6,7 @@
 //! (tests/common/redis_server.rs) and skips, saying so, without one.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::redis_server::RedisServer;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -2,7 +2,7 @@
 //! HTTP/2 prior knowledge, connection reuse, trailers.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

@@ -13,7 +13,7 @@
 //! the other tests (hyper, nginx) read chunked bodies, so none saw it.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::Request;

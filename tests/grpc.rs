@@ -3,7 +3,7 @@
 //! third-party HTTP/2 client (h2load) against weir.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

@@ -5,7 +5,7 @@
 //! closes replaced without a failed request.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::service::service_fn;

@@ -5,7 +5,7 @@
 //! every window. Whatever drives the server (hyper's today), these hold.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

@@ -6,7 +6,7 @@
 //! is never hedged; in a brownout the hedges stay within `max_extra`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::Response;

@@ -648,3 +648,36 @@ fn every_upstream_connection_lives_under_upstream() {
         .collect();
     assert!(legacy.is_empty(), "hyper-util's pool used in: {legacy:?}");
 }
+
+/// `autotests = false`: a file in `tests/` runs only if `tests/main.rs`
+/// names it as a module or Cargo.toml gives it a `[[test]]` of its own.
+/// A file that is neither would compile nowhere and pass in silence.
+#[test]
+fn every_test_file_is_in_a_test_binary() {
+    let main = std::fs::read_to_string("tests/main.rs").unwrap();
+    let cargo = std::fs::read_to_string("Cargo.toml").unwrap();
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir("tests").unwrap() {
+        let path = entry.unwrap().path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(stem) = name.strip_suffix(".rs") else {
+            continue;
+        };
+        if stem == "main" {
+            continue;
+        }
+        let as_module = main.lines().any(|l| l.trim() == format!("mod {stem};"));
+        let alone = cargo.contains(&format!("path = \"tests/{name}\""));
+        if as_module == alone {
+            missing.push(format!(
+                "{name} (module: {as_module}, own [[test]]: {alone})"
+            ));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "each file in tests/ must be exactly one of a `mod` in tests/main.rs or a [[test]] in Cargo.toml: {missing:?}"
+    );
+}

@@ -1,7 +1,7 @@
 //! Header hygiene and the guards on what a client may send.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::{Request, Response};

@@ -5,7 +5,7 @@
 //! an uncertain one is forwarded again, and the store's bounds hold.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

@@ -14,8 +14,7 @@
 //! Together they must cover every action and every record outcome.
 #![allow(clippy::unwrap_used)]
 
-#[path = "common/fixtures.rs"]
-mod fixtures;
+use crate::common::fixtures;
 
 use serde::Deserialize;
 use serde_json::Value;

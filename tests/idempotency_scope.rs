@@ -7,7 +7,7 @@
 //! with the store in memory and on a real `redis-server`.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::redis_server::RedisServer;
 use common::*;

@@ -10,7 +10,7 @@
 //! trailers and cut at weir's `timeout` by the `grpc-timeout` weir sent.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::third_party::*;

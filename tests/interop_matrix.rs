@@ -5,7 +5,7 @@
 //!
 //! **weir.** The binary cargo built (`CARGO_BIN_EXE_weir`), or `$WEIR_BIN`
 //! (to point the same matrix at another build: `WEIR_BIN=/path/to/weir
-//! cargo test --test interop_matrix`), run as `weir run --config FILE`: one
+//! cargo test --test it interop_matrix::`), run as `weir run --config FILE`: one
 //! process per server and variant (below), each with one upstream on a
 //! dedicated listener on a free loopback port, `access_log = "all"`, and
 //! `RUST_LOG=info,weir::proxy::fast=trace` so that its log says which
@@ -97,7 +97,7 @@
 //! All failures are collected and reported in one table at the end.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 #[path = "interop/grpc_policies.rs"]
 mod grpc_policies;
 

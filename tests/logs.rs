@@ -4,7 +4,7 @@
 //! default; a reload that names what it changed; no Rust debug wrappers.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::third_party::free_port;
 use common::*;

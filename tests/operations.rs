@@ -2,7 +2,7 @@
 //! the file watch, and the loopback guard.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use http_body_util::BodyExt;

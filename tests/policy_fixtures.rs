@@ -4,8 +4,7 @@
 //! must cover every stop reason of docs/reference/retries.md#the-retry-decision.
 #![allow(clippy::unwrap_used)]
 
-#[path = "common/fixtures.rs"]
-mod fixtures;
+use crate::common::fixtures;
 
 use serde_json::Value;
 use std::collections::BTreeSet;

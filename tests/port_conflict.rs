@@ -4,7 +4,7 @@
 //! share the port. Real processes, real sockets.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::third_party::free_port;
 use std::io::{Read, Write};

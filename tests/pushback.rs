@@ -5,7 +5,7 @@
 //! the way the next proxy reads. Issue 54, items 6 and 7.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

@@ -6,7 +6,7 @@
 //! never reported as applied while the old value serves.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::third_party::free_port;
 use common::*;

@@ -11,7 +11,7 @@
 //! 127/8 is loopback), listed as static `endpoints`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::{Response, StatusCode};
@@ -92,10 +92,8 @@ impl Replicas {
 /// The tests that measure shares and tails run one at a time: `cargo
 /// test` runs two tests at once on a two-core machine, and two load
 /// drivers measure each other (an outlier answer is a pause of the machine).
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME.lock().await
+    crate::common::one_heavy_at_a_time().await
 }
 
 async fn replicas(fault: Fault) -> Replicas {

@@ -2,7 +2,7 @@
 //! is retried, what never is, and what the upstream actually received.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::{Request, Response, StatusCode};

@@ -1,7 +1,7 @@
 //! Routing on the shared listener and dedicated listeners.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::{Request, Response};

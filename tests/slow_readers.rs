@@ -6,7 +6,7 @@
 //! and the slot is free again.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

@@ -6,7 +6,7 @@
 //! must get weir's 400 — never reach the upstream — on both data paths.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::{Request, Response};

@@ -9,7 +9,7 @@
 //! WEIR_REQUIRE_THIRD_PARTY is set (`.ci/run` sets it and installs chromium).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::third_party::{require, run_bounded};
 use common::*;
@@ -567,7 +567,7 @@ async fn chromium_shows_a_banner_while_the_file_is_not_the_running_config() {
 /// of traffic, some of it failing and retried (40 % of it from 50 s to
 /// 90 s), `dead` with its breaker open, and `orders` on three replicas,
 /// one refusing, with a row per endpoint. Run it with
-/// `cargo test --test status_page -- --ignored`.
+/// `cargo test --test it status_page:: -- --ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes docs/status-page.png; run on purpose"]
 async fn write_the_readme_screenshot() {

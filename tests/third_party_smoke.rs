@@ -4,7 +4,7 @@
 //! weir between them can then trust what these report.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::third_party::*;

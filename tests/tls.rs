@@ -4,7 +4,7 @@
 //! inbound TLS.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use hyper::{Request, Response};

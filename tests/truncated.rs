@@ -9,7 +9,7 @@
 //! Raw bytes, both paths.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::sync::atomic::{AtomicUsize, Ordering};

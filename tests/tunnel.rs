@@ -6,7 +6,7 @@
 //! `CONNECT app:443` was forwarded upstream as `CONNECT / HTTP/1.1`.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::third_party::*;
 use common::*;

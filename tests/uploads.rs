@@ -10,7 +10,7 @@
 //! as tests/grpc.rs does).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

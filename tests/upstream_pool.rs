@@ -5,7 +5,7 @@
 //! a response left half-read on it.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::time::Duration;

@@ -8,7 +8,7 @@
 //! names kept their case on one path and were lowercased on the other.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::sync::{Arc, Mutex};

@@ -22,8 +22,17 @@ use tokio::task::JoinHandle;
 use weir::config::Config;
 use weir::proxy::{Proxy, ProxyHandle};
 
+pub mod fixtures;
 pub mod redis_server;
 pub mod third_party;
+
+/// Tests that load the machine (the chaos scenarios, the fleet's and the
+/// replicas' load runs) take this, so that no two of them run at once in
+/// the test binary: each was written to have the machine's two cores.
+pub async fn one_heavy_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    HEAVY.lock().await
+}
 
 pub type TestBody = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
