@@ -30,6 +30,7 @@ fn config(port: u16) -> StateConfig {
         key_prefix: "garbage:".into(),
         timeout: Duration::from_millis(250),
         refresh: REFRESH,
+        ..StateConfig::default()
     }
 }
 

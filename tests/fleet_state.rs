@@ -35,6 +35,7 @@ fn config(redis: &RedisServer, timeout: Duration) -> StateConfig {
         key_prefix: "test:".into(),
         timeout,
         refresh: ms(200),
+        ..StateConfig::default()
     }
 }
 

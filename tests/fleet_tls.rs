@@ -20,6 +20,7 @@ fn config(redis: &RedisServer) -> StateConfig {
         key_prefix: "tls:".into(),
         timeout: Duration::from_millis(250),
         refresh: Duration::from_millis(200),
+        ..StateConfig::default()
     }
 }
 

@@ -16,11 +16,13 @@ mod notes;
 pub mod overrides;
 pub mod raw;
 mod schema;
+mod state;
 mod validate;
 
 pub use error::{ConfigError, ConfigErrors};
 pub use notes::{Advice, Severity};
 pub use overrides::Overrides;
+pub use state::{redact_url, OnUnavailable, RedisTopology, StateBackend, StateConfig};
 
 /// The default config, `config/weir.toml`, built into the binary: what
 /// `weir run` serves when no config file is named and none is found
@@ -90,45 +92,6 @@ pub enum AccessLog {
     All,
 }
 
-/// `[state] backend` (docs/reference/fleet.md#fleet-state).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StateBackend {
-    /// Every instance keeps its own state (no sharing; every `scope` is the
-    /// instance's).
-    #[default]
-    Memory,
-    /// Shared state on a Redis server.
-    Redis,
-}
-
-/// `[state]`, validated: where the state a fleet of weirs shares is kept
-/// (docs/reference/fleet.md#fleet-state).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StateConfig {
-    pub backend: StateBackend,
-    /// The Redis URL as written (`redis://` or `rediss://`), credentials
-    /// included; checked whenever it is set, required with `redis`.
-    pub url: Option<String>,
-    /// Every key weir writes starts with this (default `weir:`).
-    pub key_prefix: String,
-    /// The longest one call to the backend may take (default 5 ms); past it
-    /// the caller decides with local state.
-    pub timeout: Duration,
-    /// How often the shared breaker state is read (default 1 s).
-    pub refresh: Duration,
-}
-
-impl StateConfig {
-    /// The Redis URL when the backend is Redis.
-    pub fn redis_url(&self) -> Option<&str> {
-        match self.backend {
-            StateBackend::Redis => self.url.as_deref(),
-            StateBackend::Memory => None,
-        }
-    }
-}
-
 /// `[tracing] protocol`: how spans travel to the collector
 /// (docs/reference/tracing.md#configuration).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -186,23 +149,6 @@ impl Default for TracingConfig {
             service_name: "weir".into(),
             headers: Vec::new(),
         }
-    }
-}
-
-/// `url` with any password in it replaced by `***`, for logs, `/readyz`
-/// and the effective config.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_string(),
-        },
-        None => url.to_string(),
     }
 }
 

@@ -34,6 +34,7 @@ mod cache;
 mod concurrency;
 mod ejection;
 mod hedge;
+mod state;
 mod throttle;
 mod tracing;
 mod upstream;
@@ -41,6 +42,7 @@ pub use cache::RawCache;
 pub use concurrency::RawConcurrency;
 pub use ejection::RawEjection;
 pub use hedge::RawHedge;
+pub use state::RawState;
 pub use throttle::RawThrottle;
 pub use tracing::RawTracing;
 pub use upstream::{RawGrpc, RawUpstream, DEFAULT_BALANCE, DEFAULT_MAX_ENDPOINTS};
@@ -125,41 +127,6 @@ impl RawServer {
     }
 }
 mergeable!(RawServer { listen, admin, max_connections, header_read_timeout, client_idle_timeout, client_write_timeout, max_streams_per_connection, max_resets_per_second, max_header_bytes, shutdown_timeout, tls, access_log } nested {});
-
-/// `[state]`: the backend of the state a fleet of weirs shares
-/// (docs/reference/fleet.md#fleet-state).
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawState {
-    /// `memory` (default: each instance alone) or `redis`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub backend: Option<super::StateBackend>,
-    /// `redis://host:port/db` or `rediss://…` (TLS); required for `redis`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-    /// Every key weir writes starts with this. Default `weir:`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub key_prefix: Option<String>,
-    /// The longest one call to the backend may take. Default 5ms.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub timeout: Option<Dur>,
-    /// How often shared breaker state is read. Default 1s.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub refresh: Option<Dur>,
-}
-mergeable!(RawState { backend, url, key_prefix, timeout, refresh } nested {});
-
-impl RawState {
-    pub fn builtin() -> Self {
-        RawState {
-            backend: Some(super::StateBackend::Memory),
-            url: None,
-            key_prefix: Some("weir:".into()),
-            timeout: Some(Dur(std::time::Duration::from_millis(5))),
-            refresh: Some(Dur(std::time::Duration::from_secs(1))),
-        }
-    }
-}
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -5,7 +5,7 @@
 /// whether it is a refusal: an answer weir gave without asking the
 /// upstream, which takes no place in `weir_request_duration_seconds`.
 /// `proxy::error` keeps the same table (a test there holds them equal).
-pub const ERROR_CODES: [(&str, &str, bool); 16] = [
+pub const ERROR_CODES: [(&str, &str, bool); 17] = [
     ("no_route", "404", true),
     ("bad_request", "400", true),
     ("header_too_large", "431", true),
@@ -22,6 +22,7 @@ pub const ERROR_CODES: [(&str, &str, bool); 16] = [
     ("idempotency_in_flight", "409", true),
     ("idempotency_key_reused", "422", true),
     ("idempotency_not_replayable", "409", true),
+    ("state_unavailable", "503", true),
 ];
 
 /// The `result` label values of `weir_upstream_attempts_total`.

@@ -48,9 +48,10 @@ impl Possible {
             "connect_not_allowed" => !self.tunnel,
             "rate_limited" => self.rate_limit,
             "circuit_open" => self.breaker,
-            "idempotency_in_flight" | "idempotency_key_reused" | "idempotency_not_replayable" => {
-                self.idempotency
-            }
+            "idempotency_in_flight"
+            | "idempotency_key_reused"
+            | "idempotency_not_replayable"
+            | "state_unavailable" => self.idempotency,
             c => !NEVER.contains(&c),
         }
     }

@@ -1,7 +1,8 @@
 //! The shared state's series (docs/reference/fleet.md#fleet-state):
 //! `weir_state_backend_up`, `weir_state_commands_total{op}`,
 //! `weir_state_errors_total{op}`, `weir_state_roundtrip_seconds{op}` and
-//! `weir_state_leased_tokens_total{upstream}`. `op` is one of [`OPS`], a
+//! `weir_state_leased_tokens_total{upstream}`, `weir_state_unreplicated_total{op}`
+//! and `weir_state_keyed_fallback_total{action}`. `op` is one of [`OPS`], a
 //! fixed set; every series exists at zero while a Redis backend is in use,
 //! and none with the memory backend.
 
@@ -27,6 +28,12 @@ pub const OPS: [&str; 9] = [
     "idempotency_forget",
 ];
 
+/// The `op` values of `weir_state_unreplicated_total`.
+pub const UNREPLICATED_OPS: [&str; 2] = ["idempotency_begin", "idempotency_finish"];
+
+/// The `action` values of `weir_state_keyed_fallback_total`.
+pub const FALLBACK_ACTIONS: [&str; 2] = ["local", "refused"];
+
 /// Round trips from well under a millisecond (a Redis on the same node) to
 /// the 50 ms past which no sane `timeout` goes.
 const BUCKETS: &[f64] = &[
@@ -46,6 +53,10 @@ pub struct StateMetrics {
     errors: IntCounterVec,
     roundtrip: HistogramVec,
     leased: IntCounterVec,
+    /// `weir_state_unreplicated_total{op}`.
+    unreplicated: IntCounterVec,
+    /// `weir_state_keyed_fallback_total{action}`.
+    fallback: IntCounterVec,
     /// Whether a Redis backend is in use: from [`StateMetrics::precreate_ops`]
     /// to [`StateMetrics::forget_backend`]. A fleet a reload replaced may
     /// still finish a call or a health check after it; it then counts into
@@ -104,7 +115,23 @@ impl StateMetrics {
             &["upstream"],
         )
         .expect("static metric definition");
-        for c in [&commands, &errors] {
+        let unreplicated = IntCounterVec::new(
+            Opts::new(
+                "weir_state_unreplicated_total",
+                "Keyed writes' claims (op=\"idempotency_begin\") and records (op=\"idempotency_finish\") that went ahead without the acknowledgement of [state] wait_replicas within wait_timeout.",
+            ),
+            &["op"],
+        )
+        .expect("static metric definition");
+        let fallback = IntCounterVec::new(
+            Opts::new(
+                "weir_state_keyed_fallback_total",
+                "Keyed writes the shared store could not guard (no primary, or no acknowledgement from its replicas), by what [state] on_unavailable made of them: local (decided by this instance alone) or refused (503 state_unavailable).",
+            ),
+            &["action"],
+        )
+        .expect("static metric definition");
+        for c in [&commands, &errors, &unreplicated, &fallback] {
             r.register(Box::new(c.clone()))
                 .expect("metric registered once");
         }
@@ -123,6 +150,8 @@ impl StateMetrics {
             errors,
             roundtrip,
             leased,
+            unreplicated,
+            fallback,
             on: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -139,6 +168,41 @@ impl StateMetrics {
         for op in OPS {
             self.op(op);
         }
+        for op in UNREPLICATED_OPS {
+            self.unreplicated.with_label_values(&[op]);
+        }
+        for action in FALLBACK_ACTIONS {
+            self.fallback.with_label_values(&[action]);
+        }
+    }
+
+    /// A keyed write's claim or record (`op`) not acknowledged by the
+    /// replicas `wait_replicas` asks for.
+    pub fn unreplicated(&self, op: &str) {
+        if self.on.load(Ordering::Relaxed) {
+            self.unreplicated.with_label_values(&[op]).inc();
+        }
+    }
+
+    /// A keyed write the store could not guard: `local` or `refused`.
+    pub fn fallback(&self, action: &str) {
+        if self.on.load(Ordering::Relaxed) {
+            self.fallback.with_label_values(&[action]).inc();
+        }
+    }
+
+    /// `weir_state_keyed_fallback_total{action}` (tests).
+    pub fn fallbacks(&self, action: &str) -> u64 {
+        self.fallback
+            .get_metric_with_label_values(&[action])
+            .map_or(0, |c| c.get())
+    }
+
+    /// `weir_state_unreplicated_total{op}` (tests).
+    pub fn unreplicated_count(&self, op: &str) -> u64 {
+        self.unreplicated
+            .get_metric_with_label_values(&[op])
+            .map_or(0, |c| c.get())
     }
 
     /// `op`'s series (any name; the callers use [`OPS`]); unregistered
@@ -187,6 +251,12 @@ impl StateMetrics {
             self.commands.remove_label_values(&[op]).ok();
             self.errors.remove_label_values(&[op]).ok();
             self.roundtrip.remove_label_values(&[op]).ok();
+        }
+        for op in UNREPLICATED_OPS {
+            self.unreplicated.remove_label_values(&[op]).ok();
+        }
+        for action in FALLBACK_ACTIONS {
+            self.fallback.remove_label_values(&[action]).ok();
         }
     }
 

@@ -44,6 +44,10 @@ pub enum ProxyError {
     IdempotencyKeyReused,
     #[error("the request with this idempotency key was completed, but its response was not kept to replay")]
     IdempotencyNotReplayable,
+    /// A keyed write the fleet's store could not guard, with `[state]
+    /// on_unavailable = "refuse"` (docs/reference/fleet.md#when-redis-fails).
+    #[error("the shared idempotency store cannot guard this keyed write now (no primary, or its replicas did not acknowledge); nothing was sent upstream: try again")]
+    StateUnavailable,
 }
 
 impl From<crate::state::gate::GateRefusal> for ProxyError {
@@ -63,9 +67,9 @@ impl ProxyError {
             ProxyError::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProxyError::ConnectNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ProxyError::Overloaded | ProxyError::CircuitOpen { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ProxyError::Overloaded
+            | ProxyError::CircuitOpen { .. }
+            | ProxyError::StateUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::ConnectFailed(_)
             | ProxyError::RefusedStream(_)
             | ProxyError::UpstreamReset(_)
@@ -99,6 +103,7 @@ impl ProxyError {
             ProxyError::IdempotencyInFlight => "idempotency_in_flight",
             ProxyError::IdempotencyKeyReused => "idempotency_key_reused",
             ProxyError::IdempotencyNotReplayable => "idempotency_not_replayable",
+            ProxyError::StateUnavailable => "state_unavailable",
         }
     }
 
@@ -109,6 +114,8 @@ impl ProxyError {
             }
             // The first request is likely done within a second.
             ProxyError::IdempotencyInFlight => Some(Duration::from_secs(1)),
+            // A failover is over in seconds; a replica's lag in less.
+            ProxyError::StateUnavailable => Some(Duration::from_secs(1)),
             _ => None,
         }
     }
@@ -131,6 +138,7 @@ impl ProxyError {
             ProxyError::IdempotencyInFlight => 10, // ABORTED
             ProxyError::IdempotencyKeyReused => 3, // INVALID_ARGUMENT
             ProxyError::IdempotencyNotReplayable => 6, // ALREADY_EXISTS
+            ProxyError::StateUnavailable => 14,  // UNAVAILABLE: nothing was sent
         }
     }
 
@@ -355,6 +363,7 @@ mod tests {
             ProxyError::IdempotencyInFlight,
             ProxyError::IdempotencyKeyReused,
             ProxyError::IdempotencyNotReplayable,
+            ProxyError::StateUnavailable,
         ];
         assert_eq!(all.len(), crate::metrics::ERROR_CODES.len());
         // What weir marks as shedding load, the next weir reads as such.

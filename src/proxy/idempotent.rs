@@ -25,6 +25,7 @@ use crate::policy::idempotency::{
 };
 use crate::state::UpstreamState;
 use bytes::Bytes;
+use std::future::Future;
 use std::sync::Arc;
 
 /// What a keyed request gets.
@@ -148,12 +149,15 @@ impl Recorder {
     }
 
     /// Records how the request ended (with the response to keep, if any).
-    pub(crate) fn finish(mut self, ending: Ending, response: Option<StoredResponse>) {
+    /// The [`Ack`] is what the relay waits for before the response's last
+    /// bytes go out: the record's acknowledgement by the fleet's replicas
+    /// when `[state] wait_replicas` asks for it, else nothing.
+    pub(crate) fn finish(mut self, ending: Ending, response: Option<StoredResponse>) -> Ack {
         self.done = true;
-        self.write(crate::policy::idempotency::record(ending), response);
+        self.write(crate::policy::idempotency::record(ending), response)
     }
 
-    fn write(&mut self, what: Record, response: Option<StoredResponse>) {
+    fn write(&mut self, what: Record, response: Option<StoredResponse>) -> Ack {
         if let Some(shared) = self.shared.take() {
             let key = self.key.take().unwrap_or_default();
             return fleet::finish(*shared, key, what, response);
@@ -169,6 +173,7 @@ impl Recorder {
                 (None, None) => {}
             }
         }
+        Ack::NONE
     }
 
     /// `max_response_bytes`: no more of a response is kept.
@@ -208,7 +213,8 @@ impl Recorder {
 impl Drop for Recorder {
     fn drop(&mut self) {
         if !self.done {
-            self.write(Record::Uncertain, None);
+            // Nobody is left to hold a response for.
+            let _ = self.write(Record::Uncertain, None);
         }
     }
 }
@@ -325,14 +331,15 @@ impl Capture {
         }
     }
 
-    /// The whole body has been relayed.
-    pub(crate) fn done(mut self) {
-        self.end(true);
+    /// The whole body has been relayed (all but what waits for the
+    /// [`Ack`]).
+    pub(crate) fn done(mut self) -> Ack {
+        self.end(true)
     }
 
-    fn end(&mut self, whole: bool) {
+    fn end(&mut self, whole: bool) -> Ack {
         let Some(recorder) = self.recorder.take() else {
-            return;
+            return Ack::NONE;
         };
         let replayable = whole && !self.over;
         let response = replayable.then(|| {
@@ -345,13 +352,51 @@ impl Capture {
                 replayable,
             },
         };
-        recorder.finish(ending, response);
+        recorder.finish(ending, response)
     }
 }
 
 impl Drop for Capture {
     fn drop(&mut self) {
-        self.end(false);
+        let _ = self.end(false);
+    }
+}
+
+/// A keyed write's completed record on its way to the fleet's replicas
+/// (docs/reference/fleet.md#records-replicated-before-they-are-relied-on):
+/// the relay holds the response's last bytes until it resolves, so that a
+/// client never has an answer whose record a failover could lose. Empty
+/// (resolved at once) without `[state] wait_replicas`. The wait is bounded
+/// by the finishing call's own `timeout` + `wait_timeout`.
+#[derive(Debug)]
+#[must_use = "the relay waits for the record before the last bytes go out"]
+pub(crate) struct Ack(Option<tokio::task::JoinHandle<()>>);
+
+impl Ack {
+    pub(crate) const NONE: Ack = Ack(None);
+
+    /// Resolves once the record was written and acknowledged, or given up.
+    pub(crate) async fn wait(self) {
+        if let Some(h) = self.0 {
+            let _ = h.await;
+        }
+    }
+
+    /// Whether there is anything to wait for.
+    pub(crate) fn is_pending(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Polls it (a body's `poll_frame`): ready when resolved.
+    pub(crate) fn poll_done(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        match self.0.as_mut() {
+            None => std::task::Poll::Ready(()),
+            Some(h) => {
+                std::task::ready!(std::pin::Pin::new(h).poll(cx)).ok();
+                self.0 = None;
+                std::task::Poll::Ready(())
+            }
+        }
     }
 }
 
@@ -423,7 +468,10 @@ pub(crate) async fn begin_body(
         RequestBody::Direct(..) => return Begun::Unrecorded,
     };
     let shared = match up.state.link() {
-        Some(link) => Box::pin(fleet::claim(up, link, key)).await,
+        Some(link) => match Box::pin(fleet::claim(up, link, key)).await {
+            Ok(s) => s,
+            Err(refused) => return Begun::Refused(refused),
+        },
         None => None,
     };
     let (claim, forward) = match shared {
@@ -486,7 +534,7 @@ pub(crate) async fn begin_body(
                 // The record went (expired, evicted) while the body was read,
                 // and the body is spent: the client is to send it again.
                 Begun::Forward(r) => {
-                    r.finish(Ending::Failed, None);
+                    let _ = r.finish(Ending::Failed, None);
                     Begun::Refused(ProxyError::IdempotencyInFlight)
                 }
                 other => other,

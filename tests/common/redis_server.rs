@@ -43,6 +43,10 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     /// TLS only, with this certificate and key (PEM files).
     tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// A config file's text (written into `dir`, given first) and more
+    /// arguments: a replica, a Sentinel, a Cluster node.
+    conf: Option<String>,
+    args: Vec<String>,
 }
 
 impl RedisServer {
@@ -90,6 +94,8 @@ impl RedisServer {
             process: None,
             dir,
             tls,
+            conf: None,
+            args: Vec::new(),
         };
         s.spawn();
         Some(s)
@@ -98,6 +104,12 @@ impl RedisServer {
     fn spawn(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("redis.log")).unwrap();
         let mut cmd = Command::new("redis-server");
+        if let Some(conf) = &self.conf {
+            let path = self.dir.path().join("redis.conf");
+            std::fs::write(&path, conf).unwrap();
+            cmd.arg(path);
+        }
+        cmd.args(&self.args);
         match &self.tls {
             None => cmd.args(["--port", &self.port.to_string()]),
             Some((cert, key)) => cmd
@@ -158,6 +170,77 @@ impl RedisServer {
             None => format!("redis://127.0.0.1:{}/0", self.port),
             Some(_) => format!("rediss://localhost:{}/0", self.port),
         }
+    }
+
+    /// One started with `args` added (`--replicaof 127.0.0.1 PORT`,
+    /// `--cluster-enabled yes`, …) and, when `conf` is given, that config
+    /// file first (`{port}` in it is replaced by the port).
+    pub fn start_args(conf: Option<&str>, args: &[&str]) -> Option<RedisServer> {
+        let port = free_port();
+        if !available() {
+            return RedisServer::start_at(port, None);
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("weir-redis")
+            .tempdir()
+            .unwrap();
+        let mut s = RedisServer {
+            port,
+            process: None,
+            dir,
+            tls: None,
+            conf: conf.map(|c| c.replace("{port}", &port.to_string())),
+            args: args.iter().map(|a| a.to_string()).collect(),
+        };
+        s.spawn();
+        Some(s)
+    }
+
+    /// A Sentinel watching the primary on `primary` as `name` (quorum 2,
+    /// down after 500 ms).
+    pub fn sentinel(name: &str, primary: u16) -> Option<RedisServer> {
+        let conf = format!(
+            "port {{port}}\nbind 127.0.0.1\n\
+             sentinel monitor {name} 127.0.0.1 {primary} 2\n\
+             sentinel down-after-milliseconds {name} 500\n\
+             sentinel failover-timeout {name} 3000\n\
+             sentinel parallel-syncs {name} 1\n"
+        );
+        RedisServer::start_args(Some(&conf), &["--sentinel"])
+    }
+
+    /// Sends one command (inline) and reads what comes back within 500 ms,
+    /// as text: enough to look for `role:master` or `+OK`.
+    pub fn command(&self, args: &[&str]) -> String {
+        RedisServer::command_port(self.port, args)
+    }
+
+    /// [`RedisServer::command`] to the server on `port` of 127.0.0.1.
+    pub fn command_port(port: u16, args: &[&str]) -> String {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+            return String::new();
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let mut req = format!("*{}\r\n", args.len());
+        for a in args {
+            req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        if s.write_all(req.as_bytes()).is_err() {
+            return String::new();
+        }
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = s.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+            if n < buf.len() {
+                break;
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
     }
 
     pub fn pid(&self) -> Option<u32> {

@@ -101,7 +101,7 @@ impl Ctx<'_> {
         // Whole by its length (the client takes it so): the record is
         // complete, though the upstream may end its stream a frame later.
         if left == Some(0) || framing == Framing::Empty {
-            super::relay::complete(&mut capture, false);
+            super::relay::complete(&mut capture, false).wait().await;
         }
         let mut done = framing == Framing::Empty || body.is_end_stream();
         let idle = up.config.idle_timeout;
@@ -175,7 +175,7 @@ impl Ctx<'_> {
                 c.push(&data);
             }
             if left == Some(0) {
-                super::relay::complete(&mut capture, false);
+                super::relay::complete(&mut capture, false).wait().await;
             }
             if client_ok && !data.is_empty() {
                 let out = &mut self.bufs.out;
@@ -200,7 +200,7 @@ impl Ctx<'_> {
             }
         }
         if done {
-            super::relay::complete(&mut capture, false);
+            super::relay::complete(&mut capture, false).wait().await;
         }
         if done && client_ok && framing == Framing::Chunked {
             self.bufs.out.extend_from_slice(b"0\r\n\r\n");

@@ -10,7 +10,7 @@ use super::io::{client_gone, read_more, write_client};
 use super::transport::Exchange;
 use super::Upstream;
 use super::{Ctx, Kept};
-use crate::proxy::idempotent::Capture;
+use crate::proxy::idempotent::{Ack, Capture};
 use std::net::SocketAddr;
 use tokio::time::Instant;
 
@@ -91,7 +91,9 @@ impl Ctx<'_> {
             c.push(&bufs.out[head_end..]);
         }
         if left == Some(0) {
-            complete(&mut capture, framing == Framing::Chunked);
+            complete(&mut capture, framing == Framing::Chunked)
+                .wait()
+                .await;
         }
         // A keyed write's response is read to its end and kept even when
         // its client has left: a re-send gets it from the record.
@@ -134,7 +136,8 @@ impl Ctx<'_> {
                     return sent(Relayed::BROKEN, bytes);
                 }
                 if let Some(c) = capture.take() {
-                    c.done();
+                    // Its bytes are out already: nothing to hold.
+                    let _ = c.done();
                 }
                 return sent(Relayed::CLOSED, bytes);
             }
@@ -165,7 +168,9 @@ impl Ctx<'_> {
                 c.push(send);
             }
             if left == Some(0) {
-                complete(&mut capture, framing == Framing::Chunked);
+                complete(&mut capture, framing == Framing::Chunked)
+                    .wait()
+                    .await;
             }
             if client_ok && !write_client(self.stream, send, self.write_timeout).await {
                 if capture.is_none() {
@@ -193,13 +198,18 @@ impl Ctx<'_> {
 /// Completes a keyed write's record once the whole response is in hand,
 /// before its last bytes go to the client: a repeat the client sends the
 /// instant it has the response (on another connection) is answered from the
-/// record, not refused as still in flight.
-pub(super) fn complete(capture: &mut Option<Capture>, chunked: bool) {
-    if let Some(mut c) = capture.take() {
-        if chunked {
-            c.dechunk();
+/// record, not refused as still in flight. The caller waits for the
+/// [`Ack`] before it writes them (the record's replicas, with `[state]
+/// wait_replicas`).
+pub(super) fn complete(capture: &mut Option<Capture>, chunked: bool) -> Ack {
+    match capture.take() {
+        Some(mut c) => {
+            if chunked {
+                c.dechunk();
+            }
+            c.done()
         }
-        c.done();
+        None => Ack::NONE,
     }
 }
 

@@ -356,7 +356,7 @@ async fn detached(
         self::exchange::keyed(&up, &conn, parts, body, start, grpc, parsed, cached).await
     };
     match idempotent::detach(exchange).await? {
-        (resp, Some(capture)) => Ok(idempotent::recorded(resp, capture, h1_client)),
+        (resp, Some(capture)) => Ok(idempotent::recorded(resp, capture, h1_client).await),
         (resp, None) => Ok(resp),
     }
 }

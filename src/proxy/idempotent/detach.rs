@@ -6,7 +6,7 @@
 //! deadline and reads the response to its end, so that a re-send is answered
 //! from the record instead of reaching the upstream again.
 
-use super::Capture;
+use super::{Ack, Capture};
 use crate::proxy::body::{self, Body, BoxError};
 use crate::proxy::error::ProxyError;
 use bytes::Bytes;
@@ -69,16 +69,17 @@ impl<F: Future<Output = Forwarded> + Send + 'static> Drop for Detach<F> {
 /// `h1_client`: the client speaks HTTP/1.x, so a body with a
 /// `Content-Length` is whole, for it and for the record, once that many
 /// bytes have passed (hyper reads no further).
-pub(crate) fn recorded(
+pub(crate) async fn recorded(
     resp: http::Response<Body>,
     capture: Capture,
     h1_client: bool,
 ) -> http::Response<Body> {
     // No body to wait for: the record is complete before the head goes out
     // (hyper never reads a frame of it, and a repeat sent the instant the
-    // client has it must find it completed).
+    // client has it must find it completed — and, with `wait_replicas`,
+    // acknowledged).
     if resp.body().is_end_stream() {
-        capture.done();
+        capture.done().wait().await;
         return resp;
     }
     let (head, body) = resp.into_parts();
@@ -91,9 +92,10 @@ pub(crate) fn recorded(
         body,
         capture: Some(capture),
         left,
+        held: None,
     };
     if left == Some(0) {
-        kept.ended();
+        kept.ended().wait().await;
     }
     http::Response::from_parts(head, body::boxed(kept))
 }
@@ -108,13 +110,17 @@ struct RecordingBody {
     /// At 0 the record is completed: hyper writes no more and drops the
     /// body without waiting for the upstream to say it ended.
     left: Option<u64>,
+    /// The last frame (`None`: the end), held until the record is
+    /// acknowledged by the fleet's replicas (`[state] wait_replicas`).
+    held: Option<(Option<Frame<Bytes>>, Ack)>,
 }
 
 impl RecordingBody {
     /// The body ended whole: the keeping is done.
-    fn ended(&mut self) {
-        if let Some(c) = self.capture.take() {
-            c.done();
+    fn ended(&mut self) -> Ack {
+        match self.capture.take() {
+            Some(c) => c.done(),
+            None => Ack::NONE,
         }
     }
 }
@@ -128,6 +134,11 @@ impl http_body::Body for RecordingBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
+        if let Some((_, ack)) = this.held.as_mut() {
+            ready!(ack.poll_done(cx));
+            let (frame, _) = this.held.take().unzip();
+            return Poll::Ready(frame.flatten().map(Ok));
+        }
         match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
             Some(Ok(frame)) => {
                 if let Some(c) = this.capture.as_mut() {
@@ -140,7 +151,11 @@ impl http_body::Body for RecordingBody {
                 // to an HTTP/1.x client, whose length it has written): its
                 // last frame ends the keeping.
                 if this.body.is_end_stream() || this.left == Some(0) {
-                    this.ended();
+                    let ack = this.ended();
+                    if ack.is_pending() {
+                        this.held = Some((Some(frame), ack));
+                        return self.poll_frame(cx);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -150,14 +165,18 @@ impl http_body::Body for RecordingBody {
                 Poll::Ready(Some(Err(e)))
             }
             None => {
-                this.ended();
+                let ack = this.ended();
+                if ack.is_pending() {
+                    this.held = Some((None, ack));
+                    return self.poll_frame(cx);
+                }
                 Poll::Ready(None)
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.held.is_none() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -171,7 +190,9 @@ impl Drop for RecordingBody {
             return;
         };
         if self.body.is_end_stream() {
-            return capture.done();
+            // Nobody is left to hold the answer for.
+            let _ = capture.done();
+            return;
         }
         let body = std::mem::replace(&mut self.body, body::empty());
         spawn(read_on(body, capture));
@@ -196,7 +217,10 @@ async fn read_on(mut body: Body, mut capture: Capture) {
             Some(Ok(frame)) => keep(&mut capture, &frame),
             // Broke off: completed, with nothing to replay.
             Some(Err(_)) => return,
-            None => return capture.done(),
+            None => {
+                let _ = capture.done();
+                return;
+            }
         }
     }
 }

@@ -4,7 +4,8 @@
 //! memory store. The finishing calls run in the background: the client is
 //! never held back by them.
 
-use super::{Begun, Recorder};
+use super::{Ack, Begun, Recorder};
+use crate::config::OnUnavailable;
 use crate::policy::idempotency::{Action, Claim, Fingerprint, Record, StoredResponse};
 use crate::proxy::error::ProxyError;
 use crate::proxy::Upstream;
@@ -38,10 +39,14 @@ fn params(up: &Upstream) -> Option<(Duration, usize)> {
 
 /// `begin` on Redis; `Err`: decide locally. `Err(Some(_))`: the call was
 /// made but gave no answer (past `[state] timeout`, or the connection
-/// broke), so it may have landed all the same and left the key in flight
-/// on Redis, this instance's: whatever the local store decides, that
-/// record is to be finished ([`finish_landed`]) or forgotten ([`forget`])
-/// too, or the key is held fleet-wide for the whole lease.
+/// broke), or its claim was not acknowledged by `[state] wait_replicas`, so
+/// it may have landed all the same and left the key in flight on Redis,
+/// this instance's: whatever the local store decides, that record is to be
+/// finished ([`finish_landed`]) or forgotten ([`forget`]) too, or the key
+/// is held fleet-wide for the whole lease. With `on_unavailable =
+/// "refuse"`, a begin the store could not guard is refused instead
+/// (`Ok(Begun::Refused(StateUnavailable))`), and what it may have left is
+/// forgotten.
 pub(super) async fn begin(
     up: &Upstream,
     link: Arc<Link>,
@@ -54,13 +59,14 @@ pub(super) async fn begin(
         .await
     {
         Ok(a) => a,
-        Err(StateError::Unavailable | StateError::Setup(_)) => return Err(None),
-        Err(_) => {
-            return Err(Some(RedisRecord {
-                link,
+        Err(e) => {
+            let landed = !matches!(e, StateError::Unavailable | StateError::Setup(_));
+            let landed = landed.then(|| RedisRecord {
+                link: link.clone(),
                 fingerprint: *fingerprint,
                 ttl,
-            }))
+            });
+            return unguarded(&link, key, landed);
         }
     };
     link.count(&action);
@@ -81,19 +87,43 @@ pub(super) async fn begin(
     })
 }
 
-/// `claim` on Redis (a request whose body streams); `None`: decide locally.
-/// With [`Claim::Forward`], the recorder and the link the fingerprint goes
-/// to once the body has passed.
+/// `claim` on Redis (a request whose body streams); `Ok(None)`: decide
+/// locally; `Err`: refused (`on_unavailable = "refuse"`, the store could
+/// not guard it). With [`Claim::Forward`], the recorder and the link the
+/// fingerprint goes to once the body has passed.
 pub(super) async fn claim(
     up: &Upstream,
     link: Arc<Link>,
     key: &str,
-) -> Option<(Claim, Option<(Recorder, Arc<Link>)>)> {
-    let (ttl, limit) = params(up)?;
-    let claim = (link.fleet)
+) -> Result<Option<(Claim, Option<(Recorder, Arc<Link>)>)>, ProxyError> {
+    let Some((ttl, limit)) = params(up) else {
+        return Ok(None);
+    };
+    let claim = match (link.fleet)
         .idempotency_claim(&up.state.name, key, lease(up))
         .await
-        .ok()?;
+    {
+        Ok(c) => c,
+        Err(e) => {
+            let landed = !matches!(e, StateError::Unavailable | StateError::Setup(_));
+            let landed = landed.then(|| RedisRecord {
+                link: link.clone(),
+                fingerprint: Fingerprint::PENDING,
+                ttl,
+            });
+            return match unguarded(&link, key, landed) {
+                Ok(_) => Err(ProxyError::StateUnavailable),
+                Err(landed) => {
+                    // A claim is not finished locally: what it may have
+                    // left on Redis is dropped.
+                    if let Some(l) = landed {
+                        forget(l, key);
+                    }
+                    Ok(None)
+                }
+            };
+        }
+    };
     if claim == Claim::InFlight {
         link.count::<()>(&Action::InFlight);
     }
@@ -105,7 +135,7 @@ pub(super) async fn claim(
         };
         (Recorder::new(&up.state, key, limit, Some(shared)), link)
     });
-    Some((claim, forward))
+    Ok(Some((claim, forward)))
 }
 
 /// Fills in a claimed record's fingerprint, in the background.
@@ -117,17 +147,55 @@ pub(super) fn fingerprinted(link: Arc<Link>, key: Box<str>, fingerprint: Fingerp
     });
 }
 
-/// Writes how a request ended, in the background.
+/// A keyed write the fleet's store could not guard (no primary, no
+/// answer, or a claim its replicas did not acknowledge), as `[state]
+/// on_unavailable` says: `local` decides with the instance's own store
+/// (`Err`, with what the begin may have left on Redis), `refuse` answers
+/// 503 `state_unavailable` (and forgets what it may have left). Counted in
+/// `weir_state_keyed_fallback_total{action}`.
+fn unguarded(
+    link: &Link,
+    key: &str,
+    landed: Option<RedisRecord>,
+) -> Result<Begun, Option<RedisRecord>> {
+    match link.fleet.on_unavailable() {
+        OnUnavailable::Local => {
+            link.fleet.metrics().fallback("local");
+            Err(landed)
+        }
+        OnUnavailable::Refuse => {
+            link.fleet.metrics().fallback("refused");
+            if let Some(l) = landed {
+                forget(l, key);
+            }
+            Ok(Begun::Refused(ProxyError::StateUnavailable))
+        }
+    }
+}
+
+/// Writes how a request ended. In the background, but with `[state]
+/// wait_replicas` set the [`Ack`] resolves only once the record is written
+/// and acknowledged (or given up on), and the relay holds the response's
+/// last bytes until then.
 pub(super) fn finish(
     shared: RedisRecord,
     key: Box<str>,
     what: Record,
     response: Option<StoredResponse>,
-) {
+) -> Ack {
     if matches!(what, Record::Completed | Record::CompletedNotReplayable) {
         shared.link.count_stored();
     }
-    finish_landed(shared, key, what, response);
+    let durable = shared.link.fleet.wait_replicas() > 0;
+    let task = write_record(shared, key, what, response);
+    match (durable, tokio::runtime::Handle::try_current()) {
+        (true, Ok(rt)) => Ack(Some(rt.spawn(task))),
+        (false, Ok(rt)) => {
+            rt.spawn(task);
+            Ack::NONE
+        }
+        (_, Err(_)) => Ack::NONE,
+    }
 }
 
 /// Drops the record an unanswered `begin` may have left on Redis, when the
@@ -146,23 +214,31 @@ pub(super) fn finish_landed(
     what: Record,
     response: Option<StoredResponse>,
 ) {
-    spawn(async move {
-        let RedisRecord {
-            link,
-            fingerprint,
+    spawn(write_record(shared, key, what, response));
+}
+
+/// The finishing call itself.
+async fn write_record(
+    shared: RedisRecord,
+    key: Box<str>,
+    what: Record,
+    response: Option<StoredResponse>,
+) {
+    let RedisRecord {
+        link,
+        fingerprint,
+        ttl,
+    } = shared;
+    let _ = (link.fleet)
+        .idempotency_finish(
+            link.upstream(),
+            &key,
+            &fingerprint,
+            what,
+            response.as_ref(),
             ttl,
-        } = shared;
-        let _ = (link.fleet)
-            .idempotency_finish(
-                link.upstream(),
-                &key,
-                &fingerprint,
-                what,
-                response.as_ref(),
-                ttl,
-            )
-            .await;
-    });
+        )
+        .await;
 }
 
 fn spawn<F>(f: F)

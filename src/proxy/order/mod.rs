@@ -327,7 +327,7 @@ async fn admitted<C: Codec, S: Steps<C>>(
     // (docs/reference/idempotency.md#idempotency-keys).
     let unsent = |recorder: &mut Option<Recorder>| {
         if let Some(r) = recorder.take() {
-            r.finish(Ending::Failed, None);
+            let _ = r.finish(Ending::Failed, None);
         }
     };
     // Admission in the order of docs/reference/admission.md#admission:
@@ -412,7 +412,7 @@ async fn admitted<C: Codec, S: Steps<C>>(
     drop(attempts);
     if let Err(e) = &attempted.result {
         if let Some(r) = recorder.take() {
-            r.finish(idempotent::ending_of(e), None);
+            let _ = r.finish(idempotent::ending_of(e), None);
         }
     }
     // Steps with nothing to do for this request are not a layer around

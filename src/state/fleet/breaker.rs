@@ -77,8 +77,8 @@ pub enum ProbeClaim {
 impl Fleet {
     fn breaker_keys(&self, upstream: &str) -> (String, String) {
         (
-            self.key(&["breaker", upstream, "open"]),
-            self.key(&["breaker", upstream, "probe"]),
+            self.key("breaker", upstream, &["open"]),
+            self.key("breaker", upstream, &["probe"]),
         )
     }
 

@@ -141,7 +141,7 @@ fn stored(parts: &[Value]) -> Option<StoredResponse> {
 
 impl Fleet {
     fn idempotency_key(&self, upstream: &str, key: &str) -> String {
-        self.key(&["idem", upstream, key])
+        self.key("idem", upstream, &[key])
     }
 
     /// Decides on a keyed request to `upstream` with `fingerprint` and, when
@@ -159,8 +159,8 @@ impl Fleet {
         let fp = fingerprint.sha256;
         let owner = self.instance_id().to_string();
         let ms = px(lease);
-        let v: Value = self
-            .call("idempotency_begin", |mut c| async move {
+        let (v, acked): (Value, bool) = self
+            .call_durable("idempotency_begin", |mut c| async move {
                 BEGIN
                     .key(&k)
                     .arg(&fp[..])
@@ -178,6 +178,9 @@ impl Fleet {
             return Err(bad());
         };
         Ok(match (bulk(tag).ok_or_else(bad)?, rest) {
+            // Only a forward wrote anything: the claim must have reached
+            // the replicas before the request goes upstream.
+            (b"forward", []) if !acked => return Err(StateError::Unreplicated),
             (b"forward", []) => Action::Forward,
             (b"in_flight", []) => Action::InFlight,
             (b"reused", []) => Action::Reused,
@@ -201,12 +204,13 @@ impl Fleet {
         let k = self.idempotency_key(upstream, key);
         let owner = self.instance_id().to_string();
         let ms = px(lease);
-        let v: Value = self
-            .call("idempotency_begin", |mut c| async move {
+        let (v, acked): (Value, bool) = self
+            .call_durable("idempotency_begin", |mut c| async move {
                 CLAIM.key(&k).arg(&owner).arg(ms).invoke_async(&mut c).await
             })
             .await?;
         match bulk(&v) {
+            Some(b"forward") if !acked => Err(StateError::Unreplicated),
             Some(b"forward") => Ok(Claim::Forward),
             Some(b"in_flight") => Ok(Claim::InFlight),
             Some(b"decide") => Ok(Claim::Decide),
@@ -241,7 +245,12 @@ impl Fleet {
     /// The call `record` says to make when a keyed request ends
     /// (`IdempotencyStore::finish`): `response` with
     /// [`Record::Completed`] (without one, completed but not replayable).
-    /// Returns whether this instance's record in flight was written.
+    /// Returns whether this instance's record in flight was written. With
+    /// `wait_replicas` set, a completed record is acknowledged by the
+    /// replicas before this returns (the caller holds the response until
+    /// then); one that was not is counted, and the response goes out all
+    /// the same — the upstream has processed the write, and the answer is
+    /// the client's.
     pub async fn idempotency_finish(
         &self,
         upstream: &str,
@@ -273,16 +282,19 @@ impl Fleet {
             ),
             None => (String::new(), Bytes::new(), Bytes::new()),
         };
-        let n: i64 = self
-            .call(op, |mut c| async move {
-                let mut inv = FINISH.key(&k);
-                inv.arg(&owner).arg(&fp[..]).arg(mode).arg(ms);
-                if mode == "c" {
-                    inv.arg(&status).arg(&fields[..]).arg(&body[..]);
-                }
-                inv.invoke_async(&mut c).await
-            })
-            .await?;
+        let durable = matches!(mode, "c" | "n");
+        let call = |mut c: super::Conn| async move {
+            let mut inv = FINISH.key(&k);
+            inv.arg(&owner).arg(&fp[..]).arg(mode).arg(ms);
+            if mode == "c" {
+                inv.arg(&status).arg(&fields[..]).arg(&body[..]);
+            }
+            inv.invoke_async(&mut c).await
+        };
+        let n: i64 = match durable {
+            true => self.call_durable(op, call).await?.0,
+            false => self.call(op, call).await?,
+        };
         Ok(n == 1)
     }
 

@@ -69,8 +69,8 @@ impl Fleet {
         want: u32,
     ) -> Result<Grant, StateError> {
         let k = match key {
-            None => self.key(&["rl", upstream]),
-            Some(key) => self.key(&["rl", upstream, key]),
+            None => self.key("rl", upstream, &[]),
+            Some(key) => self.key("rl", upstream, &[key]),
         };
         let rate = rps.to_string();
         let v: Value = self

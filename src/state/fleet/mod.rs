@@ -15,6 +15,7 @@
 //! a path that has a local answer (a closed breaker makes no call).
 
 pub mod breaker;
+mod conn;
 mod health;
 pub mod idempotency;
 pub mod limiter;
@@ -22,11 +23,11 @@ pub mod limiter;
 pub use breaker::ProbeClaim;
 pub use limiter::FleetBucket;
 
-use crate::config::{redact_url, StateConfig};
+use crate::config::{redact_url, OnUnavailable, RedisTopology, StateConfig};
 use crate::metrics::state::StateMetrics;
-use arc_swap::ArcSwap;
+use arc_swap::ArcSwapOption;
+use conn::{Conn, Target};
 use health::BackendHealth;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -59,6 +60,11 @@ pub enum StateError {
     /// The backend answered with an error, or the connection failed.
     #[error("redis: {0}")]
     Backend(String),
+    /// A keyed write's claim was written but not acknowledged by
+    /// `[state] wait_replicas` within `wait_timeout`: a failover now could
+    /// lose it.
+    #[error("not acknowledged by the replicas within wait_timeout")]
+    Unreplicated,
     /// An answer of a shape weir never asks for.
     #[error("malformed reply: {0}")]
     Malformed(String),
@@ -77,15 +83,26 @@ struct FleetShared {
     /// Replaced by the supervisor whenever a PING fails while the backend
     /// is down: a connection whose handshake read bytes that are not RESP
     /// stays failed inside the manager, which only reconnects by itself
-    /// after I/O errors.
-    conn: ArcSwap<ConnectionManager>,
-    client: redis::Client,
+    /// after I/O errors; and a primary found through Sentinel is looked up
+    /// again. `None` until the first connection is made.
+    conn: ArcSwapOption<Conn>,
+    /// A second connection for the calls that wait for replicas (`WAIT`
+    /// blocks the connection it is sent on; the breaker's and the
+    /// limiter's calls must not queue behind it). Made with `conn` when
+    /// `wait_replicas` is set.
+    durable: ArcSwapOption<Conn>,
+    target: Target,
     prefix: String,
+    /// A Cluster: each upstream's name in braces in its keys (a hash tag).
+    tagged: bool,
+    wait_replicas: u8,
+    wait_timeout: std::time::Duration,
+    on_unavailable: OnUnavailable,
     timeout: Duration,
     refresh: Duration,
     instance: String,
-    /// The URL without its password, for logs and `/readyz`.
-    target: String,
+    /// Where the state lives, without passwords, for logs and `/readyz`.
+    shown: String,
     health: BackendHealth,
     metrics: StateMetrics,
     wake: Arc<Notify>,
@@ -94,7 +111,7 @@ struct FleetShared {
 impl std::fmt::Debug for Fleet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fleet")
-            .field("target", &self.inner.target)
+            .field("target", &self.inner.shown)
             .field("instance", &self.inner.instance)
             .field("up", &self.is_up())
             .finish()
@@ -108,30 +125,74 @@ impl Fleet {
     /// it is up every call fails with [`StateError::Unavailable`] — so weir
     /// starts, and serves on local state, with Redis down.
     pub fn start(cfg: &StateConfig, metrics: StateMetrics) -> Result<Fleet, StateError> {
-        let url = cfg
-            .redis_url()
-            .ok_or_else(|| StateError::Setup("[state] backend is not redis".into()))?;
+        let target = Target::new(cfg)?;
         tokio::runtime::Handle::try_current()
             .map_err(|_| StateError::Setup("the shared state needs a tokio runtime".into()))?;
-        let client = redis::Client::open(url).map_err(|e| StateError::Setup(e.to_string()))?;
-        let conn = manager(&client)?;
+        let shown = match cfg.topology() {
+            Some(RedisTopology::Server(url)) => redact_url(url),
+            Some(RedisTopology::Sentinel {
+                sentinels,
+                master_name,
+            }) => format!(
+                "sentinel {master_name} at {}",
+                sentinels
+                    .iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Some(RedisTopology::Cluster(nodes)) => format!(
+                "cluster at {}",
+                nodes
+                    .iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None => String::new(),
+        };
         metrics.precreate_ops();
         metrics.set_up(false);
         let wake = Arc::new(Notify::new());
         let inner = Arc::new(FleetShared {
-            conn: ArcSwap::from_pointee(conn),
-            client,
+            conn: ArcSwapOption::empty(),
+            durable: ArcSwapOption::empty(),
+            tagged: target.is_cluster(),
+            target,
             prefix: cfg.key_prefix.clone(),
+            wait_replicas: cfg.wait_replicas,
+            wait_timeout: cfg.wait_timeout,
+            on_unavailable: cfg.on_unavailable,
             timeout: cfg.timeout,
             refresh: cfg.refresh,
             instance: format!("{:016x}", crate::clock::fresh_seed()),
-            target: redact_url(url),
+            shown,
             health: BackendHealth::new(),
             metrics,
             wake: Arc::clone(&wake),
         });
         let backoff_cap = (cfg.refresh / 2).clamp(MIN_BACKOFF, MAX_BACKOFF);
-        tokio::spawn(supervise(Arc::downgrade(&inner), wake, backoff_cap));
+        tokio::spawn(supervise(
+            Arc::downgrade(&inner),
+            Arc::clone(&wake),
+            backoff_cap,
+        ));
+        if let Some((urls, name)) = inner.target.sentinel_urls() {
+            let (alive, switched) = (Arc::downgrade(&inner), Arc::downgrade(&inner));
+            tokio::spawn(conn::watch_switches(
+                urls.to_vec(),
+                name.to_string(),
+                move || alive.strong_count() > 0,
+                move || {
+                    if let Some(inner) = switched.upgrade() {
+                        let f = Fleet { inner };
+                        f.down(&StateError::Backend(
+                            "+switch-master: the primary moved".into(),
+                        ));
+                    }
+                },
+            ));
+        }
         Ok(Fleet { inner })
     }
 
@@ -178,7 +239,7 @@ impl Fleet {
     /// the last error`.
     pub fn status_line(&self) -> String {
         let (up, since, errors, last) = self.inner.health.summary();
-        let target = &self.inner.target;
+        let target = &self.inner.shown;
         let tail = match (errors, last) {
             (0, _) | (_, None) => String::new(),
             (n, Some(e)) => format!(
@@ -195,16 +256,36 @@ impl Fleet {
         }
     }
 
-    /// The key `{key_prefix}{part}:{part}…`.
-    pub fn key(&self, parts: &[&str]) -> String {
+    /// The key `{key_prefix}{kind}:{upstream}:{part}…`; on a Cluster the
+    /// upstream's name is in braces (`weir:breaker:{api}:open`), a hash tag:
+    /// one upstream's keys share a slot, so each script touches one slot.
+    pub fn key(&self, kind: &str, upstream: &str, rest: &[&str]) -> String {
         let mut k = self.inner.prefix.clone();
-        for (i, p) in parts.iter().enumerate() {
-            if i > 0 {
-                k.push(':');
-            }
+        k.push_str(kind);
+        k.push(':');
+        if self.inner.tagged {
+            k.push('{');
+            k.push_str(upstream);
+            k.push('}');
+        } else {
+            k.push_str(upstream);
+        }
+        for p in rest {
+            k.push(':');
             k.push_str(p);
         }
         k
+    }
+
+    /// `[state] on_unavailable`: what a keyed write gets when the store
+    /// cannot be relied on.
+    pub fn on_unavailable(&self) -> OnUnavailable {
+        self.inner.on_unavailable
+    }
+
+    /// `[state] wait_replicas`: 0 when no acknowledgement is asked.
+    pub fn wait_replicas(&self) -> u8 {
+        self.inner.wait_replicas
     }
 
     /// Makes one call of `op` (one round trip), bounded by `timeout`, with
@@ -216,31 +297,130 @@ impl Fleet {
     async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, StateError>
     where
         T: redis::FromRedisValue,
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<redis::Value>>,
+    {
+        let v = self.call_on(op, false, f).await?;
+        redis::from_redis_value::<T>(v).map_err(|e| {
+            let e = StateError::Malformed(e.to_string());
+            self.inner.metrics.op(op).errors.inc();
+            self.failed(op, &e);
+            e
+        })
+    }
+
+    /// Like [`Fleet::call`], for a keyed write's claim or record: with
+    /// `wait_replicas` set, the call runs on the durable connection and is
+    /// followed by `WAIT wait_replicas wait_timeout` on it, bounded by
+    /// `timeout` + `wait_timeout`. Returns the reply and whether the write
+    /// was acknowledged (always with `wait_replicas = 0`); one that was not
+    /// is counted in `weir_state_unreplicated_total{op}`.
+    async fn call_durable<T, F, Fut>(&self, op: &'static str, f: F) -> Result<(T, bool), StateError>
+    where
+        T: redis::FromRedisValue,
+        F: FnOnce(Conn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<redis::Value>>,
+    {
+        let n = self.inner.wait_replicas;
+        if n == 0 {
+            return self.call(op, f).await.map(|v| (v, true));
+        }
+        let ms = px(self.inner.wait_timeout);
+        let v = self
+            .call_on(op, true, |c| async move {
+                let mut wait_on = c.clone();
+                let v = f(c).await?;
+                // WAIT counts the replicas that have every write this
+                // connection made so far, ours among them. An error (a
+                // replica answering, a Cluster node without replicas) is
+                // no acknowledgement.
+                let acked: i64 = redis::cmd("WAIT")
+                    .arg(n)
+                    .arg(ms)
+                    .query_async(&mut wait_on)
+                    .await
+                    .unwrap_or(0);
+                Ok(redis::Value::Array(vec![v, redis::Value::Int(acked)]))
+            })
+            .await?;
+        let malformed = |why: String| {
+            let e = StateError::Malformed(why);
+            self.inner.metrics.op(op).errors.inc();
+            self.failed(op, &e);
+            e
+        };
+        let redis::Value::Array(mut parts) = v else {
+            return Err(malformed("WAIT pair".into()));
+        };
+        let (Some(redis::Value::Int(acked)), Some(v)) = (parts.pop(), parts.pop()) else {
+            return Err(malformed("WAIT pair".into()));
+        };
+        let v = redis::from_redis_value::<T>(v).map_err(|e| malformed(e.to_string()))?;
+        let ok = acked >= i64::from(n);
+        if !ok {
+            self.inner.metrics.unreplicated(op);
+            if let Some(held_back) = self.inner.health.error(
+                "unreplicated",
+                &format!("{acked} of {n} replicas acknowledged"),
+                false,
+            ) {
+                tracing::warn!(
+                    op,
+                    acked,
+                    wanted = n,
+                    held_back,
+                    "a keyed write's record was not acknowledged by its replicas within wait_timeout"
+                );
+            }
+        }
+        Ok((v, ok))
+    }
+
+    /// One round trip on the shared connection (or the durable one), its
+    /// accounting, and what a failure says about the backend: a lost
+    /// connection, a `READONLY` answer (the primary was demoted) or too
+    /// many timeouts take it down, and the supervisor connects again.
+    async fn call_on<F, Fut>(
+        &self,
+        op: &'static str,
+        durable: bool,
+        f: F,
+    ) -> Result<redis::Value, StateError>
+    where
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<redis::Value>>,
     {
         let inner = &self.inner;
         let series = inner.metrics.op(op);
-        if !inner.health.is_up() {
-            series.errors.inc();
-            let e = StateError::Unavailable;
-            self.failed(op, &e);
-            return Err(e);
-        }
+        let slot = if durable { &inner.durable } else { &inner.conn };
+        let conn = match slot.load_full() {
+            Some(c) if inner.health.is_up() => c,
+            _ => {
+                series.errors.inc();
+                let e = StateError::Unavailable;
+                self.failed(op, &e);
+                return Err(e);
+            }
+        };
         series.commands.inc();
         let start = tokio::time::Instant::now();
-        let conn = ConnectionManager::clone(&inner.conn.load());
-        let e = match tokio::time::timeout(inner.timeout, f(conn)).await {
+        let limit = match durable {
+            true => inner.timeout + inner.wait_timeout,
+            false => inner.timeout,
+        };
+        let e = match tokio::time::timeout(limit, f(Conn::clone(&conn))).await {
             Ok(Ok(v)) => {
                 series.roundtrip.observe(start.elapsed().as_secs_f64());
                 inner.health.answered();
-                match redis::from_redis_value::<T>(v) {
-                    Ok(v) => return Ok(v),
-                    Err(e) => StateError::Malformed(e.to_string()),
-                }
+                return Ok(v);
             }
             Ok(Err(e)) => {
-                let lost = e.is_io_error()
+                let demoted = matches!(
+                    e.kind(),
+                    redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+                );
+                let lost = demoted
+                    || e.is_io_error()
                     || e.is_connection_dropped()
                     || e.is_connection_refusal()
                     || e.is_unrecoverable_error()
@@ -252,7 +432,7 @@ impl Fleet {
                 err
             }
             Err(_) => {
-                let err = StateError::Timeout(inner.timeout);
+                let err = StateError::Timeout(limit);
                 if inner.health.timed_out() {
                     self.down(&err);
                 }
@@ -282,7 +462,7 @@ impl Fleet {
         if inner.health.set_up(false) {
             inner.metrics.set_up(false);
             if let Some(held_back) = inner.health.went_down() {
-                tracing::warn!(target = %inner.target, error = %why, held_back, "shared state backend unavailable; deciding with local state until it is back");
+                tracing::warn!(target = %inner.shown, error = %why, held_back, "shared state backend unavailable; deciding with local state until it is back");
             }
         }
         inner.wake.notify_one();
@@ -293,29 +473,60 @@ impl Fleet {
         if inner.health.set_up(true) {
             inner.metrics.set_up(true);
             if inner.health.came_up() {
-                tracing::info!(target = %inner.target, "shared state backend reachable");
+                tracing::info!(target = %inner.shown, "shared state backend reachable");
             }
         }
     }
 
-    /// Drops the connection and starts over with a new manager (which
-    /// dials on its first command).
-    fn reconnect(&self) {
-        if let Ok(conn) = manager(&self.inner.client) {
-            self.inner.conn.store(Arc::new(conn));
+    /// Drops the connection and starts over: a new manager for a server
+    /// (which dials on its first command), the primary asked of the
+    /// Sentinels again, the Cluster's seed nodes dialled again.
+    async fn reconnect(&self) -> Result<(), StateError> {
+        let inner = &self.inner;
+        let conn = inner.target.connect().await?;
+        if inner.wait_replicas > 0 {
+            let durable = inner.target.connect().await?;
+            inner.durable.store(Some(Arc::new(durable)));
         }
+        inner.conn.store(Some(Arc::new(conn)));
+        Ok(())
     }
 
-    /// One PING on a (re)connecting connection, bounded by [`CONNECT_TIMEOUT`].
+    /// One check of the connection, bounded by [`CONNECT_TIMEOUT`]: `PING`,
+    /// or for a primary found through Sentinel `ROLE`, which must still say
+    /// `master` (a demoted primary answers PING as before).
     async fn ping(&self) -> Result<(), StateError> {
         let series = self.inner.metrics.op("ping");
         series.commands.inc();
-        let mut conn = ConnectionManager::clone(&self.inner.conn.load());
-        let cmd = redis::cmd("PING");
-        let ping = cmd.query_async::<String>(&mut conn);
-        let e = match tokio::time::timeout(CONNECT_TIMEOUT, ping).await {
-            Ok(Ok(p)) if p == "PONG" => return Ok(()),
-            Ok(Ok(other)) => StateError::Malformed(format!("PING answered {other:?}")),
+        let Some(conn) = self.inner.conn.load_full() else {
+            series.errors.inc();
+            return Err(StateError::Unavailable);
+        };
+        let mut conn = Conn::clone(&conn);
+        let role = self.inner.target.checks_role();
+        let check = async {
+            if role {
+                let v: redis::Value = redis::cmd("ROLE").query_async(&mut conn).await?;
+                let first = match &v {
+                    redis::Value::Array(p) => p.first().cloned(),
+                    _ => None,
+                };
+                let r: String = first
+                    .map(redis::from_redis_value)
+                    .transpose()?
+                    .unwrap_or_default();
+                Ok::<_, redis::RedisError>((r == "master").then_some(()).ok_or(r))
+            } else {
+                let p: String = redis::cmd("PING").query_async(&mut conn).await?;
+                Ok((p == "PONG").then_some(()).ok_or(p))
+            }
+        };
+        let e = match tokio::time::timeout(CONNECT_TIMEOUT, check).await {
+            Ok(Ok(Ok(()))) => return Ok(()),
+            Ok(Ok(Err(other))) if role => StateError::Backend(format!(
+                "the primary the Sentinels named is now a {other:?}"
+            )),
+            Ok(Ok(Err(other))) => StateError::Malformed(format!("PING answered {other:?}")),
             Ok(Err(e)) => StateError::Backend(e.to_string()),
             Err(_) => StateError::Timeout(CONNECT_TIMEOUT),
         };
@@ -325,21 +536,10 @@ impl Fleet {
     }
 }
 
-/// A lazy connection manager on `client`: it dials on its first command.
-fn manager(client: &redis::Client) -> Result<ConnectionManager, StateError> {
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_number_of_retries(1)
-        .set_min_delay(MIN_BACKOFF)
-        .set_max_delay(MAX_BACKOFF);
-    ConnectionManager::new_lazy_with_config(client.clone(), config)
-        .map_err(|e| StateError::Setup(e.to_string()))
-}
-
 /// Brings the backend up, and back up whenever a call (or the heartbeat)
-/// finds it down: PINGs with a backoff from [`MIN_BACKOFF`] doubling to
-/// `cap`; while up, one PING per [`HEARTBEAT`]. Ends when the last [`Fleet`]
-/// handle is dropped.
+/// finds it down: connects and checks with a backoff from [`MIN_BACKOFF`]
+/// doubling to `cap`; while up, one check per [`HEARTBEAT`]. Ends when the
+/// last [`Fleet`] handle is dropped.
 async fn supervise(fleet: Weak<FleetShared>, wake: Arc<Notify>, cap: Duration) {
     let mut backoff = MIN_BACKOFF;
     loop {
@@ -361,15 +561,28 @@ async fn supervise(fleet: Weak<FleetShared>, wake: Arc<Notify>, cap: Duration) {
                 }
                 continue;
             }
-            if f.ping().await.is_ok() {
-                f.up();
-                backoff = MIN_BACKOFF;
-                continue;
+            let connected = match f.inner.conn.load().is_some() {
+                true => Ok(()),
+                false => f.reconnect().await,
+            };
+            match connected {
+                Ok(()) if f.ping().await.is_ok() => {
+                    f.up();
+                    backoff = MIN_BACKOFF;
+                    continue;
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    f.inner.metrics.op("ping").errors.inc();
+                    f.failed("ping", &e);
+                }
             }
             if let Some(held_back) = f.inner.health.overdue_down() {
-                tracing::warn!(target = %f.inner.target, held_back, "shared state backend still unavailable; deciding with local state until it is back");
+                tracing::warn!(target = %f.inner.shown, held_back, "shared state backend still unavailable; deciding with local state until it is back");
             }
-            f.reconnect();
+            // The next round starts from a new connection.
+            f.inner.conn.store(None);
+            f.inner.durable.store(None);
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(cap);

@@ -1,0 +1,322 @@
+//! The fleet through a Redis failover (docs/reference/fleet.md#when-redis-fails),
+//! with real processes: a primary, a replica and three Sentinels, each a
+//! `redis-server` started on a free loopback port and killed by its PID.
+//! Two weir instances find the primary through the Sentinels. Keyed POSTs
+//! go through A while the replica lags (`DEBUG SLEEP`); the primary is
+//! then killed (SIGKILL); Sentinel promotes the replica, both instances
+//! follow it, and every key re-sent through B is replayed: delivered once.
+//! The shared breaker is shared before and after.
+#![allow(clippy::unwrap_used)]
+
+use crate::common;
+use common::redis_server::RedisServer;
+use common::*;
+use http_body_util::BodyExt;
+use hyper::{Request, Response};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use weir::config::Config;
+use weir::runtime::{Options, Runtime};
+
+#[allow(clippy::disallowed_methods)] // real time: other processes are waited for
+fn real_now() -> std::time::Instant {
+    std::time::Instant::now()
+}
+
+/// Polls `f` every 100 ms until it holds; false after `limit`.
+fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = real_now() + limit;
+    while real_now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    f()
+}
+
+/// A primary, its replica (which takes `DEBUG`), and three Sentinels that
+/// watch it as `m` and know the replica.
+struct Replicated {
+    primary: RedisServer,
+    replica: RedisServer,
+    sentinels: Vec<RedisServer>,
+}
+
+impl Replicated {
+    fn start() -> Option<Replicated> {
+        let primary = RedisServer::start()?;
+        let p = primary.port.to_string();
+        let replica = RedisServer::start_args(
+            None,
+            &[
+                "--replicaof",
+                "127.0.0.1",
+                &p,
+                "--enable-debug-command",
+                "yes",
+            ],
+        )?;
+        assert!(
+            eventually(Duration::from_secs(10), || replica
+                .command(&["INFO", "replication"])
+                .contains("master_link_status:up")),
+            "the replica did not sync: {}",
+            replica.command(&["INFO", "replication"])
+        );
+        let sentinels: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::sentinel("m", primary.port).unwrap())
+            .collect();
+        // A Sentinel learns the replicas from the primary's INFO: until it
+        // has, it has nothing to promote.
+        let r = replica.port.to_string();
+        for s in &sentinels {
+            assert!(
+                eventually(Duration::from_secs(20), || s
+                    .command(&["SENTINEL", "REPLICAS", "m"])
+                    .contains(&r)),
+                "sentinel {} never saw the replica",
+                s.port
+            );
+        }
+        Some(Replicated {
+            primary,
+            replica,
+            sentinels,
+        })
+    }
+
+    fn urls(&self) -> String {
+        let urls: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("\"redis://127.0.0.1:{}\"", s.port))
+            .collect();
+        urls.join(", ")
+    }
+
+    /// The primary's port as the first Sentinel names it now.
+    fn named_primary(&self) -> String {
+        self.sentinels[0].command(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "m"])
+    }
+}
+
+/// An upstream that counts the POSTs of each idempotency key.
+async fn counting() -> (TestUpstream, Arc<Mutex<BTreeMap<String, usize>>>) {
+    let seen = Arc::new(Mutex::new(BTreeMap::<String, usize>::new()));
+    let s = seen.clone();
+    let up = TestUpstream::start(move |req: Request<hyper::body::Incoming>| {
+        let s = s.clone();
+        async move {
+            let key = req
+                .headers()
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let n = {
+                let mut m = s.lock().unwrap();
+                let n = m.entry(key.clone()).or_default();
+                *n += 1;
+                *n
+            };
+            Response::builder()
+                .status(201)
+                .body(body(format!("order {key} #{n}")))
+                .unwrap()
+        }
+    })
+    .await;
+    (up, seen)
+}
+
+async fn weir(cluster: &Replicated, up: &TestUpstream) -> Runtime {
+    let src = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin = \"127.0.0.1:0\"\n\n\
+         [state]\nbackend = \"redis\"\nsentinels = [{}]\nmaster_name = \"m\"\n\
+         key_prefix = \"failover:\"\ntimeout = \"200ms\"\nwait_replicas = 1\n\
+         wait_timeout = \"1s\"\non_unavailable = \"refuse\"\n\n\
+         [upstreams.svc]\nurl = \"{}\"\nhosts = [\"svc\"]\n",
+        cluster.urls(),
+        up.url()
+    );
+    let config = match Config::parse(Path::new("failover-test.toml"), &src) {
+        Ok(c) => c,
+        Err(e) => panic!("test config invalid:\n{e}\n---\n{src}"),
+    };
+    let opts = Options {
+        watch: false,
+        sighup: false,
+        workers: 0,
+    };
+    let rt = Runtime::start(config, opts).await.unwrap();
+    let f = rt.proxy.fleet().unwrap();
+    assert!(
+        f.wait_up(Duration::from_secs(10)).await,
+        "{}",
+        f.status_line()
+    );
+    rt
+}
+
+/// (status, `x-weir-error`, replayed) of a keyed POST.
+async fn post(rt: &Runtime, key: &str) -> (u16, String, bool) {
+    let req = Request::post(format!("http://{}/orders", rt.proxy.listen_addr()))
+        .header("host", "svc")
+        .header("idempotency-key", key)
+        .body(body("amount=5"))
+        .unwrap();
+    let Ok(resp) = client().request(req).await else {
+        return (0, "transport".into(), false);
+    };
+    let (parts, b) = resp.into_parts();
+    let _ = b.collect().await;
+    let h = |n: &str| header(&parts, n);
+    (
+        parts.status.as_u16(),
+        h("x-weir-error"),
+        h("idempotent-replayed") == "true",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_writes_survive_a_sentinel_failover_while_the_replica_lags() {
+    let _heavy = common::one_heavy_at_a_time().await;
+    let Some(mut cluster) = tokio::task::spawn_blocking(Replicated::start)
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let (up, seen) = counting().await;
+    let a = weir(&cluster, &up).await;
+    let b = weir(&cluster, &up).await;
+    let (fa, fb) = (a.proxy.fleet().unwrap(), b.proxy.fleet().unwrap());
+    assert!(
+        fa.status_line().contains("sentinel m at"),
+        "{}",
+        fa.status_line()
+    );
+
+    // The shared breaker before: A's trip is B's.
+    assert!(fa
+        .publish_open("before", Duration::from_secs(60))
+        .await
+        .unwrap());
+    assert!(fb.open_remaining("before").await.unwrap().is_some());
+
+    // The replica stops for 600 ms while 12 keyed writes go through A:
+    // each waits for the replica's acknowledgement (wait_timeout 1 s).
+    let replica_port = cluster.replica.port;
+    let lag = std::thread::spawn(move || {
+        let r = RedisServer::command_port(replica_port, &["DEBUG", "SLEEP", "0.6"]);
+        assert!(r.starts_with("+OK"), "DEBUG SLEEP: {r:?}");
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let keys: Vec<String> = (0..12).map(|i| format!("pay-{i}")).collect();
+    let sent = futures_util::future::join_all(keys.iter().map(|k| post(&a, k))).await;
+    lag.join().unwrap();
+    for (k, r) in keys.iter().zip(&sent) {
+        assert_eq!(r, &(201, String::new(), false), "{k}");
+    }
+    assert_eq!(seen.lock().unwrap().len(), 12);
+
+    // The primary dies. Sentinel promotes the replica.
+    let old = cluster.primary.port.to_string();
+    cluster.primary.kill();
+    let promoted = tokio::task::spawn_blocking({
+        let replica = cluster.replica.port.to_string();
+        let sentinel = cluster.sentinels[0].port;
+        move || {
+            eventually(Duration::from_secs(20), || {
+                RedisServer::command_port(sentinel, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "m"])
+                    .contains(&replica)
+            })
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        promoted,
+        "no failover: {} (was {old})",
+        cluster.named_primary()
+    );
+
+    // Both instances follow the new primary by themselves.
+    for (name, f) in [("A", &fa), ("B", &fb)] {
+        assert!(
+            f.wait_up(Duration::from_secs(10)).await
+                && f.publish_open("probe", Duration::from_millis(1))
+                    .await
+                    .is_ok(),
+            "{name} did not follow the failover: {}",
+            f.status_line()
+        );
+    }
+
+    // Every key re-sent through B is replayed from its record: the
+    // upstream saw each once.
+    for k in &keys {
+        let r = post(&b, k).await;
+        assert_eq!(
+            r,
+            (201, String::new(), true),
+            "{k} through B after the failover"
+        );
+    }
+    let counts = seen.lock().unwrap().clone();
+    assert!(
+        counts.values().all(|&n| n == 1),
+        "delivered twice: {counts:?}"
+    );
+    assert_eq!(counts.len(), 12);
+
+    // The shared breaker after: the trip from before survived, and a new
+    // one is shared too.
+    assert!(fb.open_remaining("before").await.unwrap().is_some());
+    assert!(fb
+        .publish_open("after", Duration::from_secs(60))
+        .await
+        .unwrap());
+    assert!(fa.open_remaining("after").await.unwrap().is_some());
+    assert_eq!(fa.metrics().unreplicated_count("idempotency_begin"), 0);
+}
+
+/// With no primary at all (every Redis process gone), a keyed write with
+/// `on_unavailable = "refuse"` is refused with 503 `state_unavailable` and
+/// `Retry-After`, and never reaches the upstream; an unkeyed one goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_primary_a_keyed_write_is_refused_not_guessed() {
+    let _heavy = common::one_heavy_at_a_time().await;
+    let Some(mut cluster) = tokio::task::spawn_blocking(Replicated::start)
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let (up, seen) = counting().await;
+    let a = weir(&cluster, &up).await;
+    cluster.primary.kill();
+    cluster.replica.kill();
+    let fa = a.proxy.fleet().unwrap();
+    let down = tokio::time::timeout(Duration::from_secs(5), async {
+        while fa.is_up() {
+            let _ = fa.open_remaining("x").await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(down.is_ok(), "{}", fa.status_line());
+    let r = post(&a, "no-primary").await;
+    assert_eq!((r.0, r.1.as_str()), (503, "state_unavailable"));
+    assert!(seen.lock().unwrap().is_empty());
+    assert_eq!(fa.metrics().fallbacks("refused"), 1);
+    let req = Request::get(format!("http://{}/orders", a.proxy.listen_addr()))
+        .header("host", "svc")
+        .body(body(""))
+        .unwrap();
+    let resp = client().request(req).await.unwrap();
+    assert_eq!(resp.status(), 201);
+}
