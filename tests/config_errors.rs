@@ -1562,3 +1562,80 @@ fn grpc_fields_are_checked() {
     assert_eq!(cfg.upstreams[0].breaker.failure_grpc, vec![14, 4]);
     assert!(cfg.upstreams[0].idempotent_methods.contains("/a.B/C"));
 }
+
+/// `[state]`: one of `url`, `sentinels` and `cluster`; `master_name` with
+/// `sentinels` only; the primary's credentials with `sentinels` only; no
+/// brace in `key_prefix` on a Cluster; the waits bounded.
+#[test]
+fn state_topologies_are_checked() {
+    let st = |body: &str| format!("{UP}[state]\nbackend = \"redis\"\n{body}");
+    expect_one(
+        &st("url = \"redis://127.0.0.1:6379/0\"\nsentinels = [\"redis://127.0.0.1:26379\"]\nmaster_name = \"m\"\n"),
+        7,
+        "state.sentinels",
+        "`url` and `sentinels` are both set",
+    );
+    expect_one(
+        &st("sentinels = [\"redis://127.0.0.1:26379\"]\n"),
+        4,
+        "state.master_name",
+        "missing: `sentinels` needs the name",
+    );
+    expect_one(
+        &st("url = \"redis://127.0.0.1:6379/0\"\nmaster_name = \"m\"\n"),
+        7,
+        "state.master_name",
+        "is set without `sentinels`",
+    );
+    expect_one(
+        &st("cluster = [\"redis://127.0.0.1:7000\", \"redis://127.0.0.1:7001/3\"]\n"),
+        6,
+        "state.cluster[1]",
+        "has no database number",
+    );
+    expect_one(
+        &st("cluster = [\"redis://127.0.0.1:7000\"]\nkey_prefix = \"w{x}:\"\n"),
+        7,
+        "state.key_prefix",
+        "has a brace",
+    );
+    expect_one(
+        &st("url = \"redis://127.0.0.1:6379/0\"\npassword = \"p\"\n"),
+        7,
+        "state.password",
+        "goes in the URL",
+    );
+    expect_one(
+        &st("url = \"redis://127.0.0.1:6379/0\"\nwait_timeout = \"2s\"\n"),
+        7,
+        "state.wait_timeout",
+        "at most 1s",
+    );
+    expect_one(
+        &st("sentinels = [\"redis://127.0.0.1:26379\", \"rediss://127.0.0.1:26380\"]\nmaster_name = \"m\"\n"),
+        6,
+        "state.sentinels",
+        "mixes redis:// and rediss://",
+    );
+    let e = errors(&st(
+        "url = \"redis://127.0.0.1:6379/0\"\non_unavailable = \"drop\"\n",
+    ));
+    assert_eq!(e.len(), 1, "{e:#?}");
+    assert!(
+        e[0].message.contains("local") && e[0].message.contains("refuse"),
+        "{}",
+        e[0]
+    );
+    let ok = st("sentinels = [\"redis://:s3cret@127.0.0.1:26379\"]\nmaster_name = \"m\"\npassword = \"p\"\nwait_replicas = 1\non_unavailable = \"refuse\"\n");
+    let cfg = Config::parse(Path::new("weir.toml"), &ok).unwrap();
+    assert_eq!(cfg.state.wait_replicas, 1);
+    assert_eq!(
+        cfg.state.on_unavailable,
+        weir::config::OnUnavailable::Refuse
+    );
+    let shown = cfg.effective_toml();
+    assert!(
+        !shown.contains("s3cret") && !shown.contains("\"p\""),
+        "{shown}"
+    );
+}

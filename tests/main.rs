@@ -24,6 +24,7 @@ mod drain;
 mod fast_path;
 mod fast_path_props;
 mod fleet;
+mod fleet_cluster;
 mod fleet_failover;
 mod fleet_garbage;
 mod fleet_state;
