@@ -320,3 +320,69 @@ async fn with_no_primary_a_keyed_write_is_refused_not_guessed() {
     let resp = client().request(req).await.unwrap();
     assert_eq!(resp.status(), 201);
 }
+
+/// What `wait_replicas = 1` adds to a keyed write on loopback: the median
+/// and 99th percentile of `begin` (the call a keyed write waits for before
+/// it is forwarded) and of the completed record's write, 2,000 of each,
+/// against a primary with one replica, with `wait_replicas` 0 and 1. A
+/// measurement, not a check: `cargo test --locked --test it
+/// fleet_failover::what_waiting_for_a_replica_costs -- --ignored --nocapture`
+/// (figures in bench/RESULTS.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; run by hand"]
+async fn what_waiting_for_a_replica_costs() {
+    use weir::config::{StateBackend, StateConfig};
+    use weir::metrics::state::StateMetrics;
+    use weir::policy::idempotency::{Fingerprint, StoredResponse};
+    use weir::state::fleet::Fleet;
+    let Some(primary) = RedisServer::start() else {
+        return;
+    };
+    let p = primary.port.to_string();
+    let replica = RedisServer::start_args(None, &["--replicaof", "127.0.0.1", &p]).unwrap();
+    assert!(eventually(Duration::from_secs(10), || replica
+        .command(&["INFO", "replication"])
+        .contains("master_link_status:up")));
+    let response = StoredResponse::from_buffer(201, b"content-type: text/plain\r\nok".to_vec(), 26);
+    for wait in [0u8, 1, 0, 1] {
+        let cfg = StateConfig {
+            backend: StateBackend::Redis,
+            url: Some(primary.url()),
+            key_prefix: format!("cost{wait}:"),
+            timeout: Duration::from_millis(500),
+            refresh: Duration::from_secs(1),
+            wait_replicas: wait,
+            wait_timeout: Duration::from_millis(500),
+            ..StateConfig::default()
+        };
+        let f = Fleet::start(&cfg, StateMetrics::unregistered()).unwrap();
+        assert!(f.wait_up(Duration::from_secs(5)).await);
+        let (mut begins, mut completes) = (Vec::new(), Vec::new());
+        let lease = Duration::from_secs(30);
+        for i in 0..2000 {
+            let key = format!("k{i}-{}", weir::clock::fresh_seed());
+            let fp = Fingerprint::new("POST", "/orders", key.as_bytes());
+            #[allow(clippy::disallowed_methods)]
+            let t = std::time::Instant::now();
+            f.idempotency_begin("svc", &key, &fp, lease).await.unwrap();
+            begins.push(t.elapsed());
+            #[allow(clippy::disallowed_methods)]
+            let t = std::time::Instant::now();
+            f.idempotency_complete("svc", &key, &fp, &response, lease)
+                .await
+                .unwrap();
+            completes.push(t.elapsed());
+        }
+        let q = |v: &mut Vec<Duration>, q: f64| {
+            v.sort();
+            v[((v.len() as f64 - 1.0) * q) as usize]
+        };
+        println!(
+            "wait_replicas = {wait}: begin p50 {:?} p99 {:?}; complete p50 {:?} p99 {:?}",
+            q(&mut begins, 0.5),
+            q(&mut begins, 0.99),
+            q(&mut completes, 0.5),
+            q(&mut completes, 0.99)
+        );
+    }
+}
