@@ -1638,4 +1638,14 @@ fn state_topologies_are_checked() {
         !shown.contains("s3cret") && !shown.contains("\"p\""),
         "{shown}"
     );
+    // Waiting for replicas while deciding locally is said, not refused.
+    let local = st("url = \"redis://127.0.0.1:6379/0\"\nwait_replicas = 1\n");
+    let cfg = Config::parse(Path::new("weir.toml"), &local).unwrap();
+    assert!(
+        cfg.advice
+            .iter()
+            .any(|a| a.text.contains("on_unavailable = \"refuse\"")),
+        "{:?}",
+        cfg.advice
+    );
 }

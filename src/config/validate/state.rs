@@ -4,7 +4,7 @@
 //! dialled: the config layer touches no network.
 
 use super::super::raw::RawState;
-use super::super::{redact_url, StateBackend, StateConfig};
+use super::super::{redact_url, OnUnavailable, StateBackend, StateConfig};
 use super::ErrorSink;
 use std::time::Duration;
 
@@ -77,6 +77,18 @@ pub(super) fn state(cx: &mut ErrorSink, s: &RawState) -> Option<StateConfig> {
             format!("must be greater than 0 and at most 1s (a keyed write waits this long for its replicas), got {wait_timeout:?}"),
         );
     }
+    let on_unavailable = s.on_unavailable.unwrap_or_default();
+    if wait_replicas > 0 && backend != StateBackend::Redis {
+        cx.warn(
+            "state.wait_replicas",
+            "does nothing with backend = \"memory\": there are no replicas to wait for",
+        );
+    } else if wait_replicas > 0 && on_unavailable == OnUnavailable::Local {
+        cx.note(
+            "state.wait_replicas",
+            "with on_unavailable = \"local\" (the default), a keyed write whose claim the replicas do not acknowledge in wait_timeout still goes ahead, decided by this instance alone (counted in weir_state_keyed_fallback_total); set on_unavailable = \"refuse\" to answer it 503 instead",
+        );
+    }
     (cx.errors.len() == n_errors).then(|| StateConfig {
         backend,
         url: s.url.clone(),
@@ -91,7 +103,7 @@ pub(super) fn state(cx: &mut ErrorSink, s: &RawState) -> Option<StateConfig> {
         refresh,
         wait_replicas,
         wait_timeout,
-        on_unavailable: s.on_unavailable.unwrap_or_default(),
+        on_unavailable,
     })
 }
 
