@@ -206,6 +206,10 @@ async fn the_fleet_shares_its_state_on_a_cluster_with_upstreams_on_different_sha
         assert!(fb.open_remaining(name).await.unwrap().is_some(), "{name}");
     }
 
+    // The refresher reads every upstream's trip in one call, across slots.
+    let seen = fb.refresh(&[svc, other.as_str()]).await.unwrap();
+    assert!(seen.iter().all(Option::is_some), "{seen:?}");
+
     // A fleet bucket is one bucket: what A leased, B cannot.
     for name in [svc, other.as_str()] {
         let g = fa.lease(name, None, 0.01, 5, 5).await.unwrap();

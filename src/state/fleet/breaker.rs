@@ -132,20 +132,36 @@ impl Fleet {
     }
 
     /// The published trips of `upstreams`, in order, in one round trip (a
-    /// pipeline of `PTTL`s): what the refresher reads once per `refresh`.
+    /// pipeline of `PTTL`s; on a Cluster, one per node): what the
+    /// refresher reads once per `refresh`.
     pub async fn refresh(&self, upstreams: &[&str]) -> Result<Vec<Option<Duration>>, StateError> {
         if upstreams.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = redis::pipe();
-        for u in upstreams {
-            pipe.cmd("PTTL").arg(self.breaker_keys(u).0);
-        }
-        let ms: Vec<i64> = self
-            .call("breaker_refresh", |mut c| async move {
+        let keys: Vec<String> = upstreams.iter().map(|u| self.breaker_keys(u).0).collect();
+        let ms: Vec<i64> = if self.inner.tagged {
+            // A Cluster refuses a pipeline across slots, and each
+            // upstream's keys have a slot of their own: one PTTL each, all
+            // at once (the client pipelines them per node).
+            self.call("breaker_refresh", |c| async move {
+                let each = keys.iter().map(|k| {
+                    let mut c = c.clone();
+                    async move { redis::cmd("PTTL").arg(k).query_async::<i64>(&mut c).await }
+                });
+                let ms = futures_util::future::try_join_all(each).await?;
+                Ok(Value::Array(ms.into_iter().map(Value::Int).collect()))
+            })
+            .await?
+        } else {
+            let mut pipe = redis::pipe();
+            for k in &keys {
+                pipe.cmd("PTTL").arg(k);
+            }
+            self.call("breaker_refresh", |mut c| async move {
                 pipe.query_async(&mut c).await
             })
-            .await?;
+            .await?
+        };
         if ms.len() != upstreams.len() {
             return Err(StateError::Malformed(format!(
                 "{} answers to {} PTTLs",

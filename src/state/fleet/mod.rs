@@ -185,6 +185,11 @@ impl Fleet {
                 move || alive.strong_count() > 0,
                 move || {
                     if let Some(inner) = switched.upgrade() {
+                        // Not the old connection again (its server may
+                        // still call itself master, cut off from the
+                        // Sentinels): the next one asks them.
+                        inner.conn.store(None);
+                        inner.durable.store(None);
                         let f = Fleet { inner };
                         f.down(&StateError::Backend(
                             "+switch-master: the primary moved".into(),
@@ -433,7 +438,11 @@ impl Fleet {
             }
             Err(_) => {
                 let err = StateError::Timeout(limit);
-                if inner.health.timed_out() {
+                // A durable call waits behind the others' WAITs on its own
+                // connection: its timeouts say the replicas are slow, not
+                // that the primary is gone, and must not take the breakers'
+                // and buckets' backend down with them.
+                if !durable && inner.health.timed_out() {
                     self.down(&err);
                 }
                 err
