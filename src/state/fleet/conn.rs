@@ -1,7 +1,7 @@
 //! Where the fleet's commands go (docs/reference/fleet.md#topologies): one
 //! server (`url`), the primary a set of Sentinels names (`sentinels`,
-//! `master_name`), or a Redis Cluster (`cluster`). [`Target`] is what
-//! `[state]` says; [`Conn`] one connection made from it, which the scripts
+//! `master_name`), or a Redis Cluster (`cluster`). [`RedisTarget`] is what
+//! `[state]` says; [`RedisConn`] one connection made from it, which the scripts
 //! and commands run on alike (it is a `redis::aio::ConnectionLike`).
 //!
 //! A server's connection and the primary's are a `ConnectionManager`, which
@@ -22,7 +22,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 use std::time::Duration;
 
 /// What `[state]` points at, ready to connect.
-pub(super) enum Target {
+pub(super) enum RedisTarget {
     Server(redis::Client),
     Sentinel {
         /// redis-rs's Sentinel client: asks each Sentinel in turn for the
@@ -38,21 +38,21 @@ pub(super) enum Target {
     Cluster(ClusterClient),
 }
 
-impl std::fmt::Debug for Target {
+impl std::fmt::Debug for RedisTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.kind())
     }
 }
 
-impl Target {
+impl RedisTarget {
     /// The target of `cfg` (with `backend = "redis"`); nothing is dialled.
-    pub(super) fn new(cfg: &StateConfig) -> Result<Target, StateError> {
+    pub(super) fn new(cfg: &StateConfig) -> Result<RedisTarget, StateError> {
         let setup = |e: redis::RedisError| StateError::Setup(e.to_string());
         match cfg.topology() {
             None => Err(StateError::Setup("[state] backend is not redis".into())),
-            Some(RedisTopology::Server(url)) => {
-                Ok(Target::Server(redis::Client::open(url).map_err(setup)?))
-            }
+            Some(RedisTopology::Server(url)) => Ok(RedisTarget::Server(
+                redis::Client::open(url).map_err(setup)?,
+            )),
             Some(RedisTopology::Sentinel {
                 sentinels,
                 master_name,
@@ -70,7 +70,7 @@ impl Target {
                 if sentinels.iter().all(|u| u.starts_with("rediss:")) {
                     node = node.set_tls_mode(redis::TlsMode::Secure);
                 }
-                Ok(Target::Sentinel {
+                Ok(RedisTarget::Sentinel {
                     sentinel: tokio::sync::Mutex::new(sentinel),
                     master_name: master_name.to_string(),
                     node,
@@ -83,7 +83,7 @@ impl Target {
                     .response_timeout(RESPONSE_TIMEOUT)
                     .build()
                     .map_err(setup)?;
-                Ok(Target::Cluster(client))
+                Ok(RedisTarget::Cluster(client))
             }
         }
     }
@@ -91,28 +91,28 @@ impl Target {
     /// `server`, `sentinel` or `cluster`: for `/readyz` and the logs.
     pub(super) fn kind(&self) -> &'static str {
         match self {
-            Target::Server(_) => "server",
-            Target::Sentinel { .. } => "sentinel",
-            Target::Cluster(_) => "cluster",
+            RedisTarget::Server(_) => "server",
+            RedisTarget::Sentinel { .. } => "sentinel",
+            RedisTarget::Cluster(_) => "cluster",
         }
     }
 
     /// Whether keys need a hash tag: a Cluster runs a script only on keys
     /// of one slot.
     pub(super) fn is_cluster(&self) -> bool {
-        matches!(self, Target::Cluster(_))
+        matches!(self, RedisTarget::Cluster(_))
     }
 
     /// Whether the heartbeat asks `ROLE`: a primary found through Sentinel
     /// may be demoted while weir's connection to it stays up.
     pub(super) fn checks_role(&self) -> bool {
-        matches!(self, Target::Sentinel { .. })
+        matches!(self, RedisTarget::Sentinel { .. })
     }
 
     /// The Sentinels, for the `+switch-master` watch.
     pub(super) fn sentinel_urls(&self) -> Option<(&[String], &str)> {
         match self {
-            Target::Sentinel {
+            RedisTarget::Sentinel {
                 urls, master_name, ..
             } => Some((urls, master_name)),
             _ => None,
@@ -123,10 +123,10 @@ impl Target {
     /// Sentinels are asked for the primary now (a dead Sentinel is passed
     /// over); a Cluster's seed nodes are dialled now. Bounded by
     /// `CONNECT_TIMEOUT`.
-    pub(super) async fn connect(&self) -> Result<Conn, StateError> {
+    pub(super) async fn connect(&self) -> Result<RedisConn, StateError> {
         match self {
-            Target::Server(client) => manager(client).map(Conn::Server),
-            Target::Sentinel {
+            RedisTarget::Server(client) => manager(client).map(RedisConn::Server),
+            RedisTarget::Sentinel {
                 sentinel,
                 master_name,
                 node,
@@ -138,16 +138,16 @@ impl Target {
                         .async_master_for(master_name, Some(node))
                         .await
                         .map_err(|e| StateError::Backend(format!("sentinel: {e}")))?;
-                    manager(&client).map(Conn::Server)
+                    manager(&client).map(RedisConn::Server)
                 })
                 .await
             }
-            Target::Cluster(client) => {
+            RedisTarget::Cluster(client) => {
                 bounded(async {
                     client
                         .get_async_connection()
                         .await
-                        .map(|c| Conn::Cluster(Box::new(c)))
+                        .map(|c| RedisConn::Cluster(Box::new(c)))
                         .map_err(|e| StateError::Backend(format!("cluster: {e}")))
                 })
                 .await
@@ -187,16 +187,16 @@ fn manager(client: &redis::Client) -> Result<ConnectionManager, StateError> {
 /// One connection to the shared state; cheap to clone (both kinds are
 /// multiplexed handles).
 #[derive(Clone)]
-pub(super) enum Conn {
+pub(super) enum RedisConn {
     Server(ConnectionManager),
     Cluster(Box<ClusterConnection>),
 }
 
-impl ConnectionLike for Conn {
+impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Conn::Server(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            RedisConn::Server(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -207,15 +207,15 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Server(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Server(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Server(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            RedisConn::Server(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.get_db(),
         }
     }
 }

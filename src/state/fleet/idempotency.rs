@@ -283,7 +283,7 @@ impl Fleet {
             None => (String::new(), Bytes::new(), Bytes::new()),
         };
         let durable = matches!(mode, "c" | "n");
-        let call = |mut c: super::Conn| async move {
+        let call = |mut c: super::RedisConn| async move {
             let mut inv = FINISH.key(&k);
             inv.arg(&owner).arg(&fp[..]).arg(mode).arg(ms);
             if mode == "c" {

@@ -26,7 +26,7 @@ pub use limiter::FleetBucket;
 use crate::config::{redact_url, OnUnavailable, RedisTopology, StateConfig};
 use crate::metrics::state::StateMetrics;
 use arc_swap::ArcSwapOption;
-use conn::{Conn, Target};
+use conn::{RedisConn, RedisTarget};
 use health::BackendHealth;
 use std::future::Future;
 use std::sync::{Arc, Weak};
@@ -85,13 +85,13 @@ struct FleetShared {
     /// stays failed inside the manager, which only reconnects by itself
     /// after I/O errors; and a primary found through Sentinel is looked up
     /// again. `None` until the first connection is made.
-    conn: ArcSwapOption<Conn>,
+    conn: ArcSwapOption<RedisConn>,
     /// A second connection for the calls that wait for replicas (`WAIT`
     /// blocks the connection it is sent on; the breaker's and the
     /// limiter's calls must not queue behind it). Made with `conn` when
     /// `wait_replicas` is set.
-    durable: ArcSwapOption<Conn>,
-    target: Target,
+    durable: ArcSwapOption<RedisConn>,
+    target: RedisTarget,
     prefix: String,
     /// A Cluster: each upstream's name in braces in its keys (a hash tag).
     tagged: bool,
@@ -125,7 +125,7 @@ impl Fleet {
     /// it is up every call fails with [`StateError::Unavailable`] — so weir
     /// starts, and serves on local state, with Redis down.
     pub fn start(cfg: &StateConfig, metrics: StateMetrics) -> Result<Fleet, StateError> {
-        let target = Target::new(cfg)?;
+        let target = RedisTarget::new(cfg)?;
         tokio::runtime::Handle::try_current()
             .map_err(|_| StateError::Setup("the shared state needs a tokio runtime".into()))?;
         let shown = match cfg.topology() {
@@ -302,7 +302,7 @@ impl Fleet {
     async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, StateError>
     where
         T: redis::FromRedisValue,
-        F: FnOnce(Conn) -> Fut,
+        F: FnOnce(RedisConn) -> Fut,
         Fut: Future<Output = redis::RedisResult<redis::Value>>,
     {
         let v = self.call_on(op, false, f).await?;
@@ -323,7 +323,7 @@ impl Fleet {
     async fn call_durable<T, F, Fut>(&self, op: &'static str, f: F) -> Result<(T, bool), StateError>
     where
         T: redis::FromRedisValue,
-        F: FnOnce(Conn) -> Fut,
+        F: FnOnce(RedisConn) -> Fut,
         Fut: Future<Output = redis::RedisResult<redis::Value>>,
     {
         let n = self.inner.wait_replicas;
@@ -392,7 +392,7 @@ impl Fleet {
         f: F,
     ) -> Result<redis::Value, StateError>
     where
-        F: FnOnce(Conn) -> Fut,
+        F: FnOnce(RedisConn) -> Fut,
         Fut: Future<Output = redis::RedisResult<redis::Value>>,
     {
         let inner = &self.inner;
@@ -413,7 +413,7 @@ impl Fleet {
             true => inner.timeout + inner.wait_timeout,
             false => inner.timeout,
         };
-        let e = match tokio::time::timeout(limit, f(Conn::clone(&conn))).await {
+        let e = match tokio::time::timeout(limit, f(RedisConn::clone(&conn))).await {
             Ok(Ok(v)) => {
                 series.roundtrip.observe(start.elapsed().as_secs_f64());
                 inner.health.answered();
@@ -511,7 +511,7 @@ impl Fleet {
             series.errors.inc();
             return Err(StateError::Unavailable);
         };
-        let mut conn = Conn::clone(&conn);
+        let mut conn = RedisConn::clone(&conn);
         let role = self.inner.target.checks_role();
         let check = async {
             if role {
