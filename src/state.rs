@@ -83,7 +83,7 @@ impl UpstreamState {
         let now = clock.now();
         let metrics = metrics.upstream(&u.name);
         metrics.set_breaker(crate::policy::StateKind::Closed);
-        metrics.fit(&possible(u));
+        metrics.fit(&possible(u, fleet));
         UpstreamState {
             name: u.name.clone(),
             clock,
@@ -124,7 +124,7 @@ impl UpstreamState {
     fn update(&self, u: &UpstreamConfig, fleet: bool) {
         let now = self.clock.now();
         let rate = local_rate(u, fleet);
-        self.metrics.fit(&possible(u));
+        self.metrics.fit(&possible(u, fleet));
         {
             let mut live = self.live();
             if live.breaker.params() != &u.breaker {
@@ -362,8 +362,9 @@ impl StateRegistry {
 /// an upstream that may speak HTTP/2; `rate_limited`, `circuit_open`, the
 /// `idempotency_*` codes and series, hedges, the cache's series and the
 /// adaptive limit's latency only with their feature on; tunnels only with
-/// `tunnel = true` (and then no `connect_not_allowed`).
-fn possible(u: &UpstreamConfig) -> crate::metrics::Possible {
+/// `tunnel = true` (and then no `connect_not_allowed`); `state_unavailable`
+/// only with keys kept on the fleet's Redis.
+fn possible(u: &UpstreamConfig, fleet: bool) -> crate::metrics::Possible {
     use crate::config::{Protocol, Scheme};
     crate::metrics::Possible {
         h2: match u.protocol {
@@ -375,6 +376,7 @@ fn possible(u: &UpstreamConfig) -> crate::metrics::Possible {
         rate_limit: u.rate_limit.is_some(),
         tunnel: u.tunnel,
         idempotency: u.idempotency.is_some(),
+        shared: fleet,
         hedge: u.hedge.is_some(),
         cache: u.cache.is_some(),
         adaptive: u.concurrency.adaptive.is_some(),

@@ -381,7 +381,7 @@ async fn status_json_reports_every_field() {
 }
 
 /// weir's refusals (`/status.json`'s `refusals_total` keys), sorted.
-const REFUSAL_CODES: [&str; 10] = [
+const REFUSAL_CODES: [&str; 11] = [
     "bad_request",
     "circuit_open",
     "connect_not_allowed",
@@ -392,6 +392,7 @@ const REFUSAL_CODES: [&str; 10] = [
     "no_route",
     "overloaded",
     "rate_limited",
+    "state_unavailable",
 ];
 
 fn refusals_total(u: &Value) -> u64 {

@@ -26,6 +26,9 @@ pub struct Possible {
     pub tunnel: bool,
     /// Idempotency keys are enabled (`idempotency_*`, `weir_idempotency_*`).
     pub idempotency: bool,
+    /// The upstream's state is shared on Redis (`state_unavailable`, with
+    /// `idempotency`).
+    pub shared: bool,
     /// A `[hedge]` table (`weir_hedges_total`).
     pub hedge: bool,
     /// The response cache is on (`weir_cache_*`).
@@ -48,10 +51,10 @@ impl Possible {
             "connect_not_allowed" => !self.tunnel,
             "rate_limited" => self.rate_limit,
             "circuit_open" => self.breaker,
-            "idempotency_in_flight"
-            | "idempotency_key_reused"
-            | "idempotency_not_replayable"
-            | "state_unavailable" => self.idempotency,
+            "state_unavailable" => self.idempotency && self.shared,
+            "idempotency_in_flight" | "idempotency_key_reused" | "idempotency_not_replayable" => {
+                self.idempotency
+            }
             c => !NEVER.contains(&c),
         }
     }
