@@ -386,3 +386,90 @@ async fn what_waiting_for_a_replica_costs() {
         );
     }
 }
+
+/// `weir chaos redis-failover` from the outside: it starts its own Redis
+/// processes, kills the primary, and with `wait_replicas = 1` and
+/// `on_unavailable = "refuse"` reports no key delivered twice, some writes
+/// refused during the failover, the state back, and the breaker shared
+/// before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chaos_failover_command_reports_no_duplicates_when_refusing() {
+    let _heavy = common::one_heavy_at_a_time().await;
+    if !common::redis_server::available() {
+        // RedisServer::start says SKIPPED, or fails with WEIR_REQUIRE_REDIS.
+        assert!(RedisServer::start().is_none());
+        return;
+    }
+    let out = tokio::task::spawn_blocking(|| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args([
+                "chaos",
+                "redis-failover",
+                "--duration",
+                "3s",
+                "--rate",
+                "40",
+            ])
+            .args([
+                "--wait-replicas",
+                "1",
+                "--on-unavailable",
+                "refuse",
+                "--json",
+            ])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let row = &rows[0];
+    assert_eq!(row["keys"], 120, "{row}");
+    assert_eq!(row["delivered_twice"], 0, "{row}");
+    assert!(row["refused"].as_u64().unwrap() > 0, "{row}");
+    assert!(row["state_back_ms"].as_u64().is_some(), "{row}");
+    assert_eq!(row["breaker_shared_before"], true, "{row}");
+    assert_eq!(row["breaker_shared_after"], true, "{row}");
+}
+
+/// `weir chaos fleet` from the outside, small: every instance connects,
+/// requests flow, unkeyed ones make almost no round trip, and keyed
+/// writes' `begin` answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chaos_fleet_command_measures_a_small_fleet() {
+    let _heavy = common::one_heavy_at_a_time().await;
+    if !common::redis_server::available() {
+        assert!(RedisServer::start().is_none());
+        return;
+    }
+    let out = tokio::task::spawn_blocking(|| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["chaos", "fleet", "--instances", "10", "--warmup", "1s"])
+            .args(["--measure", "2s", "--json"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // 10 instances x 200 requests/s for about 2 s.
+    let requests = r["requests"].as_u64().unwrap();
+    assert!((3000..=5000).contains(&requests), "{r}");
+    assert!(r["keyed"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["keyed_round_trips"].as_u64().unwrap() > 0, "{r}");
+    assert!(r["per_request"].as_f64().unwrap() < 0.2, "{r}");
+    assert!(r["begin_p99_ms"].as_f64().unwrap() > 0.0, "{r}");
+    assert_eq!(r["errors"], 0, "{r}");
+}

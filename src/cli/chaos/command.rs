@@ -79,6 +79,50 @@ pub enum ChaosCommand {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Keyed writes through two weirs while their Redis primary dies: starts
+    /// a primary, a replica and three Sentinels (`redis-server`, which must be
+    /// on the PATH), kills the primary halfway, and prints, per setting, the
+    /// keys delivered twice, the writes refused, how long the shared state
+    /// was gone, and whether the breaker was shared before and after
+    /// (docs/reference/fleet.md#when-redis-fails).
+    RedisFailover {
+        /// Keyed POSTs per second (each is sent again through the other
+        /// instance 300 ms later).
+        #[arg(long, default_value_t = 50.0)]
+        rate: f64,
+        /// How long the writes go on; the primary dies halfway.
+        #[arg(long, default_value = "6s", value_parser = crate::config::duration::parse)]
+        duration: std::time::Duration,
+        /// `[state] wait_replicas` values to run (repeatable; default 0 and 1).
+        #[arg(long)]
+        wait_replicas: Vec<u8>,
+        /// `[state] on_unavailable` values to run (repeatable; default local and refuse).
+        #[arg(long, value_parser = ["local", "refuse"])]
+        on_unavailable: Vec<String>,
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What a fleet of sidecars costs one Redis: N of weir's state clients in
+    /// this process (each a whole instance's: connection, heartbeat, breaker
+    /// refresher, leased buckets, keyed writes), against a `redis-server` it
+    /// starts (or a three-shard Cluster), with 10 upstreams x 20 requests/s
+    /// each, 5 % keyed writes; prints Redis round trips per request, Redis's
+    /// CPU and `begin`'s p99 (docs/reference/fleet.md#cost-at-scale).
+    Fleet {
+        #[arg(long, default_value_t = 1000)]
+        instances: usize,
+        /// Three Redis Cluster shards instead of one server.
+        #[arg(long)]
+        cluster: bool,
+        #[arg(long, default_value = "5s", value_parser = crate::config::duration::parse)]
+        warmup: std::time::Duration,
+        #[arg(long, default_value = "20s", value_parser = crate::config::duration::parse)]
+        measure: std::time::Duration,
+        /// Print JSON instead of the summary.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the fault-injecting upstream alone until Ctrl-C.
     ///
     /// Start from a scenario's profile and adjust it: e.g.
@@ -156,6 +200,63 @@ pub fn run(args: ChaosArgs) -> ExitCode {
             Ok(false) => ExitCode::FAILURE,
             Err(e) => {
                 eprintln!("soak: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(ChaosCommand::Fleet {
+        instances,
+        cluster,
+        warmup,
+        measure,
+        json,
+    }) = &args.upstream
+    {
+        let opts = crate::cli::chaos::fleet_scale::ScaleOptions {
+            instances: *instances,
+            warmup: *warmup,
+            measure: *measure,
+            cluster: *cluster,
+        };
+        return match rt.block_on(crate::cli::chaos::fleet_scale::print(&opts, *json)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("fleet: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if let Some(ChaosCommand::RedisFailover {
+        rate,
+        duration,
+        wait_replicas,
+        on_unavailable,
+        json,
+    }) = &args.upstream
+    {
+        use crate::config::OnUnavailable;
+        let opts = crate::cli::chaos::redis_failover::FailoverOptions {
+            rate: *rate,
+            duration: *duration,
+            wait_replicas: match wait_replicas.is_empty() {
+                true => vec![0, 1],
+                false => wait_replicas.clone(),
+            },
+            on_unavailable: match on_unavailable.is_empty() {
+                true => vec![OnUnavailable::Local, OnUnavailable::Refuse],
+                false => on_unavailable
+                    .iter()
+                    .map(|o| match o.as_str() {
+                        "refuse" => OnUnavailable::Refuse,
+                        _ => OnUnavailable::Local,
+                    })
+                    .collect(),
+            },
+        };
+        return match rt.block_on(crate::cli::chaos::redis_failover::print(&opts, *json)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("redis-failover: {e}");
                 ExitCode::FAILURE
             }
         };

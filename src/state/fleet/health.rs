@@ -79,6 +79,8 @@ pub(super) struct BackendHealth {
     origin: Instant,
     up: AtomicBool,
     timeouts: AtomicU32,
+    /// When a call last answered, in ms since `origin` (0: never).
+    answered_at: std::sync::atomic::AtomicU64,
     log: Mutex<Log>,
 }
 
@@ -89,6 +91,7 @@ impl BackendHealth {
             origin: now,
             up: AtomicBool::new(false),
             timeouts: AtomicU32::new(0),
+            answered_at: std::sync::atomic::AtomicU64::new(0),
             log: Mutex::new(Log {
                 since: now,
                 flaps: Flaps::default(),
@@ -174,6 +177,21 @@ impl BackendHealth {
     /// A call answered: the run of timeouts is over.
     pub(super) fn answered(&self) {
         self.timeouts.store(0, Ordering::Relaxed);
+        let ms = Instant::now()
+            .saturating_duration_since(self.origin)
+            .as_millis();
+        let ms = u64::try_from(ms).unwrap_or(u64::MAX).max(1);
+        self.answered_at.store(ms, Ordering::Relaxed);
+    }
+
+    /// Whether a call answered within the last `d`: proof enough that the
+    /// connection is alive, without a heartbeat of its own.
+    pub(super) fn answered_within(&self, d: std::time::Duration) -> bool {
+        let at = self.answered_at.load(Ordering::Relaxed);
+        let now = Instant::now()
+            .saturating_duration_since(self.origin)
+            .as_millis();
+        at != 0 && u64::try_from(now).unwrap_or(u64::MAX).saturating_sub(at) < d.as_millis() as u64
     }
 
     /// A call timed out; true when that makes [`TIMEOUTS_FOR_DOWN`] in a row.

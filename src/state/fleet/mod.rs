@@ -565,6 +565,14 @@ async fn supervise(fleet: Weak<FleetShared>, wake: Arc<Notify>, cap: Duration) {
                 }
                 let Some(inner) = fleet.upgrade() else { return };
                 let f = Fleet { inner };
+                // A call that answered within the heartbeat already proved
+                // the connection (so an instance whose breaker refresh runs
+                // every second makes one background round trip a second,
+                // not two); a primary found through Sentinel is asked its
+                // ROLE all the same, since a demoted one answers reads.
+                if !f.inner.target.checks_role() && f.inner.health.answered_within(HEARTBEAT) {
+                    continue;
+                }
                 if let Err(e) = f.ping().await {
                     f.down(&e);
                 }
