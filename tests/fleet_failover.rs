@@ -473,3 +473,68 @@ async fn the_chaos_fleet_command_measures_a_small_fleet() {
     assert!(r["begin_p99_ms"].as_f64().unwrap() > 0.0, "{r}");
     assert_eq!(r["errors"], 0, "{r}");
 }
+
+/// While the only replica is stopped, 20 keyed writes at once are told
+/// that their claims are not replicated, and each caller then forgets what
+/// its claim may have left (as `on_unavailable` does). No claim may land
+/// after that: once the replica is back, every key is free. (Before, each
+/// claim had been sent and queued behind the others' `WAIT`s in Redis; it
+/// ran there after its caller had given up and after its forget, which
+/// went on the other connection, and held the key in flight for its lease.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_given_up_on_never_lands_later() {
+    use weir::config::{StateBackend, StateConfig};
+    use weir::metrics::state::StateMetrics;
+    use weir::policy::idempotency::{Action, Fingerprint};
+    use weir::state::fleet::{Fleet, StateError};
+    let _heavy = common::one_heavy_at_a_time().await;
+    let Some(primary) = RedisServer::start() else {
+        return;
+    };
+    let p = primary.port.to_string();
+    let replica = RedisServer::start_args(None, &["--replicaof", "127.0.0.1", &p]).unwrap();
+    assert!(eventually(Duration::from_secs(10), || replica
+        .command(&["INFO", "replication"])
+        .contains("master_link_status:up")));
+    let cfg = StateConfig {
+        backend: StateBackend::Redis,
+        url: Some(primary.url()),
+        key_prefix: "late:".into(),
+        timeout: Duration::from_millis(20),
+        refresh: Duration::from_secs(1),
+        wait_replicas: 1,
+        wait_timeout: Duration::from_millis(50),
+        ..StateConfig::default()
+    };
+    let f = Fleet::start(&cfg, StateMetrics::unregistered()).unwrap();
+    assert!(f.wait_up(Duration::from_secs(5)).await);
+    let lease = Duration::from_secs(30);
+    let fp = |k: &str| Fingerprint::new("POST", "/orders", k.as_bytes());
+    replica.pause(true);
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let f = f.clone();
+            tokio::spawn(async move {
+                let key = format!("k{i}");
+                let r = f.idempotency_begin("svc", &key, &fp(&key), lease).await;
+                assert!(
+                    matches!(r, Err(StateError::Unreplicated | StateError::Timeout(_))),
+                    "{r:?}"
+                );
+                let _ = f.idempotency_forget("svc", &key, &fp(&key)).await;
+            })
+        })
+        .collect();
+    for c in calls {
+        c.await.unwrap();
+    }
+    // Long enough for 20 queued 50 ms WAITs to have run out one by one.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    replica.pause(false);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..20 {
+        let key = format!("k{i}");
+        let r = f.idempotency_begin("svc", &key, &fp(&key), lease).await;
+        assert!(matches!(r, Ok(Action::Forward)), "{key}: {r:?}");
+    }
+}

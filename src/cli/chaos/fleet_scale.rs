@@ -303,7 +303,9 @@ async fn run(opts: &ScaleOptions) -> Result<ScaleReport, String> {
     let keyed = counts.keyed.load(Ordering::Relaxed) - k0;
     let errors = counts.errors.load(Ordering::Relaxed) - e0;
     // INFO itself is counted: two per node per reading.
-    let redis_commands = (c1 - c0).saturating_sub(2 * store.nodes.len() as u64);
+    let redis_commands = c1
+        .saturating_sub(c0)
+        .saturating_sub(2 * store.nodes.len() as u64);
     // Per instance: its unkeyed requests, its background round trips.
     let unkeyed = requests.saturating_sub(keyed).max(1);
     let background = round_trips.saturating_sub(keyed_round_trips);

@@ -119,13 +119,26 @@ impl RedisTarget {
         }
     }
 
-    /// A new connection. A server's dials on its first command; the
-    /// Sentinels are asked for the primary now (a dead Sentinel is passed
-    /// over); a Cluster's seed nodes are dialled now. Bounded by
-    /// `CONNECT_TIMEOUT`.
-    pub(super) async fn connect(&self) -> Result<RedisConn, StateError> {
+    /// A new connection, and with `durable` a second one to the same
+    /// server (for the calls that `WAIT`). A server's dial on their first
+    /// command; the Sentinels are asked for the primary now, once for both
+    /// (a dead Sentinel is passed over), so that the two cannot end up on
+    /// different servers; a Cluster's seed nodes are dialled now. Bounded
+    /// by `CONNECT_TIMEOUT`.
+    pub(super) async fn connect(
+        &self,
+        durable: bool,
+    ) -> Result<(RedisConn, Option<RedisConn>), StateError> {
+        let pair = |client: &redis::Client| -> Result<_, StateError> {
+            let one = manager(client).map(RedisConn::Server)?;
+            let two = match durable {
+                true => Some(manager(client).map(RedisConn::Server)?),
+                false => None,
+            };
+            Ok((one, two))
+        };
         match self {
-            RedisTarget::Server(client) => manager(client).map(RedisConn::Server),
+            RedisTarget::Server(client) => pair(client),
             RedisTarget::Sentinel {
                 sentinel,
                 master_name,
@@ -138,17 +151,25 @@ impl RedisTarget {
                         .async_master_for(master_name, Some(node))
                         .await
                         .map_err(|e| StateError::Backend(format!("sentinel: {e}")))?;
-                    manager(&client).map(RedisConn::Server)
+                    pair(&client)
                 })
                 .await
             }
             RedisTarget::Cluster(client) => {
                 bounded(async {
-                    client
-                        .get_async_connection()
-                        .await
-                        .map(|c| RedisConn::Cluster(Box::new(c)))
-                        .map_err(|e| StateError::Backend(format!("cluster: {e}")))
+                    let dial = || async {
+                        client
+                            .get_async_connection()
+                            .await
+                            .map(|c| RedisConn::Cluster(Box::new(c)))
+                            .map_err(|e| StateError::Backend(format!("cluster: {e}")))
+                    };
+                    let one = dial().await?;
+                    let two = match durable {
+                        true => Some(dial().await?),
+                        false => None,
+                    };
+                    Ok((one, two))
                 })
                 .await
             }

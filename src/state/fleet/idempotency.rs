@@ -230,7 +230,7 @@ impl Fleet {
         let owner = self.instance_id().to_string();
         let fp = fingerprint.sha256;
         let n: i64 = self
-            .call("idempotency_finish", |mut c| async move {
+            .call_in_turn("idempotency_finish", |mut c| async move {
                 FINGERPRINTED
                     .key(&k)
                     .arg(&owner)
@@ -293,7 +293,7 @@ impl Fleet {
         };
         let n: i64 = match durable {
             true => self.call_durable(op, call).await?.0,
-            false => self.call(op, call).await?,
+            false => self.call_in_turn(op, call).await?,
         };
         Ok(n == 1)
     }

@@ -40,6 +40,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// state is back within `refresh` of the backend.
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a background finishing call waits for the durable
+/// connection's turn (see [`Fleet::call_in_turn`]).
+const PATIENT_TURN: Duration = Duration::from_secs(5);
 /// While up, the supervisor PINGs this often, so that an instance that
 /// makes no call (its breakers closed, no fleet limit, no keyed request)
 /// still sees the backend go and come back (it is woken at once when a
@@ -97,6 +100,11 @@ struct FleetShared {
     tagged: bool,
     wait_replicas: u8,
     wait_timeout: std::time::Duration,
+    /// One keyed-write call at a time on the durable connection: a `WAIT`
+    /// blocks it, and calls sent behind one would pile up in Redis while a
+    /// replica is away and land after their callers gave up. A call that
+    /// cannot have its turn within its bound is not sent at all.
+    durable_turn: tokio::sync::Semaphore,
     on_unavailable: OnUnavailable,
     timeout: Duration,
     refresh: Duration,
@@ -162,6 +170,7 @@ impl Fleet {
             prefix: cfg.key_prefix.clone(),
             wait_replicas: cfg.wait_replicas,
             wait_timeout: cfg.wait_timeout,
+            durable_turn: tokio::sync::Semaphore::new(1),
             on_unavailable: cfg.on_unavailable,
             timeout: cfg.timeout,
             refresh: cfg.refresh,
@@ -330,6 +339,8 @@ impl Fleet {
         if n == 0 {
             return self.call(op, f).await.map(|v| (v, true));
         }
+        let bound = self.inner.timeout + self.inner.wait_timeout;
+        let _turn = self.turn(op, bound).await?;
         let ms = px(self.inner.wait_timeout);
         let v = self
             .call_on(op, true, |c| async move {
@@ -379,6 +390,51 @@ impl Fleet {
             }
         }
         Ok((v, ok))
+    }
+
+    /// A keyed write's call that waits for no replica (a fingerprint, an
+    /// uncertain or forgotten record): with `wait_replicas` set it goes on
+    /// the durable connection, in turn, so that it never overtakes the
+    /// claim it finishes. These run in the background, and a forget that
+    /// is dropped would hold its key in flight for the whole lease, so
+    /// they wait for their turn up to [`PATIENT_TURN`].
+    async fn call_in_turn<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, StateError>
+    where
+        T: redis::FromRedisValue,
+        F: FnOnce(RedisConn) -> Fut,
+        Fut: Future<Output = redis::RedisResult<redis::Value>>,
+    {
+        if self.inner.wait_replicas == 0 {
+            return self.call(op, f).await;
+        }
+        let _turn = self.turn(op, PATIENT_TURN).await?;
+        let v = self.call_on(op, true, f).await?;
+        redis::from_redis_value::<T>(v).map_err(|e| {
+            let e = StateError::Malformed(e.to_string());
+            self.inner.metrics.op(op).errors.inc();
+            self.failed(op, &e);
+            e
+        })
+    }
+
+    /// The durable connection's turn, within `bound`; past it nothing is
+    /// sent and the call is [`StateError::Unreplicated`].
+    async fn turn(
+        &self,
+        op: &'static str,
+        bound: Duration,
+    ) -> Result<tokio::sync::SemaphorePermit<'_>, StateError> {
+        let inner = &self.inner;
+        match tokio::time::timeout(bound, inner.durable_turn.acquire()).await {
+            Ok(Ok(p)) => Ok(p),
+            _ => {
+                inner.metrics.unreplicated(op);
+                inner.metrics.op(op).errors.inc();
+                let e = StateError::Unreplicated;
+                self.failed(op, &e);
+                Err(e)
+            }
+        }
     }
 
     /// One round trip on the shared connection (or the durable one), its
@@ -431,6 +487,15 @@ impl Fleet {
                     || e.is_unrecoverable_error()
                     || e.is_timeout();
                 let err = StateError::Backend(e.to_string());
+                if demoted {
+                    // The server answers, but is a replica now: its
+                    // connection is never made good by itself (a manager
+                    // redials only after I/O errors, and PING still
+                    // passes). The next connection is made anew (and the
+                    // Sentinels asked again).
+                    inner.conn.store(None);
+                    inner.durable.store(None);
+                }
                 if lost {
                     self.down(&err);
                 }
@@ -492,11 +557,8 @@ impl Fleet {
     /// Sentinels again, the Cluster's seed nodes dialled again.
     async fn reconnect(&self) -> Result<(), StateError> {
         let inner = &self.inner;
-        let conn = inner.target.connect().await?;
-        if inner.wait_replicas > 0 {
-            let durable = inner.target.connect().await?;
-            inner.durable.store(Some(Arc::new(durable)));
-        }
+        let (conn, durable) = inner.target.connect(inner.wait_replicas > 0).await?;
+        inner.durable.store(durable.map(Arc::new));
         inner.conn.store(Some(Arc::new(conn)));
         Ok(())
     }
