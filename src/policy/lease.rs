@@ -54,6 +54,23 @@ pub const BATCH_TIME: Duration = Duration::from_millis(100);
 /// that an instance that went quiet cannot spend an old lease in a burst.
 pub const LEASE: Duration = Duration::from_secs(1);
 
+/// While the fleet bucket is ample (the last grant was whole and left at
+/// least another [`ample_cap`] of tokens), a batch covers this long of the instance's
+/// demand instead of [`BATCH_TIME`], at most [`ample_cap`] tokens: an
+/// instance offered 20 requests a second fetches once in 3 s, not twice a
+/// second. Precision matters when the bucket runs low, and then batches
+/// are short again.
+pub const AMPLE_BATCH_TIME: Duration = Duration::from_secs(3);
+
+/// How long an ample batch lasts: [`AMPLE_BATCH_TIME`] and a [`LEASE`].
+pub const AMPLE_LEASE: Duration = Duration::from_secs(4);
+
+/// The largest ample batch for a bucket of `burst`: an eighth of it (at
+/// least [`MIN_BATCH`], at most `burst`).
+pub fn ample_cap(burst: u32) -> u32 {
+    (burst / 8).max(MIN_BATCH).min(burst)
+}
+
 /// After a failed fetch, the next is no sooner than this.
 pub const RETRY_AFTER_ERROR: Duration = Duration::from_millis(250);
 
@@ -68,6 +85,16 @@ pub fn batch_size(rps: f64, burst: u32, demand: f64) -> u32 {
     let own = (demand.min(rps).max(0.0) * BATCH_TIME.as_secs_f64()).ceil();
     let b = own.max(f64::from(MIN_BATCH)).min(f64::from(burst));
     (b as u32).max(1)
+}
+
+/// The batch while the fleet bucket is ample: [`AMPLE_BATCH_TIME`] of the
+/// demand (never counting demand above `rps`), at least [`batch_size`], at
+/// most [`ample_cap`] (unless `batch_size` is larger).
+pub fn ample_batch_size(rps: f64, burst: u32, demand: f64) -> u32 {
+    let short = batch_size(rps, burst, demand);
+    let own = (demand.min(rps).max(0.0) * AMPLE_BATCH_TIME.as_secs_f64()).ceil();
+    let b = own.min(f64::from(ample_cap(burst))) as u32;
+    b.max(short)
 }
 
 /// The token bucket an instance applies alone while the shared state is
@@ -100,6 +127,8 @@ pub struct Grant {
     pub granted: u32,
     /// When the shortfall (if any) could have refilled, as the script saw it.
     pub retry_in: Duration,
+    /// Whole tokens left in the fleet bucket after this grant.
+    pub left: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -157,6 +186,8 @@ pub struct LeasedBucket {
     short_streak: u32,
     /// The last fetch failed: the shared state is away.
     failed: bool,
+    /// The last grant was whole and left at least [`ample_cap`] tokens.
+    ample: bool,
     meter: AdmissionRate,
 }
 
@@ -173,6 +204,7 @@ impl LeasedBucket {
             exhausted: false,
             short_streak: 0,
             failed: false,
+            ample: false,
             meter: AdmissionRate::default(),
         }
     }
@@ -202,9 +234,21 @@ impl LeasedBucket {
         self.failed
     }
 
-    /// The batch size now ([`batch_size`] of the demand seen).
+    /// The batch size now ([`batch_size`] of the demand seen, or
+    /// [`ample_batch_size`] while the fleet bucket is ample).
     pub fn batch(&self) -> u32 {
-        batch_size(self.rps, self.burst, self.meter.rate())
+        match self.ample {
+            true => ample_batch_size(self.rps, self.burst, self.meter.rate()),
+            false => batch_size(self.rps, self.burst, self.meter.rate()),
+        }
+    }
+
+    /// How long a lot granted now lasts.
+    fn lot_life(&self) -> Duration {
+        match self.ample {
+            true => AMPLE_LEASE,
+            false => LEASE,
+        }
     }
 
     fn credit(&self) -> u32 {
@@ -295,10 +339,11 @@ impl LeasedBucket {
         let repay = g.granted.min(self.debt);
         self.debt -= repay;
         let rest = g.granted - repay;
+        self.ample = g.granted >= g.wanted && g.left >= ample_cap(self.burst);
         if rest > 0 {
             self.lots.push_back(Lot {
                 tokens: rest,
-                expires: now + LEASE,
+                expires: now + self.lot_life(),
             });
         }
         if g.granted >= g.wanted {
@@ -345,6 +390,7 @@ mod tests {
             wanted,
             granted,
             retry_in: Duration::ZERO,
+            left: 0,
         }
     }
 
@@ -480,6 +526,79 @@ mod tests {
     }
 
     #[test]
+    fn an_ample_bucket_is_leased_in_long_batches() {
+        // A fleet bucket of 30,000 rps and burst 2,000; this instance is
+        // offered 20 a second. Short batches while the bucket's level is
+        // unknown, then 3 s of demand (60) while grants leave it ample.
+        assert_eq!(ample_cap(2000), 250);
+        assert_eq!(ample_batch_size(30_000.0, 2000, 20.0), 60);
+        assert_eq!(
+            ample_batch_size(30_000.0, 2000, 1e6),
+            2000,
+            "a busy instance's short batch is larger"
+        );
+        assert_eq!(
+            ample_batch_size(100.0, 100, 50.0),
+            12,
+            "an eighth of the burst"
+        );
+        assert_eq!(ample_batch_size(100.0, 100, 0.0), MIN_BATCH);
+        let mut b = LeasedBucket::new(30_000.0, 2000);
+        let mut fetches = 0;
+        let mut t = 0;
+        while t < 30_000 {
+            let now = ms(t);
+            assert_eq!(b.take(now), Take::Admit, "at {t} ms");
+            if let Some(w) = b.want(now) {
+                fetches += 1;
+                b.granted(
+                    now + ms(1),
+                    Grant {
+                        left: 1900,
+                        ..grant(w, w)
+                    },
+                );
+            }
+            t += 50;
+        }
+        // 600 admissions: a first batch of 10, then about one of 60 every 3 s.
+        assert!((10..=13).contains(&fetches), "{fetches} fetches");
+        assert_eq!(b.batch(), 60);
+        // A grant that leaves the bucket low brings short batches back.
+        let w = loop {
+            t += 50;
+            b.take(ms(t));
+            if let Some(w) = b.want(ms(t)) {
+                break w;
+            }
+        };
+        b.granted(
+            ms(t + 1),
+            Grant {
+                left: 249,
+                ..grant(w, w)
+            },
+        );
+        assert_eq!(b.batch(), MIN_BATCH);
+        // An ample lot lasts AMPLE_LEASE, a short one LEASE.
+        let mut c = LeasedBucket::new(30_000.0, 2000);
+        c.take(ms(0));
+        let w = c.want(ms(0)).unwrap();
+        c.granted(
+            ms(0),
+            Grant {
+                left: 1990,
+                ..grant(w, w)
+            },
+        );
+        assert_eq!(c.stock(), 10);
+        c.take(ms(3_999));
+        assert_eq!(c.stock(), 9);
+        c.take(ms(4_000));
+        assert_eq!((c.stock(), c.debt()), (0, 1), "expired after 4 s");
+    }
+
+    #[test]
     fn leased_tokens_expire() {
         let mut b = LeasedBucket::new(100.0, 100);
         b.take(ms(0));
@@ -516,6 +635,7 @@ mod tests {
                 wanted: want,
                 granted,
                 retry_in,
+                left: self.tokens.floor() as u32,
             }
         }
     }
@@ -567,10 +687,11 @@ mod tests {
     fn a_fleet_offered_more_than_its_limit_holds_it_cheaply() {
         // Three instances offered 100 rps each, ten offered 100, three
         // offered 1000: the shared bucket allows burst + rps·T = 1100; the
-        // fleet's positions swing by at most 15 per instance.
+        // fleet's positions swing by at most 1.5 of the largest batch (an
+        // ample one: 12 of a burst of 100) per instance.
         for (n, offered) in [(3, 100), (10, 100), (3, 1000)] {
             let (admitted, calls, asked) = simulate(n, offered, 10);
-            let bound = 15 * n;
+            let bound = u64::from(ample_cap(100)) * 3 / 2 * n;
             assert!(
                 (1100 - bound..=1100 + bound).contains(&admitted),
                 "{n} × {offered}: {admitted}"

@@ -86,6 +86,9 @@ pub struct ScaleReport {
     pub begin_p99_ms: f64,
     /// Calls that failed (each instance decided locally).
     pub errors: u64,
+    /// The background's round trips by kind (`weir_state_commands_total`'s
+    /// `op`), per 100 unkeyed requests of an instance, largest first.
+    pub background_by_op: Vec<(&'static str, f64)>,
 }
 
 /// Runs it and prints the report (or JSON).
@@ -113,6 +116,12 @@ pub async fn print(opts: &ScaleOptions, json: bool) -> Result<(), String> {
         "round trips per request {:.4}; background per 100 unkeyed requests of an instance {:.2} (target <= 1)",
         r.per_request, r.background_per_100_unkeyed
     );
+    let parts: Vec<String> = r
+        .background_by_op
+        .iter()
+        .map(|(op, n)| format!("{op} {n:.2}"))
+        .collect();
+    println!("  the background by kind: {}", parts.join(", "));
     println!(
         "Redis CPU {:.2} cores (target < 0.5); begin p50 {:.2} ms, p99 {:.2} ms; failed calls {}",
         r.redis_cpu_cores, r.begin_p50_ms, r.begin_p99_ms, r.errors
@@ -286,6 +295,11 @@ async fn run(opts: &ScaleOptions) -> Result<ScaleReport, String> {
     ];
     let (c0, cpu0) = store.counters();
     let (t0, kt0) = (trips(&crate::metrics::state::OPS), trips(&KEYED));
+    let background_ops: Vec<&'static str> = crate::metrics::state::OPS
+        .into_iter()
+        .filter(|op| !KEYED.contains(op))
+        .collect();
+    let by_op0: Vec<u64> = background_ops.iter().map(|op| trips(&[op])).collect();
     let (r0, k0, e0) = (
         counts.requests.load(Ordering::Relaxed),
         counts.keyed.load(Ordering::Relaxed),
@@ -299,6 +313,11 @@ async fn run(opts: &ScaleOptions) -> Result<ScaleReport, String> {
     let (c1, cpu1) = store.counters();
     let round_trips = trips(&crate::metrics::state::OPS) - t0;
     let keyed_round_trips = trips(&KEYED) - kt0;
+    let by_op: Vec<(&'static str, u64)> = background_ops
+        .iter()
+        .zip(by_op0)
+        .map(|(op, n0)| (*op, trips(&[op]).saturating_sub(n0)))
+        .collect();
     let requests = counts.requests.load(Ordering::Relaxed) - r0;
     let keyed = counts.keyed.load(Ordering::Relaxed) - k0;
     let errors = counts.errors.load(Ordering::Relaxed) - e0;
@@ -339,6 +358,15 @@ async fn run(opts: &ScaleOptions) -> Result<ScaleReport, String> {
         begin_p50_ms: q(0.5),
         begin_p99_ms: q(0.99),
         errors,
+        background_by_op: {
+            let mut v: Vec<(&'static str, f64)> = by_op
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(op, n)| (op, n as f64 * 100.0 / unkeyed as f64))
+                .collect();
+            v.sort_by(|a, b| b.1.total_cmp(&a.1));
+            v
+        },
     })
 }
 
@@ -370,10 +398,12 @@ async fn instance(i: usize, fleet: Fleet, run: Run) {
     }
     let mut rng = rand::rngs::SmallRng::seed_from_u64(i as u64 + 1);
     let clock = Clock::new();
-    // The fleet limit sits above what the fleet offers the two upstreams.
+    // The fleet limit sits above what the fleet offers the two upstreams,
+    // with `burst` at its default (one second of `rps`).
     let limit = f64::from(RPS_PER_UPSTREAM) * 1.5 * 1000.0;
+    let burst = limit.ceil() as u32;
     let buckets: Vec<FleetBucket> = (0..LIMITED)
-        .map(|u| FleetBucket::new(fleet.clone(), &names[u], None, limit, 2000, clock))
+        .map(|u| FleetBucket::new(fleet.clone(), &names[u], None, limit, burst, clock))
         .collect();
     // The breaker refresher, as `state::link::refresher` runs it.
     {

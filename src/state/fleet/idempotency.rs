@@ -41,7 +41,7 @@ local r = redis.call('HMGET', KEYS[1], 's', 'fp')
 local s, fp = r[1], r[2]
 if s and fp ~= ARGV[1] and fp ~= string.rep('\0', 32) then return {'reused'} end
 if (not s) or s == 'u' then
-  redis.call('DEL', KEYS[1])
+  if s then redis.call('DEL', KEYS[1]) end
   redis.call('HSET', KEYS[1], 's', 'f', 'fp', ARGV[1], 'o', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {'forward'}
@@ -67,7 +67,7 @@ local s = redis.call('HGET', KEYS[1], 's')
 if s == 'f' then return 'in_flight' end
 if s == 'c' or s == 'n' then return 'decide' end
 if s and s ~= 'u' then return redis.error_reply('weir: unknown idempotency record state') end
-redis.call('DEL', KEYS[1])
+if s then redis.call('DEL', KEYS[1]) end
 redis.call('HSET', KEYS[1], 's', 'f', 'fp', string.rep('\0', 32), 'o', ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 'forward'

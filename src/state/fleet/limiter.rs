@@ -21,7 +21,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 /// ARGV: rps, burst, want. Returns {granted, ms until the shortfall could
-/// have refilled}.
+/// have refilled, whole tokens left in the bucket}.
 static BUCKET: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -51,7 +51,7 @@ redis.call('HSET', KEYS[1], 'tokens', string.format('%.6f', tokens), 'at', strin
 redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rps * 1000) + 1000)
 local wait = 0
 if granted < want then wait = math.ceil((want - granted - tokens) / rps * 1000) end
-return {granted, wait}
+return {granted, wait, math.floor(tokens)}
 ",
     )
 });
@@ -84,12 +84,12 @@ impl Fleet {
                     .await
             })
             .await?;
-        let (granted, wait) = match &v {
+        let (granted, wait, left) = match &v {
             Value::Array(p) => match p.as_slice() {
-                [Value::Int(g), Value::Int(w)] => (*g, *w),
-                _ => (-1, 0),
+                [Value::Int(g), Value::Int(w), Value::Int(l)] => (*g, *w, *l),
+                _ => (-1, 0, 0),
             },
-            _ => (-1, 0),
+            _ => (-1, 0, 0),
         };
         let wanted = want.min(burst);
         let granted = u32::try_from(granted)
@@ -101,6 +101,7 @@ impl Fleet {
             wanted,
             granted,
             retry_in: Duration::from_millis(u64::try_from(wait).unwrap_or(0)),
+            left: u32::try_from(left).unwrap_or(0),
         })
     }
 }
