@@ -538,3 +538,64 @@ async fn a_claim_given_up_on_never_lands_later() {
         assert!(matches!(r, Ok(Action::Forward)), "{key}: {r:?}");
     }
 }
+
+/// The first Sentinel listed stops answering (SIGSTOP: its connections
+/// stay open, nothing comes back) before weir starts, and stays so through
+/// a failover the other two carry out: weir finds the primary and then
+/// follows the promoted one through the two that answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_first_sentinel_is_passed_over() {
+    let _heavy = common::one_heavy_at_a_time().await;
+    let Some(mut cluster) = tokio::task::spawn_blocking(Replicated::start)
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    cluster.sentinels[0].pause(true);
+    let (up, seen) = counting().await;
+    let a = weir(&cluster, &up).await;
+    let b = weir(&cluster, &up).await;
+    let (fa, fb) = (a.proxy.fleet().unwrap(), b.proxy.fleet().unwrap());
+    let keys: Vec<String> = (0..5).map(|i| format!("quiet-{i}")).collect();
+    for k in &keys {
+        assert_eq!(post(&a, k).await, (201, String::new(), false), "{k}");
+    }
+
+    cluster.primary.kill();
+    let promoted = tokio::task::spawn_blocking({
+        let replica = cluster.replica.port.to_string();
+        let sentinel = cluster.sentinels[1].port;
+        move || {
+            eventually(Duration::from_secs(20), || {
+                RedisServer::command_port(sentinel, &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "m"])
+                    .contains(&replica)
+            })
+        }
+    })
+    .await
+    .unwrap();
+    assert!(promoted, "the two Sentinels that answer did not fail over");
+    for (name, f) in [("A", &fa), ("B", &fb)] {
+        let end = real_now() + Duration::from_secs(15);
+        loop {
+            let up = f.wait_up(Duration::from_secs(1)).await
+                && f.publish_open("probe", Duration::from_millis(1))
+                    .await
+                    .is_ok();
+            if up {
+                break;
+            }
+            assert!(
+                real_now() < end,
+                "{name} did not follow the failover: {}",
+                f.status_line()
+            );
+        }
+    }
+    for k in &keys {
+        assert_eq!(post(&b, k).await, (201, String::new(), true), "{k}");
+    }
+    assert!(seen.lock().unwrap().values().all(|&n| n == 1));
+    cluster.sentinels[0].pause(false);
+}

@@ -264,7 +264,11 @@ pub(super) async fn watch_switches(
             let Ok(Ok(mut pubsub)) = sub.await else {
                 continue;
             };
-            if pubsub.subscribe("+switch-master").await.is_err() {
+            // A Sentinel that took the connection and then says nothing
+            // is passed over like one that refused it.
+            let subscribed =
+                tokio::time::timeout(super::CONNECT_TIMEOUT, pubsub.subscribe("+switch-master"));
+            if !matches!(subscribed.await, Ok(Ok(()))) {
                 continue;
             }
             let mut messages = pubsub.on_message();
