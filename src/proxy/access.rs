@@ -28,7 +28,7 @@ pub(crate) struct AccessEntry<'a> {
     pub(crate) hedge: Option<bool>,
     /// The endpoint of the last attempt, when it had one
     /// (docs/reference/endpoints.md#seeing-it).
-    pub(crate) endpoint: Option<std::net::SocketAddr>,
+    pub(crate) endpoint: Option<crate::upstream::Address>,
     pub(crate) took: Duration,
     /// Response body bytes sent to the client, as framed.
     pub(crate) bytes_out: u64,
@@ -154,7 +154,7 @@ pub(crate) struct Line {
     pub(crate) retry_stop: Option<String>,
     pub(crate) grpc_status: Option<u8>,
     pub(crate) hedge: Option<bool>,
-    pub(crate) endpoint: Option<std::net::SocketAddr>,
+    pub(crate) endpoint: Option<crate::upstream::Address>,
     pub(crate) took: Duration,
     pub(crate) client: Option<std::net::SocketAddr>,
     pub(crate) request_id: Option<String>,

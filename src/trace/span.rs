@@ -12,7 +12,6 @@ use opentelemetry::trace::{
 };
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
@@ -236,7 +235,7 @@ impl Trace {
         outcome: &Outcome,
         error: Option<&str>,
         ended: Instant,
-        endpoint: Option<SocketAddr>,
+        endpoint: Option<crate::upstream::Address>,
         server: &str,
     ) {
         let mut r = self.record();
@@ -251,10 +250,21 @@ impl Trace {
         if let Some(e) = endpoint {
             a.attributes
                 .push(KeyValue::new("weir.endpoint", e.to_string()));
-            a.attributes
-                .push(KeyValue::new("network.peer.address", e.ip().to_string()));
-            a.attributes
-                .push(KeyValue::new("network.peer.port", i64::from(e.port())));
+            match e {
+                crate::upstream::Address::Tcp(e) => {
+                    a.attributes
+                        .push(KeyValue::new("network.peer.address", e.ip().to_string()));
+                    a.attributes
+                        .push(KeyValue::new("network.peer.port", i64::from(e.port())));
+                }
+                crate::upstream::Address::Unix(path) => {
+                    let path = path.display().to_string();
+                    a.attributes
+                        .push(KeyValue::new("network.peer.address", path));
+                    a.attributes
+                        .push(KeyValue::new("network.transport", "unix"));
+                }
+            }
         }
         match outcome {
             Outcome::Response { status, .. } => {

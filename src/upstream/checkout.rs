@@ -15,7 +15,7 @@ use super::reach::UpstreamReach;
 use super::send::Body;
 use super::{Endpoints, Picked};
 use http::{Request, Response};
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -48,9 +48,9 @@ pub(crate) async fn send(
     conn: &ConnCtx,
     mut req: Request<Body>,
     upgrade: bool,
-    avoid: &mut Vec<SocketAddr>,
+    avoid: &mut Vec<Address>,
     picked: &mut Option<Picked>,
-    seen: &(dyn Fn(SocketAddr) + Sync),
+    seen: &(dyn Fn(Address) + Sync),
 ) -> Result<Response<UpBody>, SendError> {
     let publish = |p: &Picked| seen(p.addr());
     if !up.endpoints.ready() {
@@ -184,7 +184,7 @@ enum Fresh {
 /// HTTP/2 pool, never the HTTP/1.1 one.
 async fn fresh(
     up: &CheckoutFor<'_>,
-    addr: SocketAddr,
+    addr: Address,
     tls: Option<&super::pool::io::FastTls>,
     auto: bool,
 ) -> Result<Fresh, SendError> {

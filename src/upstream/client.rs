@@ -19,7 +19,7 @@ use crate::config::{Protocol, Scheme, UpstreamConfig};
 use crate::upstream::pool::h2::{DialTo, H2Pool, CHOSE_H1, CHOSE_H2, CHOSE_NONE};
 pub use crate::upstream::pool::io::FastTls;
 pub use crate::upstream::send::{Body, BoxError, Failure, SendError, MAX_RESPONSE_HEAD};
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -107,7 +107,7 @@ impl UpstreamClient {
 
     /// The same client for `addr`, one of the upstream's endpoints: with a
     /// pool of its own when it may speak HTTP/2.
-    pub fn for_addr(&self, addr: SocketAddr) -> UpstreamClient {
+    pub fn for_addr(&self, addr: Address) -> UpstreamClient {
         let auto_tls = self.protocol == Protocol::Auto && self.tls.is_some();
         let h2_only = matches!(self.protocol, Protocol::H2c | Protocol::Grpc);
         let chose = auto_tls.then(|| Arc::new(AtomicU8::new(CHOSE_NONE)));

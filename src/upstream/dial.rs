@@ -4,7 +4,7 @@
 //! outcome to the endpoint it went to and keeps the request's avoid list.
 
 use super::{Endpoints, Picked};
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use std::sync::Arc;
 
 /// The most endpoints one attempt dials when they refuse: a connection
@@ -21,18 +21,18 @@ const MAX_DIALS: usize = 3;
 /// left there for the attempt's outcome.
 pub(crate) async fn dial<S, F, Fut>(
     endpoints: &Arc<Endpoints>,
-    avoid: &mut Vec<SocketAddr>,
+    avoid: &mut Vec<Address>,
     started: tokio::time::Instant,
     slot: &mut Option<Picked>,
     mut connect: F,
 ) -> Result<S, crate::upstream::client::SendError>
 where
-    F: FnMut(SocketAddr) -> Fut,
+    F: FnMut(Address) -> Fut,
     Fut: std::future::Future<Output = Result<S, crate::upstream::client::SendError>>,
 {
     use crate::upstream::client::{Failure, SendError};
     let mut tries = 0;
-    let mut dialled: Vec<SocketAddr> = Vec::new();
+    let mut dialled: Vec<Address> = Vec::new();
     loop {
         if slot.is_none() {
             *slot = endpoints.pick(avoid);
@@ -83,7 +83,7 @@ pub(crate) fn report(
     outcome: &crate::policy::Outcome,
     failures: &crate::policy::BreakerParams,
     started: tokio::time::Instant,
-    avoid: &mut Vec<SocketAddr>,
+    avoid: &mut Vec<Address>,
 ) {
     use crate::policy::Outcome;
     let Some(p) = picked else { return };
@@ -110,4 +110,4 @@ pub(crate) fn report(
 /// The endpoint a response came from, in its extensions on the general
 /// path (for the access log).
 #[derive(Debug, Clone, Copy)]
-pub struct Served(pub SocketAddr);
+pub struct Served(pub Address);

@@ -10,6 +10,7 @@
 //! (each endpoint's health); this module holds them behind short locks,
 //! never across an await.
 
+mod address;
 pub(crate) mod body;
 pub(crate) mod checkout;
 pub mod client;
@@ -21,6 +22,7 @@ pub mod resolve;
 mod seen;
 pub mod send;
 
+pub use address::Address;
 pub use dial::Served;
 pub(crate) use dial::{dial, report};
 
@@ -32,7 +34,6 @@ pub use crate::policy::BalanceParams;
 use crate::policy::Now;
 use crate::upstream::client::UpstreamClient;
 use arc_swap::ArcSwap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,7 +50,7 @@ struct Stats {
 /// One replica of an upstream.
 #[derive(Debug)]
 pub struct Endpoint {
-    pub addr: SocketAddr,
+    pub addr: Address,
     in_flight: AtomicU32,
     stats: Mutex<Stats>,
     /// This endpoint's pool on the general path (HTTP/1.1 or HTTP/2).
@@ -80,7 +81,7 @@ pub struct EndpointView {
 
 impl Endpoint {
     fn new(
-        addr: SocketAddr,
+        addr: Address,
         client: &UpstreamClient,
         metrics: EndpointMetrics,
         ewma: PeakEwma,
@@ -199,7 +200,7 @@ impl Drop for Picked {
 
 impl Picked {
     /// The endpoint's address.
-    pub fn addr(&self) -> SocketAddr {
+    pub fn addr(&self) -> Address {
         self.endpoint.addr
     }
 
@@ -286,7 +287,7 @@ impl Endpoints {
     /// An attempt to `addr` that lost a hedge's race was cancelled after
     /// `took`: the endpoint was at least that slow, which its latency
     /// estimate learns (docs/reference/hedging.md#the-race). No verdict.
-    pub fn observe_cancelled(&self, addr: SocketAddr, took: std::time::Duration) {
+    pub fn observe_cancelled(&self, addr: Address, took: std::time::Duration) {
         let set = self.set.load();
         if let Some(ep) = set.iter().find(|e| e.addr == addr) {
             let now = self.clock.now();
@@ -295,7 +296,7 @@ impl Endpoints {
     }
 
     /// The client of the endpoint at `addr`, if it is one.
-    pub fn client_of(&self, addr: SocketAddr) -> Option<Arc<UpstreamClient>> {
+    pub fn client_of(&self, addr: Address) -> Option<Arc<UpstreamClient>> {
         let set = self.set.load();
         set.iter().find(|e| e.addr == addr).map(|e| e.client())
     }
@@ -331,7 +332,7 @@ impl Endpoints {
     /// and pools, new ones start fresh, gone ones get no new request (an
     /// attempt in flight keeps its endpoint until it ends). At most
     /// `max_endpoints` are used.
-    pub fn publish(&self, addrs: &[SocketAddr]) {
+    pub fn publish(&self, addrs: &[Address]) {
         // A resolution answered: no failure stands any more.
         if let Ok(mut u) = self.unresolved.lock() {
             u.take();
@@ -420,7 +421,7 @@ impl Endpoints {
     /// there for its retry: then the retry goes at once
     /// (docs/reference/retries.md#backoff). An endpoint a failure ejected
     /// counts only when the pick would still use it.
-    pub fn untried(&self, avoid: &[SocketAddr]) -> bool {
+    pub fn untried(&self, avoid: &[Address]) -> bool {
         if avoid.is_empty() {
             // No attempt has failed on a known endpoint (every answered
             // request, a refused stream, a name not yet resolved): the
@@ -435,7 +436,7 @@ impl Endpoints {
         })
     }
 
-    pub fn pick(self: &Arc<Self>, avoid: &[SocketAddr]) -> Option<Picked> {
+    pub fn pick(self: &Arc<Self>, avoid: &[Address]) -> Option<Picked> {
         let set = self.set.load();
         let n = set.len();
         let (endpoint, probe, owner) = match n {
@@ -457,7 +458,7 @@ impl Endpoints {
         })
     }
 
-    fn choose(&self, set: &[Arc<Endpoint>], avoid: &[SocketAddr]) -> Option<(Arc<Endpoint>, bool)> {
+    fn choose(&self, set: &[Arc<Endpoint>], avoid: &[Address]) -> Option<(Arc<Endpoint>, bool)> {
         let now = self.clock.now();
         let params = self.params.load();
         // More out than the cap allows (endpoints went away meanwhile):
@@ -650,13 +651,13 @@ mod tests {
         )
     }
 
-    fn addr(s: &str) -> SocketAddr {
+    fn addr(s: &str) -> Address {
         s.parse().unwrap_or_else(|_| panic!("{s}"))
     }
 
     /// Fails attempts to `a` until it is ejected (round robin: every
     /// other pick is `a`).
-    fn eject(e: &Arc<Endpoints>, a: SocketAddr) {
+    fn eject(e: &Arc<Endpoints>, a: Address) {
         for _ in 0..40 {
             let p = e.pick(&[]).unwrap_or_else(|| panic!("no endpoint"));
             let failed = p.addr() == a;

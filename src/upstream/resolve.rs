@@ -14,6 +14,7 @@
 
 use super::Endpoints;
 use crate::metrics::DnsMetrics;
+use super::Address;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -29,11 +30,11 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
 pub type HostPort = (String, u16);
 
 /// The literal address of an entry whose host is an IP.
-pub fn literal((host, port): &HostPort) -> Option<SocketAddr> {
+pub fn literal((host, port): &HostPort) -> Option<Address> {
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     bare.parse::<std::net::IpAddr>()
         .ok()
-        .map(|ip| SocketAddr::new(ip, *port))
+        .map(|ip| Address::Tcp(SocketAddr::new(ip, *port)))
 }
 
 /// Keeps an upstream's endpoints current while it lives; dropping it stops
@@ -63,7 +64,7 @@ impl Resolver {
             failing: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
         });
-        let literals: Vec<SocketAddr> = r.entries.iter().filter_map(literal).collect();
+        let literals: Vec<Address> = r.entries.iter().filter_map(literal).collect();
         if literals.len() == r.entries.len() {
             endpoints.publish(&literals);
         } else if let (Ok(rt), Some(dns)) = (tokio::runtime::Handle::try_current(), dns) {
@@ -86,8 +87,8 @@ impl Resolver {
     /// Asks the resolver once for every name; the addresses of every entry
     /// in order, without repeats. `Err` when a name failed (the last good
     /// addresses are kept).
-    async fn resolve(&self) -> Result<Vec<SocketAddr>, String> {
-        let mut addrs: Vec<SocketAddr> = Vec::new();
+    async fn resolve(&self) -> Result<Vec<Address>, String> {
+        let mut addrs: Vec<Address> = Vec::new();
         for e in &self.entries {
             if let Some(a) = literal(e) {
                 if !addrs.contains(&a) {
@@ -102,7 +103,7 @@ impl Resolver {
                 .map_err(|_| format!("{}: no answer within {}s", e.0, LOOKUP_TIMEOUT.as_secs()))?
                 .map_err(|err| format!("{}: {err}", e.0))?;
             let before = addrs.len();
-            for a in found {
+            for a in found.map(Address::Tcp) {
                 if !addrs.contains(&a) {
                     addrs.push(a);
                 }

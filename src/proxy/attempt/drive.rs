@@ -435,7 +435,7 @@ pub(crate) trait Transport: Watch {
     fn endpoint(
         &self,
         _response: &Result<Self::Response, ProxyError>,
-    ) -> Option<std::net::SocketAddr> {
+    ) -> Option<crate::upstream::Address> {
         None
     }
 }
@@ -458,7 +458,7 @@ pub(crate) struct Attempted<R> {
     /// When the last attempt ended (one clock read shared by what follows).
     pub(crate) ended: Instant,
     /// The endpoint of the last attempt that failed, if any.
-    pub(crate) last_failed: Option<std::net::SocketAddr>,
+    pub(crate) last_failed: Option<crate::upstream::Address>,
 }
 
 /// Runs attempts over `t` until one is to be returned; `None` when the

@@ -9,7 +9,7 @@
 use crate::policy::Outcome;
 use crate::proxy::error::ProxyError;
 use std::future::Future;
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use std::sync::Mutex;
 use tokio::time::Instant;
 
@@ -31,16 +31,16 @@ pub(crate) struct Hedging<'h> {
 /// The endpoint an attempt went to, published while it is in flight so that
 /// its hedge goes elsewhere.
 #[derive(Debug, Default)]
-pub(crate) struct Seen(Mutex<Option<SocketAddr>>);
+pub(crate) struct Seen(Mutex<Option<Address>>);
 
 impl Seen {
-    pub(crate) fn set(&self, addr: SocketAddr) {
+    pub(crate) fn set(&self, addr: Address) {
         if let Ok(mut s) = self.0.lock() {
             *s = Some(addr);
         }
     }
 
-    pub(crate) fn get(&self) -> Option<SocketAddr> {
+    pub(crate) fn get(&self) -> Option<Address> {
         self.0.lock().ok().and_then(|s| *s)
     }
 }

@@ -20,7 +20,7 @@ use crate::proxy::upload::Upload;
 use crate::proxy::Upstream;
 use crate::state::gate::Slot;
 use bytes::Bytes;
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -198,7 +198,7 @@ impl Codec for FastRequest<'_, '_> {
         up: &Upstream,
         error: ProxyError,
         attempts: Option<Annotations>,
-        endpoint: Option<SocketAddr>,
+        endpoint: Option<Address>,
     ) -> bool {
         let f = OwnError {
             error,
@@ -378,7 +378,7 @@ impl CacheIo for FastRequest<'_, '_> {
         }
     }
 
-    fn endpoint(&self, r: &UpstreamAnswer) -> Option<SocketAddr> {
+    fn endpoint(&self, r: &UpstreamAnswer) -> Option<Address> {
         match r {
             UpstreamAnswer::H1(x) => Some(x.addr),
             UpstreamAnswer::H2(r) => r.extensions().get::<crate::upstream::Served>().map(|s| s.0),

@@ -18,7 +18,7 @@ use crate::proxy::replay::RequestBody;
 use crate::proxy::Upstream;
 use bytes::Bytes;
 use http::Response;
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use tokio::time::Instant;
 
 /// The general path's transport, watching the fast path's client.
@@ -93,7 +93,7 @@ impl attempt::Transport for H2Transport<'_, '_, '_> {
         self.inner.elsewhere()
     }
 
-    fn endpoint(&self, r: &Result<Self::Response, ProxyError>) -> Option<SocketAddr> {
+    fn endpoint(&self, r: &Result<Self::Response, ProxyError>) -> Option<Address> {
         self.inner.endpoint(r)
     }
 }

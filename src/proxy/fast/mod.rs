@@ -363,7 +363,7 @@ struct OwnError {
     error: ProxyError,
     attempts: Option<Annotations>,
     /// The endpoint of the last attempt, if one was made.
-    endpoint: Option<std::net::SocketAddr>,
+    endpoint: Option<crate::upstream::Address>,
     /// How the response cache took part (a miss).
     cache: Option<CacheResult>,
 }

@@ -11,7 +11,7 @@ use super::transport::Exchange;
 use super::Upstream;
 use super::{Ctx, Kept};
 use crate::proxy::idempotent::{Ack, Capture};
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use tokio::time::Instant;
 
 impl Ctx<'_> {
@@ -21,7 +21,7 @@ impl Ctx<'_> {
     pub(super) async fn relay(
         &mut self,
         up: &Upstream,
-        addr: SocketAddr,
+        addr: Address,
         x: Exchange,
         kept: Kept,
         p: &Planned,

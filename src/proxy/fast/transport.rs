@@ -12,7 +12,7 @@ use crate::proxy::{Upstream, MAX_RESPONSE_HEAD};
 use crate::upstream::client::{Failure, SendError};
 use crate::upstream::pool::UpstreamIo;
 use std::io;
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -22,7 +22,7 @@ pub(super) struct Exchange {
     pub(super) upstream: UpstreamIo,
     /// The address `upstream` is connected to, and its TLS (0: none): its
     /// pool key.
-    pub(super) addr: SocketAddr,
+    pub(super) addr: Address,
     pub(super) tag: u64,
     pub(super) status: u16,
     pub(super) head_len: usize,
@@ -77,7 +77,7 @@ pub(super) struct FastTransport<'c> {
     pub(super) detached: bool,
     /// Endpoints that failed this request: a retry goes elsewhere when it
     /// can (docs/reference/endpoints.md#retries-go-elsewhere).
-    pub(super) avoid: Vec<SocketAddr>,
+    pub(super) avoid: Vec<Address>,
 }
 
 /// The client of one request, watched while weir waits for it (admission):
@@ -217,7 +217,7 @@ impl attempt::Transport for FastTransport<'_> {
         self.up.endpoints.untried(&self.avoid)
     }
 
-    fn endpoint(&self, r: &Result<Exchange, ProxyError>) -> Option<SocketAddr> {
+    fn endpoint(&self, r: &Result<Exchange, ProxyError>) -> Option<Address> {
         match r {
             Ok(x) => Some(x.addr),
             Err(_) => self.avoid.last().copied(),
@@ -240,7 +240,7 @@ fn conclude(
     sent: Result<Exchange, (Outcome, ProxyError)>,
     picked: Option<crate::upstream::Picked>,
     started: Instant,
-    avoid: &mut Vec<SocketAddr>,
+    avoid: &mut Vec<Address>,
 ) -> (Outcome, Result<Exchange, ProxyError>) {
     let outcome = match &sent {
         Ok(x) => Outcome::Response {
@@ -279,7 +279,7 @@ async fn exchange(
     (out, kept): (&mut Vec<u8>, &mut Option<(usize, usize)>),
     is_head_request: bool,
     (avoid, picked, seen): (
-        &mut Vec<SocketAddr>,
+        &mut Vec<Address>,
         &mut Option<crate::upstream::Picked>,
         Option<&attempt::Seen>,
     ),
@@ -306,8 +306,13 @@ async fn exchange(
     let written = match &mut s {
         UpstreamIo::Plain(tcp) => {
             // Written past the meter (a non-blocking write): counted here.
-            let n = write_plain(tcp.get_mut(), request).await?;
+            let n = write_plain!(tcp.get_mut(), request);
             tcp.meter().sent(n);
+            n
+        }
+        UpstreamIo::Unix(unix) => {
+            let n = write_plain!(unix.get_mut(), request);
+            unix.meter().sent(n);
             n
         }
         UpstreamIo::Tls(t) => {
@@ -337,50 +342,57 @@ async fn exchange(
     .await
 }
 
-/// Writes `request` on a cleartext connection; returns how much was
-/// written before the upstream answered early (without reading it all).
-async fn write_plain(s: &mut TcpStream, request: &[u8]) -> Result<usize, Failed> {
-    let mut written = 0;
-    while written < request.len() {
-        let why = match s.try_write(&request[written..]) {
-            Ok(n) if n > 0 => {
-                written += n;
-                continue;
-            }
-            Ok(_) => "the connection closed".to_string(),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                // The upstream is not reading. It may have answered early
-                // (413, 401) without reading the rest: then its answer is
-                // what the client gets, and the connection is not reused.
-                tokio::select! {
-                    biased;
-                    _ = s.readable() => break,
-                    r = s.writable() => match r {
-                        Ok(()) => continue,
-                        Err(e) => e.to_string(),
-                    },
+/// Writes `request` on a cleartext connection (a `TcpStream` or a
+/// `UnixStream`: the same calls, no trait of tokio's in common), evaluating
+/// to how much was written before the upstream answered early (without
+/// reading it all); returns the error from the enclosing function.
+macro_rules! write_plain {
+    ($s:expr, $request:expr) => {{
+        let (s, request): (_, &[u8]) = ($s, $request);
+        let mut written = 0;
+        while written < request.len() {
+            let why = match s.try_write(&request[written..]) {
+                Ok(n) if n > 0 => {
+                    written += n;
+                    continue;
                 }
-            }
-            Err(e) => e.to_string(),
-        };
-        // Nothing written: nothing reached the upstream (a pooled connection
-        // found closed), which any method may retry.
-        let kind = if written == 0 {
-            Failure::NotSent
-        } else {
-            Failure::Reset
-        };
-        return Err(SendError::new(kind, why));
-    }
-    Ok(written)
+                Ok(_) => "the connection closed".to_string(),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // The upstream is not reading. It may have answered
+                    // early (413, 401) without reading the rest: then its
+                    // answer is what the client gets, and the connection is
+                    // not reused.
+                    tokio::select! {
+                        biased;
+                        _ = s.readable() => break,
+                        r = s.writable() => match r {
+                            Ok(()) => continue,
+                            Err(e) => e.to_string(),
+                        },
+                    }
+                }
+                Err(e) => e.to_string(),
+            };
+            // Nothing written: nothing reached the upstream (a pooled
+            // connection found closed), which any method may retry.
+            let kind = if written == 0 {
+                Failure::NotSent
+            } else {
+                Failure::Reset
+            };
+            return Err(SendError::new(kind, why).into());
+        }
+        written
+    }};
 }
+use write_plain;
 
 /// Reads the response head for a request of which `written` bytes went out.
 #[allow(clippy::too_many_arguments)]
 async fn read_head(
     up: &Upstream,
     mut s: UpstreamIo,
-    addr: SocketAddr,
+    addr: Address,
     tag: u64,
     written: usize,
     whole: bool,
@@ -457,7 +469,7 @@ async fn read_head(
 /// is logged once per cause and answered as a connect failure naming it.
 async fn connect(
     up: &Upstream,
-    addr: SocketAddr,
+    addr: Address,
     tls: Option<&crate::upstream::client::FastTls>,
 ) -> Result<UpstreamIo, Failed> {
     let timeout = up.config.connect_timeout;

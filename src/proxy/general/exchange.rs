@@ -454,7 +454,7 @@ impl Codec for HyperRequest<'_> {
         up: &Upstream,
         error: ProxyError,
         spent: Option<Annotations>,
-        _endpoint: Option<std::net::SocketAddr>,
+        _endpoint: Option<crate::upstream::Address>,
     ) -> Forwarded {
         match spent {
             // Refused before any attempt: the caller answers it.

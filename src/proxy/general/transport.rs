@@ -64,7 +64,7 @@ pub(crate) struct HyperTransport<'p, 'a> {
     conn: &'p ConnCtx,
     plan: &'p mut Outbound,
     /// Endpoints that failed this request (a retry goes elsewhere).
-    avoid: Vec<std::net::SocketAddr>,
+    avoid: Vec<crate::upstream::Address>,
 }
 
 impl<'p, 'a> HyperTransport<'p, 'a> {
@@ -78,7 +78,7 @@ impl<'p, 'a> HyperTransport<'p, 'a> {
     }
 
     /// The endpoint of the last attempt that failed, if one did.
-    pub(crate) fn last_failed(&self) -> Option<std::net::SocketAddr> {
+    pub(crate) fn last_failed(&self) -> Option<crate::upstream::Address> {
         self.avoid.last().copied()
     }
 }
@@ -177,7 +177,7 @@ impl Transport for HyperTransport<'_, '_> {
         self.up.endpoints.untried(&self.avoid)
     }
 
-    fn endpoint(&self, r: &Result<Self::Response, ProxyError>) -> Option<std::net::SocketAddr> {
+    fn endpoint(&self, r: &Result<Self::Response, ProxyError>) -> Option<crate::upstream::Address> {
         match r {
             Ok(resp) => resp
                 .extensions()
@@ -310,7 +310,7 @@ async fn send(
     req: Request<crate::proxy::body::Body>,
     (grpc, deadline, upload): (GrpcPlan, Instant, &Upload),
     try_deadline: Instant,
-    avoid: &mut Vec<std::net::SocketAddr>,
+    avoid: &mut Vec<crate::upstream::Address>,
     seen: Option<&crate::proxy::attempt::Seen>,
 ) -> (Outcome, Result<Response<UpstreamBody>, ProxyError>) {
     let started = Instant::now();
@@ -443,7 +443,7 @@ async fn dispatch(
     up: &Upstream,
     conn: &ConnCtx,
     req: Request<Body>,
-    avoid: &mut Vec<std::net::SocketAddr>,
+    avoid: &mut Vec<crate::upstream::Address>,
     picked: &mut Option<crate::upstream::Picked>,
     seen: Option<&crate::proxy::attempt::Seen>,
 ) -> Result<Response<crate::proxy::body::UpBody>, crate::upstream::client::SendError> {
@@ -456,7 +456,7 @@ async fn dispatch(
         meter: &up.state.metrics.wire,
     };
     let upgrade = super::upgrade::requested(req.headers()).is_some();
-    let publish = |a: std::net::SocketAddr| {
+    let publish = |a: crate::upstream::Address| {
         if let Some(s) = seen {
             s.set(a);
         }

@@ -113,7 +113,7 @@ impl Codec for Tunnel {
         _: &Upstream,
         error: ProxyError,
         spent: Option<Annotations>,
-        _: Option<std::net::SocketAddr>,
+        _: Option<crate::upstream::Address>,
     ) -> Opened {
         (Err(error), spent.map_or(0, |s| s.attempts))
     }

@@ -25,7 +25,7 @@ use crate::proxy::idempotent::Recorder;
 use crate::proxy::Upstream;
 use crate::state::gate::Slot;
 use bytes::Bytes;
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use std::sync::Arc;
 use tokio::time::Instant;
 
@@ -72,7 +72,7 @@ pub(crate) trait CacheIo: Codec {
     ) -> Result<Option<Vec<Bytes>>, ProxyError>;
 
     /// The endpoint that sent a response, when known.
-    fn endpoint(&self, r: &Self::Response) -> Option<SocketAddr>;
+    fn endpoint(&self, r: &Self::Response) -> Option<Address>;
 
     /// A response that is not relayed (an entry answers instead).
     fn let_go(&mut self, r: Self::Response);
@@ -151,7 +151,7 @@ async fn failed<C: CacheIo>(
     f: &Filling,
     e: ProxyError,
     spent: Option<Annotations>,
-    endpoint: Option<SocketAddr>,
+    endpoint: Option<Address>,
 ) -> C::Out {
     if let Some(entry) = stale_for(up, f, cached::counts_as_failure(&e)) {
         f.count(up, CacheResult::StaleIfError);
@@ -181,7 +181,7 @@ impl<C: CacheIo> Steps<C> for CacheStep<'_> {
         codec: &mut C,
         e: ProxyError,
         spent: Option<Annotations>,
-        endpoint: Option<SocketAddr>,
+        endpoint: Option<Address>,
     ) -> C::Out {
         match self.cached {
             Cached::Fill(f) => Box::pin(failed(up, codec, f, e, spent, endpoint)).await,

@@ -27,7 +27,7 @@ use crate::policy::idempotency::{Ending, StoredResponse};
 use crate::policy::RequestFacts;
 use crate::state::gate::Slot;
 use cache::{CacheIo, CacheStep};
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -101,7 +101,7 @@ pub(crate) trait Codec {
         up: &Upstream,
         error: ProxyError,
         spent: Option<Annotations>,
-        endpoint: Option<SocketAddr>,
+        endpoint: Option<Address>,
     ) -> Self::Out;
 
     /// The client went away: nothing is answered.
@@ -157,7 +157,7 @@ pub(crate) trait Steps<C: Codec> {
         codec: &mut C,
         e: ProxyError,
         spent: Option<Annotations>,
-        endpoint: Option<SocketAddr>,
+        endpoint: Option<Address>,
     ) -> C::Out;
 
     /// The attempts' outcome answered.
@@ -195,7 +195,7 @@ impl<C: Codec> Steps<C> for Plain {
         codec: &mut C,
         e: ProxyError,
         spent: Option<Annotations>,
-        endpoint: Option<SocketAddr>,
+        endpoint: Option<Address>,
     ) -> C::Out {
         codec.refuse(up, e, spent, endpoint).await
     }

@@ -34,7 +34,7 @@ use bytes::{Buf, BytesMut};
 use http::{Method, Request, Response};
 use http_body::Body as _;
 use std::io::Write as _;
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use std::pin::Pin;
 use std::sync::Weak;
 use std::task::{ready, Context, Poll};
@@ -49,7 +49,7 @@ pub(crate) struct OwnHttp1;
 #[derive(Debug)]
 pub(crate) struct GiveBack {
     pub pool: Weak<H1Pool>,
-    pub addr: SocketAddr,
+    pub addr: Address,
     /// Its TLS (`FastTls::tag`; 0: cleartext): the pool's key with `addr`.
     pub tag: u64,
 }

@@ -16,9 +16,9 @@ use tokio::net::{TcpListener, TcpStream};
 async fn upstream(
     answer: &'static [u8],
     body: usize,
-) -> (SocketAddr, tokio::task::JoinHandle<Vec<u8>>) {
+) -> (Address, tokio::task::JoinHandle<Vec<u8>>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
+    let addr = Address::Tcp(l.local_addr().unwrap());
     let task = tokio::spawn(async move {
         let (mut s, _) = l.accept().await.unwrap();
         let mut got = Vec::new();
@@ -47,8 +47,8 @@ async fn upstream(
     (addr, task)
 }
 
-async fn connect(addr: SocketAddr) -> UpstreamIo {
-    let s = TcpStream::connect(addr).await.unwrap();
+async fn connect(addr: Address) -> UpstreamIo {
+    let s = TcpStream::connect(addr.tcp().unwrap()).await.unwrap();
     UpstreamIo::Plain(Metered::new(s, &Meter::unregistered()))
 }
 
@@ -80,7 +80,7 @@ fn streamed(parts: Vec<&'static [u8]>, trailers: Option<http::HeaderMap>) -> Bod
 }
 
 async fn exchange(
-    addr: SocketAddr,
+    addr: Address,
     pool: &Arc<H1Pool>,
     req: Request<Body>,
 ) -> Result<Response<H1Body>, SendError> {
@@ -92,7 +92,7 @@ async fn exchange(
     send(connect(addr).await, back, req).await
 }
 
-fn pooled(pool: &H1Pool, addr: SocketAddr) -> bool {
+fn pooled(pool: &H1Pool, addr: Address) -> bool {
     pool.take(addr, 0, tokio::time::Instant::now()).is_some()
 }
 
@@ -274,7 +274,7 @@ async fn a_client_body_that_breaks_off_after_the_answer_ends_the_response() {
     // The upstream answers after the head with a body it sends in two
     // parts, the second only after the whole request (which never comes).
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
+    let addr = Address::Tcp(l.local_addr().unwrap());
     tokio::spawn(async move {
         let (mut s, _) = l.accept().await.unwrap();
         let mut b = [0u8; 4096];

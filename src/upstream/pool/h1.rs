@@ -12,7 +12,7 @@
 //! keeps few connections warm and lets the rest age out.
 
 use super::io::UpstreamIo;
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -26,7 +26,7 @@ pub(crate) const IDLE_FOR: Duration = Duration::from_secs(90);
 
 #[derive(Debug)]
 struct Idle {
-    addr: SocketAddr,
+    addr: Address,
     /// 0 for cleartext; a TLS connection's configuration (`FastTls::tag`).
     tag: u64,
     stream: UpstreamIo,
@@ -42,7 +42,7 @@ pub(crate) struct H1Pool {
 impl H1Pool {
     /// The newest idle connection to the endpoint at `addr`, made with
     /// `tag`'s TLS (0: cleartext), that is still open.
-    pub(crate) fn take(&self, addr: SocketAddr, tag: u64, now: Instant) -> Option<UpstreamIo> {
+    pub(crate) fn take(&self, addr: Address, tag: u64, now: Instant) -> Option<UpstreamIo> {
         let mut idle = self.idle.lock().ok()?;
         while let Some(at) = idle.iter().rposition(|i| i.tag == tag && i.addr == addr) {
             let mut i = idle.remove(at);
@@ -57,7 +57,7 @@ impl H1Pool {
     /// for `IDLE_FOR` are closed on the way, and when `MAX_IDLE` are
     /// held the oldest makes room: connections to an upstream nobody asks
     /// for any more cannot crowd out those of one in use.
-    pub(crate) fn put(&self, addr: SocketAddr, tag: u64, stream: UpstreamIo, now: Instant) {
+    pub(crate) fn put(&self, addr: Address, tag: u64, stream: UpstreamIo, now: Instant) {
         let Ok(mut idle) = self.idle.lock() else {
             return;
         };

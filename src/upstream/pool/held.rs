@@ -14,7 +14,7 @@
 
 use super::h1::H1Pool;
 use super::lease::H1Lease;
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -36,7 +36,7 @@ struct HeldConn {
     /// Which upstream (by identity of its live state) the connection goes to.
     upstream: usize,
     /// Which of its endpoints.
-    addr: SocketAddr,
+    addr: Address,
     lease: H1Lease,
     place: Place,
 }
@@ -84,7 +84,7 @@ impl ConnCtx {
 
     /// The held lease to `upstream`'s endpoint at `addr`, if it is there
     /// and free (a busy one stays held; the caller takes another).
-    pub(crate) fn take(&self, upstream: usize, addr: SocketAddr) -> Option<(H1Lease, Place)> {
+    pub(crate) fn take(&self, upstream: usize, addr: Address) -> Option<(H1Lease, Place)> {
         let mut held = self.held.lock().ok()?;
         held.retain(|h| !h.lease.is_closed());
         let at = held
@@ -96,7 +96,7 @@ impl ConnCtx {
 
     /// Keeps `lease` for this client connection's next request to `addr`
     /// (the oldest held one makes room, and goes back to the pool).
-    pub(crate) fn keep(&self, upstream: usize, addr: SocketAddr, lease: H1Lease, place: Place) {
+    pub(crate) fn keep(&self, upstream: usize, addr: Address, lease: H1Lease, place: Place) {
         if let Ok(mut held) = self.held.lock() {
             if held.len() >= HELD_PER_CLIENT {
                 held.remove(0);

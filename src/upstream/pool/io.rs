@@ -1,4 +1,5 @@
-//! weir's upstream connections, of either protocol: cleartext TCP, or TLS
+//! weir's upstream connections, of either protocol: cleartext TCP, a
+//! Unix-domain socket (`unix:` endpoints, cleartext), or TLS
 //! (rustls) for an `https://` upstream ([`FastTls`], ALPN by the upstream's
 //! protocol). One type, so the pools, the exchange and the relay are written
 //! once for both.
@@ -8,7 +9,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::client::TlsStream;
 
 /// An upstream connection of the fast path, its socket metered (open, and
@@ -16,6 +17,7 @@ use tokio_rustls::client::TlsStream;
 #[derive(Debug)]
 pub(crate) enum UpstreamIo {
     Plain(Metered<TcpStream>),
+    Unix(Metered<UnixStream>),
     Tls(Box<TlsStream<Metered<TcpStream>>>),
 }
 
@@ -23,7 +25,7 @@ impl UpstreamIo {
     /// Whether the upstream chose HTTP/2 by ALPN (never over cleartext).
     pub(crate) fn chose_h2(&self) -> bool {
         match self {
-            UpstreamIo::Plain(_) => false,
+            UpstreamIo::Plain(_) | UpstreamIo::Unix(_) => false,
             UpstreamIo::Tls(s) => s.get_ref().1.alpn_protocol() == Some(b"h2"),
         }
     }
@@ -39,6 +41,15 @@ impl UpstreamIo {
         let mut cx = Context::from_waker(Waker::noop());
         match self {
             UpstreamIo::Plain(s) => match s.get_mut().poll_read_ready(&mut cx) {
+                Poll::Pending => true,
+                Poll::Ready(Err(_)) => false,
+                Poll::Ready(Ok(())) => {
+                    let mut byte = [0u8; 1];
+                    let s = s.get_mut();
+                    matches!(s.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+                }
+            },
+            UpstreamIo::Unix(s) => match s.get_mut().poll_read_ready(&mut cx) {
                 Poll::Pending => true,
                 Poll::Ready(Err(_)) => false,
                 Poll::Ready(Ok(())) => {
@@ -67,6 +78,7 @@ impl AsyncRead for UpstreamIo {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            UpstreamIo::Unix(s) => Pin::new(s).poll_read(cx, buf),
             UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
@@ -80,6 +92,7 @@ impl AsyncWrite for UpstreamIo {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            UpstreamIo::Unix(s) => Pin::new(s).poll_write(cx, buf),
             UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
@@ -87,6 +100,7 @@ impl AsyncWrite for UpstreamIo {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_flush(cx),
+            UpstreamIo::Unix(s) => Pin::new(s).poll_flush(cx),
             UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
@@ -94,6 +108,7 @@ impl AsyncWrite for UpstreamIo {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            UpstreamIo::Unix(s) => Pin::new(s).poll_shutdown(cx),
             UpstreamIo::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }

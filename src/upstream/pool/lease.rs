@@ -18,7 +18,7 @@ use crate::upstream::send::{root_cause, Body, Failure, SendError, MAX_RESPONSE_H
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use std::future::poll_fn;
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use std::sync::{Arc, Weak};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -52,7 +52,7 @@ impl H1Lease {
     pub(crate) async fn over(
         io: UpstreamIo,
         pool: &Arc<H1Pool>,
-        addr: SocketAddr,
+        addr: Address,
         tag: u64,
     ) -> Result<Self, SendError> {
         let (sender, conn) = builder()
@@ -142,7 +142,7 @@ async fn run(
     mut conn: Conn,
     returned: oneshot::Receiver<SendRequest<Body>>,
     pool: Weak<H1Pool>,
-    addr: SocketAddr,
+    addr: Address,
     tag: u64,
 ) {
     let ended = |r: Result<(), hyper::Error>| {

@@ -26,9 +26,10 @@ pub(crate) use io::UpstreamIo;
 
 use crate::upstream::send::{Failure, SendError};
 use io::FastTls;
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use std::time::Duration;
-use tokio::net::TcpStream;
+use crate::metrics::meter::Metered;
+use tokio::net::{TcpStream, UnixStream};
 
 /// The one dialler of upstream connections, of either protocol: a new
 /// connection to `addr`, and its TLS handshake when `tls` says (ALPN by
@@ -37,19 +38,30 @@ use tokio::net::TcpStream;
 /// metered by `meter`. A TLS failure is [`SendError::tls`], naming its cause
 /// (the caller logs it once per cause).
 pub(crate) async fn open(
-    addr: SocketAddr,
+    addr: Address,
     timeout: Duration,
     tls: Option<&FastTls>,
     meter: &crate::metrics::meter::Meter,
 ) -> Result<UpstreamIo, SendError> {
     let failed = |why: String| SendError::new(Failure::Connect, why);
+    let addr = match addr {
+        Address::Tcp(addr) => addr,
+        Address::Unix(path) => {
+            // A socket file: cleartext only (validation refuses TLS to one).
+            return match tokio::time::timeout(timeout, UnixStream::connect(path)).await {
+                Ok(Ok(s)) => Ok(UpstreamIo::Unix(Metered::new(s, meter))),
+                Ok(Err(e)) => Err(failed(format!("{}: {e}", path.display()))),
+                Err(_) => Err(failed(format!("connect timed out after {timeout:?}"))),
+            };
+        }
+    };
     let s = match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return Err(failed(e.to_string())),
         Err(_) => return Err(failed(format!("connect timed out after {timeout:?}"))),
     };
     let _ = s.set_nodelay(true);
-    let s = crate::metrics::meter::Metered::new(s, meter);
+    let s = Metered::new(s, meter);
     let Some(tls) = tls else {
         return Ok(UpstreamIo::Plain(s));
     };

@@ -73,7 +73,7 @@ impl CacheIo for HyperRequest<'_> {
         Ok(data)
     }
 
-    fn endpoint(&self, r: &Response<UpstreamBody>) -> Option<std::net::SocketAddr> {
+    fn endpoint(&self, r: &Response<UpstreamBody>) -> Option<crate::upstream::Address> {
         r.extensions().get::<crate::upstream::Served>().map(|s| s.0)
     }
 

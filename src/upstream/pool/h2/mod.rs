@@ -39,7 +39,7 @@ use crate::upstream::send::{classify, Body, Failure, SendError};
 use bytes::Bytes;
 use http_body::Body as _;
 use std::future::Future;
-use std::net::SocketAddr;
+use crate::upstream::Address;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -102,7 +102,7 @@ pub(crate) const CHOSE_H2: u8 = 2;
 
 /// How an endpoint's HTTP/2 connections are opened.
 pub(crate) struct DialTo {
-    pub addr: SocketAddr,
+    pub addr: Address,
     /// TLS, for an `https://` upstream.
     pub tls: Option<Arc<FastTls>>,
     pub connect_timeout: Duration,
