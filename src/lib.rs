@@ -47,7 +47,8 @@
 //! - [`clock`]: the only module that reads clocks or seeds randomness;
 //!   [`shutdown`]: the stop signal; [`h1`]: HTTP/1 framing
 //!   (`Content-Length`, `Transfer-Encoding`, the chunked coding, where a
-//!   response ends). Leaves.
+//!   response ends); [`address`]: where a socket is, TCP or Unix-domain.
+//!   Leaves.
 //! - [`policy`]: PURE state machines and the retry decision — backoff,
 //!   budget, breaker, limiters, the adaptive limit, the balancer's choice
 //!   (`balance`: peak-EWMA, two choices), ejection (`eject`), the cache's
@@ -108,6 +109,7 @@
 //!   the fuzzing hooks.
 #![forbid(unsafe_code)]
 
+pub mod address;
 pub mod admin;
 pub mod cli;
 pub mod clock;

@@ -272,6 +272,7 @@ const LAYERS: &[(&str, &str)] = &[
         "h1",
         "HTTP/1 framing, written once for every reader of HTTP/1 bytes: a leaf",
     ),
+    ("address", "where a socket is, TCP or Unix-domain: a leaf"),
     ("policy", "the pure decision core"),
     ("config", "the TOML schema, validated into typed snapshots"),
     ("metrics", "every metric family and meter"),
@@ -581,14 +582,6 @@ fn every_upstream_connection_lives_under_upstream() {
     let mut files = Vec::new();
     sources(&root.join("src"), &mut files);
     files.sort();
-    let dials = [
-        "TcpStream::connect",
-        "client::conn::http1",
-        "client::conn::http2",
-        "legacy::Client",
-        "SendRequest",
-        "TlsConnector",
-    ];
     let mut outside = Vec::new();
     let mut pools: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for f in &files {
@@ -597,7 +590,7 @@ fn every_upstream_connection_lives_under_upstream() {
         let upstream = rel.starts_with("src/upstream/");
         if !upstream && !rel.starts_with("src/cli/") {
             for l in code(&text) {
-                if let Some(d) = dials.iter().find(|d| l.contains(*d)) {
+                if let Some(d) = dial_in(l) {
                     outside.push(format!("{rel}: {d}"));
                 }
             }
@@ -647,6 +640,37 @@ fn every_upstream_connection_lives_under_upstream() {
         .map(|f| f.strip_prefix(root).unwrap().display().to_string())
         .collect();
     assert!(legacy.is_empty(), "hyper-util's pool used in: {legacy:?}");
+}
+
+/// What on a line of code makes or keeps an upstream connection: a connect
+/// of either socket kind (TCP or Unix-domain), a hyper client, a TLS
+/// connector.
+fn dial_in(line: &str) -> Option<&'static str> {
+    const DIALS: [&str; 9] = [
+        "TcpStream::connect",
+        "TcpSocket::",
+        "UnixStream::connect",
+        "UnixSocket::",
+        "client::conn::http1",
+        "client::conn::http2",
+        "legacy::Client",
+        "SendRequest",
+        "TlsConnector",
+    ];
+    DIALS.iter().copied().find(|d| line.contains(d))
+}
+
+#[test]
+fn a_connect_of_either_kind_is_a_dial() {
+    for line in [
+        "let s = tokio::net::UnixStream::connect(path).await?;",
+        "let s = TcpStream::connect(addr).await?;",
+        "let s = tokio::net::TcpSocket::new_v4()?;",
+        "let s = std::os::unix::net::UnixStream::connect(p)?;",
+    ] {
+        assert!(dial_in(line).is_some(), "{line}");
+    }
+    assert!(dial_in("let l = UnixListener::bind(path)?;").is_none());
 }
 
 /// `autotests = false`: a file in `tests/` runs only if `tests/main.rs`

@@ -63,6 +63,7 @@ mod third_party_smoke;
 mod tls;
 mod truncated;
 mod tunnel;
+mod unix_sockets;
 mod uploads;
 mod upstream_pool;
 mod wire;

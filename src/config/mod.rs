@@ -255,11 +255,19 @@ pub struct UpstreamUrl {
     pub port: u16,
     /// Without a trailing slash; empty for none.
     pub base_path: String,
+    /// `url = "unix:/run/app.sock"`: the Unix-domain socket it is reached
+    /// on. `authority` is then the `authority` setting (default
+    /// `localhost`), `host` its host and `port` 0.
+    pub socket: Option<std::path::PathBuf>,
 }
 
 impl UpstreamUrl {
-    /// `scheme://host:port`: where it goes, never its credentials or path.
+    /// `scheme://host:port`, or `unix:/path` for a socket: where it goes,
+    /// never its credentials or path.
     pub fn origin(&self) -> String {
+        if let Some(path) = &self.socket {
+            return format!("unix:{}", path.display());
+        }
         let scheme = match self.scheme {
             Scheme::Http => "http",
             Scheme::Https => "https",

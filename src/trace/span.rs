@@ -235,7 +235,7 @@ impl Trace {
         outcome: &Outcome,
         error: Option<&str>,
         ended: Instant,
-        endpoint: Option<crate::upstream::Address>,
+        endpoint: Option<crate::address::Address>,
         server: &str,
     ) {
         let mut r = self.record();
@@ -251,13 +251,13 @@ impl Trace {
             a.attributes
                 .push(KeyValue::new("weir.endpoint", e.to_string()));
             match e {
-                crate::upstream::Address::Tcp(e) => {
+                crate::address::Address::Tcp(e) => {
                     a.attributes
                         .push(KeyValue::new("network.peer.address", e.ip().to_string()));
                     a.attributes
                         .push(KeyValue::new("network.peer.port", i64::from(e.port())));
                 }
-                crate::upstream::Address::Unix(path) => {
+                crate::address::Address::Unix(path) => {
                     let path = path.display().to_string();
                     a.attributes
                         .push(KeyValue::new("network.peer.address", path));

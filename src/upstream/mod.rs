@@ -10,7 +10,6 @@
 //! (each endpoint's health); this module holds them behind short locks,
 //! never across an await.
 
-mod address;
 pub(crate) mod body;
 pub(crate) mod checkout;
 pub mod client;
@@ -22,7 +21,7 @@ pub mod resolve;
 mod seen;
 pub mod send;
 
-pub use address::Address;
+pub use crate::address::Address;
 pub use dial::Served;
 pub(crate) use dial::{dial, report};
 

@@ -12,9 +12,9 @@
 //! general path), and one that fails is tried again every second until
 //! one answers.
 
+use super::Address;
 use super::Endpoints;
 use crate::metrics::DnsMetrics;
-use super::Address;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -26,11 +26,15 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 /// How long one resolution may take.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// One source of endpoints: a host (IP literal or name) and a port.
+/// One source of endpoints: a host (IP literal or name) and a port, or
+/// `unix:/path` with port 0 (a Unix-domain socket).
 pub type HostPort = (String, u16);
 
-/// The literal address of an entry whose host is an IP.
+/// The literal address of an entry whose host is an IP or a socket path.
 pub fn literal((host, port): &HostPort) -> Option<Address> {
+    if let Some(path) = host.strip_prefix("unix:") {
+        return Some(Address::unix(std::path::Path::new(path)));
+    }
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     bare.parse::<std::net::IpAddr>()
         .ok()

@@ -18,6 +18,9 @@ pub struct RawUpstream {
     pub strip_prefix: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preserve_host: Option<bool>,
+    /// With a `unix:` url: the `Host` / `:authority` sent upstream.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub authority: Option<String>,
     /// `CONNECT` to this upstream opens a TCP tunnel to its address.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tunnel: Option<bool>,

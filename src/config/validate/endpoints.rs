@@ -12,7 +12,18 @@ use crate::policy::BalanceParams;
 const MAX_ENDPOINTS_CEILING: u32 = 1024;
 
 /// One `host:port` entry, or why it is not one.
+/// A `host:port` entry, or `unix:/path` (an absolute socket path, kept as
+/// written with port 0: `upstream::resolve::literal` makes it an
+/// `Address`).
 fn entry(s: &str) -> Result<(String, u16), String> {
+    if let Some(path) = s.strip_prefix("unix:") {
+        if !path.starts_with('/') || path.ends_with('/') {
+            return Err(format!(
+                "{s:?}: a socket path must be absolute: \"unix:/run/app.sock\""
+            ));
+        }
+        return Ok((s.to_string(), 0));
+    }
     let bad =
         || format!("{s:?} is not `host:port` (e.g. \"10.0.0.7:8080\" or \"api-2.internal:443\")");
     let a: http::uri::Authority = s.parse().map_err(|_| bad())?;
@@ -146,7 +157,11 @@ pub(super) fn endpoints(
     let fixed = up.endpoints.is_some();
     if !fixed {
         // The url's host and port; `url` reports its own errors.
-        entries.push((url?.host.clone(), url?.port));
+        let url = url?;
+        match &url.socket {
+            Some(path) => entries.push((format!("unix:{}", path.display()), 0)),
+            None => entries.push((url.host.clone(), url.port)),
+        }
     }
     Some(EndpointsConfig {
         entries,

@@ -8,8 +8,8 @@
 
 use crate::policy::Outcome;
 use crate::proxy::error::ProxyError;
-use std::future::Future;
 use crate::upstream::Address;
+use std::future::Future;
 use std::sync::Mutex;
 use tokio::time::Instant;
 

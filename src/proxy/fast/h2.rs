@@ -16,9 +16,9 @@ use crate::proxy::error::ProxyError;
 use crate::proxy::general::transport::{HyperTransport, Outbound};
 use crate::proxy::replay::RequestBody;
 use crate::proxy::Upstream;
+use crate::upstream::Address;
 use bytes::Bytes;
 use http::Response;
-use crate::upstream::Address;
 use tokio::time::Instant;
 
 /// The general path's transport, watching the fast path's client.

@@ -24,8 +24,8 @@ use crate::proxy::error::ProxyError;
 use crate::proxy::idempotent::Recorder;
 use crate::proxy::Upstream;
 use crate::state::gate::Slot;
-use bytes::Bytes;
 use crate::upstream::Address;
+use bytes::Bytes;
 use std::sync::Arc;
 use tokio::time::Instant;
 

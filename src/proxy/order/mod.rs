@@ -26,8 +26,8 @@ use super::Upstream;
 use crate::policy::idempotency::{Ending, StoredResponse};
 use crate::policy::RequestFacts;
 use crate::state::gate::Slot;
-use cache::{CacheIo, CacheStep};
 use crate::upstream::Address;
+use cache::{CacheIo, CacheStep};
 use std::time::Duration;
 use tokio::time::Instant;
 

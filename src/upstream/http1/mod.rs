@@ -30,11 +30,11 @@ pub(crate) use body::H1Body;
 
 use super::pool::{H1Pool, UpstreamIo};
 use super::send::{Body, BoxError, Failure, SendError, MAX_INTERIM_RESPONSES, MAX_RESPONSE_HEAD};
+use crate::upstream::Address;
 use bytes::{Buf, BytesMut};
 use http::{Method, Request, Response};
 use http_body::Body as _;
 use std::io::Write as _;
-use crate::upstream::Address;
 use std::pin::Pin;
 use std::sync::Weak;
 use std::task::{ready, Context, Poll};

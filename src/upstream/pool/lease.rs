@@ -15,10 +15,10 @@
 use super::h1::H1Pool;
 use super::io::UpstreamIo;
 use crate::upstream::send::{root_cause, Body, Failure, SendError, MAX_RESPONSE_HEAD};
+use crate::upstream::Address;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use std::future::poll_fn;
-use crate::upstream::Address;
 use std::sync::{Arc, Weak};
 use tokio::sync::oneshot;
 use tokio::time::Instant;

@@ -24,11 +24,11 @@ pub(crate) mod lease;
 pub(crate) use h1::H1Pool;
 pub(crate) use io::UpstreamIo;
 
-use crate::upstream::send::{Failure, SendError};
-use io::FastTls;
-use crate::upstream::Address;
-use std::time::Duration;
 use crate::metrics::meter::Metered;
+use crate::upstream::send::{Failure, SendError};
+use crate::upstream::Address;
+use io::FastTls;
+use std::time::Duration;
 use tokio::net::{TcpStream, UnixStream};
 
 /// The one dialler of upstream connections, of either protocol: a new

@@ -1,8 +1,10 @@
-//! Where an endpoint is (docs/reference/endpoints.md#addresses): a TCP socket
-//! address, or the path of a Unix-domain socket. Everything that names an
-//! endpoint — the balancer, ejection, the pools, the status page, the
-//! `endpoint` label and the access log — carries an [`Address`], and only
-//! the upstream layer's dialler (`pool::open`) looks at its kind.
+//! Where a socket is (docs/reference/endpoints.md#addresses): a TCP socket
+//! address, or the path of a Unix-domain socket. A leaf: every layer may
+//! name one. Everything that names an upstream's endpoint — the balancer,
+//! ejection, the pools, the status page, the `endpoint` label, the access
+//! log and the trace span — carries an [`Address`] (`upstream::Address`),
+//! and only the upstream layer's dialler (`upstream::pool::open`) looks at
+//! its kind.
 //!
 //! An `Address` is `Copy`, like the `SocketAddr` it replaces: a socket path
 //! is interned once (leaked into a process-wide set, so each distinct path
