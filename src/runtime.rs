@@ -20,7 +20,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 /// How long the file watch waits for a burst of events to settle.
@@ -90,7 +89,10 @@ impl Workers {
 pub struct Runtime {
     pub proxy: Arc<ProxyHandle>,
     pub reloader: Arc<Reloader>,
+    /// The admin listener's TCP address (0.0.0.0:0 on a socket file).
     pub admin_addr: SocketAddr,
+    /// The admin listener, of either kind.
+    pub admin_address: crate::address::Address,
     stop: watch::Sender<bool>,
     workers: Mutex<Option<Workers>>,
 }
@@ -101,10 +103,12 @@ impl Runtime {
         let path = config.path.clone();
         let admin = config.server.admin;
         let metrics = Arc::new(Metrics::new());
-        let admin_listener = TcpListener::bind(admin).await.map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot listen on {admin} (admin): {e}"))
-        })?;
-        let admin_addr = admin_listener.local_addr()?;
+        let admin_listener =
+            crate::admin::AdminListener::bind(admin, config.server.socket_mode).await?;
+        let admin_address = admin_listener.local()?;
+        let admin_addr = admin_address
+            .tcp()
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)));
         let workers = Workers::start(opts.workers)?;
         let proxy =
             Arc::new(Proxy::start_on(config, metrics.clone(), workers.handles.clone()).await?);
@@ -129,6 +133,7 @@ impl Runtime {
             proxy,
             reloader,
             admin_addr,
+            admin_address,
             stop,
             workers: Mutex::new(Some(workers)),
         })

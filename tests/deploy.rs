@@ -521,13 +521,16 @@ fn the_image_runs_weir_on_its_config_as_non_root_and_exposes_its_ports() {
     );
     image_uid();
     let cfg = load_config(&src);
-    let mut want = vec![cfg.server.listen.port(), cfg.server.admin.port()];
+    let mut want = vec![
+        cfg.server.listen.tcp().unwrap().port(),
+        cfg.server.admin.tcp().unwrap().port(),
+    ];
     want.sort_unstable();
     let mut got = rt.expose.clone();
     got.sort_unstable();
     assert_eq!(got, want, "EXPOSE vs {src}'s listen and admin");
     assert!(
-        cfg.server.admin.ip().is_unspecified(),
+        cfg.server.admin.tcp().unwrap().ip().is_unspecified(),
         "{src}: admin must bind 0.0.0.0 for probes and scraping"
     );
 }
@@ -673,7 +676,7 @@ async fn the_image_health_check_asks_the_admin_listener_of_its_config() {
     // What it reads from the image's config is where weir's admin listens.
     let cfg = load_config(&src);
     let admin = weir::cli::health::admin_of(&root().join(&src)).unwrap();
-    assert_eq!(admin, cfg.server.admin);
+    assert_eq!(admin, cfg.server.admin.tcp().unwrap());
     assert!(weir::cli::health::target(admin).ip().is_loopback());
 
     let (rt, _up, dir) = weir_with_traffic().await;
@@ -723,12 +726,12 @@ fn data_ports(cfg: &Config) -> BTreeSet<u16> {
     let mut ports: BTreeSet<u16> = cfg
         .upstreams
         .iter()
-        .filter_map(|u| u.listen)
+        .filter_map(|u| u.listen.and_then(|l| l.tcp()))
         .inspect(|a| assert!(reachable_on_localhost(*a), "{a} is not on localhost"))
         .map(|a| a.port())
         .collect();
-    assert!(reachable_on_localhost(cfg.server.listen));
-    ports.insert(cfg.server.listen.port());
+    assert!(reachable_on_localhost(cfg.server.listen.tcp().unwrap()));
+    ports.insert(cfg.server.listen.tcp().unwrap().port());
     ports
 }
 
@@ -756,7 +759,7 @@ fn kubernetes_manifests_agree_with_the_image_and_the_config_they_mount() {
 
     let (cm_name, cm_key, cm_src) = configmap();
     let cfg = parse_config(&cm_key, &cm_src);
-    let admin = cfg.server.admin;
+    let admin = cfg.server.admin.tcp().unwrap();
     assert!(
         admin.ip().is_unspecified(),
         "admin {admin}: kubelet probes and Prometheus come from outside the pod's loopback"
@@ -1072,7 +1075,7 @@ fn the_pod_monitor_scrapes_the_sidecars_admin_listener() {
     assert!(of_kind(&kustomized("deploy/kubernetes"), "PodMonitor").is_empty());
 
     let (_, key, src) = configmap();
-    let admin = parse_config(&key, &src).server.admin;
+    let admin = parse_config(&key, &src).server.admin.tcp().unwrap();
     let dep = yaml("deploy/kubernetes/deployment.yaml");
     let tpl = at(&dep, &["spec", "template"]);
     assert!(selects(
@@ -1215,7 +1218,7 @@ fn compose_agrees_with_the_image_and_the_config_it_mounts() {
         "compose weir.toml",
         &std::fs::read_to_string(&toml_path).unwrap(),
     );
-    let admin = cfg.server.admin;
+    let admin = cfg.server.admin.tcp().unwrap();
     assert!(
         admin.ip().is_unspecified(),
         "Prometheus scrapes from another container"

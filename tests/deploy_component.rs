@@ -252,14 +252,14 @@ fn the_component_adds_weir_to_a_plain_deployment() {
     let toml = s(at(cm, &["data", "weir.toml"]));
     let config = weir::config::Config::parse(Path::new("configmap.yaml"), toml)
         .unwrap_or_else(|e| panic!("the component's weir.toml:\n{e}"));
-    let admin_port = config.server.admin.port();
+    let admin_port = config.server.admin.tcp().unwrap().port();
     let admin = named(at(weir, &["ports"]), "admin");
     assert_eq!(
         at(admin, &["containerPort"]).as_u64(),
         Some(u64::from(admin_port))
     );
     assert!(
-        config.server.admin.ip().is_unspecified(),
+        config.server.admin.tcp().unwrap().ip().is_unspecified(),
         "probes and Prometheus reach the admin listener from outside the pod"
     );
     for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {

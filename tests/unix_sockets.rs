@@ -349,3 +349,180 @@ fn socket_urls_are_checked() {
         assert!(e.contains("unix.toml"), "{e}");
     }
 }
+
+/// weir started from `server` (its `[server]` lines) and one upstream `svc`
+/// at `url`, as `weir run` starts it (admin listener included).
+async fn runtime(server: &str, url: &str) -> Result<weir::runtime::Runtime, String> {
+    let src =
+        format!("[server]\n{server}\n\n[upstreams.svc]\nurl = \"{url}\"\nhosts = [\"svc\"]\n");
+    let config = Config::parse(Path::new("unix-listen.toml"), &src).map_err(|e| e.to_string())?;
+    let opts = weir::runtime::Options {
+        watch: false,
+        sighup: false,
+        workers: 0,
+    };
+    weir::runtime::Runtime::start(config, opts)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// curl with `--unix-socket sock`: (status, body).
+fn curl_unix(sock: &Path, args: &[&str], url: &str) -> (u16, String) {
+    let out = run_bounded(
+        Command::new(curl().unwrap())
+            .args(["-s", "-o", "-", "-w", "\n%{http_code}", "--unix-socket"])
+            .arg(sock)
+            .args(args)
+            .arg(url),
+        Duration::from_secs(20),
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curl_and_nginx_reach_weir_listening_on_a_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    if !require(CURL_TOOL, curl().is_some()) {
+        return;
+    }
+    let up = TestUpstream::start(|req| async move {
+        let host = req
+            .headers()
+            .get("host")
+            .map(|h| h.to_str().unwrap_or("").to_string())
+            .unwrap_or_default();
+        Response::new(body(format!("{} {host}", req.uri().path())))
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("weir.sock");
+    let admin = dir.path().join("admin.sock");
+    let server = format!(
+        "listen = \"unix:{}\"\nadmin = \"unix:{}\"\nsocket_mode = \"0600\"",
+        sock.display(),
+        admin.display()
+    );
+    let rt = runtime(&server, &up.url()).await.unwrap();
+    for f in [&sock, &admin] {
+        let mode = std::fs::metadata(f).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", f.display());
+    }
+    let (s, a) = (sock.clone(), admin.clone());
+    let (h1, h2, health) = tokio::task::spawn_blocking(move || {
+        (
+            curl_unix(&s, &[], "http://svc/one"),
+            curl_unix(&s, &["--http2-prior-knowledge"], "http://svc/two"),
+            curl_unix(&a, &[], "http://localhost/healthz"),
+        )
+    })
+    .await
+    .unwrap();
+    // Routed by `Host: svc`; the upstream is sent its own authority.
+    let at = up.addr;
+    assert_eq!(h1, (200, format!("/one {at}")));
+    assert_eq!(h2, (200, format!("/two {at}")));
+    assert_eq!(health.0, 200, "{health:?}");
+
+    // nginx in front, proxying to weir's socket.
+    if require(NGINX_TOOL, nginx_bin().is_some()) {
+        let block = format!(
+            "server {{ listen 127.0.0.1:{{PORT}}; location / {{ proxy_pass http://unix:{}:; proxy_set_header Host svc; }} }}",
+            sock.display()
+        );
+        let ngx = nginx(&block).unwrap();
+        let port = ngx.port;
+        let via = tokio::task::spawn_blocking(move || {
+            let out = run_bounded(
+                Command::new(curl().unwrap())
+                    .args(["-s", "-w", "\n%{http_code}"])
+                    .arg(format!("http://127.0.0.1:{port}/via-nginx")),
+                Duration::from_secs(20),
+            );
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .await
+        .unwrap();
+        assert_eq!(via, format!("/via-nginx {at}\n200"));
+    }
+
+    // A clean shutdown removes both socket files.
+    rt.shutdown(Duration::from_secs(2)).await;
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    while (sock.exists() || admin.exists()) && tokio::time::Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!sock.exists(), "the listener's socket file is left");
+    assert!(!admin.exists(), "the admin socket file is left");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_socket_is_replaced_and_a_live_one_or_a_file_refused() {
+    let up = TestUpstream::text("ok").await;
+    let dir = tempfile::tempdir().unwrap();
+    let listen = |p: &Path| format!("listen = \"unix:{}\"\nadmin = \"127.0.0.1:0\"", p.display());
+
+    // A socket left by a process that is gone: replaced.
+    let stale = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let rt = runtime(&listen(&stale), &up.url()).await.unwrap();
+    let s = stale.clone();
+    let got = tokio::task::spawn_blocking(move || {
+        let mut c = std::os::unix::net::UnixStream::connect(&s).unwrap();
+        use std::io::{Read, Write};
+        c.write_all(b"GET / HTTP/1.1\r\nhost: svc\r\nconnection: close\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    })
+    .await
+    .unwrap();
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    rt.shutdown(Duration::from_secs(1)).await;
+
+    // A socket another process answers on: refused, and left alone.
+    let live = dir.path().join("live.sock");
+    let holder = std::os::unix::net::UnixListener::bind(&live).unwrap();
+    let e = runtime(&listen(&live), &up.url()).await.unwrap_err();
+    assert!(e.contains("already in use by another process"), "{e}");
+    assert!(live.exists());
+    drop(holder);
+
+    // A file that is no socket: refused, and not removed.
+    let plain = dir.path().join("plain");
+    std::fs::write(&plain, b"keep me").unwrap();
+    let e = runtime(&listen(&plain), &up.url()).await.unwrap_err();
+    assert!(e.contains("not a socket"), "{e}");
+    assert_eq!(std::fs::read(&plain).unwrap(), b"keep me");
+}
+
+#[test]
+fn socket_listeners_are_checked() {
+    let parse = |server: &str| {
+        let src = format!(
+            "[server]\n{server}\n[upstreams.svc]\nurl = \"http://10.0.0.1\"\nhosts = [\"svc\"]\n"
+        );
+        Config::parse(Path::new("unix.toml"), &src).map(|_| ())
+    };
+    assert!(parse("listen = \"unix:/run/weir.sock\"\nsocket_mode = \"0666\"").is_ok());
+    for (server, field) in [
+        ("listen = \"unix:weir.sock\"", "server.listen"),
+        ("admin = \"unix:/run/\"", "server.admin"),
+        ("socket_mode = \"0999\"", "server.socket_mode"),
+        ("socket_mode = \"1777\"", "server.socket_mode"),
+        (
+            "listen = \"unix:/run/weir.sock\"\ntls = { cert = \"/c\", key = \"/k\" }",
+            "server.tls",
+        ),
+        (
+            "listen = \"unix:/run/a.sock\"\nadmin = \"unix:/run/a.sock\"",
+            "server.admin",
+        ),
+    ] {
+        let e = parse(server).expect_err(server).to_string();
+        assert!(e.contains(field), "{server}: {e}");
+    }
+}

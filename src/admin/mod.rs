@@ -105,9 +105,56 @@ fn refusal<B>(peer: SocketAddr, req: &Request<B>) -> Option<Response<Body>> {
     None
 }
 
+/// Where the admin endpoints listen: a TCP address, or a socket file
+/// (`admin = "unix:/path"`, removed when the listener closes).
+#[derive(Debug)]
+pub struct AdminListener(Listener);
+
+#[derive(Debug)]
+enum Listener {
+    Tcp(TcpListener),
+    Unix(
+        tokio::net::UnixListener,
+        crate::proxy::listen_unix::SocketFile,
+    ),
+}
+
+impl AdminListener {
+    /// Listens on `at` (a socket file with `mode`).
+    pub async fn bind(at: crate::address::Address, mode: u32) -> std::io::Result<AdminListener> {
+        use crate::address::Address;
+        match at {
+            Address::Tcp(a) => TcpListener::bind(a)
+                .await
+                .map(|l| AdminListener(Listener::Tcp(l)))
+                .map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("cannot listen on {a} (admin): {e}"))
+                }),
+            Address::Unix(path) => {
+                let (l, file) = crate::proxy::listen_unix::bind(path, mode)?;
+                let l = tokio::net::UnixListener::from_std(l)?;
+                Ok(AdminListener(Listener::Unix(l, file)))
+            }
+        }
+    }
+
+    /// What it is bound to (a TCP port 0 resolved).
+    pub fn local(&self) -> std::io::Result<crate::address::Address> {
+        match &self.0 {
+            Listener::Tcp(l) => l.local_addr().map(crate::address::Address::Tcp),
+            Listener::Unix(_, f) => Ok(crate::address::Address::unix(f.path())),
+        }
+    }
+}
+
+/// A client of the admin socket file: local by construction (the file's
+/// mode decided who may connect), so taken for loopback.
+const SOCKET_PEER: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+
 /// Serves the admin endpoints until `stop` is set.
 pub async fn serve(
-    listener: TcpListener,
+    listener: AdminListener,
     reloader: Arc<Reloader>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -117,25 +164,49 @@ pub async fn serve(
     ));
     loop {
         let accepted = tokio::select! {
-            a = listener.accept() => a,
+            a = accept(&listener) => a,
             _ = crate::shutdown::stopped(&mut stop) => break,
         };
-        let Ok((stream, peer)) = accepted else {
+        let Some(accepted) = accepted else {
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
         let reloader = reloader.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req| {
-                let reloader = reloader.clone();
-                async move { Ok::<_, Infallible>(route(&reloader, peer, req).await) }
-            });
-            let mut b = hyper::server::conn::http1::Builder::new();
-            b.timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10));
-            let _ = b.serve_connection(TokioIo::new(stream), svc).await;
-        });
+        match accepted {
+            (Accepted::Tcp(s), peer) => tokio::spawn(connection(s, peer, reloader)),
+            (Accepted::Unix(s), peer) => tokio::spawn(connection(s, peer, reloader)),
+        };
     }
+}
+
+enum Accepted {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+async fn accept(listener: &AdminListener) -> Option<(Accepted, SocketAddr)> {
+    match &listener.0 {
+        Listener::Tcp(l) => l.accept().await.ok().map(|(s, p)| (Accepted::Tcp(s), p)),
+        Listener::Unix(l, _) => l
+            .accept()
+            .await
+            .ok()
+            .map(|(s, _)| (Accepted::Unix(s), SOCKET_PEER)),
+    }
+}
+
+async fn connection<S>(stream: S, peer: SocketAddr, reloader: Arc<Reloader>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |req| {
+        let reloader = reloader.clone();
+        async move { Ok::<_, Infallible>(route(&reloader, peer, req).await) }
+    });
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(10));
+    let _ = b.serve_connection(TokioIo::new(stream), svc).await;
 }
 
 fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {

@@ -33,6 +33,7 @@ pub const BUILTIN: &str = include_str!("../../config/weir.toml");
 pub const BUILTIN_NAME: &str = "(built-in default)";
 pub use schema::catalogue;
 
+use crate::address::Address;
 use crate::policy::{BreakerParams, CacheParams, IdempotencyParams, RateLimitParams, RetryPolicy};
 use http::HeaderName;
 use std::net::SocketAddr;
@@ -154,8 +155,11 @@ impl Default for TracingConfig {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
-    pub listen: SocketAddr,
-    pub admin: SocketAddr,
+    /// A TCP address, or `unix:/path` (a socket file weir makes).
+    pub listen: Address,
+    pub admin: Address,
+    /// The permissions of the socket files weir listens on (`socket_mode`).
+    pub socket_mode: u32,
     pub max_connections: usize,
     pub header_read_timeout: Duration,
     /// A client connection with no request in flight this long is closed.
@@ -320,7 +324,7 @@ pub struct UpstreamConfig {
     /// A `CONNECT` routed here becomes a TCP tunnel to the upstream's
     /// address (its `url`'s host and port); without it, 405.
     pub tunnel: bool,
-    pub listen: Option<SocketAddr>,
+    pub listen: Option<Address>,
     /// Inbound TLS on the dedicated listener.
     pub listen_tls: Option<ListenerTls>,
     pub protocol: Protocol,

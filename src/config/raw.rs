@@ -106,6 +106,10 @@ pub struct RawServer {
     /// One log line per request: `off`, `errors` (default) or `all`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub access_log: Option<super::AccessLog>,
+    /// The permissions, in octal, of every `unix:` socket weir listens on.
+    /// Default "0660".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub socket_mode: Option<String>,
 }
 
 impl RawServer {
@@ -123,10 +127,11 @@ impl RawServer {
             shutdown_timeout: Some(Dur(std::time::Duration::from_secs(30))),
             tls: None,
             access_log: Some(super::AccessLog::Errors),
+            socket_mode: Some("0660".into()),
         }
     }
 }
-mergeable!(RawServer { listen, admin, max_connections, header_read_timeout, client_idle_timeout, client_write_timeout, max_streams_per_connection, max_resets_per_second, max_header_bytes, shutdown_timeout, tls, access_log } nested {});
+mergeable!(RawServer { listen, admin, max_connections, header_read_timeout, client_idle_timeout, client_write_timeout, max_streams_per_connection, max_resets_per_second, max_header_bytes, shutdown_timeout, tls, access_log, socket_mode } nested {});
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -39,14 +39,14 @@ pub(crate) struct AccessEntry<'a> {
 /// The client's address, as a request's extension (the connection's
 /// service adds it; the general path's line reads it).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct ClientAddr(pub std::net::SocketAddr);
+pub(crate) struct ClientAddr(pub crate::address::Address);
 
 /// The request side of a line: the client's address, the request id (the
 /// client's `x-request-id`, or the one weir made and forwarded), its
 /// `User-Agent`, and the request body bytes it sent.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Who<'a> {
-    pub(crate) client: Option<std::net::SocketAddr>,
+    pub(crate) client: Option<crate::address::Address>,
     pub(crate) request_id: Option<&'a str>,
     pub(crate) user_agent: Option<&'a str>,
     pub(crate) bytes_in: u64,
@@ -156,7 +156,7 @@ pub(crate) struct Line {
     pub(crate) hedge: Option<bool>,
     pub(crate) endpoint: Option<crate::upstream::Address>,
     pub(crate) took: Duration,
-    pub(crate) client: Option<std::net::SocketAddr>,
+    pub(crate) client: Option<crate::address::Address>,
     pub(crate) request_id: Option<String>,
     pub(crate) user_agent: Option<String>,
     /// The request body's bytes, counted as they are read.

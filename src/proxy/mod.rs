@@ -14,6 +14,7 @@ pub mod fast;
 pub(crate) mod general;
 pub(crate) mod headers;
 pub(crate) mod idempotent;
+pub(crate) mod listen_unix;
 pub(crate) mod order;
 pub(crate) mod replay;
 pub mod request;

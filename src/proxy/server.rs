@@ -5,6 +5,7 @@
 
 use super::general::conn::{builder, serve_io, ClientConn, ServeState};
 use super::{ListenerRole, Snapshot};
+use crate::address::Address;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::shutdown::stopped;
@@ -29,11 +30,12 @@ const OVER_LIMIT_AT_CLOSE: usize = 64;
 
 /// A listener is identified by what the config asked for: its configured
 /// address and its role. A reload that names the same pair keeps it.
-type ListenerKey = (SocketAddr, ListenerRole);
+type ListenerKey = (Address, ListenerRole);
 
 #[derive(Debug)]
 struct Listening {
-    bound: SocketAddr,
+    /// The address bound: a TCP port 0 resolved, or the socket file.
+    bound: Address,
     stop: watch::Sender<bool>,
     /// One accept loop per worker (each on its own SO_REUSEPORT socket).
     tasks: Vec<JoinHandle<()>>,
@@ -127,7 +129,7 @@ impl ProxyHandle {
     async fn bind_missing(&self, config: &Config) -> io::Result<Vec<(ListenerKey, Listening)>> {
         // An address weir itself listens on under another role (a reload
         // that renames a dedicated upstream) is not another process's.
-        let (missing, ours): (Vec<ListenerKey>, Vec<SocketAddr>) = {
+        let (missing, ours): (Vec<ListenerKey>, Vec<Address>) = {
             let have = self.listeners();
             let missing = wanted(config)
                 .into_iter()
@@ -136,18 +138,50 @@ impl ProxyHandle {
             (missing, have.keys().map(|(a, _)| *a).collect())
         };
         let mut bound = Vec::new();
-        for (addr, role) in missing {
-            let alone = !ours.contains(&addr);
+        let mut files = Vec::new();
+        let mode = config.server.socket_mode;
+        for (at, role) in missing {
+            let addr = match at {
+                Address::Tcp(addr) => addr,
+                Address::Unix(path) => {
+                    files.push(((at, role), super::listen_unix::bind(path, mode)?));
+                    continue;
+                }
+            };
+            let alone = !ours.contains(&at);
             let sockets =
                 bind(addr, self.workers.len().max(1), alone).map_err(|e| match e.kind() {
                     io::ErrorKind::AddrInUse => e,
                     _ => io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")),
                 })?;
-            bound.push(((addr, role), sockets));
+            bound.push(((at, role), sockets));
         }
         let mut out = Vec::new();
+        for ((at, role), (listener, file)) in files {
+            let (stop, stop_rx) = watch::channel(false);
+            let fut = super::listen_unix::serve(
+                listener,
+                file,
+                role.clone(),
+                self.shared.clone(),
+                stop_rx,
+            );
+            let task = match self.workers.first() {
+                Some(worker) => worker.spawn(fut),
+                None => tokio::spawn(fut),
+            };
+            tracing::info!(listen = %at, role = %role, "listening");
+            out.push((
+                (at, role),
+                Listening {
+                    bound: at,
+                    stop,
+                    tasks: vec![task],
+                },
+            ));
+        }
         for ((addr, role), sockets) in bound {
-            let local = sockets[0].local_addr()?;
+            let local = Address::Tcp(sockets[0].local_addr()?);
             let (stop, stop_rx) = watch::channel(false);
             let mut tasks = Vec::new();
             for (i, socket) in sockets.into_iter().enumerate() {
@@ -245,21 +279,29 @@ impl ProxyHandle {
         self.shared.states.metrics()
     }
 
-    /// The shared listener's bound address.
+    /// The shared listener's bound TCP address (0.0.0.0:0 when it is a
+    /// Unix-domain socket: [`ProxyHandle::listen_address`]).
     pub fn listen_addr(&self) -> SocketAddr {
+        self.listen_address()
+            .tcp()
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
+    /// The shared listener's bound address, of either kind.
+    pub fn listen_address(&self) -> Address {
         self.listeners()
             .iter()
             .find(|((_, r), _)| *r == ListenerRole::Shared)
             .map(|(_, l)| l.bound)
-            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+            .unwrap_or(Address::Tcp(SocketAddr::from(([0, 0, 0, 0], 0))))
     }
 
-    /// Each dedicated listener's bound address, by upstream name.
+    /// Each dedicated TCP listener's bound address, by upstream name.
     pub fn upstream_addrs(&self) -> BTreeMap<String, SocketAddr> {
         self.listeners()
             .iter()
             .filter_map(|((_, r), l)| match r {
-                ListenerRole::Dedicated(n) => Some((n.clone(), l.bound)),
+                ListenerRole::Dedicated(n) => Some((n.clone(), l.bound.tcp()?)),
                 ListenerRole::Shared => None,
             })
             .collect()
@@ -465,10 +507,10 @@ fn take_queued(listener: TcpListener, room: usize) -> Vec<(TcpStream, SocketAddr
 
 /// One client connection in `weir_client_connections_open`, from accept
 /// to its end on either path.
-struct OpenClient(prometheus::IntGauge);
+pub(super) struct OpenClient(prometheus::IntGauge);
 
 impl OpenClient {
-    fn client(metrics: &crate::metrics::Metrics) -> OpenClient {
+    pub(super) fn client(metrics: &crate::metrics::Metrics) -> OpenClient {
         let open = metrics.client_connections().clone();
         open.inc();
         OpenClient(open)
@@ -478,6 +520,41 @@ impl OpenClient {
 impl Drop for OpenClient {
     fn drop(&mut self) {
         self.0.dec();
+    }
+}
+
+/// A client connection's context on a listener of `role`, as the config
+/// now says (either listener kind; `listen_unix` too).
+pub(super) fn client_conn(
+    peer: Address,
+    role: ListenerRole,
+    shared: Arc<ServeState>,
+    stop: watch::Receiver<bool>,
+    pool: Arc<super::fast::Pool>,
+) -> ClientConn {
+    let snap = shared.snapshot.load();
+    let s = &snap.config.server;
+    let (builder, max_head, head_timeout, idle_timeout, write_timeout, max_resets) = (
+        builder(&snap.config),
+        s.max_header_bytes,
+        s.header_read_timeout,
+        s.client_idle_timeout,
+        s.client_write_timeout,
+        s.max_resets_per_second,
+    );
+    drop(snap);
+    ClientConn {
+        peer,
+        role,
+        shared,
+        stop,
+        builder,
+        max_head,
+        head_timeout,
+        idle_timeout,
+        write_timeout,
+        max_resets,
+        pool,
     }
 }
 
@@ -491,33 +568,15 @@ async fn serve_connection(
 ) {
     let _ = stream.set_nodelay(true);
     let _open = OpenClient::client(&shared.snapshot.load().metrics);
-    let (builder, max_head, head_timeout, idle_timeout, write_timeout, max_resets, tls, fast_path) = {
+    let (tls, fast_path) = {
         let snap = shared.snapshot.load();
-        let s = &snap.config.server;
         (
-            builder(&snap.config),
-            s.max_header_bytes,
-            s.header_read_timeout,
-            s.client_idle_timeout,
-            s.client_write_timeout,
-            s.max_resets_per_second,
             snap.acceptors.get(&role).cloned(),
-            s.fast_path,
+            snap.config.server.fast_path,
         )
     };
-    let conn = ClientConn {
-        peer,
-        role,
-        shared,
-        stop,
-        builder,
-        max_head,
-        head_timeout,
-        idle_timeout,
-        write_timeout,
-        max_resets,
-        pool: pool.clone(),
-    };
+    let head_timeout = shared.snapshot.load().config.server.header_read_timeout;
+    let conn = client_conn(Address::Tcp(peer), role, shared, stop, pool.clone());
     match tls {
         None if fast_path => super::fast::serve(stream, conn, pool).await,
         None => serve_io(stream, conn).await,

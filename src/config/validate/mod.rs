@@ -5,6 +5,7 @@
 use super::error::{ConfigErrors, SpanIndex};
 use super::raw::{RawConfig, RawPolicy, RawServer, RawUpstream};
 use super::*;
+use crate::address::Address;
 use std::collections::BTreeMap;
 
 mod ctx;
@@ -265,7 +266,7 @@ struct Reach {
     name: String,
     hosts: Vec<HostPattern>,
     path_prefix: String,
-    listen: Option<SocketAddr>,
+    listen: Option<Address>,
 }
 
 fn upstream(
@@ -367,6 +368,13 @@ fn upstream(
             format!("upstreams.{q}.listen_tls"),
             &[format!("upstreams.{q}.listen")],
             "listen_tls needs a dedicated `listen` address (the shared listener's TLS is [server] tls)",
+        );
+    }
+    if listen_tls.is_some() && listen.is_some_and(|l| l.is_unix()) {
+        cx.err_given(
+            format!("upstreams.{q}.listen_tls"),
+            &[format!("upstreams.{q}.listen")],
+            "inbound TLS is for a TCP listener; a unix: socket is reached through the file system",
         );
     }
     let tls = up.tls.as_ref().map(|t| UpstreamTls {
@@ -491,18 +499,20 @@ fn upstream(
 /// Checks across upstreams: unique listen addresses and unique (host, prefix) routes.
 fn cross_checks(cx: &mut ErrorSink, server: Option<&ServerConfig>, ups: &[Reach]) {
     // Each address taken: by whom, and the field that sets it.
-    let mut listens: BTreeMap<SocketAddr, (String, String)> = BTreeMap::new();
+    let mut listens: BTreeMap<Address, (String, String)> = BTreeMap::new();
+    // An ephemeral port never collides.
+    let ephemeral = |a: &Address| a.tcp().is_some_and(|t| t.port() == 0);
     if let Some(s) = server {
         let by = |f: &str| (format!("[server] {f}"), format!("server.{f}"));
         listens.insert(s.listen, by("listen"));
-        if s.admin.port() != 0 {
+        if !ephemeral(&s.admin) {
             listens.insert(s.admin, by("admin"));
         }
     }
     for u in ups {
         let Some(l) = u.listen else { continue };
-        if l.port() == 0 {
-            continue; // an ephemeral port never collides
+        if ephemeral(&l) {
+            continue;
         }
         let field = format!("upstreams.{}.listen", quote(&u.name));
         if let Some((other, at)) = listens.get(&l) {

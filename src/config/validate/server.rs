@@ -4,15 +4,40 @@
 use super::super::raw::RawServer;
 use super::*;
 
-pub(super) fn addr(cx: &mut ErrorSink, field: &str, s: &str) -> Option<SocketAddr> {
+pub(super) fn addr(cx: &mut ErrorSink, field: &str, s: &str) -> Option<Address> {
+    if let Some(path) = s.strip_prefix("unix:") {
+        if !path.starts_with('/') || path.ends_with('/') {
+            cx.err(
+                field,
+                format!("invalid listen address {s:?}: a socket path must be absolute, e.g. \"unix:/run/weir/weir.sock\""),
+            );
+            return None;
+        }
+        return Some(Address::unix(std::path::Path::new(path)));
+    }
     match s.parse::<SocketAddr>() {
-        Ok(a) => Some(a),
+        Ok(a) => Some(Address::Tcp(a)),
         Err(_) => {
             cx.err(
                 field,
-                format!("invalid listen address {s:?}: expected IP:PORT, e.g. \"127.0.0.1:15001\""),
+                format!("invalid listen address {s:?}: expected IP:PORT, e.g. \"127.0.0.1:15001\", or unix:/path"),
             );
             None
+        }
+    }
+}
+
+/// `socket_mode`: permissions in octal, at most `0777`.
+fn socket_mode(cx: &mut ErrorSink, s: Option<&str>) -> u32 {
+    let s = s.unwrap_or("0660");
+    match u32::from_str_radix(s.trim_start_matches("0o"), 8) {
+        Ok(m) if m <= 0o777 => m,
+        _ => {
+            cx.err(
+                "server.socket_mode",
+                format!("{s:?} is not a file mode in octal, e.g. \"0660\" (at most \"0777\")"),
+            );
+            0o660
         }
     }
 }
@@ -52,7 +77,7 @@ pub(super) fn server(cx: &mut ErrorSink, s: &RawServer) -> Option<ServerConfig> 
         cx.err("server.header_read_timeout", "must be greater than 0");
     }
     if let (Some(l), Some(a)) = (listen, admin) {
-        if l == a && l.port() != 0 {
+        if l == a && l.tcp().is_none_or(|t| t.port() != 0) {
             cx.err_given(
                 "server.admin",
                 &["server.listen".into()],
@@ -64,12 +89,21 @@ pub(super) fn server(cx: &mut ErrorSink, s: &RawServer) -> Option<ServerConfig> 
         cert: PathBuf::from(&t.cert),
         key: PathBuf::from(&t.key),
     });
+    if tls.is_some() && listen.is_some_and(|l| l.is_unix()) {
+        cx.err_given(
+            "server.tls",
+            &["server.listen".into()],
+            "inbound TLS is for a TCP listener; a unix: socket is reached through the file system",
+        );
+    }
+    let socket_mode = socket_mode(cx, s.socket_mode.as_deref());
     if let Some(t) = &tls {
         files::listener(cx, "server.tls", t);
     }
     Some(ServerConfig {
         listen: listen?,
         admin: admin?,
+        socket_mode,
         max_connections: max_connections as usize,
         header_read_timeout,
         client_idle_timeout,

@@ -178,7 +178,7 @@ struct Ctx<'c> {
     /// `[server] access_log`.
     access: crate::config::AccessLog,
     /// The client's address, for the access log.
-    peer: std::net::SocketAddr,
+    peer: crate::address::Address,
 }
 
 impl Ctx<'_> {

@@ -16,7 +16,6 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -92,7 +91,7 @@ pub(in crate::proxy) fn over_header_limit(parts: &http::request::Parts, max: usi
 
 /// One client connection's context, however its bytes arrive (plain or TLS).
 pub(in crate::proxy) struct ClientConn {
-    pub(in crate::proxy) peer: SocketAddr,
+    pub(in crate::proxy) peer: crate::address::Address,
     pub(in crate::proxy) role: ListenerRole,
     pub(in crate::proxy) shared: Arc<ServeState>,
     pub(in crate::proxy) stop: watch::Receiver<bool>,

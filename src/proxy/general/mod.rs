@@ -207,7 +207,7 @@ async fn serve(
 struct Asker {
     method: http::Method,
     uri: Uri,
-    client: Option<std::net::SocketAddr>,
+    client: Option<crate::address::Address>,
     /// The client's `x-request-id`, or the one weir made and forwarded.
     request_id: Option<String>,
     user_agent: Option<String>,
