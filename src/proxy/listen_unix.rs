@@ -7,7 +7,7 @@
 //! general path (hyper's server: HTTP/1.1 or h2c); the fast path reads
 //! TCP sockets only.
 
-use super::general::conn::{serve_io, ServeState};
+use super::general::conn::{serve_io, ClientConn, OpenClient, ServeState};
 use super::ListenerRole;
 use crate::address::Address;
 use crate::shutdown::stopped;
@@ -141,14 +141,14 @@ pub(super) async fn serve(
             }
         };
         while conns.try_join_next().is_some() {}
-        let conn = super::server::client_conn(
+        let conn = ClientConn::new(
             peer,
             role.clone(),
             shared.clone(),
             stop.clone(),
             pool.clone(),
         );
-        let open = super::server::OpenClient::client(&shared.snapshot.load().metrics);
+        let open = OpenClient::client(&shared.snapshot.load().metrics);
         conns.spawn(async move {
             serve_io(stream, conn).await;
             drop(open);

@@ -77,6 +77,19 @@ pub struct Upstream {
 
 /// Everything a request needs, published atomically on every (re)load.
 impl Upstream {
+    /// What the upstream layer's checkout needs of this upstream, for an
+    /// attempt on either path (`upstream::checkout`).
+    pub(crate) fn checkout(&self) -> crate::upstream::checkout::CheckoutFor<'_> {
+        crate::upstream::checkout::CheckoutFor {
+            endpoints: &self.endpoints,
+            reach: &self.reach,
+            client: &self.client,
+            own_h1: self.own_h1,
+            connect_timeout: self.config.connect_timeout,
+            meter: &self.state.metrics.wire,
+        }
+    }
+
     /// Sets the gauges that describe the upstream's state and endpoints;
     /// called when `/metrics` is scraped.
     pub fn refresh_gauges(&self) {

@@ -3,7 +3,7 @@
 //! bound addresses, publishes reloaded configs — binding listeners a reload
 //! adds and draining those it removes — and shuts everything down.
 
-use super::general::conn::{builder, serve_io, ClientConn, ServeState};
+use super::general::conn::{serve_io, ClientConn, OpenClient, ServeState};
 use super::{ListenerRole, Snapshot};
 use crate::address::Address;
 use crate::config::Config;
@@ -505,59 +505,6 @@ fn take_queued(listener: TcpListener, room: usize) -> Vec<(TcpStream, SocketAddr
     queued
 }
 
-/// One client connection in `weir_client_connections_open`, from accept
-/// to its end on either path.
-pub(super) struct OpenClient(prometheus::IntGauge);
-
-impl OpenClient {
-    pub(super) fn client(metrics: &crate::metrics::Metrics) -> OpenClient {
-        let open = metrics.client_connections().clone();
-        open.inc();
-        OpenClient(open)
-    }
-}
-
-impl Drop for OpenClient {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
-/// A client connection's context on a listener of `role`, as the config
-/// now says (either listener kind; `listen_unix` too).
-pub(super) fn client_conn(
-    peer: Address,
-    role: ListenerRole,
-    shared: Arc<ServeState>,
-    stop: watch::Receiver<bool>,
-    pool: Arc<super::fast::Pool>,
-) -> ClientConn {
-    let snap = shared.snapshot.load();
-    let s = &snap.config.server;
-    let (builder, max_head, head_timeout, idle_timeout, write_timeout, max_resets) = (
-        builder(&snap.config),
-        s.max_header_bytes,
-        s.header_read_timeout,
-        s.client_idle_timeout,
-        s.client_write_timeout,
-        s.max_resets_per_second,
-    );
-    drop(snap);
-    ClientConn {
-        peer,
-        role,
-        shared,
-        stop,
-        builder,
-        max_head,
-        head_timeout,
-        idle_timeout,
-        write_timeout,
-        max_resets,
-        pool,
-    }
-}
-
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
@@ -576,7 +523,7 @@ async fn serve_connection(
         )
     };
     let head_timeout = shared.snapshot.load().config.server.header_read_timeout;
-    let conn = client_conn(Address::Tcp(peer), role, shared, stop, pool.clone());
+    let conn = ClientConn::new(Address::Tcp(peer), role, shared, stop, pool.clone());
     match tls {
         None if fast_path => super::fast::serve(stream, conn, pool).await,
         None => serve_io(stream, conn).await,

@@ -1,10 +1,14 @@
-//! The one checkout of an upstream connection for an attempt on the
-//! general path (docs/reference/endpoints.md#connections): the endpoint
-//! picked, and over what it is reached — a lease of an HTTP/1.1
-//! connection (held by the client connection, or from the worker's pool,
-//! or new), or the endpoint's HTTP/2 pool; an `auto` endpoint over TLS
-//! answers by ALPN on its dial. The fast path takes the same pool's raw
-//! streams (`pool::h1`) and the same dialler (`pool::open`).
+//! The checkout of an upstream connection for an attempt
+//! (docs/reference/endpoints.md#connections), for both data paths: the
+//! endpoint picked (and published to the hedge), an idle connection from
+//! the worker's pool or a new one from the one dialler (`pool::open`, its
+//! TLS failures logged here, once per cause), an endpoint that refuses
+//! reported and the next tried. [`send`] is the general path's: a lease
+//! of an HTTP/1.1 connection (held by the client connection, or from the
+//! pool, or new), or the endpoint's HTTP/2 pool; an `auto` endpoint over
+//! TLS answers by ALPN on its dial. [`stream`] is the fast path's: the raw
+//! HTTP/1.1 stream it writes its request on. `proxy/` neither picks nor
+//! dials.
 
 use super::body::UpBody;
 use super::client::{Failure, SendError, Speaks, UpstreamClient};
@@ -171,6 +175,60 @@ pub(crate) async fn send(
     }
 }
 
+/// The fast path's checkout: a raw HTTP/1.1 connection (cleartext, a
+/// socket or weir's own TLS) to an endpoint the balancer picks, left in
+/// `picked` for the attempt's outcome and published to `seen` as soon as
+/// it is picked (a hedge launched while this one connects goes elsewhere):
+/// an idle one from `pool`, else a new one; an endpoint that refuses is
+/// reported and another tried.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn stream(
+    up: &CheckoutFor<'_>,
+    pool: &super::pool::H1Pool,
+    now: Instant,
+    avoid: &mut Vec<Address>,
+    picked: &mut Option<Picked>,
+    seen: Option<&(dyn Fn(Address) + Sync)>,
+) -> Result<(super::pool::UpstreamIo, Address), SendError> {
+    let tls = up.client.fast_tls.as_deref();
+    let tag = tls.map_or(0, |t| t.tag);
+    let no_endpoint = || SendError::new(Failure::Connect, "the upstream has no endpoint yet");
+    let first = up.endpoints.pick(avoid).ok_or_else(no_endpoint)?;
+    let at = first.addr();
+    *picked = Some(first);
+    if let Some(seen) = seen {
+        seen(at);
+    }
+    let io = match pool.take(at, tag, now) {
+        Some(io) => io,
+        None => {
+            let connect = |addr| open_logged(up, addr, tls);
+            super::dial(up.endpoints, avoid, now, picked, connect).await?
+        }
+    };
+    let addr = picked.as_ref().map(Picked::addr).ok_or_else(no_endpoint)?;
+    if let Some(seen) = seen.filter(|_| addr != at) {
+        seen(addr);
+    }
+    Ok((io, addr))
+}
+
+/// A new connection to `addr` from the one dialler; a TLS failure is
+/// logged once per cause for the upstream.
+async fn open_logged(
+    up: &CheckoutFor<'_>,
+    addr: Address,
+    tls: Option<&super::pool::io::FastTls>,
+) -> Result<super::pool::UpstreamIo, SendError> {
+    let opened = super::pool::open(addr, up.connect_timeout, tls, up.meter).await;
+    if let Err(e) = &opened {
+        if e.tls {
+            up.reach.log_tls_failure_once(&e.message);
+        }
+    }
+    opened
+}
+
 /// A connection dialled for an attempt.
 enum Fresh {
     /// To lease as HTTP/1.1.
@@ -188,13 +246,7 @@ async fn fresh(
     tls: Option<&super::pool::io::FastTls>,
     auto: bool,
 ) -> Result<Fresh, SendError> {
-    let opened = super::pool::open(addr, up.connect_timeout, tls, up.meter).await;
-    if let Err(e) = &opened {
-        if e.tls {
-            up.reach.log_tls_failure_once(&e.message);
-        }
-    }
-    let io = opened?;
+    let io = open_logged(up, addr, tls).await?;
     if !auto {
         return Ok(Fresh::Io(io));
     }

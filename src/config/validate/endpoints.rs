@@ -202,6 +202,62 @@ pub(super) fn idempotent_methods(
     }
 }
 
+/// The `Host` / `:authority` sent to an upstream on a Unix-domain socket
+/// when `authority` is not set: a socket has no authority of its own.
+const DEFAULT_SOCKET_AUTHORITY: &str = "localhost";
+
+/// `url = "unix:PATH"`: cleartext HTTP on the Unix-domain socket at the
+/// absolute `PATH`, sent with `authority` (default `localhost`).
+pub(super) fn socket_url(
+    cx: &mut ErrorSink,
+    name: &str,
+    up: &RawUpstream,
+    path: &str,
+    bad: &dyn Fn(&str) -> String,
+) -> Option<crate::config::UpstreamUrl> {
+    let q = quote(name);
+    let field = format!("upstreams.{q}.url");
+    if !path.starts_with('/') {
+        cx.err(
+            field,
+            bad("a socket path must be absolute: \"unix:/run/app.sock\""),
+        );
+        return None;
+    }
+    if path.contains(['?', '#']) || path.ends_with('/') {
+        cx.err(
+            field,
+            bad("a socket path, with no query, fragment or base path"),
+        );
+        return None;
+    }
+    let given = up.authority.as_deref().unwrap_or(DEFAULT_SOCKET_AUTHORITY);
+    let authority = match given.parse::<http::uri::Authority>() {
+        Ok(a) if a.as_str() == given && !given.contains('@') && !a.host().is_empty() => a,
+        _ => {
+            cx.err(
+                format!("upstreams.{q}.authority"),
+                format!("{given:?} is not a `host` or `host:port` to send as Host"),
+            );
+            return None;
+        }
+    };
+    if up.tunnel == Some(true) {
+        cx.err(
+            format!("upstreams.{q}.tunnel"),
+            "a CONNECT tunnel goes to a TCP address, and this upstream is a Unix-domain socket",
+        );
+    }
+    Some(crate::config::UpstreamUrl {
+        scheme: crate::config::Scheme::Http,
+        host: authority.host().to_string(),
+        authority,
+        port: 0,
+        base_path: String::new(),
+        socket: Some(std::path::PathBuf::from(path)),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::entry;

@@ -133,10 +133,8 @@ impl Ctx<'_> {
             continue_gate: None,
             upload: attempts.upload().clone(),
         };
-        // No held connection: those are HTTP/1.1 (`upstream::pool::held`).
-        let conn = crate::upstream::pool::held::ConnCtx::new(self.pool.clone());
         let mut t = H2Transport {
-            inner: HyperTransport::new(up, &conn, &mut plan),
+            inner: HyperTransport::new(up, self.h2_conn, &mut plan),
             watch: ClientWatch {
                 stream: &mut *self.stream,
                 client: &mut self.bufs.client,

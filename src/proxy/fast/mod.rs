@@ -67,6 +67,7 @@ pub(super) async fn serve(mut stream: TcpStream, conn: ClientConn, pool: Arc<Poo
     // The stop signal has been seen (it is taken once).
     let mut drained = false;
     let mut timer = Timer::new(waiting);
+    let h2_conn = crate::upstream::pool::held::ConnCtx::new(pool.clone());
     let mut stop = conn.stop.clone();
     let stopping = crate::shutdown::stopped(&mut stop);
     tokio::pin!(stopping);
@@ -143,6 +144,7 @@ pub(super) async fn serve(mut stream: TcpStream, conn: ClientConn, pool: Arc<Poo
             bufs: &mut bufs,
             timer: &mut timer,
             pool: &pool,
+            h2_conn: &h2_conn,
             stop: &conn.stop,
             write_timeout: conn.write_timeout,
             access: snap.config.server.access_log,
@@ -170,6 +172,10 @@ struct Ctx<'c> {
     bufs: &'c mut Bufs,
     timer: &'c mut Timer,
     pool: &'c Arc<Pool>,
+    /// This client connection as the upstream layer's HTTP/2 checkout sees
+    /// it (no held connection: those are HTTP/1.1), made once per
+    /// connection.
+    h2_conn: &'c crate::upstream::pool::held::ConnCtx,
     /// Set when weir drains: a response then says `Connection: close`.
     stop: &'c tokio::sync::watch::Receiver<bool>,
     /// `client_write_timeout`: a write to the client that makes no progress

@@ -284,24 +284,18 @@ async fn exchange(
         Option<&attempt::Seen>,
     ),
 ) -> Result<Exchange, Failed> {
-    let tls = up.client.fast_tls.as_deref();
-    let tag = tls.map_or(0, |t| t.tag);
-    // An idle connection to the picked endpoint, else a new one; an
-    // endpoint that refuses is reported and another tried (nothing was sent).
-    let no_endpoint = || SendError::new(Failure::Connect, "the upstream has no endpoint yet");
-    *picked = Some(up.endpoints.pick(avoid).ok_or_else(no_endpoint)?);
-    let first = picked.as_ref().map(|p| p.addr()).ok_or_else(no_endpoint)?;
-    if let Some(seen) = seen {
-        seen.set(first);
-    }
-    let mut s = match pool.take(first, tag, now) {
-        Some(s) => s,
-        None => {
-            let connect = |addr| connect(up, addr, tls);
-            crate::upstream::dial(&up.endpoints, avoid, now, picked, connect).await?
+    let tag = up.client.fast_tls.as_deref().map_or(0, |t| t.tag);
+    // The upstream layer's checkout: an idle connection to the picked
+    // endpoint, else a new one (an endpoint that refuses is reported and
+    // another tried: nothing was sent).
+    let publish = |a: Address| {
+        if let Some(seen) = seen {
+            seen.set(a);
         }
     };
-    let addr = picked.as_ref().map(|p| p.addr()).ok_or_else(no_endpoint)?;
+    let to = up.checkout();
+    let checkout = crate::upstream::checkout::stream(&to, pool, now, avoid, picked, Some(&publish));
+    let (mut s, addr) = checkout.await?;
 
     let written = match &mut s {
         UpstreamIo::Plain(tcp) => {
@@ -463,21 +457,4 @@ async fn read_head(
             }
         }
     }
-}
-
-/// A new connection to `addr` (`upstream::pool::open`); a TLS failure
-/// is logged once per cause and answered as a connect failure naming it.
-async fn connect(
-    up: &Upstream,
-    addr: Address,
-    tls: Option<&crate::upstream::client::FastTls>,
-) -> Result<UpstreamIo, Failed> {
-    let timeout = up.config.connect_timeout;
-    let r = crate::upstream::pool::open(addr, timeout, tls, &up.state.metrics.wire).await;
-    if let Err(e) = &r {
-        if e.tls {
-            up.reach.log_tls_failure_once(&e.message);
-        }
-    }
-    r
 }

@@ -108,6 +108,61 @@ pub(in crate::proxy) struct ClientConn {
     pub(in crate::proxy) pool: Arc<crate::upstream::pool::H1Pool>,
 }
 
+impl ClientConn {
+    /// A client connection's context on a listener of `role`, as the config
+    /// now says (either listener kind; `listen_unix` too).
+    pub(in crate::proxy) fn new(
+        peer: crate::address::Address,
+        role: ListenerRole,
+        shared: Arc<ServeState>,
+        stop: watch::Receiver<bool>,
+        pool: Arc<crate::upstream::pool::H1Pool>,
+    ) -> ClientConn {
+        let snap = shared.snapshot.load();
+        let s = &snap.config.server;
+        let (builder, max_head, head_timeout, idle_timeout, write_timeout, max_resets) = (
+            builder(&snap.config),
+            s.max_header_bytes,
+            s.header_read_timeout,
+            s.client_idle_timeout,
+            s.client_write_timeout,
+            s.max_resets_per_second,
+        );
+        drop(snap);
+        ClientConn {
+            peer,
+            role,
+            shared,
+            stop,
+            builder,
+            max_head,
+            head_timeout,
+            idle_timeout,
+            write_timeout,
+            max_resets,
+            pool,
+        }
+    }
+}
+
+/// One client connection in `weir_client_connections_open`, from accept
+/// to its end on either path.
+pub(in crate::proxy) struct OpenClient(prometheus::IntGauge);
+
+impl OpenClient {
+    pub(in crate::proxy) fn client(metrics: &crate::metrics::Metrics) -> OpenClient {
+        let open = metrics.client_connections().clone();
+        open.inc();
+        OpenClient(open)
+    }
+}
+
+impl Drop for OpenClient {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 pub(in crate::proxy) async fn serve_io<I>(io: I, conn: ClientConn)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,

@@ -447,14 +447,7 @@ async fn dispatch(
     picked: &mut Option<crate::upstream::Picked>,
     seen: Option<&crate::proxy::attempt::Seen>,
 ) -> Result<Response<crate::proxy::body::UpBody>, crate::upstream::client::SendError> {
-    let to = crate::upstream::checkout::CheckoutFor {
-        endpoints: &up.endpoints,
-        reach: &up.reach,
-        client: &up.client,
-        own_h1: up.own_h1,
-        connect_timeout: up.config.connect_timeout,
-        meter: &up.state.metrics.wire,
-    };
+    let to = up.checkout();
     let upgrade = super::upgrade::requested(req.headers()).is_some();
     let publish = |a: crate::upstream::Address| {
         if let Some(s) = seen {
