@@ -58,9 +58,28 @@ pub fn fresh_seed() -> u64 {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     let c = COUNTER.fetch_add(1, Ordering::Relaxed);
-    // splitmix64 finaliser: spreads nearby inputs over the whole range.
-    let mut z = t ^ c.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(std::process::id());
+    // splitmix64's finaliser spreads nearby inputs over the whole range.
+    mix64(t ^ c.wrapping_mul(GOLDEN_GAMMA) ^ u64::from(std::process::id()))
+}
+
+/// splitmix64's increment: 2^64 / φ, odd.
+const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// splitmix64's finaliser (Steele, Lea and Flood): a bijection on `u64`
+/// whose outputs look independent for nearby inputs.
+fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// The next draw of the splitmix64 sequence whose state is `state`: one
+/// atomic add, no lock, no thread-local state. The one generator of the
+/// random draws weir makes off the policy's seeded sources (trace ids, the
+/// balancer's two choices); seed `state` with [`fresh_seed`].
+pub fn splitmix64(state: &std::sync::atomic::AtomicU64) -> u64 {
+    let z = state
+        .fetch_add(GOLDEN_GAMMA, std::sync::atomic::Ordering::Relaxed)
+        .wrapping_add(GOLDEN_GAMMA);
+    mix64(z)
 }

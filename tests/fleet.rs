@@ -1294,7 +1294,7 @@ async fn closed_breakers_make_no_redis_call() {
 /// ⌈b/4⌉ (3) requests on credit while its fetch was in flight and refused
 /// the rest with 429 `rate_limited` (36 to 47 of the 50), though the
 /// fleet's bucket was full. Now the rest is decided by the local fallback
-/// limit until the lease is back (`policy::lease::LeasedBucket::take`).
+/// limit until the lease is back (`policy::leased_tokens::LeasedBucket::take`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 
 async fn a_burst_under_a_generous_fleet_limit_is_admitted() {

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use weir::config::{StateBackend, StateConfig};
 use weir::metrics::state::StateMetrics;
 use weir::policy::idempotency::{Action, Claim, Fingerprint, Record, StoredResponse};
-use weir::policy::lease::Take;
+use weir::policy::leased_tokens::Take;
 use weir::state::fleet::{Fleet, FleetBucket, ProbeClaim, StateError};
 
 fn ms(x: u64) -> Duration {

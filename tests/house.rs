@@ -658,7 +658,7 @@ fn the_data_plane_neither_picks_nor_dials() {
     let asks = [
         "endpoints.pick(",
         ".pick(avoid",
-        "::dial(",
+        "::connect_any(",
         "pool::open(",
         "pool.take(",
         "H1Pool::take",

@@ -140,7 +140,7 @@ impl RateLimitParams {
         let mut p = self.clone();
         if self.scope == Scope::Fleet {
             p.bucket = self.bucket.map(|(rps, burst)| {
-                super::lease::fallback_bucket(rps, burst, self.expected_instances)
+                super::leased_tokens::fallback_bucket(rps, burst, self.expected_instances)
             });
             p.scope = Scope::Instance;
         }

@@ -26,7 +26,7 @@
 //! | [`eject`] | outlier ejection: when an endpoint is taken out and let back |
 //! | [`grpc`] | gRPC status codes by name, methods declared safe to retry, which codes say a call was not processed |
 //! | [`keyed`] | the per-key limiter registry, bounded, LRU |
-//! | [`lease`] | a fleet-wide bucket's tokens leased in batches and spent locally; the fallback when the shared state is away |
+//! | [`leased_tokens`] | a fleet-wide bucket's tokens leased in batches and spent locally; the fallback when the shared state is away |
 //! | [`idempotency`] | idempotency-key records: fingerprint, `decide`, what to record, the store |
 //! | [`cache`] | the response cache: `storable`, `lookup_decision`, `on_error`, `on_not_modified`, `invalidates`, the store, fills in progress |
 //! | [`hedge`] | hedged requests: when one is due (a fixed delay or a latency percentile), the credit that bounds them |
@@ -50,7 +50,7 @@ pub mod grpc;
 pub mod hedge;
 pub mod idempotency;
 pub mod keyed;
-pub mod lease;
+pub mod leased_tokens;
 pub mod limiter;
 pub mod random;
 pub mod report;
@@ -81,7 +81,7 @@ pub use idempotency::{
     IdempotencyStats, IdempotencyStore, MemoryStore, Record, StoredResponse,
 };
 pub use keyed::{KeyedLimiter, KeyedStats};
-pub use lease::{LeasedBucket, Take};
+pub use leased_tokens::{LeasedBucket, Take};
 pub use limiter::{Left, Limiter, RateLimitParams, SlidingWindow, TokenBucket};
 pub use random::{FixedRandom, Random, SeededRandom};
 pub use report::{schedule_report, schedule_report_with};

@@ -15,12 +15,12 @@ pub(crate) use crate::upstream::client::BoxError;
 /// The body type weir hands to hyper, in both directions.
 pub(crate) use crate::upstream::client::Body;
 
-/// An upstream response body: as it comes (no allocation), or with frames
+/// The upstream response body the general path relays: as it comes (no allocation), or with frames
 /// read ahead for a gRPC status in its trailers.
-pub(crate) type UpstreamBody = http_body_util::Either<UpBody, ReadAhead<UpBody>>;
+pub(crate) type RelayedBody = http_body_util::Either<UpstreamBody, ReadAhead<UpstreamBody>>;
 
 /// An upstream's response body as the upstream side hands it over.
-pub(crate) use crate::upstream::body::UpBody;
+pub(crate) use crate::upstream::body::UpstreamBody;
 
 pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())

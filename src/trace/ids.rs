@@ -1,9 +1,9 @@
-//! Trace and span ids, and the sampling draw: splitmix64 over one atomic
-//! counter seeded per process (`clock::fresh_seed`). Lock-free, no
+//! Trace and span ids, and the sampling draw: `clock::splitmix64` over one
+//! atomic counter seeded per process (`clock::fresh_seed`). Lock-free, no
 //! thread-local state; unique and unpredictable enough for ids, which is
 //! all W3C asks of them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::OnceLock;
 
 static STATE: OnceLock<AtomicU64> = OnceLock::new();
@@ -11,12 +11,7 @@ static STATE: OnceLock<AtomicU64> = OnceLock::new();
 /// A uniformly distributed u64.
 pub(super) fn draw() -> u64 {
     let s = STATE.get_or_init(|| AtomicU64::new(crate::clock::fresh_seed()));
-    let mut z = s
-        .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
-        .wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    crate::clock::splitmix64(s)
 }
 
 /// A new span id: never zero.

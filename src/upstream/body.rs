@@ -1,5 +1,5 @@
 //! The one response body type of the general path's upstream side
-//! ([`UpBody`]), whichever client read the response.
+//! ([`UpstreamBody`]), whichever client read the response.
 
 use super::http1::H1Body;
 use super::pool::h2::H2Body;
@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 
 /// An upstream's response body on the general path.
 #[derive(Debug)]
-pub(crate) enum UpBody {
+pub(crate) enum UpstreamBody {
     /// hyper's HTTP/1.1 client (requests from HTTP/1.1 clients, upgrades).
     Hyper(hyper::body::Incoming),
     /// weir's own HTTP/1.1 client (`upstream::http1`); boxed, as it holds
@@ -21,25 +21,25 @@ pub(crate) enum UpBody {
     H2(H2Body),
 }
 
-impl From<hyper::body::Incoming> for UpBody {
+impl From<hyper::body::Incoming> for UpstreamBody {
     fn from(b: hyper::body::Incoming) -> Self {
-        UpBody::Hyper(b)
+        UpstreamBody::Hyper(b)
     }
 }
 
-impl From<H1Body> for UpBody {
+impl From<H1Body> for UpstreamBody {
     fn from(b: H1Body) -> Self {
-        UpBody::H1(Box::new(b))
+        UpstreamBody::H1(Box::new(b))
     }
 }
 
-impl From<H2Body> for UpBody {
+impl From<H2Body> for UpstreamBody {
     fn from(b: H2Body) -> Self {
-        UpBody::H2(b)
+        UpstreamBody::H2(b)
     }
 }
 
-impl HttpBody for UpBody {
+impl HttpBody for UpstreamBody {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -48,25 +48,25 @@ impl HttpBody for UpBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
-            UpBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            UpBody::H1(b) => Pin::new(b.as_mut()).poll_frame(cx),
-            UpBody::H2(b) => Pin::new(b).poll_frame(cx),
+            UpstreamBody::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            UpstreamBody::H1(b) => Pin::new(b.as_mut()).poll_frame(cx),
+            UpstreamBody::H2(b) => Pin::new(b).poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            UpBody::Hyper(b) => b.is_end_stream(),
-            UpBody::H1(b) => b.is_end_stream(),
-            UpBody::H2(b) => b.is_end_stream(),
+            UpstreamBody::Hyper(b) => b.is_end_stream(),
+            UpstreamBody::H1(b) => b.is_end_stream(),
+            UpstreamBody::H2(b) => b.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            UpBody::Hyper(b) => b.size_hint(),
-            UpBody::H1(b) => b.size_hint(),
-            UpBody::H2(b) => b.size_hint(),
+            UpstreamBody::Hyper(b) => b.size_hint(),
+            UpstreamBody::H1(b) => b.size_hint(),
+            UpstreamBody::H2(b) => b.size_hint(),
         }
     }
 }

@@ -10,7 +10,7 @@
 //! HTTP/1.1 stream it writes its request on. `proxy/` neither picks nor
 //! dials.
 
-use super::body::UpBody;
+use super::body::UpstreamBody;
 use super::client::{Failure, SendError, Speaks, UpstreamClient};
 use super::http1;
 use super::pool::held::{self, ConnCtx};
@@ -55,7 +55,7 @@ pub(crate) async fn send(
     avoid: &mut Vec<Address>,
     picked: &mut Option<Picked>,
     seen: &(dyn Fn(Address) + Sync),
-) -> Result<Response<UpBody>, SendError> {
+) -> Result<Response<UpstreamBody>, SendError> {
     let publish = |p: &Picked| seen(p.addr());
     if !up.endpoints.ready() {
         // A name not resolved yet: the attempt waits for the resolver.
@@ -74,7 +74,7 @@ pub(crate) async fn send(
         if client.speaks() == Speaks::H2 && (!client.is_auto() || client.h2_has_room()) {
             publish(&p);
             *picked = Some(p);
-            return client.send(req).await.map(|r| r.map(UpBody::from));
+            return client.send(req).await.map(|r| r.map(UpstreamBody::from));
         }
         // `auto` over TLS, not dialled yet or HTTP/1.1: a lease, dialled
         // with the upstream's ALPN.
@@ -99,7 +99,7 @@ pub(crate) async fn send(
     let places = &up.reach.held_conns;
     // weir's own HTTP/1.1 client, for the requests the request side marked.
     let own = up.own_h1 && !upgrade && req.extensions().get::<http1::OwnHttp1>().is_some();
-    let got = super::dial(
+    let got = super::connect_any(
         up.endpoints,
         avoid,
         Instant::now(),
@@ -138,7 +138,7 @@ pub(crate) async fn send(
     let p = picked.as_ref().ok_or_else(no_endpoint)?;
     publish(p);
     if let Got::H2(client) = &got {
-        return client.send(req).await.map(|r| r.map(UpBody::from));
+        return client.send(req).await.map(|r| r.map(UpstreamBody::from));
     }
     let addr = p.addr();
     // A connection of our own (always HTTP/1.1) takes the origin form of the
@@ -161,16 +161,16 @@ pub(crate) async fn send(
             };
             http1::send(io, back, req)
                 .await
-                .map(|r| r.map(UpBody::from))
+                .map(|r| r.map(UpstreamBody::from))
         }
         Got::Held(mut lease, place) => {
             let resp = lease.send(req).await?;
             conn.keep(id, addr, lease, place);
-            Ok(resp.map(UpBody::from))
+            Ok(resp.map(UpstreamBody::from))
         }
         // Given back when dropped: its connection returns to the pool once
         // the response has ended.
-        Got::Once(mut lease) => lease.send(req).await.map(|r| r.map(UpBody::from)),
+        Got::Once(mut lease) => lease.send(req).await.map(|r| r.map(UpstreamBody::from)),
         Got::H2(_) => Err(no_endpoint()),
     }
 }
@@ -203,7 +203,7 @@ pub(crate) async fn stream(
         Some(io) => io,
         None => {
             let connect = |addr| open_logged(up, addr, tls);
-            super::dial(up.endpoints, avoid, now, picked, connect).await?
+            super::connect_any(up.endpoints, avoid, now, picked, connect).await?
         }
     };
     let addr = picked.as_ref().map(Picked::addr).ok_or_else(no_endpoint)?;

@@ -10,10 +10,10 @@
 //! (each endpoint's health); this module holds them behind short locks,
 //! never across an await.
 
+mod attempt_endpoint;
 pub(crate) mod body;
 pub(crate) mod checkout;
 pub mod client;
-mod dial;
 pub(crate) mod http1;
 pub mod pool;
 pub mod reach;
@@ -22,8 +22,8 @@ mod seen;
 pub mod send;
 
 pub use crate::address::Address;
-pub use dial::Served;
-pub(crate) use dial::{dial, report};
+pub use attempt_endpoint::Served;
+pub(crate) use attempt_endpoint::{connect_any, report};
 
 use crate::clock::Clock;
 use crate::metrics::endpoints::{EndpointCounts, EndpointFamilies, EndpointMetrics};
@@ -400,22 +400,13 @@ impl Endpoints {
         out
     }
 
-    /// A uniform draw in `[0, 1)` (splitmix64 over an atomic counter: no
-    /// lock on the request path).
+    /// A uniform draw in `[0, 1)` (`clock::splitmix64` over an atomic
+    /// counter: no lock on the request path).
     fn draw(&self) -> f64 {
-        let mut z = self
-            .seed
-            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
-            .wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
+        let z = crate::clock::splitmix64(&self.seed);
         (z >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    /// Picks the endpoint for one attempt, avoiding those in `avoid` (they
-    /// failed this request) when another exists. `None`: no endpoint yet
-    /// (a name not resolved so far).
     /// Whether an endpoint that has not failed this request (`avoid`) is
     /// there for its retry: then the retry goes at once
     /// (docs/reference/retries.md#backoff). An endpoint a failure ejected
@@ -435,6 +426,9 @@ impl Endpoints {
         })
     }
 
+    /// Picks the endpoint for one attempt, avoiding those in `avoid` (they
+    /// failed this request) when another exists. `None`: no endpoint yet
+    /// (a name not resolved so far).
     pub fn pick(self: &Arc<Self>, avoid: &[Address]) -> Option<Picked> {
         let set = self.set.load();
         let n = set.len();

@@ -6,7 +6,7 @@
 //! state clients in this process, each exactly what one weir instance runs:
 //! a [`Fleet`] (its connection, its supervisor and heartbeat), the breaker
 //! refresher's read every `refresh`, the leased buckets of two upstreams
-//! with a fleet rate limit ([`FleetBucket`], as `policy::lease` spends
+//! with a fleet rate limit ([`FleetBucket`], as `policy::leased_tokens` spends
 //! them), and the idempotency store's begin and record for keyed writes.
 //! Each instance offers its request stream: [`UPSTREAMS`] upstreams at
 //! [`RPS_PER_UPSTREAM`] requests per second each, [`KEYED_SHARE`] of them

@@ -2,7 +2,7 @@
 //! limit and the concurrency gate up to the body, then the breaker; and the
 //! breaker [`BreakerTicket`] every attempt holds until its verdict.
 
-use crate::policy::lease::Take;
+use crate::policy::leased_tokens::Take;
 use crate::policy::Admission;
 use crate::proxy::error::ProxyError;
 use crate::proxy::Upstream;

@@ -43,7 +43,7 @@ impl Gates for LiveGates<'_> {
         }
     }
     fn limiter(&mut self) -> bool {
-        use crate::policy::lease::Take;
+        use crate::policy::leased_tokens::Take;
         match self.fleet.as_ref().map(|b| b.take(self.now)) {
             Some(Take::Admit) => return true,
             Some(Take::Refuse { .. }) => return false,

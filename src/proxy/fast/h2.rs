@@ -1,8 +1,8 @@
 //! The fast path's requests to an HTTP/2 upstream (`protocol = "h2c"`):
 //! the head `head::plan` carried over into `http` parts, the body held in
 //! the client's buffer, sent as attempts of the one driver through the
-//! general path's transport (`attempt::HyperTransport`: the endpoint's
-//! HTTP/2 pool, `upstream::pool::h2`), raced against the client going away
+//! general path's transport (`general::transport::GeneralTransport`: the
+//! endpoint's HTTP/2 pool, `upstream::pool::h2`), raced against the client going away
 //! as the fast path's own attempts are. The response is written back as
 //! HTTP/1.1 by [`super::h2relay`].
 
@@ -11,9 +11,9 @@ use super::{client_gone, Ctx, Planned, UpstreamAnswer};
 use crate::policy::Outcome;
 use crate::proxy::attempt::Attempted;
 use crate::proxy::attempt::{self, Attempts};
-use crate::proxy::body::UpstreamBody;
+use crate::proxy::body::RelayedBody;
 use crate::proxy::error::ProxyError;
-use crate::proxy::general::transport::{HyperTransport, Outbound};
+use crate::proxy::general::transport::{GeneralTransport, Outbound};
 use crate::proxy::replay::RequestBody;
 use crate::proxy::Upstream;
 use crate::upstream::Address;
@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 /// The general path's transport, watching the fast path's client.
 struct H2Transport<'c, 'p, 'a> {
-    inner: HyperTransport<'p, 'a>,
+    inner: GeneralTransport<'p, 'a>,
     watch: ClientWatch<'c>,
     /// A keyed write's attempts go on when the client leaves (see
     /// `transport::FastTransport::detached`).
@@ -40,7 +40,7 @@ impl attempt::Watch for H2Transport<'_, '_, '_> {
 }
 
 impl attempt::Transport for H2Transport<'_, '_, '_> {
-    type Response = Response<UpstreamBody>;
+    type Response = Response<RelayedBody>;
 
     async fn attempt(
         &mut self,
@@ -134,7 +134,7 @@ impl Ctx<'_> {
             upload: attempts.upload().clone(),
         };
         let mut t = H2Transport {
-            inner: HyperTransport::new(up, self.h2_conn, &mut plan),
+            inner: GeneralTransport::new(up, self.h2_conn, &mut plan),
             watch: ClientWatch {
                 stream: &mut *self.stream,
                 client: &mut self.bufs.client,

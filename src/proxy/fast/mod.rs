@@ -5,7 +5,7 @@
 //! connection, and relays the response —
 //! without a header map, a channel, a second task or a timer per request.
 //! To an `h2c` upstream ([`h2`], [`h2relay`]) the head it wrote becomes
-//! `http` parts for hyper's HTTP/2 client, sent through the endpoint's
+//! `http` parts for the HTTP/2 pool's client (on the `h2` crate), sent through the endpoint's
 //! HTTP/2 pool as the general path sends them, and the response is
 //! written back as HTTP/1.1: the client connection stays here, and
 //! hyper's HTTP/1 server, most of such a request's cost, is not in the way.
@@ -360,8 +360,8 @@ struct Kept {
 /// An upstream's answer: an HTTP/1.1 response head in the connection's
 /// buffers, or an HTTP/2 response from hyper's client.
 enum UpstreamAnswer {
-    H1(transport::Exchange),
-    H2(http::Response<crate::proxy::body::UpstreamBody>),
+    H1(transport::H1Answer),
+    H2(http::Response<crate::proxy::body::RelayedBody>),
 }
 
 /// weir's error for the client, with what the attempts added.

@@ -7,7 +7,7 @@
 
 use super::head::{self, Framing, Planned};
 use super::io::{client_gone, read_more, write_client};
-use super::transport::Exchange;
+use super::transport::H1Answer;
 use super::Upstream;
 use super::{Ctx, Kept};
 use crate::proxy::idempotent::{Ack, Capture};
@@ -22,7 +22,7 @@ impl Ctx<'_> {
         &mut self,
         up: &Upstream,
         addr: Address,
-        x: Exchange,
+        x: H1Answer,
         kept: Kept,
         p: &Planned,
         ended: Instant,
@@ -30,7 +30,7 @@ impl Ctx<'_> {
         let annotations = kept.annotations;
         let close = p.close || *self.stop.borrow();
         let need = p.head_len + p.body_len;
-        let Exchange {
+        let H1Answer {
             mut upstream,
             tag,
             status,

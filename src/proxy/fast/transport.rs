@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// A response head from the upstream, and the connection it came on.
-pub(super) struct Exchange {
+pub(super) struct H1Answer {
     pub(super) upstream: UpstreamIo,
     /// The address `upstream` is connected to, and its TLS (0: none): its
     /// pool key.
@@ -33,7 +33,7 @@ pub(super) struct Exchange {
     pub(super) refused: bool,
 }
 
-impl Exchange {
+impl H1Answer {
     /// Lets go of a response that is not relayed (`upstream`: the buffer
     /// its head and what came of its body are in): its connection goes back
     /// to the pool when the whole body is already here and the connection
@@ -51,10 +51,10 @@ impl Exchange {
     }
 }
 
-/// How an exchange failed, classified as on the general path.
+/// How an attempt failed, classified as on the general path.
 pub(super) type Failed = SendError;
 
-/// The fast path's transport: one attempt is an [`exchange`] over a pooled
+/// The fast path's transport: one attempt is a [`send_h1`] over a pooled
 /// connection, raced against the client going away (the client's socket is
 /// read meanwhile, so a pipelined request is kept and a close is seen).
 pub(super) struct FastTransport<'c> {
@@ -111,21 +111,21 @@ impl attempt::Watch for FastTransport<'_> {
 }
 
 impl attempt::Transport for FastTransport<'_> {
-    type Response = Exchange;
+    type Response = H1Answer;
 
     async fn attempt(
         &mut self,
         started: Instant,
         try_deadline: Instant,
         deadline: Instant,
-    ) -> Option<(Outcome, Result<Exchange, ProxyError>)> {
+    ) -> Option<(Outcome, Result<H1Answer, ProxyError>)> {
         let mut picked = None;
         let sent = tokio::select! {
             biased;
             // The client went away: the attempt is dropped, the breaker
             // slot released without a verdict.
             () = client_gone(self.watch.stream, self.watch.client, self.watch.need, self.watch.eof), if !self.detached => return None,
-            r = exchange(self.pool, self.up, started, self.request, self.upstream, (self.out, self.kept), self.is_head_request, (&mut self.avoid, &mut picked, None)) => r.map_err(SendError::into_parts),
+            r = send_h1(self.pool, self.up, started, self.request, self.upstream, (self.out, self.kept), self.is_head_request, (&mut self.avoid, &mut picked, None)) => r.map_err(SendError::into_parts),
             () = self.timer.at(try_deadline) => Err(attempt::timed_out(try_deadline, deadline)),
         };
         Some(conclude(self.up, sent, picked, started, &mut self.avoid))
@@ -137,7 +137,7 @@ impl attempt::Transport for FastTransport<'_> {
         try_deadline: Instant,
         deadline: Instant,
         hedging: attempt::Hedging<'_>,
-    ) -> Option<attempt::Raced<Exchange>> {
+    ) -> Option<attempt::Raced<H1Answer>> {
         let FastTransport {
             watch,
             request,
@@ -161,7 +161,7 @@ impl attempt::Transport for FastTransport<'_> {
             let mut picked = None;
             let sent = tokio::select! {
                 biased;
-                r = exchange(pool, up, started, request, upstream, (out, kept), head, (avoid, &mut picked, Some(&seen))) => r.map_err(SendError::into_parts),
+                r = send_h1(pool, up, started, request, upstream, (out, kept), head, (avoid, &mut picked, Some(&seen))) => r.map_err(SendError::into_parts),
                 () = timer.at(try_deadline) => Err(attempt::timed_out(try_deadline, deadline)),
             };
             conclude(up, sent, picked, started, avoid)
@@ -177,7 +177,7 @@ impl attempt::Transport for FastTransport<'_> {
                 let mut picked = None;
                 let sent = tokio::select! {
                     biased;
-                    r = exchange(pool, up, sent_at, request, buf, (out2, kept2), head, (&mut *avoid2, &mut picked, Some(seen2_))) => r.map_err(SendError::into_parts),
+                    r = send_h1(pool, up, sent_at, request, buf, (out2, kept2), head, (&mut *avoid2, &mut picked, Some(seen2_))) => r.map_err(SendError::into_parts),
                     () = tokio::time::sleep_until(give_up) => Err(attempt::timed_out(give_up, deadline)),
                 };
                 conclude(up, sent, picked, sent_at, avoid2)
@@ -217,7 +217,7 @@ impl attempt::Transport for FastTransport<'_> {
         self.up.endpoints.untried(&self.avoid)
     }
 
-    fn endpoint(&self, r: &Result<Exchange, ProxyError>) -> Option<Address> {
+    fn endpoint(&self, r: &Result<H1Answer, ProxyError>) -> Option<Address> {
         match r {
             Ok(x) => Some(x.addr),
             Err(_) => self.avoid.last().copied(),
@@ -226,22 +226,22 @@ impl attempt::Transport for FastTransport<'_> {
 
     /// A response to be retried: its connection goes back to the pool when
     /// the whole body is already here and the connection may be reused.
-    fn discard(&mut self, response: Result<Exchange, ProxyError>) {
+    fn discard(&mut self, response: Result<H1Answer, ProxyError>) {
         if let Ok(x) = response {
             x.let_go(self.pool, self.upstream);
         }
     }
 }
 
-/// An attempt's outcome from what [`exchange`] returned, reported to the
+/// An attempt's outcome from what [`send_h1`] returned, reported to the
 /// endpoint it went to (`picked`).
 fn conclude(
     up: &Upstream,
-    sent: Result<Exchange, (Outcome, ProxyError)>,
+    sent: Result<H1Answer, (Outcome, ProxyError)>,
     picked: Option<crate::upstream::Picked>,
     started: Instant,
     avoid: &mut Vec<Address>,
-) -> (Outcome, Result<Exchange, ProxyError>) {
+) -> (Outcome, Result<H1Answer, ProxyError>) {
     let outcome = match &sent {
         Ok(x) => Outcome::Response {
             status: x.status,
@@ -270,7 +270,7 @@ fn conclude(
 /// request written, the response head read. The endpoint is left in
 /// `picked` for its outcome to be reported.
 #[allow(clippy::too_many_arguments)]
-async fn exchange(
+async fn send_h1(
     pool: &Pool,
     up: &Upstream,
     now: Instant,
@@ -283,7 +283,7 @@ async fn exchange(
         &mut Option<crate::upstream::Picked>,
         Option<&attempt::Seen>,
     ),
-) -> Result<Exchange, Failed> {
+) -> Result<H1Answer, Failed> {
     let tag = up.client.fast_tls.as_deref().map_or(0, |t| t.tag);
     // The upstream layer's checkout: an idle connection to the picked
     // endpoint, else a new one (an endpoint that refuses is reported and
@@ -293,8 +293,13 @@ async fn exchange(
             seen.set(a);
         }
     };
+    // No call at all without a hedge to tell.
+    let publish: Option<&(dyn Fn(Address) + Sync)> = match seen {
+        Some(_) => Some(&publish),
+        None => None,
+    };
     let to = up.checkout();
-    let checkout = crate::upstream::checkout::stream(&to, pool, now, avoid, picked, Some(&publish));
+    let checkout = crate::upstream::checkout::stream(&to, pool, now, avoid, picked, publish);
     let (mut s, addr) = checkout.await?;
 
     let written = match &mut s {
@@ -393,7 +398,7 @@ async fn read_head(
     buf: &mut Vec<u8>,
     (out, kept): (&mut Vec<u8>, &mut Option<(usize, usize)>),
     is_head_request: bool,
-) -> Result<Exchange, Failed> {
+) -> Result<H1Answer, Failed> {
     let mut interims = 0;
     loop {
         match read_more(&mut s, buf).await {
@@ -441,7 +446,7 @@ async fn read_head(
                     let retry_after = r
                         .retry_after
                         .and_then(|v| parse_retry_after(v, up.state.clock.wall()));
-                    return Ok(Exchange {
+                    return Ok(H1Answer {
                         upstream: s,
                         addr,
                         tag,

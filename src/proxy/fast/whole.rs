@@ -6,7 +6,7 @@
 
 use super::head::{ChunkedRelay, Framing};
 use super::io::read_more;
-use super::transport::Exchange;
+use super::transport::H1Answer;
 use super::Ctx;
 use crate::h1;
 use crate::proxy::error::ProxyError;
@@ -21,7 +21,7 @@ impl Ctx<'_> {
     pub(super) async fn read_whole(
         &mut self,
         up: &Upstream,
-        x: &mut Exchange,
+        x: &mut H1Answer,
         limit: usize,
     ) -> Result<Option<Vec<u8>>, ProxyError> {
         if matches!(x.framing, Framing::Length(n) if n > limit as u64) {

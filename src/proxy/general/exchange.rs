@@ -1,7 +1,7 @@
 //! One request's exchange with its upstream on the general path, after routing:
 //! upstream request hygiene, then the one order of `proxy::order` (deadline
 //! → a keyed write's record → admission → body → breaker → attempts), for
-//! which this module is hyper's codec ([`HyperRequest`]: the body prepared
+//! which this module is hyper's codec ([`GeneralRequest`]: the body prepared
 //! for a replay, attempts through hyper's client, response hygiene, and
 //! what the response cache's steps ask of a codec). Both a client's
 //! request (`proxy::general`) and a stale entry's background refresh
@@ -12,7 +12,7 @@ use crate::policy::cache::CacheResult;
 use crate::policy::idempotency::StoredResponse;
 use crate::policy::RequestFacts;
 use crate::proxy::attempt::{self, Annotations, Attempted, Attempts};
-use crate::proxy::body::{boxed, Body, IdleTimeout, UpstreamBody};
+use crate::proxy::body::{boxed, Body, IdleTimeout, RelayedBody};
 use crate::proxy::cached::{self, whole, Cached};
 use crate::proxy::error::ProxyError;
 use crate::proxy::headers;
@@ -75,7 +75,7 @@ pub(crate) async fn keyed(
 
 /// The exchange itself: the request made ready for the upstream (its
 /// target, its host, hop-by-hop hygiene), then served in the one order of
-/// `proxy::order` by [`HyperRequest`].
+/// `proxy::order` by [`GeneralRequest`].
 #[allow(clippy::too_many_arguments)]
 async fn exchange(
     up: &Upstream,
@@ -161,7 +161,7 @@ async fn exchange(
         cached::add_validators(&mut parts.headers, e);
         plain
     });
-    let mut request = HyperRequest {
+    let mut request = GeneralRequest {
         conn,
         start,
         head: parts.method == http::Method::HEAD,
@@ -210,7 +210,7 @@ fn copy(p: &http::request::Parts) -> http::request::Parts {
 }
 
 /// One request on the general path, as the order serves it.
-struct HyperRequest<'r> {
+struct GeneralRequest<'r> {
     conn: &'r crate::upstream::pool::held::ConnCtx,
     start: Instant,
     /// A HEAD: an answer from an entry has no body.
@@ -267,7 +267,7 @@ struct ReadyRequest {
     continue_gate: Option<std::sync::Arc<crate::proxy::replay::ContinueGate>>,
 }
 
-impl HyperRequest<'_> {
+impl GeneralRequest<'_> {
     /// weir's own error as the response, annotated with the attempts made.
     fn own_error(
         &self,
@@ -296,7 +296,7 @@ impl HyperRequest<'_> {
     }
 }
 
-impl KeyedWrites for HyperRequest<'_> {
+impl KeyedWrites for GeneralRequest<'_> {
     fn keyed(&self) -> bool {
         self.keyed.is_some()
     }
@@ -347,9 +347,9 @@ impl KeyedWrites for HyperRequest<'_> {
     }
 }
 
-impl Codec for HyperRequest<'_> {
+impl Codec for GeneralRequest<'_> {
     type Out = Forwarded;
-    type Response = Response<UpstreamBody>;
+    type Response = Response<RelayedBody>;
     type Arrived = ArrivedRequest;
     type Ready = ReadyRequest;
 
@@ -420,7 +420,7 @@ impl Codec for HyperRequest<'_> {
         attempts: &mut Attempts<'_>,
         t0: Instant,
         _detached: bool,
-    ) -> Option<Attempted<Response<UpstreamBody>>> {
+    ) -> Option<Attempted<Response<RelayedBody>>> {
         let cfg = &up.config;
         let plan = Outbound {
             grpc_deadline: self.asked[1].map(|g| self.start + g),
@@ -470,7 +470,7 @@ impl Codec for HyperRequest<'_> {
     async fn answer(
         &mut self,
         up: &Upstream,
-        attempted: Attempted<Response<UpstreamBody>>,
+        attempted: Attempted<Response<RelayedBody>>,
         spent: Annotations,
         recorder: Option<idempotent::Recorder>,
         slot: Slot,

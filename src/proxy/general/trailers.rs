@@ -3,7 +3,7 @@
 //! can be retried on (docs/reference/retries.md).
 
 use crate::policy::Pushback;
-use crate::proxy::body::UpstreamBody;
+use crate::proxy::body::RelayedBody;
 use crate::proxy::headers::grpc_status;
 use http::{HeaderMap, Response};
 use tokio::time::Instant;
@@ -16,10 +16,10 @@ use tokio::time::Instant;
 /// body: the frames held, then the rest. Returns the trailers' gRPC status
 /// and pushback, when they came before any message.
 pub(super) async fn hold_for_trailers(
-    resp: Response<crate::proxy::body::UpBody>,
+    resp: Response<crate::proxy::body::UpstreamBody>,
     limit: u64,
     until: Instant,
-) -> (Response<UpstreamBody>, Option<u8>, Option<Pushback>) {
+) -> (Response<RelayedBody>, Option<u8>, Option<Pushback>) {
     use http_body_util::BodyExt;
     let (parts, mut body) = resp.into_parts();
     let mut held: Vec<http_body::Frame<bytes::Bytes>> = Vec::new();
@@ -57,7 +57,7 @@ pub(super) async fn hold_for_trailers(
     }
     let body = crate::proxy::body::ReadAhead::new(held, if rest { Some(body) } else { None });
     (
-        Response::from_parts(parts, UpstreamBody::Right(body)),
+        Response::from_parts(parts, RelayedBody::Right(body)),
         status,
         pushback,
     )

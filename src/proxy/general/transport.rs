@@ -6,7 +6,7 @@ use super::trailers::{hold_for_trailers, pushback_of};
 use crate::policy::{parse_retry_after, Outcome};
 use crate::proxy::attempt::Watch;
 use crate::proxy::attempt::{drive, timed_out, Attempted, Attempts, Transport};
-use crate::proxy::body::{Body, UpstreamBody};
+use crate::proxy::body::{Body, RelayedBody};
 use crate::proxy::error::ProxyError;
 use crate::proxy::headers::grpc_status;
 use crate::proxy::replay::RequestBody;
@@ -59,7 +59,7 @@ pub(crate) struct GrpcPlan {
 /// away makes hyper drop the whole future, so nothing here watches for it.
 /// The fast path sends its requests to an HTTP/2 upstream through it too,
 /// wrapped in a watch on its client (`proxy::fast::h2`).
-pub(crate) struct HyperTransport<'p, 'a> {
+pub(crate) struct GeneralTransport<'p, 'a> {
     up: &'a Upstream,
     conn: &'p ConnCtx,
     plan: &'p mut Outbound,
@@ -67,9 +67,9 @@ pub(crate) struct HyperTransport<'p, 'a> {
     avoid: Vec<crate::upstream::Address>,
 }
 
-impl<'p, 'a> HyperTransport<'p, 'a> {
+impl<'p, 'a> GeneralTransport<'p, 'a> {
     pub(crate) fn new(up: &'a Upstream, conn: &'p ConnCtx, plan: &'p mut Outbound) -> Self {
-        HyperTransport {
+        GeneralTransport {
             up,
             conn,
             plan,
@@ -83,15 +83,15 @@ impl<'p, 'a> HyperTransport<'p, 'a> {
     }
 }
 
-impl Watch for HyperTransport<'_, '_> {
+impl Watch for GeneralTransport<'_, '_> {
     /// hyper watches the client for us (see [`crate::proxy::attempt::Dropped`]).
     async fn unless_gone<F: std::future::Future>(&mut self, f: F) -> Option<F::Output> {
         crate::proxy::attempt::Dropped.unless_gone(f).await
     }
 }
 
-impl Transport for HyperTransport<'_, '_> {
-    type Response = Response<UpstreamBody>;
+impl Transport for GeneralTransport<'_, '_> {
+    type Response = Response<RelayedBody>;
 
     async fn attempt(
         &mut self,
@@ -195,7 +195,7 @@ pub(crate) async fn run(
     conn: &ConnCtx,
     mut plan: Outbound,
     attempts: &mut Attempts<'_>,
-) -> Attempted<Response<UpstreamBody>> {
+) -> Attempted<Response<RelayedBody>> {
     attempts.trace = plan.parts.extensions.get::<crate::trace::Trace>().cloned();
     attempts.set_grpc(plan.grpc.call);
     if plan.upgrade {
@@ -219,7 +219,7 @@ pub(crate) async fn run(
         plan.has_idempotency_key
             && !crate::policy::is_idempotent_method(plan.parts.method.as_str()),
     );
-    let mut t = HyperTransport {
+    let mut t = GeneralTransport {
         up,
         conn,
         plan: &mut plan,
@@ -312,7 +312,7 @@ async fn send(
     try_deadline: Instant,
     avoid: &mut Vec<crate::upstream::Address>,
     seen: Option<&crate::proxy::attempt::Seen>,
-) -> (Outcome, Result<Response<UpstreamBody>, ProxyError>) {
+) -> (Outcome, Result<Response<RelayedBody>, ProxyError>) {
     let started = Instant::now();
     let mut picked = None;
     let mut req = req;
@@ -390,10 +390,10 @@ async fn judge(
     (grpc_trailers, deadline): (bool, Instant),
     try_deadline: Instant,
     sent: Result<
-        Result<Response<crate::proxy::body::UpBody>, crate::upstream::client::SendError>,
+        Result<Response<crate::proxy::body::UpstreamBody>, crate::upstream::client::SendError>,
         Expired,
     >,
-) -> (Outcome, Result<Response<UpstreamBody>, ProxyError>) {
+) -> (Outcome, Result<Response<RelayedBody>, ProxyError>) {
     let state = &up.state;
     match sent {
         Ok(Ok(resp)) => {
@@ -408,7 +408,7 @@ async fn judge(
                 pushback = pushback.or(trailer_pushback);
                 resp
             } else {
-                resp.map(UpstreamBody::Left)
+                resp.map(RelayedBody::Left)
             };
             (
                 Outcome::Response {
@@ -446,7 +446,7 @@ async fn dispatch(
     avoid: &mut Vec<crate::upstream::Address>,
     picked: &mut Option<crate::upstream::Picked>,
     seen: Option<&crate::proxy::attempt::Seen>,
-) -> Result<Response<crate::proxy::body::UpBody>, crate::upstream::client::SendError> {
+) -> Result<Response<crate::proxy::body::UpstreamBody>, crate::upstream::client::SendError> {
     let to = up.checkout();
     let upgrade = super::upgrade::requested(req.headers()).is_some();
     let publish = |a: crate::upstream::Address| {

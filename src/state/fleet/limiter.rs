@@ -3,7 +3,7 @@
 //! ([`Fleet::lease`]), which refills it on Redis's own clock (`TIME`, so
 //! instances' clocks never matter) and grants up to the tokens asked for.
 //! Instances lease tokens in batches and spend them locally
-//! (`policy::lease::LeasedBucket`); [`FleetBucket`] ties the two together
+//! (`policy::leased_tokens::LeasedBucket`); [`FleetBucket`] ties the two together
 //! with the fetch in the background, so admission never waits on Redis.
 //!
 //! Key: `{prefix}rl:{upstream}` for an upstream's shared bucket,
@@ -14,7 +14,7 @@
 
 use super::{Fleet, StateError};
 use crate::clock::Clock;
-use crate::policy::lease::{Grant, LeasedBucket, Take};
+use crate::policy::leased_tokens::{Grant, LeasedBucket, Take};
 use crate::policy::Now;
 use redis::{Script, Value};
 use std::sync::{Arc, LazyLock, Mutex};

@@ -1,7 +1,7 @@
 //! Fleet state (docs/reference/fleet.md#fleet-state): the state a fleet of weirs
 //! shares through `[state] backend = "redis"` — breaker trips and the
 //! half-open probe ([`breaker`]), fleet-wide token buckets leased in
-//! batches ([`limiter`], spent by `policy::lease`), and the idempotency
+//! batches ([`limiter`], spent by `policy::leased_tokens`), and the idempotency
 //! store ([`idempotency`]).
 //!
 //! Owns the connection ([`Fleet`]: a `redis::aio::ConnectionManager`, which

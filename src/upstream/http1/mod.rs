@@ -17,11 +17,20 @@
 //! Failures are classified as hyper's are ([`crate::upstream::send`]):
 //! nothing written is `NotSent`, a connection that broke after is `Reset`,
 //! a garbled head `BadResponse`, the client's own body failing
-//! `ClientBody`. What stays on hyper's client, and why: requests from
-//! HTTP/1.1 clients (hyper keeps their field names' case, which only its
-//! own client can write back), upgrades (the connection becomes the
-//! client's) and `Expect: 100-continue` (hyper's interim callback opens
-//! the body's gate).
+//! `ClientBody`.
+//!
+//! **Which writer of HTTP/1.1 a request to an upstream takes** (the same
+//! table is in docs/reference/endpoints.md#connections). All three write on
+//! a connection from the one checkout (`upstream::checkout`), dialled by the
+//! one dialler (`pool::open`):
+//!
+//! | request | writer | why this one |
+//! |---|---|---|
+//! | from an HTTP/1.1 client on the fast path (body held, no upgrade, no `Expect`) | the fast path's own (`proxy::fast::transport`: the client's head rewritten buffer to buffer) | no header map, task or channel per request; the client's bytes go out as they came |
+//! | from an HTTP/2 client (the general path), no upgrade, no `Expect` | this module | no task, channel or buffers of hyper's per request; HTTP/2 field names are lower case, so nothing of their case is lost |
+//! | from an HTTP/1.1 client on the general path (a large or chunked body, or one handed over) | hyper's client over a lease (`pool::lease::H1Lease`) | hyper keeps the field names' case the client sent, which only its own client writes back |
+//! | an upgrade (WebSocket, `CONNECT` over HTTP/1.1) | hyper's client, on a connection of its own | the connection becomes the client's |
+//! | with `Expect: 100-continue` | hyper's client over a lease | hyper's interim-response callback opens the body's gate |
 
 mod body;
 mod head;

@@ -71,6 +71,7 @@ impl UpstreamIo {
 }
 
 impl AsyncRead for UpstreamIo {
+    #[inline]
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -85,6 +86,7 @@ impl AsyncRead for UpstreamIo {
 }
 
 impl AsyncWrite for UpstreamIo {
+    #[inline]
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -97,6 +99,7 @@ impl AsyncWrite for UpstreamIo {
         }
     }
 
+    #[inline]
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_flush(cx),
@@ -105,6 +108,7 @@ impl AsyncWrite for UpstreamIo {
         }
     }
 
+    #[inline]
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             UpstreamIo::Plain(s) => Pin::new(s).poll_shutdown(cx),

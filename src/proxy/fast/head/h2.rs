@@ -1,7 +1,8 @@
 //! The head of a request the fast path sends to an HTTP/2 upstream: the
 //! HTTP/1.1 head [`super::write`] wrote, with every rule of
 //! docs/reference/routing.md#header-hygiene applied there, carried over
-//! into `http` parts for hyper's HTTP/2 client. Nothing is decided here:
+//! into `http` parts for the HTTP/2 pool's client (`upstream::pool::h2`, on
+//! the `h2` crate). Nothing is decided here:
 //! `Host` becomes the URI's authority (hyper's client sends it as
 //! `:authority`, as on the general path, `exchange::with_upstream`), the
 //! upstream's own when the head names none; the framing field goes, since

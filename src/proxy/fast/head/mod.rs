@@ -87,7 +87,7 @@ pub struct Planned {
     pub validators_len: Option<usize>,
     /// Its spans, when weir traces it (docs/reference/tracing.md#spans).
     pub trace: Option<crate::trace::Trace>,
-    /// To an HTTP/2 upstream: the request's head for hyper's HTTP/2 client
+    /// To an HTTP/2 upstream: the request's head for the HTTP/2 pool's client
     /// ([`h2::request_parts`]); its body is the client's, as it came.
     pub h2: Option<Box<http::request::Parts>>,
 }

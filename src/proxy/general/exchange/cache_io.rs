@@ -3,10 +3,10 @@
 //! body read whole (relayed after, from what was read), an answer from an
 //! entry, the background refresh, and the request asked again plainly.
 
-use super::{ArrivedRequest, HyperRequest, UnreadBody};
+use super::{ArrivedRequest, GeneralRequest, UnreadBody};
 use crate::policy::cache::{CacheResult, CachedResponse};
 use crate::proxy::attempt::Annotations;
-use crate::proxy::body::UpstreamBody;
+use crate::proxy::body::RelayedBody;
 use crate::proxy::cached::{self, whole};
 use crate::proxy::error::ProxyError;
 use crate::proxy::idempotent::Forwarded;
@@ -16,20 +16,20 @@ use bytes::Bytes;
 use http::Response;
 use std::sync::Arc;
 
-impl CacheIo for HyperRequest<'_> {
+impl CacheIo for GeneralRequest<'_> {
     fn request_fields<R>(&self, f: impl FnOnce(&CacheFields<'_>) -> R) -> R {
         let headers = self.client.as_ref().map(|c| &c.headers);
         let pairs = headers.into_iter().flat_map(|h| h.iter());
         cached::with_fields(pairs.map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())), f)
     }
 
-    fn status(&self, r: &Response<UpstreamBody>) -> u16 {
+    fn status(&self, r: &Response<RelayedBody>) -> u16 {
         r.status().as_u16()
     }
 
     fn response_fields<R>(
         &self,
-        r: &Response<UpstreamBody>,
+        r: &Response<RelayedBody>,
         f: impl FnOnce(u16, &CacheFields<'_>) -> R,
     ) -> R {
         let pairs = r.headers().iter();
@@ -62,7 +62,7 @@ impl CacheIo for HyperRequest<'_> {
     async fn read_whole(
         &mut self,
         up: &Upstream,
-        r: &mut Response<UpstreamBody>,
+        r: &mut Response<RelayedBody>,
         limit: usize,
     ) -> Result<Option<Vec<Bytes>>, ProxyError> {
         let mut ahead = whole::ReadBefore::default();
@@ -73,11 +73,11 @@ impl CacheIo for HyperRequest<'_> {
         Ok(data)
     }
 
-    fn endpoint(&self, r: &Response<UpstreamBody>) -> Option<crate::upstream::Address> {
+    fn endpoint(&self, r: &Response<RelayedBody>) -> Option<crate::upstream::Address> {
         r.extensions().get::<crate::upstream::Served>().map(|s| s.0)
     }
 
-    fn let_go(&mut self, r: Response<UpstreamBody>) {
+    fn let_go(&mut self, r: Response<RelayedBody>) {
         drop(r);
     }
 

@@ -1,7 +1,9 @@
-//! How both data paths use the endpoints for one attempt
-//! (docs/reference/endpoints.md#connections): [`dial`] picks and connects, trying
-//! the next endpoint when one refuses; [`report`] gives the attempt's
-//! outcome to the endpoint it went to and keeps the request's avoid list.
+//! How one attempt uses the endpoints
+//! (docs/reference/endpoints.md#connections): [`connect_any`] picks and has
+//! `connect` (the checkout's: the pool, else the one dialler `pool::open`)
+//! reach it, trying the next endpoint when one refuses; [`report`] gives the
+//! attempt's outcome to the endpoint it went to and keeps the request's
+//! avoid list.
 
 use super::{Endpoints, Picked};
 use crate::upstream::Address;
@@ -19,7 +21,7 @@ const MAX_DIALS: usize = 3;
 /// The endpoint being dialled waits in `slot`, so that an attempt given up
 /// mid-connect (its per-try deadline) still reports it; on success it is
 /// left there for the attempt's outcome.
-pub(crate) async fn dial<S, F, Fut>(
+pub(crate) async fn connect_any<S, F, Fut>(
     endpoints: &Arc<Endpoints>,
     avoid: &mut Vec<Address>,
     started: tokio::time::Instant,
