@@ -345,7 +345,10 @@ impl StateRegistry {
             *r.members.lock().expect("fleet members lock poisoned") = members;
         }
         *self.fleet.lock().expect("fleet lock poisoned") = run;
-        for gone in map.keys().filter(|n| config.upstream(n).is_none()) {
+        // A set, not `config.upstream(n)` per name: linear in the upstreams.
+        let kept: std::collections::HashSet<&str> =
+            config.upstreams.iter().map(|u| u.name.as_str()).collect();
+        for gone in map.keys().filter(|n| !kept.contains(n.as_str())) {
             tracing::info!(upstream = %gone, "upstream removed; its state goes with its last request");
             self.metrics.forget(gone);
         }

@@ -647,7 +647,7 @@ fn every_upstream_connection_lives_under_upstream() {
 
 /// `proxy/` asks the upstream layer for a connection and neither picks an
 /// endpoint nor takes from a pool nor dials itself: the one checkout is
-/// `upstream::checkout` (`send` for the general path, `stream` for the
+/// `upstream::checkout` (`send` for the general path, `idle` then `dial` for the
 /// fast path's raw HTTP/1.1).
 #[test]
 fn the_data_plane_neither_picks_nor_dials() {

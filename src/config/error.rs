@@ -116,6 +116,10 @@ impl fmt::Display for ConfigErrors {
 #[derive(Debug, Default)]
 pub struct SpanIndex {
     entries: Vec<(String, Range<usize>, Range<usize>)>,
+    /// Each path's first entry: validation asks [`SpanIndex::has`] for
+    /// every field of every upstream, so a scan of `entries` per question
+    /// made `weir check` quadratic in the number of upstreams.
+    by_path: std::collections::HashMap<String, usize>,
     line_starts: Vec<usize>,
 }
 
@@ -123,6 +127,7 @@ impl SpanIndex {
     pub fn new(src: &str) -> Self {
         let mut idx = SpanIndex {
             entries: Vec::new(),
+            by_path: std::collections::HashMap::new(),
             line_starts: std::iter::once(0)
                 .chain(src.match_indices('\n').map(|(i, _)| i + 1))
                 .collect(),
@@ -138,6 +143,9 @@ impl SpanIndex {
     fn add(&mut self, path: String, key: Option<Range<usize>>, value: Option<Range<usize>>) {
         let key = key.or_else(|| value.clone()).unwrap_or(0..0);
         let value = value.unwrap_or_else(|| key.clone());
+        self.by_path
+            .entry(path.clone())
+            .or_insert(self.entries.len());
         self.entries.push((path, key, value));
     }
 
@@ -190,7 +198,7 @@ impl SpanIndex {
 
     /// Whether the document sets this exact path.
     pub fn has(&self, path: &str) -> bool {
-        self.entries.iter().any(|(p, _, _)| p == path)
+        self.by_path.contains_key(path)
     }
 
     /// Line and column (1-based) of a byte offset.
@@ -204,7 +212,7 @@ impl SpanIndex {
     pub fn locate(&self, path: &str) -> Option<usize> {
         let mut p = path;
         loop {
-            if let Some((_, key, value)) = self.entries.iter().find(|(q, _, _)| q == p) {
+            if let Some((_, key, value)) = self.by_path.get(p).and_then(|&i| self.entries.get(i)) {
                 // A value's position is more useful than its key's, except for
                 // tables, whose "value" span is the whole table.
                 return Some(if value.start >= key.start {

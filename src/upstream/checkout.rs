@@ -6,9 +6,9 @@
 //! reported and the next tried. [`send`] is the general path's: a lease
 //! of an HTTP/1.1 connection (held by the client connection, or from the
 //! pool, or new), or the endpoint's HTTP/2 pool; an `auto` endpoint over
-//! TLS answers by ALPN on its dial. [`stream`] is the fast path's: the raw
-//! HTTP/1.1 stream it writes its request on. `proxy/` neither picks nor
-//! dials.
+//! TLS answers by ALPN on its dial. [`idle`] then [`dial`] are the fast
+//! path's: the raw HTTP/1.1 stream it writes its request on. `proxy/`
+//! neither picks nor dials.
 
 use super::body::UpstreamBody;
 use super::client::{Failure, SendError, Speaks, UpstreamClient};
@@ -178,40 +178,56 @@ pub(crate) async fn send(
 /// The fast path's checkout: a raw HTTP/1.1 connection (cleartext, a
 /// socket or weir's own TLS) to an endpoint the balancer picks, left in
 /// `picked` for the attempt's outcome and published to `seen` as soon as
-/// it is picked (a hedge launched while this one connects goes elsewhere):
-/// an idle one from `pool`, else a new one; an endpoint that refuses is
-/// reported and another tried.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn stream(
+/// it is picked (a hedge launched while this one connects goes elsewhere).
+/// In two steps, so that the common case is no future at all: [`idle`]
+/// picks and takes an idle connection from `pool`; when there is none,
+/// [`dial`] opens one, and an endpoint that refuses is reported and
+/// another tried.
+pub(crate) fn idle(
     up: &CheckoutFor<'_>,
     pool: &super::pool::H1Pool,
+    now: Instant,
+    avoid: &[Address],
+    picked: &mut Option<Picked>,
+    seen: Option<&(dyn Fn(Address) + Sync)>,
+) -> Result<Option<(super::pool::UpstreamIo, Address)>, SendError> {
+    let tag = up.client.fast_tls.as_deref().map_or(0, |t| t.tag);
+    let Some(first) = up.endpoints.pick(avoid) else {
+        return Err(SendError::new(Failure::Connect, NO_ENDPOINT_YET));
+    };
+    let at = first.addr();
+    *picked = Some(first);
+    if let Some(seen) = seen {
+        seen(at);
+    }
+    Ok(pool.take(at, tag, now).map(|io| (io, at)))
+}
+
+/// The second step of the fast path's checkout (see [`idle`]): a new
+/// connection to the endpoint in `picked`, or to the next one when it
+/// refuses.
+pub(crate) async fn dial(
+    up: &CheckoutFor<'_>,
     now: Instant,
     avoid: &mut Vec<Address>,
     picked: &mut Option<Picked>,
     seen: Option<&(dyn Fn(Address) + Sync)>,
 ) -> Result<(super::pool::UpstreamIo, Address), SendError> {
     let tls = up.client.fast_tls.as_deref();
-    let tag = tls.map_or(0, |t| t.tag);
-    let no_endpoint = || SendError::new(Failure::Connect, "the upstream has no endpoint yet");
-    let first = up.endpoints.pick(avoid).ok_or_else(no_endpoint)?;
-    let at = first.addr();
-    *picked = Some(first);
-    if let Some(seen) = seen {
-        seen(at);
-    }
-    let io = match pool.take(at, tag, now) {
-        Some(io) => io,
-        None => {
-            let connect = |addr| open_logged(up, addr, tls);
-            super::connect_any(up.endpoints, avoid, now, picked, connect).await?
-        }
-    };
-    let addr = picked.as_ref().map(Picked::addr).ok_or_else(no_endpoint)?;
-    if let Some(seen) = seen.filter(|_| addr != at) {
+    let at = picked.as_ref().map(Picked::addr);
+    let connect = |addr| open_logged(up, addr, tls);
+    let io = super::connect_any(up.endpoints, avoid, now, picked, connect).await?;
+    let addr = picked
+        .as_ref()
+        .map(Picked::addr)
+        .ok_or_else(|| SendError::new(Failure::Connect, NO_ENDPOINT_YET))?;
+    if let Some(seen) = seen.filter(|_| Some(addr) != at) {
         seen(addr);
     }
     Ok((io, addr))
 }
+
+const NO_ENDPOINT_YET: &str = "the upstream has no endpoint yet";
 
 /// A new connection to `addr` from the one dialler; a TLS failure is
 /// logged once per cause for the upstream.

@@ -299,8 +299,11 @@ async fn send_h1(
         None => None,
     };
     let to = up.checkout();
-    let checkout = crate::upstream::checkout::stream(&to, pool, now, avoid, picked, publish);
-    let (mut s, addr) = checkout.await?;
+    use crate::upstream::checkout;
+    let (mut s, addr) = match checkout::idle(&to, pool, now, avoid, picked, publish)? {
+        Some(idle) => idle,
+        None => checkout::dial(&to, now, avoid, picked, publish).await?,
+    };
 
     let written = match &mut s {
         UpstreamIo::Plain(tcp) => {
