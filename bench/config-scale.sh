@@ -37,7 +37,7 @@ for n in "${SIZES[@]}"; do
     checks=(); readys=(); reloads=(); rss=(); lines=0
     for round in 1 2 3; do
         config "$n" 100
-        t0=$(now); "$BIN" check --config "$DIR/weir.toml" > /dev/null; t1=$(now)
+        t0=$(now); "$BIN" check --config "$DIR/weir.toml" > /dev/null 2>&1; t1=$(now)
         checks+=("$(echo "$t1 - $t0" | bc)")
         t0=$(now)
         "$BIN" --log-level error run --config "$DIR/weir.toml" > /dev/null 2>&1 &
