@@ -1649,3 +1649,38 @@ fn state_topologies_are_checked() {
         cfg.advice
     );
 }
+
+/// The ample batches of fleet rate limits (2026-12-07) are said by `weir
+/// check` where a config sets `rate_limit.scope = "fleet"`, once for a
+/// `[defaults]` table every upstream shares, and nowhere else.
+#[test]
+fn weir_check_says_fleet_limits_lease_longer_batches() {
+    let notes = |src: &str| -> Vec<String> {
+        let c = weir::config::Config::parse(std::path::Path::new("w.toml"), src).unwrap();
+        c.advice
+            .iter()
+            .map(|a| a.to_string())
+            .filter(|n| n.contains("leases 3 s of its own demand"))
+            .collect()
+    };
+    let up = |name: &str, extra: &str| {
+        format!("[upstreams.{name}]\nurl = \"http://127.0.0.1:1\"\nhosts = [\"{name}\"]\n{extra}")
+    };
+    let state = "[state]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1/0\"\n";
+    let fleet = "[upstreams.a.rate_limit]\nrps = 100\nscope = \"fleet\"\n";
+    let said = notes(&format!(
+        "{state}{}{fleet}{}",
+        up("a", ""),
+        up("b", "[upstreams.b.rate_limit]\nrps = 5\n")
+    ));
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].contains("upstreams.a.rate_limit.scope"),
+        "{}",
+        said[0]
+    );
+    let shared = "[defaults.rate_limit]\nrps = 100\nscope = \"fleet\"\n";
+    let said = notes(&format!("{state}{shared}{}{}", up("a", ""), up("b", "")));
+    assert_eq!(said.len(), 1, "once for [defaults]: {said:?}");
+    assert!(notes(&up("a", "[upstreams.a.rate_limit]\nrps = 5\n")).is_empty());
+}

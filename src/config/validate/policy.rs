@@ -260,6 +260,26 @@ pub(super) fn uploads_note(cx: &mut ErrorSink, name: &str) {
     }
 }
 
+/// `rate_limit.scope = "fleet"` the user set: since 2026-12-07 an
+/// instance leases longer batches while the fleet bucket is ample
+/// (docs/reference/fleet.md#leased-tokens). Said once where it is set.
+fn ample_batches_note(cx: &mut ErrorSink, name: &str) {
+    let at = cx.policy_path(name, "rate_limit.scope");
+    let message = "while the fleet bucket is ample (a whole grant that left an eighth of \
+         `burst`), each instance now leases 3 s of its own demand at a time (at most an \
+         eighth of `burst`, lasting 4 s) instead of 0.1 s (at least 10): a fleet of many \
+         quiet sidecars costs Redis far less, and the fleet's admissions may run ahead of \
+         the bucket by up to 1.5 such batches per instance (changed 2026-12-07; \
+         docs/reference/fleet.md#leased-tokens)";
+    if !cx
+        .notes
+        .iter()
+        .any(|(_, n)| n.field == at && n.message == message)
+    {
+        cx.note(&at, message);
+    }
+}
+
 /// `max_open`'s default until 2026-12-03.
 const OLD_MAX_OPEN: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -300,6 +320,9 @@ fn held_back_note(cx: &mut ErrorSink, name: &str, p: &BreakerParams) {
 
 pub(super) fn rate_limit(cx: &mut ErrorSink, name: &str, p: &RawPolicy) -> Option<RateLimitParams> {
     let r = p.rate_limit.as_ref()?;
+    if r.scope == Some(Scope::Fleet) {
+        ample_batches_note(cx, name);
+    }
     let bucket = match (r.rps, r.burst) {
         (Some(rps), burst) => Some((rps, burst.unwrap_or_else(|| rps.ceil().max(1.0) as u32))),
         (None, Some(_)) => {
