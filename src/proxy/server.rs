@@ -514,16 +514,16 @@ async fn serve_connection(
     pool: Arc<super::fast::Pool>,
 ) {
     let _ = stream.set_nodelay(true);
-    let _open = OpenClient::client(&shared.snapshot.load().metrics);
-    let (tls, fast_path) = {
+    let (_open, tls, fast_path) = {
         let snap = shared.snapshot.load();
         (
+            OpenClient::client(&snap.metrics),
             snap.acceptors.get(&role).cloned(),
             snap.config.server.fast_path,
         )
     };
-    let head_timeout = shared.snapshot.load().config.server.header_read_timeout;
     let conn = ClientConn::new(Address::Tcp(peer), role, shared, stop, pool.clone());
+    let head_timeout = conn.head_timeout;
     match tls {
         None if fast_path => super::fast::serve(stream, conn, pool).await,
         None => serve_io(stream, conn).await,

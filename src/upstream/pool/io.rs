@@ -39,25 +39,23 @@ impl UpstreamIo {
     /// itself); a `close_notify`, a close or stray data say it is not.
     pub(crate) fn still_open(&mut self) -> bool {
         let mut cx = Context::from_waker(Waker::noop());
+        // A cleartext socket of either kind: the same calls, no trait of
+        // tokio's in common.
+        macro_rules! quiet {
+            ($s:expr) => {
+                match $s.poll_read_ready(&mut cx) {
+                    Poll::Pending => true,
+                    Poll::Ready(Err(_)) => false,
+                    Poll::Ready(Ok(())) => {
+                        let mut byte = [0u8; 1];
+                        matches!($s.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+                    }
+                }
+            };
+        }
         match self {
-            UpstreamIo::Plain(s) => match s.get_mut().poll_read_ready(&mut cx) {
-                Poll::Pending => true,
-                Poll::Ready(Err(_)) => false,
-                Poll::Ready(Ok(())) => {
-                    let mut byte = [0u8; 1];
-                    let s = s.get_mut();
-                    matches!(s.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-                }
-            },
-            UpstreamIo::Unix(s) => match s.get_mut().poll_read_ready(&mut cx) {
-                Poll::Pending => true,
-                Poll::Ready(Err(_)) => false,
-                Poll::Ready(Ok(())) => {
-                    let mut byte = [0u8; 1];
-                    let s = s.get_mut();
-                    matches!(s.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-                }
-            },
+            UpstreamIo::Plain(s) => quiet!(s.get_mut()),
+            UpstreamIo::Unix(s) => quiet!(s.get_mut()),
             UpstreamIo::Tls(s) => {
                 let mut byte = [0u8; 1];
                 let mut buf = ReadBuf::new(&mut byte);
